@@ -1,0 +1,201 @@
+#include "apps/lib/data.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <regex>
+#include <sstream>
+
+#include "kernels/common.h"
+
+namespace tt::app {
+
+namespace fs = std::filesystem;
+
+TokenFile::TokenFile(const std::string& path, int64_t vocab_size) : path_(path) {
+  const int fd = ::open(path.c_str(), O_RDONLY);
+  if (fd < 0) throw Error("token file '" + path + "' does not exist or cannot be opened");
+  struct stat info {};
+  if (::fstat(fd, &info) != 0) {
+    ::close(fd);
+    throw Error("cannot stat token file '" + path + "'");
+  }
+  bytes_ = static_cast<size_t>(info.st_size);
+  if (bytes_ == 0) {
+    ::close(fd);
+    throw Error("token file '" + path + "' is empty");
+  }
+  if (bytes_ % 2 != 0) {
+    ::close(fd);
+    throw Error("token file '" + path + "' has an odd number of bytes: not a uint16 token file");
+  }
+  void* mapped = ::mmap(nullptr, bytes_, PROT_READ, MAP_PRIVATE, fd, 0);
+  ::close(fd);
+  if (mapped == MAP_FAILED) throw Error("cannot memory-map token file '" + path + "'");
+  data_ = static_cast<const uint16_t*>(mapped);
+  tokens_ = static_cast<int64_t>(bytes_ / 2);
+  for (int64_t i = 0; i < tokens_; ++i) {
+    if (data_[i] >= vocab_size) {
+      const int64_t id = data_[i];
+      ::munmap(mapped, bytes_);
+      data_ = nullptr;
+      throw Error("token file '" + path + "': token " + std::to_string(i) + " has id " + std::to_string(id) +
+                  ", not below the vocabulary size " + std::to_string(vocab_size));
+    }
+  }
+}
+
+TokenFile::~TokenFile() {
+  if (data_) ::munmap(const_cast<uint16_t*>(data_), bytes_);
+}
+
+Sampling parse_sampling(const std::string& text) {
+  if (text == "random") return Sampling::random;
+  if (text == "sequential") return Sampling::sequential;
+  throw Error("unknown sampling '" + text + "' (expected random or sequential)");
+}
+
+namespace {
+void check_length(const TokenFile& file, int64_t context) {
+  if (file.size() < context + 2) {
+    throw Error("context length " + std::to_string(context) + " needs at least " +
+                std::to_string(context + 2) + " tokens, but '" + file.path() + "' has " +
+                std::to_string(file.size()));
+  }
+}
+
+void copy_window(const TokenFile& file, int64_t start, int64_t context, Batch& out, int64_t row) {
+  const uint16_t* tokens = file.data() + start;
+  for (int64_t t = 0; t < context; ++t) {
+    out.inputs[row * context + t] = tokens[t];
+    out.targets[row * context + t] = tokens[t + 1];
+  }
+}
+
+Batch windows(const TokenFile& file, int64_t batch, int64_t context, int64_t first_window) {
+  check_length(file, context);
+  Batch out;
+  out.inputs.resize(static_cast<size_t>(batch * context));
+  out.targets.resize(out.inputs.size());
+  const int64_t count = (file.size() - 1) / context;  // windows whose targets fit in the file
+  for (int64_t b = 0; b < batch; ++b)
+    copy_window(file, ((first_window + b) % count) * context, context, out, b);
+  return out;
+}
+}  // namespace
+
+BatchSampler::BatchSampler(const TokenFile& file, int64_t batch, int64_t context, Sampling sampling,
+                           uint64_t seed)
+    : file_(file), batch_(batch), context_(context), sampling_(sampling), rng_{seed, 0} {
+  check_length(file, context);
+}
+
+Batch BatchSampler::next(int64_t step) {
+  if (sampling_ == Sampling::sequential) return windows(file_, batch_, context_, (step - 1) * batch_);
+  Batch out;
+  out.inputs.resize(static_cast<size_t>(batch_ * context_));
+  out.targets.resize(out.inputs.size());
+  const uint64_t starts = static_cast<uint64_t>(file_.size() - context_);
+  for (int64_t b = 0; b < batch_; ++b) {
+    copy_window(file_, static_cast<int64_t>(rng_.next_below(starts)), context_, out, b);
+  }
+  return out;
+}
+
+Batch eval_batch(const TokenFile& file, int64_t batch, int64_t context, int64_t first_window) {
+  return windows(file, batch, context, first_window);
+}
+
+std::string decode_bytes(const std::vector<int32_t>& ids) {
+  std::string text;
+  for (int32_t id : ids) {
+    if (id == kEndOfText)
+      text += "\n<|endoftext|>\n";
+    else if (id >= 0 && id < 256)
+      text += static_cast<char>(id);
+  }
+  return text;
+}
+
+int64_t read_vocab_size(const std::string& data_dir) {
+  std::ifstream in(data_dir + "/meta.json");
+  if (!in) return 0;
+  std::stringstream buffer;
+  buffer << in.rdbuf();
+  std::smatch match;
+  const std::string text = buffer.str();
+  if (std::regex_search(text, match, std::regex("\"vocab_size\"\\s*:\\s*([0-9]+)")))
+    return std::stoll(match[1]);
+  return 0;
+}
+
+namespace {
+void write_tokens(const std::string& path, const std::vector<uint16_t>& tokens) {
+  const std::string tmp = path + ".tmp";
+  {
+    std::ofstream out(tmp, std::ios::binary);
+    if (!out) throw Error("cannot write '" + tmp + "'");
+    out.write(reinterpret_cast<const char*>(tokens.data()), static_cast<std::streamsize>(tokens.size() * 2));
+    if (!out) throw Error("write failed for '" + tmp + "' (disk full?)");
+  }
+  fs::rename(tmp, path);
+}
+}  // namespace
+
+PrepareStats prepare_text(const std::string& input, const std::string& out_dir,
+                          const std::string& separator) {
+  std::vector<fs::path> files;
+  if (fs::is_directory(input)) {
+    for (const auto& entry : fs::recursive_directory_iterator(input)) {
+      const std::string ext = entry.path().extension().string();
+      if (entry.is_regular_file() && ext != ".dat" && ext != ".u8") files.push_back(entry.path());
+    }
+    std::sort(files.begin(), files.end());
+  } else if (fs::is_regular_file(input)) {
+    files.push_back(input);
+  } else {
+    throw Error("input '" + input + "' is neither a file nor a folder");
+  }
+  if (files.empty()) throw Error("no text files under '" + input + "'");
+  std::vector<uint16_t> train, val;
+  PrepareStats stats;
+  auto finish_document = [&](const std::string& doc) {
+    if (doc.find_first_not_of(" \t\r\n") == std::string::npos) return;
+    std::vector<uint16_t>& dst = (stats.documents % 10 == 9) ? val : train;
+    for (unsigned char c : doc) dst.push_back(c);
+    dst.push_back(static_cast<uint16_t>(kEndOfText));
+    ++stats.documents;
+  };
+  for (const fs::path& file : files) {
+    std::ifstream in(file, std::ios::binary);
+    if (!in) throw Error("cannot read '" + file.string() + "'");
+    std::string line, doc;
+    while (std::getline(in, line)) {
+      if (!separator.empty() && line == separator) {
+        finish_document(doc);
+        doc.clear();
+      } else {
+        doc += line + "\n";
+      }
+    }
+    finish_document(doc);
+  }
+  if (train.empty() || val.empty()) throw Error("input '" + input + "' has too little text to split");
+  fs::create_directories(out_dir);
+  write_tokens(out_dir + "/train.bin", train);
+  write_tokens(out_dir + "/val.bin", val);
+  std::ofstream meta(out_dir + "/meta.json");
+  meta << "{\"tokenizer\": \"bytes\", \"vocab_size\": " << kByteVocab << ", \"end_of_text\": " << kEndOfText
+       << ", \"documents\": " << stats.documents << ", \"train_tokens\": " << train.size()
+       << ", \"val_tokens\": " << val.size() << "}\n";
+  stats.train_tokens = static_cast<int64_t>(train.size());
+  stats.val_tokens = static_cast<int64_t>(val.size());
+  return stats;
+}
+
+}  // namespace tt::app

@@ -1,0 +1,76 @@
+// Token data: flat little-endian uint16 files (numpy.memmap-compatible), memory-mapped, and the two ways
+// of drawing batches: random windows (REFERENCE.md: B starts in [0, len - T)) from a counter-based RNG whose
+// (seed, counter) is saved in checkpoints, and sequential windows (step s takes windows s*B .. s*B+B-1,
+// window i = tokens [i*T, i*T+T], wrapping around).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "core/rng.h"
+
+namespace tt::app {
+
+class TokenFile {
+ public:
+  // Maps `path` and checks it: present, non-empty, whole uint16 tokens, every id < vocab_size.
+  TokenFile(const std::string& path, int64_t vocab_size);
+  ~TokenFile();
+  TokenFile(const TokenFile&) = delete;
+  TokenFile& operator=(const TokenFile&) = delete;
+
+  int64_t size() const { return tokens_; }
+  const uint16_t* data() const { return data_; }
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+  const uint16_t* data_ = nullptr;
+  int64_t tokens_ = 0;
+  size_t bytes_ = 0;
+};
+
+enum class Sampling { random, sequential };
+Sampling parse_sampling(const std::string& text);
+
+struct Batch {
+  std::vector<int32_t> inputs, targets;  // batch * context each, row-major
+};
+
+class BatchSampler {
+ public:
+  BatchSampler(const TokenFile& file, int64_t batch, int64_t context, Sampling sampling, uint64_t seed);
+  // The batch of training step `step` (1-based). Random sampling draws from the RNG stream (the step only
+  // matters for sequential windows).
+  Batch next(int64_t step);
+  CounterRng& rng() { return rng_; }
+
+ private:
+  const TokenFile& file_;
+  int64_t batch_, context_;
+  Sampling sampling_;
+  CounterRng rng_;
+};
+
+// The evaluation windows: windows 0 .. count-1 of `file` (window i = tokens [i*T, i*T+T], wrapping), in
+// batches of `batch`. The same windows every time, on every machine.
+Batch eval_batch(const TokenFile& file, int64_t batch, int64_t context, int64_t first_window);
+
+// Byte-level tokenizer: ids 0..255 are bytes, 256 ends a document.
+constexpr int32_t kEndOfText = 256;
+constexpr int64_t kByteVocab = 257;
+std::string decode_bytes(const std::vector<int32_t>& ids);
+
+// Reads DIR/meta.json's vocab_size (written by prepare_data); 0 when absent.
+int64_t read_vocab_size(const std::string& data_dir);
+
+struct PrepareStats {
+  int64_t documents = 0, train_tokens = 0, val_tokens = 0;
+};
+// Tokenises a text file or every regular file under a folder (sorted; *.dat and *.u8 skipped) into
+// DIR/train.bin and DIR/val.bin (every tenth document goes to validation) and DIR/meta.json. Lines equal to
+// `separator` (when non-empty) split a file into documents, as in fortune files ("%").
+PrepareStats prepare_text(const std::string& input, const std::string& out_dir, const std::string& separator);
+
+}  // namespace tt::app

@@ -1,0 +1,204 @@
+#include "apps/lib/flags.h"
+
+#include <cstdio>
+#include <fstream>
+#include <sstream>
+
+#include "kernels/common.h"
+
+namespace tt::app {
+
+void Flags::add(const std::string& name, const std::string& default_value, const std::string& help) {
+  order_.push_back(name);
+  specs_[name] = {default_value, help, false};
+}
+
+void Flags::add_switch(const std::string& name, const std::string& help) {
+  order_.push_back(name);
+  specs_[name] = {"false", help, true};
+}
+
+void Flags::set(const std::string& name, const std::string& value, const std::string& origin) {
+  if (!specs_.count(name)) throw Error("unknown flag --" + name + origin + " (see --help)");
+  values_[name] = value;
+}
+
+void Flags::read_config(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) throw Error("cannot read config file '" + path + "'");
+  std::string line;
+  int number = 0;
+  while (std::getline(in, line)) {
+    ++number;
+    const size_t hash = line.find('#');
+    if (hash != std::string::npos) line.resize(hash);
+    std::istringstream fields(line);
+    std::string name, eq, value;
+    if (!(fields >> name)) continue;
+    if (name.rfind("--", 0) == 0) name = name.substr(2);
+    const size_t inline_eq = name.find('=');
+    if (inline_eq != std::string::npos) {
+      value = name.substr(inline_eq + 1);
+      name.resize(inline_eq);
+    } else {
+      fields >> eq;
+      if (eq == "=")
+        fields >> value;
+      else
+        value = eq;
+    }
+    if (!specs_.count(name)) {
+      throw Error("unknown flag '" + name + "' in " + path + ":" + std::to_string(number) + " (see --help)");
+    }
+    if (value.empty() && !specs_[name].is_switch) {
+      throw Error("flag '" + name + "' in " + path + ":" + std::to_string(number) + " has no value");
+    }
+    // Command-line values were parsed first and win.
+    if (!values_.count(name)) values_[name] = value.empty() ? "true" : value;
+  }
+}
+
+bool Flags::parse(int argc, char** argv) {
+  std::string config_path;
+  for (int i = 1; i < argc; ++i) {
+    std::string arg = argv[i];
+    if (arg == "--help" || arg == "-h") {
+      std::fputs(help().c_str(), stdout);
+      return false;
+    }
+    if (arg.rfind("--", 0) != 0)
+      throw Error("unexpected argument '" + arg + "' (flags start with --; see --help)");
+    arg = arg.substr(2);
+    std::string value;
+    const size_t eq = arg.find('=');
+    const bool has_inline = eq != std::string::npos;
+    if (has_inline) {
+      value = arg.substr(eq + 1);
+      arg.resize(eq);
+    }
+    if (arg == "config") {
+      if (!has_inline) {
+        if (i + 1 >= argc) throw Error("flag --config needs a file name");
+        value = argv[++i];
+      }
+      config_path = value;
+      continue;
+    }
+    if (!specs_.count(arg)) throw Error("unknown flag --" + arg + " (see --help)");
+    if (specs_[arg].is_switch) {
+      set(arg, has_inline ? value : "true", "");
+      continue;
+    }
+    if (!has_inline) {
+      if (i + 1 >= argc) throw Error("flag --" + arg + " needs a value");
+      value = argv[++i];
+    }
+    set(arg, value, "");
+  }
+  if (!config_path.empty()) read_config(config_path);
+  return true;
+}
+
+bool Flags::given(const std::string& name) const {
+  return values_.count(name) > 0;
+}
+
+std::string Flags::str(const std::string& name) const {
+  auto it = values_.find(name);
+  if (it != values_.end()) return it->second;
+  auto spec = specs_.find(name);
+  if (spec == specs_.end()) throw Error("internal: flag --" + name + " was never declared");
+  return spec->second.default_value;
+}
+
+int64_t Flags::integer(const std::string& name) const {
+  const std::string text = str(name);
+  try {
+    size_t used = 0;
+    const long long value = std::stoll(text, &used);
+    if (used == text.size()) return value;
+  } catch (const std::exception&) {
+  }
+  throw Error("flag --" + name + " expects an integer, got '" + text + "'");
+}
+
+double Flags::number(const std::string& name) const {
+  const std::string text = str(name);
+  try {
+    size_t used = 0;
+    const double value = std::stod(text, &used);
+    if (used == text.size()) return value;
+  } catch (const std::exception&) {
+  }
+  throw Error("flag --" + name + " expects a number, got '" + text + "'");
+}
+
+bool Flags::boolean(const std::string& name) const {
+  const std::string text = str(name);
+  if (text == "true" || text == "1" || text == "on" || text == "yes") return true;
+  if (text == "false" || text == "0" || text == "off" || text == "no") return false;
+  throw Error("flag --" + name + " expects on/off, got '" + text + "'");
+}
+
+std::vector<std::string> Flags::list(const std::string& name) const {
+  std::vector<std::string> out;
+  std::istringstream in(str(name));
+  std::string item;
+  while (std::getline(in, item, ',')) {
+    if (!item.empty()) out.push_back(item);
+  }
+  return out;
+}
+
+std::vector<int64_t> Flags::int_list(const std::string& name) const {
+  std::vector<int64_t> out;
+  for (const std::string& item : list(name)) {
+    try {
+      size_t used = 0;
+      out.push_back(std::stoll(item, &used));
+      if (used != item.size()) throw std::invalid_argument(item);
+    } catch (const std::exception&) {
+      throw Error("flag --" + name + " expects comma-separated integers, got '" + str(name) + "'");
+    }
+  }
+  return out;
+}
+
+std::vector<double> Flags::number_list(const std::string& name) const {
+  std::vector<double> out;
+  for (const std::string& item : list(name)) {
+    try {
+      size_t used = 0;
+      out.push_back(std::stod(item, &used));
+      if (used != item.size()) throw std::invalid_argument(item);
+    } catch (const std::exception&) {
+      throw Error("flag --" + name + " expects comma-separated numbers, got '" + str(name) + "'");
+    }
+  }
+  return out;
+}
+
+std::string Flags::help() const {
+  std::ostringstream out;
+  out << "usage: " << program_ << " [flags]\n" << summary_ << "\n\nflags:\n";
+  for (const std::string& name : order_) {
+    const Spec& spec = specs_.at(name);
+    std::string left = "  --" + name + (spec.is_switch ? "" : " VALUE");
+    if (left.size() < 28) left.resize(28, ' ');
+    out << left << " " << spec.help;
+    if (!spec.is_switch && !spec.default_value.empty()) out << " (default: " << spec.default_value << ")";
+    out << "\n";
+  }
+  out << "  --config FILE                read flags from FILE (\"name = value\" lines, # comments);\n"
+         "                               flags on the command line take precedence\n"
+         "  --help                       print this help and exit\n";
+  return out.str();
+}
+
+std::string Flags::summary_line() const {
+  std::ostringstream out;
+  for (const std::string& name : order_) out << "--" << name << " " << str(name) << " ";
+  return out.str();
+}
+
+}  // namespace tt::app

@@ -1,0 +1,167 @@
+#include "apps/lib/report.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <regex>
+#include <sstream>
+
+#include "kernels/common.h"
+
+namespace tt::app {
+
+double now_seconds() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+JsonlWriter::JsonlWriter(const std::string& path, bool append)
+    : out_(path, append ? std::ios::app : std::ios::trunc) {
+  if (!out_) throw Error("cannot write '" + path + "'");
+}
+
+void JsonlWriter::write(const std::vector<std::pair<std::string, std::string>>& fields) {
+  out_ << "{";
+  for (size_t i = 0; i < fields.size(); ++i)
+    out_ << (i ? ", " : "") << quote(fields[i].first) << ": " << fields[i].second;
+  out_ << "}\n";
+  out_.flush();
+}
+
+std::string JsonlWriter::number(double v) {
+  if (!std::isfinite(v)) return "null";
+  char buf[64];
+  std::snprintf(buf, sizeof(buf), "%.9g", v);
+  return buf;
+}
+
+std::string JsonlWriter::quote(const std::string& s) {
+  std::string out = "\"";
+  for (char c : s) {
+    if (c == '"' || c == '\\') out += '\\';
+    if (c == '\n') {
+      out += "\\n";
+      continue;
+    }
+    out += c;
+  }
+  return out + "\"";
+}
+
+void write_loss_svg(const std::string& path, const std::vector<LossPoint>& train,
+                    const std::vector<LossPoint>& val, const std::string& title) {
+  const double width = 720, height = 420, left = 64, right = 20, top = 40, bottom = 50;
+  double max_step = 1, lo = 1e300, hi = -1e300;
+  for (const auto* series : {&train, &val}) {
+    for (const LossPoint& p : *series) {
+      if (!std::isfinite(p.loss)) continue;
+      max_step = std::max(max_step, static_cast<double>(p.step));
+      lo = std::min(lo, p.loss);
+      hi = std::max(hi, p.loss);
+    }
+  }
+  if (lo > hi) lo = 0, hi = 1;
+  if (hi - lo < 1e-9) hi = lo + 1;
+  auto x_of = [&](double step) { return left + (width - left - right) * step / max_step; };
+  auto y_of = [&](double loss) { return top + (height - top - bottom) * (hi - loss) / (hi - lo); };
+  std::ostringstream svg;
+  svg << "<svg xmlns='http://www.w3.org/2000/svg' width='" << width << "' height='" << height
+      << "' font-family='sans-serif' font-size='12'>\n<rect width='100%' height='100%' fill='white'/>\n";
+  svg << "<text x='" << width / 2 << "' y='22' text-anchor='middle' font-size='14'>" << title << "</text>\n";
+  for (int i = 0; i <= 5; ++i) {
+    const double loss = lo + (hi - lo) * i / 5.0, y = y_of(loss);
+    svg << "<line x1='" << left << "' x2='" << width - right << "' y1='" << y << "' y2='" << y
+        << "' stroke='#ddd'/><text x='" << left - 6 << "' y='" << y + 4 << "' text-anchor='end'>"
+        << JsonlWriter::number(std::round(loss * 1000) / 1000) << "</text>\n";
+    const double step = max_step * i / 5.0, x = x_of(step);
+    svg << "<text x='" << x << "' y='" << height - bottom + 18 << "' text-anchor='middle'>"
+        << static_cast<int64_t>(std::round(step)) << "</text>\n";
+  }
+  svg << "<text x='" << width / 2 << "' y='" << height - 12 << "' text-anchor='middle'>step</text>\n";
+  svg << "<text x='16' y='" << height / 2 << "' transform='rotate(-90 16 " << height / 2
+      << ")' text-anchor='middle'>loss (nats/token)</text>\n";
+  auto polyline = [&](const std::vector<LossPoint>& series, const char* color) {
+    svg << "<polyline fill='none' stroke='" << color << "' stroke-width='1.5' points='";
+    for (const LossPoint& p : series) {
+      if (std::isfinite(p.loss)) svg << x_of(static_cast<double>(p.step)) << "," << y_of(p.loss) << " ";
+    }
+    svg << "'/>\n";
+  };
+  polyline(train, "#1f77b4");
+  polyline(val, "#d62728");
+  for (const LossPoint& p : val) {
+    svg << "<circle cx='" << x_of(static_cast<double>(p.step)) << "' cy='" << y_of(p.loss)
+        << "' r='3' fill='#d62728'/>\n";
+  }
+  svg << "<text x='" << width - right - 150 << "' y='" << top + 14 << "' fill='#1f77b4'>train loss</text>\n";
+  svg << "<text x='" << width - right - 150 << "' y='" << top + 30
+      << "' fill='#d62728'>validation loss</text>\n";
+  svg << "</svg>\n";
+  const std::string tmp = path + ".tmp";
+  {
+    std::ofstream out(tmp);
+    out << svg.str();
+  }
+  std::rename(tmp.c_str(), path.c_str());
+}
+
+void read_metrics(const std::string& path, int64_t up_to_step, std::vector<LossPoint>& train,
+                  std::vector<LossPoint>& val) {
+  std::ifstream in(path);
+  std::string line;
+  const std::regex step_re("\"step\": ([0-9]+)"), loss_re("\"loss\": ([-0-9.eE+]+)"),
+      val_re("\"val_loss\": ([-0-9.eE+]+)");
+  while (std::getline(in, line)) {
+    std::smatch m;
+    if (!std::regex_search(line, m, step_re)) continue;
+    const int64_t step = std::stoll(m[1]);
+    if (step > up_to_step) continue;
+    if (std::regex_search(line, m, loss_re)) train.push_back({step, std::stod(m[1])});
+    if (std::regex_search(line, m, val_re)) val.push_back({step, std::stod(m[1])});
+  }
+}
+
+PeakFlops device_peak_flops(const std::string& name, bool bf16) {
+  // Dense (no sparsity) tensor-core bf16 and plain f32 peaks from NVIDIA's SXM datasheets.
+  if (name.find("H100") != std::string::npos || name.find("H200") != std::string::npos) {
+    const std::string gpu = name.find("H200") != std::string::npos ? "H200" : "H100";
+    return bf16 ? PeakFlops{989e12, gpu + " SXM dense bf16 peak 989 TFLOP/s"}
+                : PeakFlops{67e12, gpu + " SXM f32 (non-tensor) peak 67 TFLOP/s"};
+  }
+  if (name.find("A100") != std::string::npos) {
+    return bf16 ? PeakFlops{312e12, "A100 dense bf16 peak 312 TFLOP/s"}
+                : PeakFlops{19.5e12, "A100 f32 peak 19.5 TFLOP/s"};
+  }
+  return {};
+}
+
+Progress::Progress(int64_t first_step, int64_t last_step)
+    : first_(first_step),
+      last_(last_step),
+      interactive_(::isatty(STDOUT_FILENO) != 0),
+      start_s_(now_seconds()) {}
+
+void Progress::update(int64_t step, const std::string& line) {
+  if (!interactive_) {
+    std::printf("%s\n", line.c_str());
+    std::fflush(stdout);
+    return;
+  }
+  const double done =
+      static_cast<double>(step - first_ + 1) / static_cast<double>(std::max<int64_t>(1, last_ - first_ + 1));
+  const double elapsed = now_seconds() - start_s_;
+  const double eta = done > 0 ? elapsed * (1 - done) / done : 0;
+  const int width = 24, filled = static_cast<int>(done * width);
+  std::string bar(static_cast<size_t>(filled), '#');
+  bar.resize(width, '.');
+  std::printf("\r[%s] %3.0f%% ETA %5.0fs | %s\033[K", bar.c_str(), done * 100, eta, line.c_str());
+  std::fflush(stdout);
+}
+
+void Progress::finish() {
+  if (interactive_) std::printf("\n");
+}
+
+}  // namespace tt::app

@@ -1,0 +1,60 @@
+// What a run leaves behind and shows while it runs: metrics.jsonl lines, the loss-curve SVG, a progress bar
+// on terminals (plain lines otherwise), and the GPU peak used for MFU.
+#pragma once
+
+#include <cstdint>
+#include <fstream>
+#include <map>
+#include <string>
+#include <vector>
+
+namespace tt::app {
+
+// One JSON object per line, flushed as written so a crash loses nothing already reported.
+class JsonlWriter {
+ public:
+  JsonlWriter(const std::string& path, bool append);
+  void write(const std::vector<std::pair<std::string, std::string>>& fields);  // values already JSON
+  static std::string number(double v);                                         // NaN/inf as null
+  static std::string quote(const std::string& s);
+
+ private:
+  std::ofstream out_;
+};
+
+struct LossPoint {
+  int64_t step;
+  double loss;
+};
+// A self-contained SVG with train and validation loss against step.
+void write_loss_svg(const std::string& path, const std::vector<LossPoint>& train,
+                    const std::vector<LossPoint>& val, const std::string& title);
+
+// Reads back the (step, loss, val_loss) pairs of an existing metrics.jsonl (for resumed runs' plots).
+void read_metrics(const std::string& path, int64_t up_to_step, std::vector<LossPoint>& train,
+                  std::vector<LossPoint>& val);
+
+// Peak dense FLOP/s of the device for the given precision, and its description; 0 when unknown.
+struct PeakFlops {
+  double flops_per_s = 0;
+  std::string description;
+};
+PeakFlops device_peak_flops(const std::string& device_name, bool bf16);
+
+class Progress {
+ public:
+  Progress(int64_t first_step, int64_t last_step);
+  bool interactive() const { return interactive_; }
+  // Redraws the bar (terminal) or prints `line` (otherwise) - callers decide how often.
+  void update(int64_t step, const std::string& line);
+  void finish();
+
+ private:
+  int64_t first_, last_;
+  bool interactive_;
+  double start_s_;
+};
+
+double now_seconds();
+
+}  // namespace tt::app

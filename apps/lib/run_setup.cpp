@@ -1,0 +1,56 @@
+#include "apps/lib/run_setup.h"
+
+#include "core/cuda_context.h"
+
+namespace tt::app {
+
+void declare_model_flags(Flags& f) {
+  f.add("preset", "tiny", "model size: tiny, small, medium, large, xl, 2.7b");
+  f.add("vocab", "0", "vocabulary size (0: from DATA/meta.json, else 10000)");
+  f.add("d-model", "0", "override the preset's d_model");
+  f.add("layers", "0", "override the preset's number of layers");
+  f.add("heads", "0", "override the preset's number of heads");
+  f.add("d-ff", "0", "override the preset's feed-forward size");
+  f.add("ctx", "128", "context length in tokens");
+  f.add("precision", "f32", "f32 | bf16 (bf16 matmul/attention inputs, f32 master weights and reductions)");
+  f.add("attention", "auto", "naive | flash | auto (flash on CUDA, naive on CPU)");
+  f.add("device", "auto", "cpu | cuda | cuda:N | auto (a GPU when there is one)");
+}
+
+Device pick_device(const std::string& text, int local_rank) {
+  Device device;
+  if (text == "auto") {
+    device = cuda_available() ? Device::cuda(local_rank) : Device::cpu();
+  } else {
+    device = Device::parse(text);
+    if (device.is_cuda() && text == "cuda") device.index = local_rank;
+    if (device.is_cuda() && !cuda_available())
+      throw Error("--device " + text + ": no CUDA device is available");
+  }
+  if (device.is_cuda()) set_current_device(device.index);
+  return device;
+}
+
+void apply_runtime_model_flags(const Flags& flags, nn::ModelConfig& config, Device device) {
+  config.precision = nn::parse_precision(flags.str("precision"));
+  const std::string attention = flags.str("attention");
+  config.attention = attention == "auto"
+                         ? (device.is_cuda() ? nn::AttentionKind::flash : nn::AttentionKind::naive)
+                         : nn::parse_attention(attention);
+}
+
+nn::ModelConfig model_config_from_flags(const Flags& flags, Device device, int64_t data_vocab) {
+  nn::ModelConfig config = nn::preset(flags.str("preset"));
+  const int64_t vocab = flags.integer("vocab");
+  config.vocab_size = vocab > 0 ? vocab : (data_vocab > 0 ? data_vocab : 10000);
+  if (flags.integer("d-model") > 0) config.d_model = flags.integer("d-model");
+  if (flags.integer("layers") > 0) config.num_layers = flags.integer("layers");
+  if (flags.integer("heads") > 0) config.num_heads = flags.integer("heads");
+  if (flags.integer("d-ff") > 0) config.d_ff = flags.integer("d-ff");
+  config.context_length = flags.integer("ctx");
+  apply_runtime_model_flags(flags, config, device);
+  config.validate();
+  return config;
+}
+
+}  // namespace tt::app

@@ -1,0 +1,20 @@
+// Flags and choices shared by the apps that build a model: preset and dimensions, precision, attention
+// kind and device.
+#pragma once
+
+#include "apps/lib/flags.h"
+#include "core/device.h"
+#include "nn/transformer.h"
+
+namespace tt::app {
+
+void declare_model_flags(Flags& flags);
+// auto: cuda:<local rank> when a GPU is present, else cpu.
+Device pick_device(const std::string& text, int local_rank = 0);
+// The model of --preset with --d-model/--layers/--heads/--d-ff/--ctx/--vocab overrides, precision and
+// attention resolved for `device`. vocab 0 means "ask the data folder".
+nn::ModelConfig model_config_from_flags(const Flags& flags, Device device, int64_t data_vocab);
+// Only the settings that may differ between runs of one checkpoint (precision, attention).
+void apply_runtime_model_flags(const Flags& flags, nn::ModelConfig& config, Device device);
+
+}  // namespace tt::app

@@ -1,0 +1,309 @@
+#include "apps/lib/trainer.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+
+#include "apps/lib/checkpoint.h"
+#include "apps/lib/report.h"
+#include "apps/lib/run_setup.h"
+#include "core/autograd.h"
+#include "core/cuda_context.h"
+#include "core/ops.h"
+#include "optim/optimizer.h"
+#ifdef TT_WITH_CUDA
+#include "kernels/cuda/cuda_kernels.h"
+#endif
+
+namespace tt::app {
+
+namespace fs = std::filesystem;
+
+void declare_train_flags(Flags& f) {
+  declare_model_flags(f);
+  f.add(
+      "data", "",
+      "folder with train.bin, val.bin (and meta.json); default: the built-in corpus, prepared on first use");
+  f.add("out", "runs/tiny", "output folder: metrics.jsonl, loss.svg, checkpoints/, sample.txt");
+  f.add("steps", "2000", "optimizer steps to train (total, also when resuming)");
+  f.add("batch", "16", "sequences per micro-batch (per rank)");
+  f.add("grad-accum", "1", "micro-batches accumulated per optimizer step");
+  f.add("lr-max", "3e-3", "peak learning rate");
+  f.add("lr-min", "3e-4", "final learning rate of the cosine schedule");
+  f.add("warmup", "50", "linear warm-up steps");
+  f.add("cosine-steps", "0", "step at which the cosine schedule reaches lr-min (0: --steps)");
+  f.add("weight-decay", "0.1", "AdamW weight decay");
+  f.add("beta1", "0.9", "AdamW beta1");
+  f.add("beta2", "0.95", "AdamW beta2");
+  f.add("clip", "1.0", "global gradient-norm clip (0: off)");
+  f.add("seed", "1", "seed for initialisation and data sampling");
+  f.add("sampling", "random", "random | sequential batches");
+  f.add("eval-every", "200", "evaluate on val.bin every N steps (0: only at the end)");
+  f.add("eval-batches", "20", "batches per evaluation (the first eval-batches*batch windows of val.bin)");
+  f.add("ckpt-every", "500", "write a checkpoint every N steps; step 0 is written too (0: only at the end)");
+  f.add("keep-ckpts", "3", "checkpoints to keep (0: all)");
+  f.add("log-every", "10", "print a progress line every N steps");
+  f.add("resume", "", "checkpoint to resume from (or, with --eval-only, to evaluate)");
+  f.add_switch("eval-only", "evaluate --resume on val.bin and exit (prints and writes the mean loss)");
+  f.add("json", "", "with --eval-only: write the result as JSON to this file");
+  f.add("sample-tokens", "300", "tokens of text to generate at the end (0: none)");
+  f.add("top-k", "10", "sample from the k most likely tokens (1: greedy)");
+  f.add("prompt", "The ", "text the final sample starts from");
+}
+
+double unigram_entropy(const TokenFile& file, int64_t vocab) {
+  std::vector<double> counts(static_cast<size_t>(vocab), 0.0);
+  for (int64_t i = 0; i < file.size(); ++i) counts[file.data()[i]] += 1;
+  double h = 0;
+  for (double c : counts) {
+    if (c > 0) h -= c / file.size() * std::log(c / file.size());
+  }
+  return h;
+}
+
+double evaluate(const nn::TransformerLM& model, const TokenFile& val, int64_t batch, int64_t ctx,
+                int64_t batches, Device device) {
+  NoGradGuard no_grad;
+  double total = 0;
+  for (int64_t i = 0; i < batches; ++i) {
+    const Batch b = eval_batch(val, batch, ctx, i * batch);
+    const Tensor x = Tensor::from_ints(b.inputs, {batch, ctx}, device);
+    const Tensor y = Tensor::from_ints(b.targets, {batch, ctx}, device);
+    total += model.loss(x, y).item();
+  }
+  return total / static_cast<double>(batches);
+}
+
+std::string generate(const nn::TransformerLM& model, const std::string& prompt, int64_t tokens, int64_t top_k,
+                     uint64_t seed, Device device) {
+  NoGradGuard no_grad;
+  std::vector<int32_t> ids;
+  for (unsigned char c : prompt) ids.push_back(c);
+  if (ids.empty()) ids.push_back(kEndOfText);
+  const int64_t vocab = model.config().vocab_size, ctx = model.config().context_length;
+  CounterRng rng{seed ^ 0x5eed5eedULL, 0};
+  for (int64_t t = 0; t < tokens; ++t) {
+    const int64_t start = std::max<int64_t>(0, static_cast<int64_t>(ids.size()) - ctx);
+    const std::vector<int32_t> window(ids.begin() + start, ids.end());
+    const Tensor x = Tensor::from_ints(window, {1, static_cast<int64_t>(window.size())}, device);
+    const Tensor logits = model.forward(x);
+    const std::vector<float> all = logits.to_floats();
+    const float* last = all.data() + (window.size() - 1) * vocab;
+    std::vector<int32_t> order(static_cast<size_t>(vocab));
+    for (int32_t i = 0; i < vocab; ++i) order[i] = i;
+    const int64_t k = std::clamp<int64_t>(top_k, 1, vocab);
+    std::partial_sort(order.begin(), order.begin() + k, order.end(),
+                      [&](int32_t a, int32_t b) { return last[a] > last[b]; });
+    std::vector<double> weights(static_cast<size_t>(k));
+    double sum = 0;
+    for (int64_t i = 0; i < k; ++i)
+      sum += weights[i] = std::exp(static_cast<double>(last[order[i]] - last[order[0]]));
+    double u = rng.next_double() * sum;
+    int32_t chosen = order[0];
+    for (int64_t i = 0; i < k; ++i) {
+      if ((u -= weights[i]) <= 0) {
+        chosen = order[i];
+        break;
+      }
+    }
+    ids.push_back(chosen);
+  }
+  return decode_bytes(ids);
+}
+
+namespace {
+
+std::string checkpoint_path(const std::string& out, int64_t step) {
+  return out + "/checkpoints/step_" + std::to_string(step) + ".h5";
+}
+
+// Keeps the metrics of steps <= `step` (a resumed run rewrites what came after its checkpoint).
+void truncate_metrics(const std::string& path, int64_t step) {
+  if (!fs::exists(path)) return;
+  std::ifstream in(path);
+  std::vector<std::string> kept;
+  std::string line;
+  while (std::getline(in, line)) {
+    const size_t at = line.find("\"step\": ");
+    if (at != std::string::npos && std::stoll(line.substr(at + 8)) <= step) kept.push_back(line);
+  }
+  in.close();
+  std::ofstream out(path, std::ios::trunc);
+  for (const std::string& l : kept) out << l << "\n";
+}
+
+std::string device_description(Device device) {
+#ifdef TT_WITH_CUDA
+  if (device.is_cuda()) return cuda::device_name(device.index);
+#endif
+  return "cpu";
+}
+
+}  // namespace
+
+int run_training(const Flags& flags, Device device, const std::string& data_dir) {
+  const int64_t data_vocab = read_vocab_size(data_dir);
+  nn::ModelConfig config = model_config_from_flags(flags, device, data_vocab);
+  const std::string out = flags.str("out");
+  const int64_t steps = flags.integer("steps"), batch = flags.integer("batch"),
+                accum = flags.integer("grad-accum");
+  const int64_t ctx = config.context_length;
+  TT_CHECK(steps > 0, "--steps must be positive");
+  TT_CHECK(batch > 0 && accum > 0, "--batch and --grad-accum must be positive");
+  const TokenFile train_file(data_dir + "/train.bin", config.vocab_size);
+  const TokenFile val_file(data_dir + "/val.bin", config.vocab_size);
+  const Sampling sampling = parse_sampling(flags.str("sampling"));
+  const uint64_t seed = static_cast<uint64_t>(flags.integer("seed"));
+
+  nn::TransformerLM model(config);
+  nn::FlatParameters params(model, device, seed);
+  optim::AdamWOptions adam;
+  adam.lr = flags.number("lr-max");
+  adam.beta1 = flags.number("beta1");
+  adam.beta2 = flags.number("beta2");
+  adam.weight_decay = flags.number("weight-decay");
+  optim::AdamW optimizer({params.flat_params()}, adam);
+  BatchSampler sampler(train_file, batch, ctx, sampling, seed * 0x9E3779B97F4A7C15ULL + 1);
+
+  TrainState state;
+  state.rng_seed = sampler.rng().seed;
+  state.args = flags.summary_line();
+  const std::string resume = flags.str("resume");
+  fs::create_directories(out + "/checkpoints");
+  if (!resume.empty()) {
+    load_checkpoint(resume, params, &optimizer, &state);
+    sampler.rng().seed = state.rng_seed;
+    sampler.rng().counter = state.rng_counter;
+    std::printf("resumed from %s at step %lld\n", resume.c_str(), static_cast<long long>(state.step));
+    truncate_metrics(out + "/metrics.jsonl", state.step);
+  } else {
+    std::remove((out + "/metrics.jsonl").c_str());
+  }
+  TT_CHECK(state.step < steps, "nothing to do: the checkpoint is at step " + std::to_string(state.step) +
+                                   " and --steps is " + std::to_string(steps));
+
+  const double entropy = unigram_entropy(train_file, config.vocab_size);
+  const PeakFlops peak =
+      device_peak_flops(device_description(device), config.precision == nn::Precision::bf16);
+  std::printf(
+      "model %s: %lld parameters (d_model %lld, %lld layers, %lld heads, d_ff %lld, vocab %lld, ctx %lld)\n",
+      flags.str("preset").c_str(), static_cast<long long>(params.numel()),
+      static_cast<long long>(config.d_model), static_cast<long long>(config.num_layers),
+      static_cast<long long>(config.num_heads), static_cast<long long>(config.d_ff),
+      static_cast<long long>(config.vocab_size), static_cast<long long>(ctx));
+  std::printf("device %s (%s), precision %s, attention %s; data %s: %lld train / %lld val tokens\n",
+              device.str().c_str(), device_description(device).c_str(), nn::precision_name(config.precision),
+              nn::attention_name(config.attention), data_dir.c_str(),
+              static_cast<long long>(train_file.size()), static_cast<long long>(val_file.size()));
+  std::printf("unigram entropy of the training data: %.4f nats/token (a model must beat this)\n", entropy);
+  std::printf("MFU peak: %s\n",
+              peak.flops_per_s > 0 ? peak.description.c_str() : "unknown for this device (MFU not shown)");
+
+  const int64_t eval_every = flags.integer("eval-every"), ckpt_every = flags.integer("ckpt-every");
+  const int64_t eval_batches = flags.integer("eval-batches"),
+                log_every = std::max<int64_t>(1, flags.integer("log-every"));
+  const int64_t keep = flags.integer("keep-ckpts");
+  const double clip = flags.number("clip"), lr_max = flags.number("lr-max"), lr_min = flags.number("lr-min");
+  const int64_t warmup = flags.integer("warmup");
+  const int64_t cosine_steps = flags.integer("cosine-steps") > 0 ? flags.integer("cosine-steps") : steps;
+  std::string last_checkpoint = resume;
+  auto save = [&](int64_t step) {
+    state.step = step;
+    state.rng_counter = sampler.rng().counter;
+    const std::string path = checkpoint_path(out, step);
+    save_checkpoint(path, config, params, &optimizer, state);
+    prune_checkpoints(out + "/checkpoints", keep);
+    last_checkpoint = path;
+  };
+  if (resume.empty()) save(0);
+
+  std::vector<LossPoint> train_curve, val_curve;
+  read_metrics(out + "/metrics.jsonl", state.step, train_curve, val_curve);
+  JsonlWriter metrics(out + "/metrics.jsonl", true);
+  const double flops_per_step = config.training_flops_per_sequence(ctx) * static_cast<double>(batch * accum);
+  const double tokens_per_step = static_cast<double>(batch * accum * ctx);
+  Progress progress(state.step + 1, steps);
+  double last_val = NAN;
+  for (int64_t step = state.step + 1; step <= steps; ++step) {
+    const double t0 = now_seconds();
+    const double lr = optim::cosine_lr(step - 1, lr_max, lr_min, warmup, cosine_steps);
+    optimizer.set_lr(lr);
+    params.zero_grad();
+    double loss_sum = 0;
+    for (int64_t micro = 0; micro < accum; ++micro) {
+      const Batch b = sampler.next((step - 1) * accum + micro + 1);
+      const Tensor x = Tensor::from_ints(b.inputs, {batch, ctx}, device);
+      const Tensor y = Tensor::from_ints(b.targets, {batch, ctx}, device);
+      const Tensor loss = model.loss(x, y);
+      (accum == 1 ? loss : ops::scale(loss, 1.0 / static_cast<double>(accum))).backward();
+      loss_sum += loss.item();
+    }
+    const double loss = loss_sum / static_cast<double>(accum);
+    if (!std::isfinite(loss)) {
+      progress.finish();
+      throw Error("loss is " + std::string(std::isnan(loss) ? "NaN" : "infinite") + " at step " +
+                  std::to_string(step) + "; stopping (last good checkpoint: " +
+                  (last_checkpoint.empty() ? "none" : last_checkpoint) + ")");
+    }
+    const double grad_norm = optim::clip_grad_norm({params.flat_grads()}, clip);
+    optimizer.step();
+    synchronize(device);
+    const double step_s = now_seconds() - t0;
+    state.tokens_seen += static_cast<int64_t>(tokens_per_step);
+    const double tokens_per_s = tokens_per_step / step_s;
+    const double mfu = peak.flops_per_s > 0 ? flops_per_step / step_s / peak.flops_per_s : NAN;
+
+    const bool eval_now = (eval_every > 0 && step % eval_every == 0) || step == steps;
+    double val = NAN;
+    if (eval_now) {
+      val = evaluate(model, val_file, batch, ctx, eval_batches, device);
+      last_val = val;
+      val_curve.push_back({step, val});
+    }
+    train_curve.push_back({step, loss});
+    std::vector<std::pair<std::string, std::string>> fields = {
+        {"step", std::to_string(step)},
+        {"loss", JsonlWriter::number(loss)},
+        {"lr", JsonlWriter::number(lr)},
+        {"grad_norm", JsonlWriter::number(grad_norm)},
+        {"tokens_per_s", JsonlWriter::number(tokens_per_s)},
+        {"step_ms", JsonlWriter::number(step_s * 1e3)},
+        {"mfu", JsonlWriter::number(mfu)},
+        {"tokens_seen", std::to_string(state.tokens_seen)}};
+    if (eval_now) fields.emplace_back("val_loss", JsonlWriter::number(val));
+    metrics.write(fields);
+
+    char line[320];
+    std::snprintf(
+        line, sizeof(line),
+        "step %5lld/%lld | loss %.4f%s | lr %.2e | grad norm %.3f | %.0f tok/s | %.1f ms%s",
+        static_cast<long long>(step), static_cast<long long>(steps), loss,
+        eval_now ? (" | val " + std::to_string(val).substr(0, 6)).c_str() : "", lr, grad_norm, tokens_per_s,
+        step_s * 1e3,
+        std::isfinite(mfu) ? (" | MFU " + std::to_string(mfu * 100).substr(0, 5) + "%").c_str() : "");
+    if (step % log_every == 0 || eval_now || step == state.step + 1) progress.update(step, line);
+    if (eval_now) {
+      if (progress.interactive()) std::printf("\n");
+      write_loss_svg(out + "/loss.svg", train_curve, val_curve,
+                     "train " + flags.str("preset") + " (" + std::to_string(params.numel()) + " parameters)");
+    }
+    if ((ckpt_every > 0 && step % ckpt_every == 0) || step == steps) save(step);
+  }
+  progress.finish();
+  std::printf("done: final validation loss %.4f (unigram entropy %.4f); checkpoint %s\n", last_val, entropy,
+              last_checkpoint.c_str());
+  const int64_t sample_tokens = flags.integer("sample-tokens");
+  if (sample_tokens > 0) {
+    const std::string text =
+        generate(model, flags.str("prompt"), sample_tokens, flags.integer("top-k"), seed, device);
+    std::ofstream(out + "/sample.txt") << text << "\n";
+    std::printf("sample (%s/sample.txt):\n----\n%s\n----\n", out.c_str(), text.c_str());
+  }
+  std::printf("outputs: %s/metrics.jsonl, %s/loss.svg, %s/checkpoints/\n", out.c_str(), out.c_str(),
+              out.c_str());
+  return 0;
+}
+
+}  // namespace tt::app

@@ -1,0 +1,92 @@
+// train: the framework's main job. Trains the Transformer LM on token files, evaluates, writes metrics,
+// the loss plot, HDF5 checkpoints (exact resume) and a text sample. `train --help` lists every flag.
+#include <sys/stat.h>
+
+#include <cmath>
+#include <csignal>
+#include <cstdio>
+#include <filesystem>
+#include <memory>
+
+#include "apps/lib/checkpoint.h"
+#include "apps/lib/data.h"
+#include "apps/lib/flags.h"
+#include "apps/lib/report.h"
+#include "apps/lib/run_setup.h"
+#include "apps/lib/trainer.h"
+#include "core/autograd.h"
+#include "core/cuda_context.h"
+#include "core/ops.h"
+
+namespace fs = std::filesystem;
+using namespace tt;
+using namespace tt::app;
+
+namespace {
+
+std::string data_dir_or_default(const Flags& flags) {
+  if (flags.given("data")) return flags.str("data");
+  const std::string dir = "data/fortunes";
+  if (!fs::exists(dir + "/train.bin")) {
+    const std::string corpus = "/usr/share/games/fortunes";
+    if (!fs::exists(corpus)) {
+      throw Error("the built-in corpus needs Debian's 'fortunes' package (" + corpus +
+                  "); install it or pass --data");
+    }
+    std::printf("preparing the built-in corpus from %s into %s ...\n", corpus.c_str(), dir.c_str());
+    const PrepareStats s = prepare_text(corpus, dir, "%");
+    std::printf("  %lld documents, %lld train and %lld validation tokens\n",
+                static_cast<long long>(s.documents), static_cast<long long>(s.train_tokens),
+                static_cast<long long>(s.val_tokens));
+  }
+  return dir;
+}
+
+int run_eval_only(const Flags& flags, Device device) {
+  const std::string ckpt = flags.str("resume");
+  if (ckpt.empty()) throw Error("--eval-only needs --resume CHECKPOINT");
+  nn::ModelConfig config = read_checkpoint_config(ckpt);
+  apply_runtime_model_flags(flags, config, device);
+  const int64_t ctx = flags.given("ctx") ? flags.integer("ctx") : config.context_length;
+  TT_CHECK(ctx <= config.context_length, "--ctx " + std::to_string(ctx) +
+                                             " exceeds the checkpoint's context length " +
+                                             std::to_string(config.context_length));
+  const std::string data = data_dir_or_default(flags);
+  const TokenFile val(data + "/val.bin", config.vocab_size);
+  nn::TransformerLM model(config);
+  nn::FlatParameters params(model, device, 0);
+  load_checkpoint(ckpt, params, nullptr, nullptr);
+  const int64_t batch = flags.integer("batch"), batches = flags.integer("eval-batches");
+  TT_CHECK(batch > 0 && batches > 0, "--batch and --eval-batches must be positive");
+  const double loss = evaluate(model, val, batch, ctx, batches, device);
+  std::printf("eval %s: mean loss %.6f (perplexity %.4f) over %lld windows of %lld tokens from %s/val.bin\n",
+              ckpt.c_str(), loss, std::exp(loss), static_cast<long long>(batch * batches),
+              static_cast<long long>(ctx), data.c_str());
+  if (!flags.str("json").empty()) {
+    JsonlWriter json(flags.str("json"), false);
+    json.write({{"checkpoint", JsonlWriter::quote(ckpt)},
+                {"loss", JsonlWriter::number(loss)},
+                {"perplexity", JsonlWriter::number(std::exp(loss))},
+                {"windows", std::to_string(batch * batches)},
+                {"context", std::to_string(ctx)}});
+  }
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::signal(SIGXFSZ, SIG_IGN);  // a full disk (or file-size limit) is reported as a write error
+  try {
+    Flags flags("train", "Train the Transformer LM; see README.md for the data and checkpoint formats.");
+    declare_train_flags(flags);
+    if (!flags.parse(argc, argv)) return 0;
+    const Device device = pick_device(flags.str("device"));
+    if (flags.boolean("eval-only")) return run_eval_only(flags, device);
+    return run_training(flags, device, data_dir_or_default(flags));
+  } catch (const std::exception& e) {
+    std::fflush(stdout);
+    std::fprintf(stderr, "\nerror: %s\n", e.what());
+    return 1;
+  }
+}

@@ -1,0 +1,156 @@
+#include "core/autograd.h"
+
+#include <atomic>
+#include <queue>
+#include <unordered_map>
+#include <unordered_set>
+
+#include "core/ops.h"
+
+namespace tt {
+
+namespace {
+thread_local bool g_grad_mode = true;
+std::atomic<uint64_t> g_sequence{0};
+
+// Sum of two gradients for the same tensor; mixed precisions meet in the wider type.
+Tensor accumulate(const Tensor& a, const Tensor& b) {
+  if (a.dtype() == b.dtype()) return ops::add(a, b);
+  const DType wide = (a.dtype() == DType::f64 || b.dtype() == DType::f64) ? DType::f64 : DType::f32;
+  return ops::add(ops::cast(a, wide), ops::cast(b, wide));
+}
+}  // namespace
+
+Node::Node() : sequence(g_sequence.fetch_add(1)) {}
+
+bool grad_mode_enabled() {
+  return g_grad_mode;
+}
+NoGradGuard::NoGradGuard() : previous_(g_grad_mode) {
+  g_grad_mode = false;
+}
+NoGradGuard::~NoGradGuard() {
+  g_grad_mode = previous_;
+}
+
+bool needs_grad(std::initializer_list<const Tensor*> inputs) {
+  if (!g_grad_mode) return false;
+  for (const Tensor* t : inputs) {
+    if (t && t->defined() && t->requires_grad()) return true;
+  }
+  return false;
+}
+
+std::shared_ptr<Node> gradient_edge(const Tensor& t) {
+  if (!t.defined() || !t.requires_grad()) return nullptr;
+  if (t.grad_fn()) return t.grad_fn();
+  TensorImpl* impl = t.impl();
+  std::shared_ptr<Node> acc = impl->grad_accumulator.lock();
+  if (!acc) {
+    acc = std::make_shared<AccumulateGrad>(t);
+    impl->grad_accumulator = acc;
+  }
+  return acc;
+}
+
+void attach_node(const Tensor& output, const std::shared_ptr<Node>& node,
+                 std::initializer_list<const Tensor*> inputs) {
+  node->next.clear();
+  for (const Tensor* t : inputs) node->next.push_back(t ? gradient_edge(*t) : nullptr);
+  output.set_grad_fn(node);
+  output.impl()->requires_grad = true;
+}
+
+std::vector<Tensor> AccumulateGrad::apply(const Tensor& grad_output) {
+  Tensor g = grad_output;
+  if (g.dtype() != leaf_.dtype()) g = ops::cast(g, leaf_.dtype());
+  TT_CHECK(g.shape() == leaf_.shape(),
+           "gradient shape " + shape_str(g.shape()) + " does not match parameter " + leaf_.describe());
+  Tensor existing = leaf_.grad();
+  if (!existing.defined()) {
+    // Always copy: the incoming buffer may be shared with other pending gradients (add's backward
+    // hands the same tensor to both inputs). Models pre-assign .grad views of a flat buffer, so they take
+    // the in-place branch below instead.
+    leaf_.set_grad(g.clone());
+  } else {
+    ops::add_into(existing, g);
+  }
+  for (GradHook& hook : leaf_.impl()->grad_ready_hooks) hook(leaf_);
+  return {};
+}
+
+void run_backward(const Tensor& root, const Tensor& grad) {
+  TT_CHECK(root.requires_grad(), "backward() on a tensor that does not require grad");
+  NoGradGuard no_grad;
+  Tensor root_grad = grad;
+  if (!root_grad.defined()) {
+    TT_CHECK(root.numel() == 1, "backward() without a gradient needs a scalar, got " + root.describe());
+    root_grad = Tensor::full(root.shape(), 1.0, root.dtype(), root.device());
+  }
+  std::shared_ptr<Node> root_node = gradient_edge(root);
+
+  // Count, for every reachable node, how many edges point to it.
+  std::unordered_map<Node*, int> dependencies;
+  std::vector<Node*> stack{root_node.get()};
+  std::unordered_set<Node*> seen{root_node.get()};
+  while (!stack.empty()) {
+    Node* node = stack.back();
+    stack.pop_back();
+    for (const auto& child : node->next) {
+      if (!child) continue;
+      dependencies[child.get()] += 1;
+      if (seen.insert(child.get()).second) stack.push_back(child.get());
+    }
+  }
+
+  // Ready nodes run latest-created first, so gradients appear in reverse order of the forward pass.
+  auto later_first = [](const std::shared_ptr<Node>& a, const std::shared_ptr<Node>& b) {
+    return a->sequence < b->sequence;
+  };
+  std::priority_queue<std::shared_ptr<Node>, std::vector<std::shared_ptr<Node>>, decltype(later_first)> ready(
+      later_first);
+  std::unordered_map<Node*, Tensor> pending;
+  pending[root_node.get()] = root_grad;
+  ready.push(root_node);
+  while (!ready.empty()) {
+    std::shared_ptr<Node> node = ready.top();
+    ready.pop();
+    Tensor node_grad = std::move(pending[node.get()]);
+    pending.erase(node.get());
+    std::vector<Tensor> input_grads = node->apply(node_grad);
+    node_grad = Tensor();
+    node->release_saved();
+    for (size_t i = 0; i < node->next.size(); ++i) {
+      const std::shared_ptr<Node>& child = node->next[i];
+      if (!child) continue;
+      if (i < input_grads.size() && input_grads[i].defined()) {
+        Tensor& slot = pending[child.get()];
+        slot = slot.defined() ? accumulate(slot, input_grads[i]) : input_grads[i];
+      }
+      if (--dependencies[child.get()] == 0) {
+        if (pending.count(child.get())) {
+          ready.push(child);
+        } else {
+          // No gradient reached this node (all inputs were undefined): still visit it so its own
+          // children's dependency counts fall, without running it.
+          std::vector<Node*> skip{child.get()};
+          while (!skip.empty()) {
+            Node* s = skip.back();
+            skip.pop_back();
+            s->release_saved();
+            for (const auto& grandchild : s->next) {
+              if (grandchild && --dependencies[grandchild.get()] == 0) {
+                if (pending.count(grandchild.get()))
+                  ready.push(grandchild);
+                else
+                  skip.push_back(grandchild.get());
+              }
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+}  // namespace tt

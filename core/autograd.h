@@ -1,0 +1,64 @@
+// Define-by-run reverse-mode autograd. Each differentiable op creates a Node that saves what its backward
+// needs and points to the nodes of its inputs. backward() runs the nodes in reverse creation order once all
+// their consumers are done, accumulates into leaves' .grad, frees saved tensors as it goes, and fires a
+// leaf's grad-ready hooks the moment its gradient for this pass is complete (DDP and ZeRO build on this).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "core/tensor.h"
+
+namespace tt {
+
+class Node {
+ public:
+  Node();
+  virtual ~Node() = default;
+  virtual const char* name() const = 0;
+  // Gradients with respect to each input, in the order of `next`; undefined where none flows.
+  virtual std::vector<Tensor> apply(const Tensor& grad_output) = 0;
+  // Frees saved tensors once the node has run (a graph is used for one backward pass).
+  virtual void release_saved() {}
+
+  std::vector<std::shared_ptr<Node>> next;  // nullptr for inputs that need no gradient
+  uint64_t sequence = 0;                    // creation order; later nodes run first
+};
+
+// The node standing for a leaf tensor that requires grad: it accumulates into the leaf's .grad.
+class AccumulateGrad : public Node {
+ public:
+  explicit AccumulateGrad(Tensor leaf) : leaf_(std::move(leaf)) {}
+  const char* name() const override { return "AccumulateGrad"; }
+  std::vector<Tensor> apply(const Tensor& grad_output) override;
+
+ private:
+  Tensor leaf_;
+};
+
+// Whether ops record the graph (thread-local; on by default).
+bool grad_mode_enabled();
+
+class NoGradGuard {
+ public:
+  NoGradGuard();
+  ~NoGradGuard();
+  NoGradGuard(const NoGradGuard&) = delete;
+  NoGradGuard& operator=(const NoGradGuard&) = delete;
+
+ private:
+  bool previous_;
+};
+
+// True when grad mode is on and some input requires grad: then the op must record a node.
+bool needs_grad(std::initializer_list<const Tensor*> inputs);
+// The edge to follow for `t`: its grad_fn, its (unique) accumulator if it is a leaf requiring grad, or null.
+std::shared_ptr<Node> gradient_edge(const Tensor& t);
+// Marks `output` as produced by `node` from `inputs` (sets node->next and output's grad_fn).
+void attach_node(const Tensor& output, const std::shared_ptr<Node>& node,
+                 std::initializer_list<const Tensor*> inputs);
+
+void run_backward(const Tensor& root, const Tensor& grad);
+
+}  // namespace tt

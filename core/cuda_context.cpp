@@ -1,0 +1,81 @@
+#include "core/cuda_context.h"
+
+#include <mutex>
+
+#include "kernels/common.h"
+#ifdef TT_WITH_CUDA
+#include "kernels/cuda/cuda_kernels.h"
+#endif
+
+namespace tt {
+
+namespace {
+#ifdef TT_WITH_CUDA
+constexpr int kMaxDevices = 16;
+cudaStream_t g_streams[kMaxDevices] = {};
+std::mutex g_stream_mutex;
+#endif
+thread_local int g_device = 0;
+}  // namespace
+
+Device Device::parse(const std::string& text) {
+  if (text == "cpu") return cpu();
+  if (text == "cuda") return cuda(0);
+  if (text.rfind("cuda:", 0) == 0) {
+    try {
+      size_t used = 0;
+      const int index = std::stoi(text.substr(5), &used);
+      if (used == text.size() - 5 && index >= 0) return cuda(index);
+    } catch (const std::exception&) {
+    }
+  }
+  throw Error("unknown device '" + text + "' (expected cpu, cuda or cuda:N)");
+}
+
+bool cuda_available() {
+#ifdef TT_WITH_CUDA
+  return cuda::device_count() > 0;
+#else
+  return false;
+#endif
+}
+
+void set_current_device(int device) {
+#ifdef TT_WITH_CUDA
+  if (device != g_device) TT_CUDA_CHECK(cudaSetDevice(device));
+  g_device = device;
+#else
+  g_device = device;
+#endif
+}
+
+int current_device() {
+  return g_device;
+}
+
+void* compute_stream(int device) {
+#ifdef TT_WITH_CUDA
+  std::lock_guard<std::mutex> lock(g_stream_mutex);
+  TT_CHECK(device >= 0 && device < kMaxDevices, "bad CUDA device index " + std::to_string(device));
+  if (!g_streams[device]) {
+    int previous = 0;
+    TT_CUDA_CHECK(cudaGetDevice(&previous));
+    TT_CUDA_CHECK(cudaSetDevice(device));
+    TT_CUDA_CHECK(cudaStreamCreateWithFlags(&g_streams[device], cudaStreamNonBlocking));
+    TT_CUDA_CHECK(cudaSetDevice(previous));
+  }
+  return g_streams[device];
+#else
+  return nullptr;
+#endif
+}
+
+void synchronize(Device device) {
+#ifdef TT_WITH_CUDA
+  if (device.is_cuda()) {
+    TT_CUDA_CHECK(cudaStreamSynchronize(static_cast<cudaStream_t>(compute_stream(device.index))));
+  }
+#endif
+}
+
+}  // namespace tt

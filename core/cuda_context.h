@@ -1,0 +1,16 @@
+// Per-process CUDA state: the current device and its compute stream. All compute of a rank is ordered on
+// one stream; communication uses its own stream (dist/) ordered with events.
+#pragma once
+
+#include "core/device.h"
+
+namespace tt {
+
+// The compute stream of the device as an opaque handle (cudaStream_t); nullptr on CPU-only builds.
+void* compute_stream(int device);
+void set_current_device(int device);
+int current_device();
+// Waits for all work on the compute stream of `device`.
+void synchronize(Device device);
+
+}  // namespace tt

@@ -1,0 +1,272 @@
+#include "core/io/h5.h"
+
+#include <fcntl.h>
+#include <hdf5.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <filesystem>
+
+#include "core/ops.h"
+
+namespace tt::io {
+
+namespace {
+
+// HDF5 prints its own error stack by default; the project reports one line instead.
+struct SilenceHdf5 {
+  SilenceHdf5() { H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr); }
+};
+const SilenceHdf5 g_silence;
+
+template <class T>
+T checked(T result, const char* call, const std::string& what) {
+  if (result < 0) throw Error(std::string("HDF5 error in ") + call + " (" + what + ")");
+  return result;
+}
+
+// RAII for any hid_t with its matching close function.
+class Handle {
+ public:
+  Handle(hid_t id, herr_t (*closer)(hid_t)) : id_(id), closer_(closer) {}
+  ~Handle() {
+    if (id_ >= 0) closer_(id_);
+  }
+  Handle(const Handle&) = delete;
+  Handle& operator=(const Handle&) = delete;
+  hid_t get() const { return id_; }
+
+ private:
+  hid_t id_;
+  herr_t (*closer_)(hid_t);
+};
+
+std::string parent_of(const std::string& path) {
+  const size_t slash = path.rfind('/');
+  return slash == 0 || slash == std::string::npos ? "/" : path.substr(0, slash);
+}
+
+}  // namespace
+
+H5File H5File::create(const std::string& path) {
+  const hid_t id = H5Fcreate(path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
+  if (id < 0) throw Error("cannot create HDF5 file '" + path + "'");
+  return H5File(id, path);
+}
+
+H5File H5File::open_read(const std::string& path) {
+  if (!std::filesystem::exists(path)) throw Error("checkpoint '" + path + "' does not exist");
+  const hid_t id = H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT);
+  if (id < 0) throw Error("'" + path + "' is not a readable HDF5 file");
+  return H5File(id, path);
+}
+
+H5File::H5File(H5File&& other) noexcept : id_(other.id_), path_(std::move(other.path_)) {
+  other.id_ = -1;
+}
+
+H5File::~H5File() {
+  if (id_ >= 0) H5Fclose(id_);
+}
+
+void H5File::close() {
+  if (id_ >= 0) {
+    const hid_t id = id_;
+    id_ = -1;
+    checked(H5Fclose(id), "H5Fclose", path_);
+  }
+}
+
+void H5File::flush() {
+  checked(H5Fflush(id_, H5F_SCOPE_GLOBAL), "H5Fflush", path_);
+}
+
+bool H5File::exists(const std::string& object) const {
+  if (object == "/") return true;
+  // Check each level, as H5Lexists requires the parent to exist.
+  size_t pos = 1;
+  while (true) {
+    const size_t slash = object.find('/', pos);
+    const std::string prefix = object.substr(0, slash);
+    if (H5Lexists(id_, prefix.c_str(), H5P_DEFAULT) <= 0) return false;
+    if (slash == std::string::npos) return true;
+    pos = slash + 1;
+  }
+}
+
+void H5File::ensure_group(const std::string& group) {
+  if (exists(group)) return;
+  Handle props(checked(H5Pcreate(H5P_LINK_CREATE), "H5Pcreate", group), H5Pclose);
+  checked(H5Pset_create_intermediate_group(props.get(), 1), "H5Pset_create_intermediate_group", group);
+  Handle g(
+      checked(H5Gcreate2(id_, group.c_str(), props.get(), H5P_DEFAULT, H5P_DEFAULT), "H5Gcreate2", group),
+      H5Gclose);
+}
+
+Shape H5File::dataset_shape(const std::string& dataset) const {
+  if (!exists(dataset)) throw Error("dataset " + dataset + " is missing in " + path_);
+  Handle d(checked(H5Dopen2(id_, dataset.c_str(), H5P_DEFAULT), "H5Dopen2", dataset), H5Dclose);
+  Handle space(checked(H5Dget_space(d.get()), "H5Dget_space", dataset), H5Sclose);
+  const int rank = checked(H5Sget_simple_extent_ndims(space.get()), "H5Sget_simple_extent_ndims", dataset);
+  std::vector<hsize_t> dims(static_cast<size_t>(rank));
+  checked(H5Sget_simple_extent_dims(space.get(), dims.data(), nullptr), "H5Sget_simple_extent_dims", dataset);
+  return Shape(dims.begin(), dims.end());
+}
+
+std::vector<std::string> H5File::children(const std::string& group) const {
+  std::vector<std::string> names;
+  if (!exists(group)) return names;
+  Handle g(checked(H5Gopen2(id_, group.c_str(), H5P_DEFAULT), "H5Gopen2", group), H5Gclose);
+  H5G_info_t info;
+  checked(H5Gget_info(g.get(), &info), "H5Gget_info", group);
+  for (hsize_t i = 0; i < info.nlinks; ++i) {
+    const ssize_t len =
+        H5Lget_name_by_idx(g.get(), ".", H5_INDEX_NAME, H5_ITER_INC, i, nullptr, 0, H5P_DEFAULT);
+    std::string name(static_cast<size_t>(checked(len, "H5Lget_name_by_idx", group)), '\0');
+    H5Lget_name_by_idx(g.get(), ".", H5_INDEX_NAME, H5_ITER_INC, i, name.data(), name.size() + 1,
+                       H5P_DEFAULT);
+    names.push_back(name);
+  }
+  return names;
+}
+
+void H5File::write_tensor(const std::string& dataset, const Tensor& tensor) {
+  ensure_group(parent_of(dataset));
+  const std::vector<float> host = tensor.to_floats();
+  const Shape& shape = tensor.shape();
+  std::vector<hsize_t> dims(shape.begin(), shape.end());
+  Handle space(checked(H5Screate_simple(static_cast<int>(dims.size()), dims.data(), nullptr),
+                       "H5Screate_simple", dataset),
+               H5Sclose);
+  Handle d(checked(H5Dcreate2(id_, dataset.c_str(), H5T_IEEE_F32LE, space.get(), H5P_DEFAULT, H5P_DEFAULT,
+                              H5P_DEFAULT),
+                   "H5Dcreate2", dataset),
+           H5Dclose);
+  checked(H5Dwrite(d.get(), H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, host.data()), "H5Dwrite",
+          dataset);
+}
+
+std::vector<float> H5File::read_floats(const std::string& dataset, Shape* shape_out) const {
+  const Shape shape = dataset_shape(dataset);
+  std::vector<float> host(static_cast<size_t>(shape_numel(shape)));
+  Handle d(checked(H5Dopen2(id_, dataset.c_str(), H5P_DEFAULT), "H5Dopen2", dataset), H5Dclose);
+  checked(H5Dread(d.get(), H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, host.data()), "H5Dread", dataset);
+  if (shape_out) *shape_out = shape;
+  return host;
+}
+
+void H5File::read_into(const std::string& dataset, Tensor& dst) const {
+  const Shape shape = dataset_shape(dataset);
+  if (shape != dst.shape()) {
+    throw Error("checkpoint " + path_ + ": dataset " + dataset + " has shape " + shape_str(shape) +
+                ", the model expects " + shape_str(dst.shape()));
+  }
+  const Tensor host = Tensor::from_floats(read_floats(dataset), shape);
+  if (dst.dtype() == DType::f32) {
+    dst.copy_(host.to(dst.device()));
+  } else {
+    dst.copy_(ops::cast(host, dst.dtype()).to(dst.device()));
+  }
+}
+
+namespace {
+Handle open_object(hid_t file, const std::string& object) {
+  return Handle(checked(H5Oopen(file, object.c_str(), H5P_DEFAULT), "H5Oopen", object), H5Oclose);
+}
+
+void write_attr(hid_t file, const std::string& object, const std::string& name, hid_t type,
+                const void* value) {
+  Handle obj = open_object(file, object);
+  if (H5Aexists(obj.get(), name.c_str()) > 0) H5Adelete(obj.get(), name.c_str());
+  Handle space(checked(H5Screate(H5S_SCALAR), "H5Screate", name), H5Sclose);
+  Handle attr(checked(H5Acreate2(obj.get(), name.c_str(), type, space.get(), H5P_DEFAULT, H5P_DEFAULT),
+                      "H5Acreate2", object + "@" + name),
+              H5Aclose);
+  checked(H5Awrite(attr.get(), type, value), "H5Awrite", object + "@" + name);
+}
+}  // namespace
+
+void H5File::set_attr(const std::string& object, const std::string& name, int64_t value) {
+  ensure_group(object);
+  write_attr(id_, object, name, H5T_NATIVE_INT64, &value);
+}
+
+void H5File::set_attr(const std::string& object, const std::string& name, double value) {
+  ensure_group(object);
+  write_attr(id_, object, name, H5T_NATIVE_DOUBLE, &value);
+}
+
+void H5File::set_attr(const std::string& object, const std::string& name, const std::string& value) {
+  ensure_group(object);
+  Handle type(checked(H5Tcopy(H5T_C_S1), "H5Tcopy", name), H5Tclose);
+  checked(H5Tset_size(type.get(), std::max<size_t>(1, value.size())), "H5Tset_size", name);
+  checked(H5Tset_strpad(type.get(), H5T_STR_NULLPAD), "H5Tset_strpad", name);
+  const std::string padded = value.empty() ? std::string(1, '\0') : value;
+  write_attr(id_, object, name, type.get(), padded.data());
+}
+
+bool H5File::has_attr(const std::string& object, const std::string& name) const {
+  if (!exists(object)) return false;
+  Handle obj = open_object(id_, object);
+  return H5Aexists(obj.get(), name.c_str()) > 0;
+}
+
+namespace {
+Handle open_attr(hid_t file, const std::string& path, const std::string& object, const std::string& name) {
+  Handle obj = open_object(file, object);
+  if (H5Aexists(obj.get(), name.c_str()) <= 0) {
+    throw Error("checkpoint " + path + ": attribute " + object + "@" + name + " is missing");
+  }
+  return Handle(checked(H5Aopen(obj.get(), name.c_str(), H5P_DEFAULT), "H5Aopen", object + "@" + name),
+                H5Aclose);
+}
+}  // namespace
+
+int64_t H5File::attr_int(const std::string& object, const std::string& name) const {
+  Handle attr = open_attr(id_, path_, object, name);
+  int64_t value = 0;
+  checked(H5Aread(attr.get(), H5T_NATIVE_INT64, &value), "H5Aread", object + "@" + name);
+  return value;
+}
+
+double H5File::attr_double(const std::string& object, const std::string& name) const {
+  Handle attr = open_attr(id_, path_, object, name);
+  double value = 0;
+  checked(H5Aread(attr.get(), H5T_NATIVE_DOUBLE, &value), "H5Aread", object + "@" + name);
+  return value;
+}
+
+std::string H5File::attr_string(const std::string& object, const std::string& name) const {
+  Handle attr = open_attr(id_, path_, object, name);
+  Handle type(checked(H5Aget_type(attr.get()), "H5Aget_type", name), H5Tclose);
+  const size_t size = H5Tget_size(type.get());
+  std::string value(size, '\0');
+  checked(H5Aread(attr.get(), type.get(), value.data()), "H5Aread", object + "@" + name);
+  while (!value.empty() && value.back() == '\0') value.pop_back();
+  return value;
+}
+
+void atomic_write(const std::string& path, const std::function<void(H5File&)>& writer) {
+  const std::string tmp = path + ".tmp";
+  try {
+    {
+      H5File file = H5File::create(tmp);
+      writer(file);
+      file.flush();
+      file.close();
+    }
+    const int fd = ::open(tmp.c_str(), O_RDONLY);
+    if (fd < 0 || ::fsync(fd) != 0) {
+      if (fd >= 0) ::close(fd);
+      throw Error("cannot fsync '" + tmp + "'");
+    }
+    ::close(fd);
+    if (std::rename(tmp.c_str(), path.c_str()) != 0)
+      throw Error("cannot rename '" + tmp + "' to '" + path + "'");
+  } catch (...) {
+    std::remove(tmp.c_str());
+    throw;
+  }
+}
+
+}  // namespace tt::io

@@ -1,0 +1,56 @@
+// A small RAII layer over the HDF5 C API: files, groups created on demand, f32/i64 datasets from tensors
+// and vectors, and scalar attributes. Every call is checked; failures throw tt::Error naming the call and
+// the dataset. atomic_write() produces a file that is either complete or absent.
+#pragma once
+
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "core/tensor.h"
+
+namespace tt::io {
+
+class H5File {
+ public:
+  static H5File create(const std::string& path);     // truncates
+  static H5File open_read(const std::string& path);  // throws a clear error when missing or not HDF5
+  ~H5File();
+  H5File(H5File&& other) noexcept;
+  H5File& operator=(H5File&&) = delete;
+  H5File(const H5File&) = delete;
+
+  const std::string& path() const { return path_; }
+  bool exists(const std::string& object) const;  // "/model/lm_head.weight"
+  Shape dataset_shape(const std::string& dataset) const;
+  std::vector<std::string> children(const std::string& group) const;
+
+  // f32 datasets: any tensor (any device, any float dtype) is written as host f32 in its shape.
+  void write_tensor(const std::string& dataset, const Tensor& tensor);
+  // Reads into `dst` (contiguous, f32/f64, any device); refuses missing datasets and other shapes.
+  void read_into(const std::string& dataset, Tensor& dst) const;
+  std::vector<float> read_floats(const std::string& dataset, Shape* shape = nullptr) const;
+
+  void set_attr(const std::string& object, const std::string& name, int64_t value);
+  void set_attr(const std::string& object, const std::string& name, double value);
+  void set_attr(const std::string& object, const std::string& name, const std::string& value);
+  bool has_attr(const std::string& object, const std::string& name) const;
+  int64_t attr_int(const std::string& object, const std::string& name) const;
+  double attr_double(const std::string& object, const std::string& name) const;
+  std::string attr_string(const std::string& object, const std::string& name) const;
+
+  void flush();
+  void close();  // explicit close, so errors surface before a rename
+
+ private:
+  H5File(long long id, std::string path) : id_(id), path_(std::move(path)) {}
+  void ensure_group(const std::string& group);
+  long long id_ = -1;
+  std::string path_;
+};
+
+// Writes `path` through `writer` into a temporary file next to it, flushes and fsyncs it, then renames it
+// over `path`. On any failure the temporary file is removed, `path` is untouched, and the error rethrown.
+void atomic_write(const std::string& path, const std::function<void(H5File&)>& writer);
+
+}  // namespace tt::io

@@ -1,0 +1,52 @@
+// The differentiable ops. Each picks the CPU or CUDA kernel by the inputs' device and, when grad mode is on
+// and an input requires grad, records an autograd node. Inputs of different devices are an error.
+// Floating tensors are f32 (f64 on CPU for gradient checks); bf16 appears as matmul/attention inputs.
+#pragma once
+
+#include "core/tensor.h"
+
+namespace tt::ops {
+
+// --- elementwise and shape ---
+Tensor add(const Tensor& a, const Tensor& b);                       // same shape and dtype
+Tensor add_scaled(const Tensor& a, const Tensor& b, double alpha);  // a + alpha * b
+Tensor scale(const Tensor& a, double s);
+Tensor cast(const Tensor& a, DType dtype);  // the gradient is cast back to a's dtype
+Tensor contiguous(const Tensor& a);         // a itself when already contiguous
+Tensor reshape(const Tensor& a, const Shape& shape);
+Tensor transpose(const Tensor& a, int64_t d0, int64_t d1);
+Tensor sum(const Tensor& a);                   // scalar (shape {1}), same dtype
+Tensor mul(const Tensor& a, const Tensor& b);  // elementwise, for tests and losses
+
+// In place, no autograd: dst += src (same shape; src may be of another float dtype on CPU).
+void add_into(Tensor& dst, const Tensor& src);
+void scale_(Tensor& t, double s);
+double sum_squares(const Tensor& t);  // reads the result back to the host
+
+// --- matrix products ---
+// Batched: a (..., m, k) [or (..., k, m) with trans_a], b (..., k, n) [or (..., n, k)] with equal leading
+// dims (or b 2-D, shared by every batch). f32/f64 in -> same out; bf16 in -> f32 out.
+Tensor matmul(const Tensor& a, const Tensor& b, bool trans_a = false, bool trans_b = false,
+              double alpha = 1.0);
+// y = x W^T: x (..., in), weight (out, in).
+Tensor linear(const Tensor& x, const Tensor& weight);
+
+// --- model ops ---
+Tensor embedding(const Tensor& weight, const Tensor& ids);  // ids i32 (...), out (..., dim)
+Tensor rms_norm(const Tensor& x, const Tensor& weight, double eps);
+// Rotary embedding (interleaved pairs) on x (batch, seq, heads*d_head), positions 0..seq-1.
+Tensor rope(const Tensor& x, int64_t d_head, double theta);
+Tensor swiglu(const Tensor& a, const Tensor& b);  // silu(a) * b
+// softmax(scale * s) over the last dim of (batch, T, T), causal mask optional.
+Tensor softmax(const Tensor& s, double scale, bool causal);
+// Mean cross-entropy of logits (N, V) against i32 targets (N); returns shape {1}.
+Tensor cross_entropy(const Tensor& logits, const Tensor& targets);
+
+// --- attention ---
+// q, k, v: (batch, heads, seq, d_head), any strides with a contiguous last dim. Returns O with the same
+// dtype as q, contiguous (batch, heads, seq, d_head).
+Tensor flash_attention(const Tensor& q, const Tensor& k, const Tensor& v, bool causal);
+// The textbook path: S = QK^T, masked softmax, O = PV (materialises T x T); same contract as above.
+Tensor naive_attention(const Tensor& q, const Tensor& k, const Tensor& v, bool causal);
+
+}  // namespace tt::ops

@@ -1,0 +1,332 @@
+// The model's ops: embedding, RMSNorm, RoPE, SwiGLU gate, masked softmax and cross-entropy.
+#include <cmath>
+
+#include "core/ops_internal.h"
+
+namespace tt::ops {
+
+using detail::dispatch_float;
+
+namespace {
+
+Tensor contig(const Tensor& t) {
+  return t.is_contiguous() ? t : t.clone();
+}
+
+// ---------------------------------------------------------------------------------------------- embedding
+struct EmbeddingNode : Node {
+  Tensor ids;
+  Shape weight_shape;
+  DType dtype = DType::f32;
+  const char* name() const override { return "Embedding"; }
+  std::vector<Tensor> apply(const Tensor& grad) override {
+    const Tensor g = contig(grad);
+    Tensor dw = Tensor::zeros(weight_shape, dtype, g.device());
+    const int64_t n = ids.numel(), dim = weight_shape[1];
+    if (g.device().is_cuda()) {
+      TT_CUDA_ONLY(cuda::embedding_backward(g.data<float>(), ids.data<int32_t>(), dw.data<float>(), n, dim,
+                                            detail::stream_of(g)));
+    } else {
+      dispatch_float(dtype, "embedding", [&](auto t) {
+        using T = decltype(t);
+        cpu::embedding_backward(g.data<T>(), ids.data<int32_t>(), dw.data<T>(), n, dim);
+      });
+    }
+    return {dw};
+  }
+  void release_saved() override { ids = Tensor(); }
+};
+
+// ------------------------------------------------------------------------------------------------ RMSNorm
+struct RmsNormNode : Node {
+  Tensor x, weight, inv_rms;
+  const char* name() const override { return "RMSNorm"; }
+  std::vector<Tensor> apply(const Tensor& grad) override {
+    const Tensor g = contig(grad);
+    const int64_t dim = x.size(-1), rows = x.numel() / dim;
+    Tensor dx = Tensor::empty(x.shape(), x.dtype(), x.device());
+    Tensor dw = Tensor::empty(weight.shape(), weight.dtype(), weight.device());
+    if (x.device().is_cuda()) {
+      TT_CUDA_ONLY(cuda::rms_norm_backward(g.data<float>(), x.data<float>(), weight.data<float>(),
+                                           inv_rms.data<float>(), dx.data<float>(), dw.data<float>(), rows,
+                                           dim, detail::stream_of(x)));
+    } else {
+      dispatch_float(x.dtype(), "rms_norm", [&](auto t) {
+        using T = decltype(t);
+        cpu::rms_norm_backward(g.data<T>(), x.data<T>(), weight.data<T>(), inv_rms.data<T>(), dx.data<T>(),
+                               dw.data<T>(), rows, dim);
+      });
+    }
+    return {dx, dw};
+  }
+  void release_saved() override { x = weight = inv_rms = Tensor(); }
+};
+
+// --------------------------------------------------------------------------------------------------- RoPE
+Tensor rope_raw(const Tensor& x, int64_t d_head, double theta, bool inverse) {
+  TT_CHECK(x.dim() == 3, "rope expects (batch, seq, heads*d_head), got " + x.describe());
+  TT_CHECK(d_head % 2 == 0 && x.size(2) % d_head == 0, "rope: feature dim " + std::to_string(x.size(2)) +
+                                                           " is not a multiple of an even d_head " +
+                                                           std::to_string(d_head));
+  const Tensor xc = contig(x);
+  Tensor y = Tensor::empty(x.shape(), x.dtype(), x.device());
+  if (x.device().is_cuda()) {
+    detail::require_cuda_f32(x, "rope");
+    TT_CUDA_ONLY(cuda::rope(xc.data<float>(), y.data<float>(), x.size(0), x.size(1), x.size(2), d_head, theta,
+                            inverse, detail::stream_of(x)));
+  } else {
+    dispatch_float(x.dtype(), "rope", [&](auto t) {
+      using T = decltype(t);
+      cpu::rope(xc.data<T>(), y.data<T>(), x.size(0), x.size(1), x.size(2), d_head, theta, inverse);
+    });
+  }
+  return y;
+}
+
+struct RopeNode : Node {
+  int64_t d_head = 0;
+  double theta = 10000.0;
+  const char* name() const override { return "RoPE"; }
+  // A rotation's gradient is the inverse rotation of the incoming gradient.
+  std::vector<Tensor> apply(const Tensor& grad) override { return {rope_raw(grad, d_head, theta, true)}; }
+};
+
+// ------------------------------------------------------------------------------------------------- SwiGLU
+struct SwiGluNode : Node {
+  Tensor a, b;
+  const char* name() const override { return "SwiGLU"; }
+  std::vector<Tensor> apply(const Tensor& grad) override {
+    const Tensor g = contig(grad);
+    Tensor da = Tensor::empty(a.shape(), a.dtype(), a.device());
+    Tensor db = Tensor::empty(b.shape(), b.dtype(), b.device());
+    if (a.device().is_cuda()) {
+      TT_CUDA_ONLY(cuda::swiglu_backward(g.data<float>(), a.data<float>(), b.data<float>(), da.data<float>(),
+                                         db.data<float>(), a.numel(), detail::stream_of(a)));
+    } else {
+      dispatch_float(a.dtype(), "swiglu", [&](auto t) {
+        using T = decltype(t);
+        cpu::swiglu_backward(g.data<T>(), a.data<T>(), b.data<T>(), da.data<T>(), db.data<T>(), a.numel());
+      });
+    }
+    return {da, db};
+  }
+  void release_saved() override { a = b = Tensor(); }
+};
+
+// ------------------------------------------------------------------------------------------------ softmax
+struct SoftmaxNode : Node {
+  Tensor p;
+  double scale = 1.0;
+  const char* name() const override { return "Softmax"; }
+  std::vector<Tensor> apply(const Tensor& grad) override {
+    const Tensor g = contig(grad);
+    Tensor ds = Tensor::empty(p.shape(), p.dtype(), p.device());
+    const int64_t cols = p.size(-1), rows = p.size(-2), batch = p.numel() / (rows * cols);
+    if (p.device().is_cuda()) {
+      TT_CUDA_ONLY(cuda::softmax_backward(g.data<float>(), p.data<float>(), ds.data<float>(), batch, rows,
+                                          cols, scale, detail::stream_of(p)));
+    } else {
+      dispatch_float(p.dtype(), "softmax", [&](auto t) {
+        using T = decltype(t);
+        cpu::softmax_backward(g.data<T>(), p.data<T>(), ds.data<T>(), batch, rows, cols, scale);
+      });
+    }
+    return {ds};
+  }
+  void release_saved() override { p = Tensor(); }
+};
+
+// ---------------------------------------------------------------------------------------- cross-entropy
+struct CrossEntropyNode : Node {
+  Tensor logits, targets, lse;
+  const char* name() const override { return "CrossEntropy"; }
+  std::vector<Tensor> apply(const Tensor& grad) override {
+    const int64_t n = logits.size(0), vocab = logits.size(1);
+    Tensor dlogits = Tensor::empty(logits.shape(), logits.dtype(), logits.device());
+    const Tensor g = contig(grad);
+    const double inv_n = 1.0 / static_cast<double>(n);
+    if (logits.device().is_cuda()) {
+      TT_CUDA_ONLY(cuda::cross_entropy_backward(logits.data<float>(), targets.data<int32_t>(),
+                                                lse.data<float>(), g.data<float>(), inv_n,
+                                                dlogits.data<float>(), n, vocab, detail::stream_of(logits)));
+    } else {
+      dispatch_float(logits.dtype(), "cross_entropy", [&](auto t) {
+        using T = decltype(t);
+        cpu::cross_entropy_backward(logits.data<T>(), targets.data<int32_t>(), lse.data<T>(), g.data<T>(),
+                                    inv_n, dlogits.data<T>(), n, vocab);
+      });
+    }
+    return {dlogits};
+  }
+  void release_saved() override { logits = targets = lse = Tensor(); }
+};
+
+}  // namespace
+
+Tensor embedding(const Tensor& weight, const Tensor& ids_in) {
+  TT_CHECK(weight.dim() == 2, "embedding: weight must be 2-D, got " + weight.describe());
+  TT_CHECK(ids_in.dtype() == DType::i32, "embedding: ids must be i32, got " + ids_in.describe());
+  detail::require_same_device(weight, ids_in, "embedding");
+  const Tensor ids = contig(ids_in);
+  const Tensor w = contig(weight);
+  Shape out_shape = ids.shape();
+  out_shape.push_back(weight.size(1));
+  Tensor out = Tensor::empty(out_shape, weight.dtype(), weight.device());
+  const int64_t n = ids.numel(), dim = weight.size(1);
+  if (weight.device().is_cuda()) {
+    detail::require_cuda_f32(weight, "embedding");
+    TT_CUDA_ONLY(cuda::embedding_forward(w.data<float>(), ids.data<int32_t>(), out.data<float>(), n, dim,
+                                         detail::stream_of(weight)));
+  } else {
+    const int32_t* id = ids.data<int32_t>();
+    for (int64_t i = 0; i < n; ++i) {
+      TT_CHECK(id[i] >= 0 && id[i] < weight.size(0), "embedding: token id " + std::to_string(id[i]) +
+                                                         " out of range for vocab " +
+                                                         std::to_string(weight.size(0)));
+    }
+    dispatch_float(weight.dtype(), "embedding", [&](auto t) {
+      using T = decltype(t);
+      cpu::embedding_forward(w.data<T>(), id, out.data<T>(), n, dim);
+    });
+  }
+  if (needs_grad({&weight})) {
+    auto node = std::make_shared<EmbeddingNode>();
+    node->ids = ids;
+    node->weight_shape = weight.shape();
+    node->dtype = weight.dtype();
+    attach_node(out, node, {&weight});
+  }
+  return out;
+}
+
+Tensor rms_norm(const Tensor& x_in, const Tensor& weight, double eps) {
+  detail::require_same_device(x_in, weight, "rms_norm");
+  TT_CHECK(weight.dim() == 1 && x_in.size(-1) == weight.size(0),
+           "rms_norm: weight " + weight.describe() + " does not match input " + x_in.describe());
+  TT_CHECK(x_in.dtype() == weight.dtype(), "rms_norm: dtypes of input and weight differ");
+  const Tensor x = contig(x_in);
+  const int64_t dim = x.size(-1), rows = x.numel() / dim;
+  Tensor y = Tensor::empty(x.shape(), x.dtype(), x.device());
+  Tensor inv_rms = Tensor::empty({rows}, x.dtype(), x.device());
+  if (x.device().is_cuda()) {
+    detail::require_cuda_f32(x, "rms_norm");
+    TT_CUDA_ONLY(cuda::rms_norm_forward(x.data<float>(), weight.data<float>(), y.data<float>(),
+                                        inv_rms.data<float>(), rows, dim, eps, detail::stream_of(x)));
+  } else {
+    dispatch_float(x.dtype(), "rms_norm", [&](auto t) {
+      using T = decltype(t);
+      cpu::rms_norm_forward(x.data<T>(), weight.data<T>(), y.data<T>(), inv_rms.data<T>(), rows, dim, eps);
+    });
+  }
+  if (needs_grad({&x_in, &weight})) {
+    auto node = std::make_shared<RmsNormNode>();
+    node->x = x;
+    node->weight = weight;
+    node->inv_rms = inv_rms;
+    attach_node(y, node, {&x_in, &weight});
+  }
+  return y;
+}
+
+Tensor rope(const Tensor& x, int64_t d_head, double theta) {
+  Tensor y = rope_raw(x, d_head, theta, false);
+  if (needs_grad({&x})) {
+    auto node = std::make_shared<RopeNode>();
+    node->d_head = d_head;
+    node->theta = theta;
+    attach_node(y, node, {&x});
+  }
+  return y;
+}
+
+Tensor swiglu(const Tensor& a_in, const Tensor& b_in) {
+  detail::require_same_device(a_in, b_in, "swiglu");
+  TT_CHECK(a_in.shape() == b_in.shape() && a_in.dtype() == b_in.dtype(), "swiglu: inputs must match");
+  const Tensor a = contig(a_in), b = contig(b_in);
+  Tensor out = Tensor::empty(a.shape(), a.dtype(), a.device());
+  if (a.device().is_cuda()) {
+    detail::require_cuda_f32(a, "swiglu");
+    TT_CUDA_ONLY(cuda::swiglu_forward(a.data<float>(), b.data<float>(), out.data<float>(), a.numel(),
+                                      detail::stream_of(a)));
+  } else {
+    dispatch_float(a.dtype(), "swiglu", [&](auto t) {
+      using T = decltype(t);
+      cpu::swiglu_forward(a.data<T>(), b.data<T>(), out.data<T>(), a.numel());
+    });
+  }
+  if (needs_grad({&a_in, &b_in})) {
+    auto node = std::make_shared<SwiGluNode>();
+    node->a = a;
+    node->b = b;
+    attach_node(out, node, {&a_in, &b_in});
+  }
+  return out;
+}
+
+Tensor softmax(const Tensor& s_in, double scale, bool causal) {
+  TT_CHECK(s_in.dim() >= 2, "softmax needs at least 2 dims");
+  const Tensor s = contig(s_in);
+  const int64_t cols = s.size(-1), rows = s.size(-2), batch = s.numel() / std::max<int64_t>(1, rows * cols);
+  TT_CHECK(!causal || rows == cols, "causal softmax needs square score matrices, got " + s.describe());
+  Tensor p = Tensor::empty(s.shape(), s.dtype(), s.device());
+  if (s.device().is_cuda()) {
+    detail::require_cuda_f32(s, "softmax");
+    TT_CUDA_ONLY(cuda::softmax_forward(s.data<float>(), p.data<float>(), batch, rows, cols, scale, causal,
+                                       detail::stream_of(s)));
+  } else {
+    dispatch_float(s.dtype(), "softmax", [&](auto t) {
+      using T = decltype(t);
+      cpu::softmax_forward(s.data<T>(), p.data<T>(), batch, rows, cols, scale, causal);
+    });
+  }
+  if (needs_grad({&s_in})) {
+    auto node = std::make_shared<SoftmaxNode>();
+    node->p = p;
+    node->scale = scale;
+    attach_node(p, node, {&s_in});
+  }
+  return p;
+}
+
+Tensor cross_entropy(const Tensor& logits_in, const Tensor& targets_in) {
+  TT_CHECK(logits_in.dim() == 2, "cross_entropy: logits must be (N, V), got " + logits_in.describe());
+  TT_CHECK(targets_in.dtype() == DType::i32 && targets_in.numel() == logits_in.size(0),
+           "cross_entropy: targets must be i32 with one entry per row, got " + targets_in.describe());
+  detail::require_same_device(logits_in, targets_in, "cross_entropy");
+  const Tensor logits = contig(logits_in), targets = contig(targets_in);
+  const int64_t n = logits.size(0), vocab = logits.size(1);
+  Tensor losses = Tensor::empty({n}, logits.dtype(), logits.device());
+  Tensor lse = Tensor::empty({n}, logits.dtype(), logits.device());
+  Tensor out = Tensor::empty({1}, logits.dtype(), logits.device());
+  if (logits.device().is_cuda()) {
+    detail::require_cuda_f32(logits, "cross_entropy");
+    TT_CUDA_ONLY({
+      cudaStream_t stream = detail::stream_of(logits);
+      cuda::cross_entropy_forward(logits.data<float>(), targets.data<int32_t>(), losses.data<float>(),
+                                  lse.data<float>(), n, vocab, stream);
+      cuda::sum(losses.data<float>(), n, false, out.data<float>(), stream);
+      cuda::scale(out.data<float>(), out.data<float>(), 1, 1.0 / static_cast<double>(n), stream);
+    });
+  } else {
+    const int32_t* tg = targets.data<int32_t>();
+    for (int64_t i = 0; i < n; ++i) {
+      TT_CHECK(tg[i] >= 0 && tg[i] < vocab, "cross_entropy: target id " + std::to_string(tg[i]) +
+                                                " out of range for vocab " + std::to_string(vocab));
+    }
+    dispatch_float(logits.dtype(), "cross_entropy", [&](auto t) {
+      using T = decltype(t);
+      cpu::cross_entropy_forward(logits.data<T>(), tg, losses.data<T>(), lse.data<T>(), n, vocab);
+      out.data<T>()[0] = static_cast<T>(cpu::sum(losses.data<T>(), n) / static_cast<double>(n));
+    });
+  }
+  if (needs_grad({&logits_in})) {
+    auto node = std::make_shared<CrossEntropyNode>();
+    node->logits = logits;
+    node->targets = targets;
+    node->lse = lse;
+    attach_node(out, node, {&logits_in});
+  }
+  return out;
+}
+
+}  // namespace tt::ops

@@ -1,0 +1,88 @@
+// CPU reference kernels (Eigen and plain loops). Every function works on contiguous row-major buffers and
+// is templated on the float type (float, double) so gradient checks can run in double precision. These are
+// the twins the CUDA kernels are tested against.
+#pragma once
+
+#include <cstdint>
+
+#include "kernels/common.h"
+
+namespace tt::cpu {
+
+// C[i] = alpha * op(A[i]) op(B[i]) + beta * C[i] for i < batch, all row-major. op(A) is m x k: A is stored
+// m x k (lda >= k) or, when trans_a, k x m (lda >= m). Likewise op(B) is k x n.
+template <class T>
+void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, T alpha, const T* a, int64_t lda,
+          int64_t stride_a, const T* b, int64_t ldb, int64_t stride_b, T beta, T* c, int64_t ldc,
+          int64_t stride_c, int64_t batch);
+// bf16 inputs, f32 output and accumulation (the mixed-precision matmul).
+void gemm_bf16(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const bf16* a,
+               int64_t lda, int64_t stride_a, const bf16* b, int64_t ldb, int64_t stride_b, float beta,
+               float* c, int64_t ldc, int64_t stride_c, int64_t batch);
+
+template <class T>
+void embedding_forward(const T* weight, const int32_t* ids, T* out, int64_t n, int64_t dim);
+// grad_weight += scatter of grad_out rows by ids.
+template <class T>
+void embedding_backward(const T* grad_out, const int32_t* ids, T* grad_weight, int64_t n, int64_t dim);
+
+// y = w * x / sqrt(mean(x^2) + eps) per row; inv_rms[row] saved for backward.
+template <class T>
+void rms_norm_forward(const T* x, const T* w, T* y, T* inv_rms, int64_t rows, int64_t dim, double eps);
+// dx written, dw written (not accumulated).
+template <class T>
+void rms_norm_backward(const T* dy, const T* x, const T* w, const T* inv_rms, T* dx, T* dw, int64_t rows,
+                       int64_t dim);
+
+// Rotary embedding with interleaved pairs on x of shape (batch, seq, dim), heads of d_head features each.
+// inverse=true rotates by the negative angle (the backward pass).
+template <class T>
+void rope(const T* x, T* y, int64_t batch, int64_t seq, int64_t dim, int64_t d_head, double theta,
+          bool inverse);
+
+// out = silu(a) * b, and its backward.
+template <class T>
+void swiglu_forward(const T* a, const T* b, T* out, int64_t n);
+template <class T>
+void swiglu_backward(const T* dout, const T* a, const T* b, T* da, T* db, int64_t n);
+
+// P = softmax(scale * S) over the last dim of (batch, rows, cols); with causal, column j > row i is masked
+// (the query index is the row, aligned to the end when rows != cols is not supported: rows == cols).
+template <class T>
+void softmax_forward(const T* s, T* p, int64_t batch, int64_t rows, int64_t cols, double scale, bool causal);
+// dS = scale * P * (dP - rowsum(dP * P)).
+template <class T>
+void softmax_backward(const T* dp, const T* p, T* ds, int64_t batch, int64_t rows, int64_t cols,
+                      double scale);
+
+// Per-row loss = logsumexp(logits) - logits[target]; lse saved for backward.
+template <class T>
+void cross_entropy_forward(const T* logits, const int32_t* targets, T* losses, T* lse, int64_t n,
+                           int64_t vocab);
+// dlogits = (softmax(logits) - onehot(target)) * (*dloss) * scale.
+template <class T>
+void cross_entropy_backward(const T* logits, const int32_t* targets, const T* lse, const T* dloss,
+                            double scale, T* dlogits, int64_t n, int64_t vocab);
+
+template <class T>
+void add(const T* a, const T* b, T* out, int64_t n, double alpha);  // out = a + alpha * b
+template <class T>
+void scale(const T* a, T* out, int64_t n, double s);
+template <class T>
+void fill(T* x, int64_t n, double value);
+template <class T>
+double sum(const T* x, int64_t n);
+template <class T>
+double sum_squares(const T* x, int64_t n);
+// Converts n elements between any two of f32, f64, bf16, i32 (float -> int truncates).
+void cast(const void* in, DType in_type, void* out, DType out_type, int64_t n);
+// Gathers a strided view (ndim <= 8) into a contiguous buffer; elem_bytes is 2, 4 or 8.
+void strided_copy(const void* in, void* out, int64_t elem_bytes, int ndim, const int64_t* shape,
+                  const int64_t* in_strides);
+
+// torch.optim.AdamW update over flat buffers; step counts from 1.
+template <class T>
+void adamw(T* param, const T* grad, T* exp_avg, T* exp_avg_sq, int64_t n, double lr, double beta1,
+           double beta2, double eps, double weight_decay, int64_t step);
+
+}  // namespace tt::cpu

@@ -1,0 +1,95 @@
+// Fused AdamW over the flat parameter, gradient and moment buffers: one pass reads and writes each element
+// once, which is all the optimizer step costs. Same update as torch.optim.AdamW and the CPU twin.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <string>
+
+#include "kernels/cuda/cuda_kernels.h"
+
+namespace tt::cuda {
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int64_t kMaxBlocks = 8192;
+
+// Step-dependent scalars, computed once per step on the host in double and rounded to float exactly as the
+// CPU twin rounds them.
+struct AdamWFactors {
+  float step_size;   // lr / (1 - beta1^step)
+  float bias2_sqrt;  // sqrt(1 - beta2^step)
+  float decay;       // 1 - lr * weight_decay
+  float beta1, beta2;
+  float one_minus_beta1, one_minus_beta2;
+  float eps;
+};
+
+// Each product, sum, quotient and root is rounded on its own (no fused multiply-add) and in the CPU twin's
+// order, so the GPU and CPU updates agree bit for bit.
+__device__ void adamw_update(float& param, float grad, float& exp_avg, float& exp_avg_sq,
+                             const AdamWFactors& f) {
+  param = __fmul_rn(param, f.decay);
+  exp_avg = __fadd_rn(__fmul_rn(f.beta1, exp_avg), __fmul_rn(f.one_minus_beta1, grad));
+  exp_avg_sq = __fadd_rn(__fmul_rn(f.beta2, exp_avg_sq), __fmul_rn(__fmul_rn(f.one_minus_beta2, grad), grad));
+  const float denom = __fadd_rn(__fdiv_rn(__fsqrt_rn(exp_avg_sq), f.bias2_sqrt), f.eps);
+  param = __fsub_rn(param, __fdiv_rn(__fmul_rn(f.step_size, exp_avg), denom));
+}
+
+// The first vector_groups * 4 elements go through 16-byte loads and stores (the buffers are aligned for it,
+// checked on the host); the rest, fewer than 4 or everything when unaligned, element by element.
+__global__ void adamw_kernel(float* param, const float* grad, float* exp_avg, float* exp_avg_sq, int64_t n,
+                             int64_t vector_groups, AdamWFactors f) {
+  const int64_t first = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t k = first; k < vector_groups; k += stride) {
+    float4 p = reinterpret_cast<float4*>(param)[k];
+    const float4 g = reinterpret_cast<const float4*>(grad)[k];
+    float4 m = reinterpret_cast<float4*>(exp_avg)[k];
+    float4 v = reinterpret_cast<float4*>(exp_avg_sq)[k];
+    adamw_update(p.x, g.x, m.x, v.x, f);
+    adamw_update(p.y, g.y, m.y, v.y, f);
+    adamw_update(p.z, g.z, m.z, v.z, f);
+    adamw_update(p.w, g.w, m.w, v.w, f);
+    reinterpret_cast<float4*>(param)[k] = p;
+    reinterpret_cast<float4*>(exp_avg)[k] = m;
+    reinterpret_cast<float4*>(exp_avg_sq)[k] = v;
+  }
+  for (int64_t i = vector_groups * 4 + first; i < n; i += stride)
+    adamw_update(param[i], grad[i], exp_avg[i], exp_avg_sq[i], f);
+}
+
+bool aligned_16(const void* p) {
+  return reinterpret_cast<uintptr_t>(p) % 16 == 0;
+}
+
+}  // namespace
+
+void adamw(float* param, const float* grad, float* exp_avg, float* exp_avg_sq, int64_t n, double lr,
+           double beta1, double beta2, double eps, double weight_decay, int64_t step, cudaStream_t stream) {
+  TT_CHECK(step >= 1, "cuda::adamw: step counts from 1, got " + std::to_string(step));
+  if (n == 0) return;
+  const double bias1 = 1.0 - std::pow(beta1, static_cast<double>(step));
+  const double bias2 = 1.0 - std::pow(beta2, static_cast<double>(step));
+  AdamWFactors f{};
+  f.step_size = static_cast<float>(lr / bias1);
+  f.bias2_sqrt = static_cast<float>(std::sqrt(bias2));
+  f.decay = static_cast<float>(1.0 - lr * weight_decay);
+  f.beta1 = static_cast<float>(beta1);
+  f.beta2 = static_cast<float>(beta2);
+  f.one_minus_beta1 = 1.0f - f.beta1;  // in float, as the CPU twin computes T(1) - b1
+  f.one_minus_beta2 = 1.0f - f.beta2;
+  f.eps = static_cast<float>(eps);
+
+  // Views into the flat buffers (ZeRO shards, buckets) may start at any element, so alignment is checked.
+  const bool vectorisable =
+      aligned_16(param) && aligned_16(grad) && aligned_16(exp_avg) && aligned_16(exp_avg_sq);
+  const int64_t vector_groups = vectorisable ? n / 4 : 0;
+  const int64_t work_items = std::max(vector_groups, n - vector_groups * 4);
+  const auto blocks = static_cast<unsigned int>(std::min((work_items + kThreads - 1) / kThreads, kMaxBlocks));
+  adamw_kernel<<<blocks, kThreads, 0, stream>>>(param, grad, exp_avg, exp_avg_sq, n, vector_groups, f);
+  TT_CUDA_LAUNCH_CHECK();
+}
+
+}  // namespace tt::cuda

@@ -1,0 +1,81 @@
+// CUDA kernels, the device twins of kernels/cpu/cpu_kernels.h. Same argument order and meaning; every
+// launch goes on the given stream and is checked. f32 everywhere, bf16 where the mixed-precision path
+// needs it (matmul inputs, casts). Pointers are device pointers; scalars that the host must not wait for
+// (the loss gradient) are passed as device pointers.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+#include <string>
+
+#include "kernels/common.h"
+
+#define TT_CUDA_CHECK(call)                                                                   \
+  do {                                                                                        \
+    const cudaError_t tt_err_ = (call);                                                       \
+    if (tt_err_ != cudaSuccess) {                                                             \
+      if (tt_err_ == cudaErrorMemoryAllocation)                                               \
+        throw ::tt::OutOfMemory(std::string("CUDA out of memory in ") + #call);               \
+      ::tt::throw_call_error("CUDA", #call, cudaGetErrorString(tt_err_), __FILE__, __LINE__); \
+    }                                                                                         \
+  } while (0)
+
+// After a kernel launch: reports launch-configuration errors at the launch site.
+#define TT_CUDA_LAUNCH_CHECK() TT_CUDA_CHECK(cudaGetLastError())
+
+namespace tt::cuda {
+
+// Number of CUDA devices; 0 when there is no driver or device (never throws).
+int device_count();
+// The device's marketing name ("NVIDIA H100 80GB HBM3").
+std::string device_name(int device);
+
+// Batched row-major GEMM through cuBLASLt, same contract as cpu::gemm. a/b/c types: a_type = b_type in
+// {f32, bf16}; c is f32 (f32 accumulation). Layouts and the algorithm are cached per shape.
+void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const void* a,
+          int64_t lda, int64_t stride_a, const void* b, int64_t ldb, int64_t stride_b, DType ab_type,
+          float beta, float* c, int64_t ldc, int64_t stride_c, int64_t batch, cudaStream_t stream);
+
+void embedding_forward(const float* weight, const int32_t* ids, float* out, int64_t n, int64_t dim,
+                       cudaStream_t stream);
+void embedding_backward(const float* grad_out, const int32_t* ids, float* grad_weight, int64_t n, int64_t dim,
+                        cudaStream_t stream);
+
+void rms_norm_forward(const float* x, const float* w, float* y, float* inv_rms, int64_t rows, int64_t dim,
+                      double eps, cudaStream_t stream);
+void rms_norm_backward(const float* dy, const float* x, const float* w, const float* inv_rms, float* dx,
+                       float* dw, int64_t rows, int64_t dim, cudaStream_t stream);
+
+void rope(const float* x, float* y, int64_t batch, int64_t seq, int64_t dim, int64_t d_head, double theta,
+          bool inverse, cudaStream_t stream);
+
+void swiglu_forward(const float* a, const float* b, float* out, int64_t n, cudaStream_t stream);
+void swiglu_backward(const float* dout, const float* a, const float* b, float* da, float* db, int64_t n,
+                     cudaStream_t stream);
+
+void softmax_forward(const float* s, float* p, int64_t batch, int64_t rows, int64_t cols, double scale,
+                     bool causal, cudaStream_t stream);
+void softmax_backward(const float* dp, const float* p, float* ds, int64_t batch, int64_t rows, int64_t cols,
+                      double scale, cudaStream_t stream);
+
+void cross_entropy_forward(const float* logits, const int32_t* targets, float* losses, float* lse, int64_t n,
+                           int64_t vocab, cudaStream_t stream);
+void cross_entropy_backward(const float* logits, const int32_t* targets, const float* lse, const float* dloss,
+                            double scale, float* dlogits, int64_t n, int64_t vocab, cudaStream_t stream);
+
+void add(const float* a, const float* b, float* out, int64_t n, double alpha, cudaStream_t stream);
+void scale(const float* a, float* out, int64_t n, double s, cudaStream_t stream);
+void fill(float* x, int64_t n, double value, cudaStream_t stream);
+void fill_i32(int32_t* x, int64_t n, int32_t value, cudaStream_t stream);
+// *out = sum(x) (sum of squares when squares), in f32 with a deterministic two-pass reduction.
+void sum(const float* x, int64_t n, bool squares, float* out, cudaStream_t stream);
+// f32 <-> bf16 and i32 -> f32 conversions (round to nearest even, like the CPU cast).
+void cast(const void* in, DType in_type, void* out, DType out_type, int64_t n, cudaStream_t stream);
+void strided_copy(const void* in, void* out, int64_t elem_bytes, int ndim, const int64_t* shape,
+                  const int64_t* in_strides, cudaStream_t stream);
+
+void adamw(float* param, const float* grad, float* exp_avg, float* exp_avg_sq, int64_t n, double lr,
+           double beta1, double beta2, double eps, double weight_decay, int64_t step, cudaStream_t stream);
+
+}  // namespace tt::cuda

@@ -1,0 +1,287 @@
+// Elementwise CUDA kernels: add, scale, fills, the deterministic sum, casts, strided gathers and the SwiGLU
+// gate. All are memory-bound grid-stride loops, so any n works with a bounded grid.
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <string>
+
+#include "kernels/cuda/cuda_kernels.h"
+
+namespace tt::cuda {
+namespace {
+
+constexpr int kThreads = 256;
+// Enough blocks to fill any current GPU several times over; larger inputs loop inside the kernel.
+constexpr int64_t kMaxBlocks = 8192;
+
+unsigned int blocks_for(int64_t n) {
+  return static_cast<unsigned int>(std::min((n + kThreads - 1) / kThreads, kMaxBlocks));
+}
+
+__device__ int64_t thread_index() {
+  return static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+}
+__device__ int64_t grid_threads() {
+  return static_cast<int64_t>(gridDim.x) * blockDim.x;
+}
+
+// Product and sum rounded separately (no fused multiply-add) so the result matches the CPU twin bit for bit.
+__global__ void add_kernel(const float* a, const float* b, float* out, int64_t n, float alpha) {
+  for (int64_t i = thread_index(); i < n; i += grid_threads())
+    out[i] = __fadd_rn(a[i], __fmul_rn(alpha, b[i]));
+}
+
+__global__ void scale_kernel(const float* a, float* out, int64_t n, float s) {
+  for (int64_t i = thread_index(); i < n; i += grid_threads()) out[i] = a[i] * s;
+}
+
+template <class T>
+__global__ void fill_kernel(T* x, int64_t n, T value) {
+  for (int64_t i = thread_index(); i < n; i += grid_threads()) x[i] = value;
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// Sum. The grid depends only on n and every reduction tree is fixed, so the same input always gives the same
+// bits: the gradient norm (and with it clipping and the whole run) must not depend on scheduling. Partials
+// accumulate in double like the CPU reference does; a float accumulator over billions of squared gradients
+// would drop the small terms, and the kernel is memory-bound, so double costs nothing.
+
+constexpr int kSumThreads = 512;
+// Up to this many elements one block sums everything and no scratch is needed.
+constexpr int64_t kSumSingleBlockMax = int64_t{1} << 16;
+constexpr int64_t kSumElementsPerBlock = int64_t{kSumThreads} * 16;
+constexpr int64_t kSumMaxPartials = 1024;
+
+// Every warp reduces the same per-warp totals in the same order, so all threads return the same value.
+__device__ double block_sum(double v) {
+  __shared__ double warp_totals[32];
+  for (int offset = 16; offset > 0; offset >>= 1) v += __shfl_xor_sync(0xffffffffu, v, offset);
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  if (lane == 0) warp_totals[warp] = v;
+  __syncthreads();
+  v = lane < static_cast<int>(blockDim.x / 32) ? warp_totals[lane] : 0.0;
+  for (int offset = 16; offset > 0; offset >>= 1) v += __shfl_xor_sync(0xffffffffu, v, offset);
+  return v;
+}
+
+template <class Out>
+__global__ void sum_partial_kernel(const float* x, int64_t n, bool squares, Out* partials) {
+  double acc = 0;
+  for (int64_t i = thread_index(); i < n; i += grid_threads()) {
+    const double v = x[i];
+    acc += squares ? v * v : v;
+  }
+  const double total = block_sum(acc);
+  if (threadIdx.x == 0) partials[blockIdx.x] = static_cast<Out>(total);
+}
+
+__global__ void sum_partials_kernel(const double* partials, int count, float* out) {
+  double acc = 0;
+  for (int i = threadIdx.x; i < count; i += blockDim.x) acc += partials[i];
+  const double total = block_sum(acc);
+  if (threadIdx.x == 0) *out = static_cast<float>(total);
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// Casts. tt::bf16 and __nv_bfloat16 are both the upper 16 bits of a float, so the buffers are
+// interchangeable.
+
+struct FloatToBf16 {
+  __device__ __nv_bfloat16 operator()(float v) const { return __float2bfloat16_rn(v); }
+};
+struct Bf16ToFloat {
+  __device__ float operator()(__nv_bfloat16 v) const { return __bfloat162float(v); }
+};
+struct IntToFloat {
+  __device__ float operator()(int32_t v) const { return static_cast<float>(v); }
+};
+// Truncates toward zero like the CPU cast; out-of-range values saturate instead of being undefined.
+struct FloatToInt {
+  __device__ int32_t operator()(float v) const { return static_cast<int32_t>(v); }
+};
+
+template <class In, class Out, class Convert>
+__global__ void cast_kernel(const In* in, Out* out, int64_t n, Convert convert) {
+  for (int64_t i = thread_index(); i < n; i += grid_threads()) out[i] = convert(in[i]);
+}
+
+template <class In, class Out, class Convert>
+void launch_cast(const void* in, void* out, int64_t n, cudaStream_t stream) {
+  if (n == 0) return;
+  cast_kernel<<<blocks_for(n), kThreads, 0, stream>>>(static_cast<const In*>(in), static_cast<Out*>(out), n,
+                                                      Convert{});
+  TT_CUDA_LAUNCH_CHECK();
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// Strided gather. The layout travels by value in the kernel parameters, so no device copy of it is needed and
+// the launch stays capturable. Dimensions are walked with compile-time indices to keep the arrays in
+// registers.
+
+constexpr int kMaxDims = 8;
+
+struct StridedLayout {
+  int64_t shape[kMaxDims];
+  int64_t strides[kMaxDims];
+  int ndim;
+};
+
+template <class E>
+__global__ void strided_copy_kernel(const E* in, E* out, int64_t total, StridedLayout layout) {
+  for (int64_t i = thread_index(); i < total; i += grid_threads()) {
+    int64_t remaining = i, offset = 0;
+#pragma unroll
+    for (int d = kMaxDims - 1; d >= 0; --d) {
+      if (d < layout.ndim) {
+        offset += (remaining % layout.shape[d]) * layout.strides[d];
+        remaining /= layout.shape[d];
+      }
+    }
+    out[i] = in[offset];
+  }
+}
+
+template <class E>
+void launch_strided_copy(const void* in, void* out, int64_t total, const StridedLayout& layout,
+                         cudaStream_t stream) {
+  strided_copy_kernel<<<blocks_for(total), kThreads, 0, stream>>>(static_cast<const E*>(in),
+                                                                  static_cast<E*>(out), total, layout);
+  TT_CUDA_LAUNCH_CHECK();
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// SwiGLU gate, the same expressions as the CPU twin.
+
+__device__ float sigmoid(float a) {
+  return 1.0f / (1.0f + expf(-a));
+}
+
+__global__ void swiglu_forward_kernel(const float* a, const float* b, float* out, int64_t n) {
+  for (int64_t i = thread_index(); i < n; i += grid_threads()) out[i] = a[i] * sigmoid(a[i]) * b[i];
+}
+
+__global__ void swiglu_backward_kernel(const float* dout, const float* a, const float* b, float* da,
+                                       float* db, int64_t n) {
+  for (int64_t i = thread_index(); i < n; i += grid_threads()) {
+    const float ai = a[i], gi = dout[i];
+    const float sig = sigmoid(ai);
+    db[i] = gi * (ai * sig);
+    // d silu / da = sig * (1 + a * (1 - sig))
+    da[i] = gi * b[i] * sig * (1.0f + ai * (1.0f - sig));
+  }
+}
+
+}  // namespace
+
+void add(const float* a, const float* b, float* out, int64_t n, double alpha, cudaStream_t stream) {
+  if (n == 0) return;
+  add_kernel<<<blocks_for(n), kThreads, 0, stream>>>(a, b, out, n, static_cast<float>(alpha));
+  TT_CUDA_LAUNCH_CHECK();
+}
+
+void scale(const float* a, float* out, int64_t n, double s, cudaStream_t stream) {
+  if (n == 0) return;
+  scale_kernel<<<blocks_for(n), kThreads, 0, stream>>>(a, out, n, static_cast<float>(s));
+  TT_CUDA_LAUNCH_CHECK();
+}
+
+void fill(float* x, int64_t n, double value, cudaStream_t stream) {
+  if (n == 0) return;
+  fill_kernel<float><<<blocks_for(n), kThreads, 0, stream>>>(x, n, static_cast<float>(value));
+  TT_CUDA_LAUNCH_CHECK();
+}
+
+void fill_i32(int32_t* x, int64_t n, int32_t value, cudaStream_t stream) {
+  if (n == 0) return;
+  fill_kernel<int32_t><<<blocks_for(n), kThreads, 0, stream>>>(x, n, value);
+  TT_CUDA_LAUNCH_CHECK();
+}
+
+void sum(const float* x, int64_t n, bool squares, float* out, cudaStream_t stream) {
+  if (n == 0) {
+    TT_CUDA_CHECK(cudaMemsetAsync(out, 0, sizeof(float), stream));  // all-zero bits are 0.0f
+    return;
+  }
+  if (n <= kSumSingleBlockMax) {
+    sum_partial_kernel<float><<<1, kSumThreads, 0, stream>>>(x, n, squares, out);
+    TT_CUDA_LAUNCH_CHECK();
+    return;
+  }
+  const int64_t partial_count =
+      std::min((n + kSumElementsPerBlock - 1) / kSumElementsPerBlock, kSumMaxPartials);
+  // Stream-ordered scratch: a few KiB, returned to the pool as soon as the final kernel has run.
+  double* partials = nullptr;
+  TT_CUDA_CHECK(cudaMallocAsync(reinterpret_cast<void**>(&partials), partial_count * sizeof(double), stream));
+  sum_partial_kernel<double>
+      <<<static_cast<unsigned int>(partial_count), kSumThreads, 0, stream>>>(x, n, squares, partials);
+  TT_CUDA_LAUNCH_CHECK();
+  sum_partials_kernel<<<1, kSumThreads, 0, stream>>>(partials, static_cast<int>(partial_count), out);
+  TT_CUDA_LAUNCH_CHECK();
+  TT_CUDA_CHECK(cudaFreeAsync(partials, stream));
+}
+
+void cast(const void* in, DType in_type, void* out, DType out_type, int64_t n, cudaStream_t stream) {
+  if (in_type == out_type) {
+    if (n > 0) {
+      TT_CUDA_CHECK(cudaMemcpyAsync(out, in, static_cast<size_t>(n) * dtype_size(in_type),
+                                    cudaMemcpyDeviceToDevice, stream));
+    }
+    return;
+  }
+  if (in_type == DType::f32 && out_type == DType::bf16)
+    return launch_cast<float, __nv_bfloat16, FloatToBf16>(in, out, n, stream);
+  if (in_type == DType::bf16 && out_type == DType::f32)
+    return launch_cast<__nv_bfloat16, float, Bf16ToFloat>(in, out, n, stream);
+  if (in_type == DType::i32 && out_type == DType::f32)
+    return launch_cast<int32_t, float, IntToFloat>(in, out, n, stream);
+  if (in_type == DType::f32 && out_type == DType::i32)
+    return launch_cast<float, int32_t, FloatToInt>(in, out, n, stream);
+  throw Error(std::string("cuda::cast: unsupported conversion ") + dtype_name(in_type) + " -> " +
+              dtype_name(out_type) + " (supported: f32<->bf16, i32<->f32)");
+}
+
+void strided_copy(const void* in, void* out, int64_t elem_bytes, int ndim, const int64_t* shape,
+                  const int64_t* in_strides, cudaStream_t stream) {
+  TT_CHECK(ndim >= 0 && ndim <= kMaxDims,
+           "cuda::strided_copy supports 0 to 8 dimensions, got " + std::to_string(ndim));
+  StridedLayout layout{};
+  layout.ndim = ndim;
+  int64_t total = 1;
+  for (int d = 0; d < ndim; ++d) {
+    layout.shape[d] = shape[d];
+    layout.strides[d] = in_strides[d];
+    total *= shape[d];
+  }
+  if (elem_bytes != 2 && elem_bytes != 4 && elem_bytes != 8) {
+    throw Error("cuda::strided_copy: unsupported element size " + std::to_string(elem_bytes) +
+                " bytes (supported: 2, 4, 8)");
+  }
+  if (total == 0) return;
+  switch (elem_bytes) {
+    case 2:
+      launch_strided_copy<uint16_t>(in, out, total, layout, stream);
+      break;
+    case 4:
+      launch_strided_copy<uint32_t>(in, out, total, layout, stream);
+      break;
+    default:
+      launch_strided_copy<uint64_t>(in, out, total, layout, stream);
+      break;
+  }
+}
+
+void swiglu_forward(const float* a, const float* b, float* out, int64_t n, cudaStream_t stream) {
+  if (n == 0) return;
+  swiglu_forward_kernel<<<blocks_for(n), kThreads, 0, stream>>>(a, b, out, n);
+  TT_CUDA_LAUNCH_CHECK();
+}
+
+void swiglu_backward(const float* dout, const float* a, const float* b, float* da, float* db, int64_t n,
+                     cudaStream_t stream) {
+  if (n == 0) return;
+  swiglu_backward_kernel<<<blocks_for(n), kThreads, 0, stream>>>(dout, a, b, da, db, n);
+  TT_CUDA_LAUNCH_CHECK();
+}
+
+}  // namespace tt::cuda

@@ -1,0 +1,155 @@
+// Row-major batched GEMM on cuBLASLt. cuBLASLt is column-major, and a row-major matrix read as column-major
+// is its transpose, so C = op(A) op(B) is computed as C^T = op(B)^T op(A)^T: the operands swap places and
+// no data moves. Descriptors, layouts and the heuristic's algorithm choice are built once per distinct
+// problem (shape, transposes, dtype, strides, pointer alignment) and cached; a training step with fixed
+// shapes never calls the heuristic again.
+#include <cublasLt.h>
+
+#include <map>
+#include <mutex>
+#include <tuple>
+
+#include "kernels/cuda/cuda_kernels.h"
+
+#define TT_CUBLASLT_CHECK(call)                                                                           \
+  do {                                                                                                    \
+    const cublasStatus_t tt_status_ = (call);                                                             \
+    if (tt_status_ != CUBLAS_STATUS_SUCCESS)                                                              \
+      ::tt::throw_call_error("cuBLASLt", #call, cublasLtGetStatusString(tt_status_), __FILE__, __LINE__); \
+  } while (0)
+
+namespace tt::cuda {
+
+namespace {
+
+constexpr size_t kWorkspaceBytes = 32u << 20;
+constexpr int kMaxDevices = 16;
+
+struct DeviceState {
+  cublasLtHandle_t handle = nullptr;
+  void* workspace = nullptr;
+};
+
+using PlanKey = std::tuple<bool, bool, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t,
+                           int64_t, int64_t, int, int, int>;
+
+// Everything cuBLASLt needs for one problem; owned for the life of the process.
+struct Plan {
+  cublasLtMatmulDesc_t desc = nullptr;
+  cublasLtMatrixLayout_t layout_a = nullptr, layout_b = nullptr, layout_c = nullptr;
+  cublasLtMatmulAlgo_t algo{};
+};
+
+std::mutex g_mutex;
+DeviceState g_devices[kMaxDevices];
+std::map<PlanKey, Plan> g_plans[kMaxDevices];
+
+DeviceState& device_state(int device) {
+  DeviceState& state = g_devices[device];
+  if (!state.handle) {
+    TT_CUBLASLT_CHECK(cublasLtCreate(&state.handle));
+    TT_CUDA_CHECK(cudaMalloc(&state.workspace, kWorkspaceBytes));
+  }
+  return state;
+}
+
+int alignment_of(const void* p) {
+  const auto address = reinterpret_cast<uintptr_t>(p);
+  for (int align = 16; align > 1; align /= 2) {
+    if (address % align == 0) return align;
+  }
+  return 1;
+}
+
+cublasLtMatrixLayout_t make_layout(cudaDataType_t type, int64_t rows, int64_t cols, int64_t ld, int64_t batch,
+                                   int64_t stride) {
+  cublasLtMatrixLayout_t layout = nullptr;
+  TT_CUBLASLT_CHECK(cublasLtMatrixLayoutCreate(&layout, type, rows, cols, ld));
+  if (batch > 1) {
+    const int32_t count = static_cast<int32_t>(batch);
+    TT_CUBLASLT_CHECK(
+        cublasLtMatrixLayoutSetAttribute(layout, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &count, sizeof(count)));
+    TT_CUBLASLT_CHECK(cublasLtMatrixLayoutSetAttribute(layout, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET,
+                                                       &stride, sizeof(stride)));
+  }
+  return layout;
+}
+
+}  // namespace
+
+void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const void* a,
+          int64_t lda, int64_t stride_a, const void* b, int64_t ldb, int64_t stride_b, DType ab_type,
+          float beta, float* c, int64_t ldc, int64_t stride_c, int64_t batch, cudaStream_t stream) {
+  if (m == 0 || n == 0 || batch == 0) return;
+  TT_CHECK(ab_type == DType::f32 || ab_type == DType::bf16, "cuda::gemm: inputs must be f32 or bf16");
+  int device = 0;
+  TT_CUDA_CHECK(cudaGetDevice(&device));
+  std::lock_guard<std::mutex> lock(g_mutex);
+  DeviceState& state = device_state(device);
+  const int align_ab = std::min(alignment_of(a), alignment_of(b));
+  const int align_c = alignment_of(c);
+  const PlanKey key{trans_a,
+                    trans_b,
+                    m,
+                    n,
+                    k,
+                    lda,
+                    ldb,
+                    ldc,
+                    stride_a,
+                    stride_b,
+                    stride_c,
+                    batch,
+                    static_cast<int>(ab_type),
+                    align_ab,
+                    align_c};
+  auto found = g_plans[device].find(key);
+  if (found == g_plans[device].end()) {
+    Plan plan;
+    const cudaDataType_t in_type = ab_type == DType::bf16 ? CUDA_R_16BF : CUDA_R_32F;
+    TT_CUBLASLT_CHECK(cublasLtMatmulDescCreate(&plan.desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    // Column-major view: Lt's first operand is our B, its second our A (see the file comment).
+    const cublasOperation_t op_first = trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
+    const cublasOperation_t op_second = trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
+    TT_CUBLASLT_CHECK(
+        cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_TRANSA, &op_first, sizeof(op_first)));
+    TT_CUBLASLT_CHECK(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_second,
+                                                     sizeof(op_second)));
+    plan.layout_a = make_layout(in_type, trans_b ? k : n, trans_b ? n : k, ldb, batch, stride_b);
+    plan.layout_b = make_layout(in_type, trans_a ? m : k, trans_a ? k : m, lda, batch, stride_a);
+    plan.layout_c = make_layout(CUDA_R_32F, n, m, ldc, batch, stride_c);
+
+    cublasLtMatmulPreference_t pref = nullptr;
+    TT_CUBLASLT_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+    const uint64_t workspace = kWorkspaceBytes;
+    const uint32_t align_ab_u = static_cast<uint32_t>(align_ab), align_c_u = static_cast<uint32_t>(align_c);
+    TT_CUBLASLT_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                                           &workspace, sizeof(workspace)));
+    TT_CUBLASLT_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES,
+                                                           &align_ab_u, sizeof(align_ab_u)));
+    TT_CUBLASLT_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+                                                           &align_ab_u, sizeof(align_ab_u)));
+    TT_CUBLASLT_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES,
+                                                           &align_c_u, sizeof(align_c_u)));
+    TT_CUBLASLT_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES,
+                                                           &align_c_u, sizeof(align_c_u)));
+    cublasLtMatmulHeuristicResult_t result{};
+    int found_count = 0;
+    TT_CUBLASLT_CHECK(cublasLtMatmulAlgoGetHeuristic(state.handle, plan.desc, plan.layout_a, plan.layout_b,
+                                                     plan.layout_c, plan.layout_c, pref, 1, &result,
+                                                     &found_count));
+    cublasLtMatmulPreferenceDestroy(pref);
+    if (found_count == 0) {
+      throw Error("cuBLASLt found no algorithm for a " + std::to_string(m) + "x" + std::to_string(n) + "x" +
+                  std::to_string(k) + " matmul (batch " + std::to_string(batch) + ")");
+    }
+    plan.algo = result.algo;
+    found = g_plans[device].emplace(key, plan).first;
+  }
+  const Plan& plan = found->second;
+  TT_CUBLASLT_CHECK(cublasLtMatmul(state.handle, plan.desc, &alpha, b, plan.layout_a, a, plan.layout_b, &beta,
+                                   c, plan.layout_c, c, plan.layout_c, &plan.algo, state.workspace,
+                                   kWorkspaceBytes, stream));
+}
+
+}  // namespace tt::cuda

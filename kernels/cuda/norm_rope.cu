@@ -1,0 +1,419 @@
+// Embedding gather/scatter, RMSNorm and rotary embedding on the GPU: the twins of kernels/cpu/norm_rope.cpp.
+#include <cuda_runtime.h>
+#include <cub/device/device_radix_sort.cuh>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <string>
+
+#include "kernels/cuda/cuda_kernels.h"
+
+namespace tt::cuda {
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int kRowThreads = 256;
+// Row kernels take one block per row up to this many blocks and loop beyond, so any row count launches.
+constexpr int64_t kMaxRowBlocks = int64_t{1} << 20;
+constexpr int64_t kMaxBlocks = 8192;
+
+unsigned int row_blocks(int64_t rows) {
+  return static_cast<unsigned int>(std::min(rows, kMaxRowBlocks));
+}
+unsigned int blocks_for(int64_t n) {
+  return static_cast<unsigned int>(std::min((n + kThreads - 1) / kThreads, kMaxBlocks));
+}
+
+// Every warp reduces the same per-warp totals in the same order, so all threads return the same value. The
+// leading barrier lets a kernel call this once per row in a loop without racing on warp_totals.
+__device__ float block_sum(float v) {
+  __shared__ float warp_totals[32];
+  for (int offset = 16; offset > 0; offset >>= 1) v += __shfl_xor_sync(0xffffffffu, v, offset);
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  __syncthreads();
+  if (lane == 0) warp_totals[warp] = v;
+  __syncthreads();
+  v = lane < static_cast<int>(blockDim.x / 32) ? warp_totals[lane] : 0.0f;
+  for (int offset = 16; offset > 0; offset >>= 1) v += __shfl_xor_sync(0xffffffffu, v, offset);
+  return v;
+}
+
+__global__ void embedding_forward_kernel(const float* weight, const int32_t* ids, float* out, int64_t n,
+                                         int64_t dim) {
+  for (int64_t row = blockIdx.x; row < n; row += gridDim.x) {
+    const float* src = weight + static_cast<int64_t>(ids[row]) * dim;
+    float* dst = out + row * dim;
+    for (int64_t j = threadIdx.x; j < dim; j += blockDim.x) dst[j] = src[j];
+  }
+}
+
+// embedding_backward is made reproducible by never letting two threads add into the same value. The
+// (id, position) pairs are sorted by id (stable, so equal ids keep their token order), and the sorted list
+// is cut into chunks of kEmbChunkRows rows. Every run of equal ids that lies inside one chunk is summed by
+// that chunk's block in token order, starting from the existing grad_weight value, which is exactly the
+// CPU twin's order. A run that spans chunks (a frequent token, or a small vocabulary) would serialise a
+// single block over many rows, so each chunk it fully or partly covers after its first one stores a
+// partial sum, and a second kernel adds head rows and partials in chunk order. Which chunk does what
+// depends only on the ids, so the summation order, and with it every bit, is the same on every run.
+constexpr int kEmbChunkRows = 32;
+constexpr int kEmbMaxThreads = 256;
+
+// Per sorted row: the fate of the run piece it belongs to, and whether the piece starts at this row.
+enum : uint8_t { kEmbWhole = 0, kEmbPartial = 1, kEmbHead = 2, kEmbModeMask = 3, kEmbPieceStart = 4 };
+
+__global__ void embedding_positions_kernel(int32_t* positions, int64_t n) {
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
+    positions[i] = static_cast<int32_t>(i);
+}
+
+// One block per (chunk, tile of columns), one column per thread. All loads of the chunk are issued before
+// the first add so that the in-order summation does not wait on memory row by row.
+__global__ void __launch_bounds__(kEmbMaxThreads)
+    embedding_backward_chunk_kernel(const float* __restrict__ grad_out, const int32_t* __restrict__ keys,
+                                    const int32_t* __restrict__ rows, float* __restrict__ grad_weight,
+                                    float* __restrict__ partials, int64_t n, int64_t dim) {
+  __shared__ int32_t s_key[kEmbChunkRows];
+  __shared__ int32_t s_row[kEmbChunkRows];
+  __shared__ uint8_t s_code[kEmbChunkRows];
+  const int64_t begin = static_cast<int64_t>(blockIdx.x) * kEmbChunkRows;
+  const int count = static_cast<int>(min(n - begin, static_cast<int64_t>(kEmbChunkRows)));
+  const int64_t end = begin + count;
+  if (static_cast<int>(threadIdx.x) < count) {
+    const int t = static_cast<int>(threadIdx.x);
+    const int32_t key = keys[begin + t];
+    // Only the first piece can continue a run from an earlier chunk and only the last can run on into a
+    // later one; every other piece is a whole run.
+    const bool first_continues = begin > 0 && keys[begin - 1] == keys[begin];
+    const bool last_continues = end < n && keys[end] == keys[end - 1];
+    uint8_t code = kEmbWhole;
+    if (key == keys[begin] && first_continues) {
+      code = kEmbPartial;
+    } else if (key == keys[end - 1] && last_continues) {
+      code = kEmbHead;
+    }
+    if (t == 0 || key != keys[begin + t - 1]) code |= kEmbPieceStart;
+    s_key[t] = key;
+    s_row[t] = rows[begin + t];
+    s_code[t] = code;
+  }
+  __syncthreads();
+  const int64_t col = static_cast<int64_t>(blockIdx.y) * blockDim.x + threadIdx.x;
+  if (col >= dim) return;
+
+  float v[kEmbChunkRows];
+  float start[kEmbChunkRows];
+#pragma unroll
+  for (int u = 0; u < kEmbChunkRows; ++u) {
+    v[u] = 0.0f;
+    start[u] = 0.0f;
+    if (u < count) {
+      const uint8_t code = s_code[u];
+      if ((code & kEmbModeMask) != kEmbHead) v[u] = grad_out[static_cast<int64_t>(s_row[u]) * dim + col];
+      if (code == (kEmbWhole | kEmbPieceStart))
+        start[u] = grad_weight[static_cast<int64_t>(s_key[u]) * dim + col];
+    }
+  }
+
+  // -0.0f is the exact identity of float addition, so a partial is the plain in-order sum of its rows.
+  float acc = 0.0f;
+  uint8_t mode = kEmbHead;
+  int32_t key = 0;
+  const auto flush = [&] {
+    if (mode == kEmbWhole) {
+      grad_weight[static_cast<int64_t>(key) * dim + col] = acc;
+    } else if (mode == kEmbPartial) {
+      partials[static_cast<int64_t>(blockIdx.x) * dim + col] = acc;
+    }
+  };
+#pragma unroll
+  for (int u = 0; u < kEmbChunkRows; ++u) {
+    if (u < count) {
+      const uint8_t code = s_code[u];
+      if (code & kEmbPieceStart) {
+        flush();
+        mode = code & kEmbModeMask;
+        key = s_key[u];
+        acc = mode == kEmbWhole ? start[u] : -0.0f;
+      }
+      if (mode != kEmbHead) acc += v[u];
+    }
+  }
+  flush();
+}
+
+// One block per (chunk, tile of columns); only chunks in which a multi-chunk run starts do any work. The
+// run's rows in its first chunk are added directly, then the partials of the chunks it reaches, in order.
+__global__ void __launch_bounds__(kEmbMaxThreads)
+    embedding_backward_join_kernel(const float* __restrict__ grad_out, const int32_t* __restrict__ keys,
+                                   const int32_t* __restrict__ rows, float* __restrict__ grad_weight,
+                                   const float* __restrict__ partials, int64_t n, int64_t dim) {
+  __shared__ int32_t s_row[kEmbChunkRows];
+  __shared__ int s_head;
+  __shared__ int64_t s_last_chunk;
+  __shared__ bool s_active;
+  const int64_t begin = static_cast<int64_t>(blockIdx.x) * kEmbChunkRows;
+  const int count = static_cast<int>(min(n - begin, static_cast<int64_t>(kEmbChunkRows)));
+  const int64_t end = begin + count;
+  const int32_t key = keys[end - 1];
+  if (threadIdx.x < 32) {
+    const int lane = static_cast<int>(threadIdx.x);
+    const bool active = end < n && keys[end] == key && !(begin > 0 && keys[begin - 1] == key);
+    if (active) {
+      const bool in_run = lane < count && keys[begin + lane] == key;
+      const unsigned int run_lanes = __ballot_sync(0xffffffffu, in_run);
+      if (lane < count) s_row[lane] = rows[begin + lane];
+      if (lane == 0) {
+        // Keys are sorted, so the run ends at the first key past it.
+        int64_t lo = end, hi = n;
+        while (lo < hi) {
+          const int64_t mid = lo + (hi - lo) / 2;
+          if (keys[mid] == key) {
+            lo = mid + 1;
+          } else {
+            hi = mid;
+          }
+        }
+        s_head = __ffs(static_cast<int>(run_lanes)) - 1;
+        s_last_chunk = (lo - 1) / kEmbChunkRows;
+      }
+    }
+    if (lane == 0) s_active = active;
+  }
+  __syncthreads();
+  if (!s_active) return;
+  const int64_t col = static_cast<int64_t>(blockIdx.y) * blockDim.x + threadIdx.x;
+  if (col >= dim) return;
+
+  const int head = s_head;
+  float v[kEmbChunkRows];
+#pragma unroll
+  for (int u = 0; u < kEmbChunkRows; ++u)
+    v[u] = u >= head && u < count ? grad_out[static_cast<int64_t>(s_row[u]) * dim + col] : 0.0f;
+  float* dst = grad_weight + static_cast<int64_t>(key) * dim + col;
+  float total = *dst;
+#pragma unroll
+  for (int u = 0; u < kEmbChunkRows; ++u) {
+    if (u >= head && u < count) total += v[u];
+  }
+  const int64_t last_chunk = s_last_chunk;
+#pragma unroll 8
+  for (int64_t c = static_cast<int64_t>(blockIdx.x) + 1; c <= last_chunk; ++c)
+    total += partials[c * dim + col];
+  *dst = total;
+}
+
+// IEEE 1/sqrt rather than rsqrtf, and w * (x * inv) in that order, to stay on the CPU twin's rounding.
+__global__ void rms_norm_forward_kernel(const float* x, const float* w, float* y, float* inv_rms,
+                                        int64_t rows, int64_t dim, float eps) {
+  for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
+    const float* xr = x + row * dim;
+    float sum_sq = 0;
+    for (int64_t j = threadIdx.x; j < dim; j += blockDim.x) sum_sq += xr[j] * xr[j];
+    const float mean_sq = block_sum(sum_sq) / static_cast<float>(dim);
+    const float inv = 1.0f / sqrtf(mean_sq + eps);
+    if (threadIdx.x == 0) inv_rms[row] = inv;
+    float* yr = y + row * dim;
+    for (int64_t j = threadIdx.x; j < dim; j += blockDim.x) yr[j] = w[j] * (xr[j] * inv);
+  }
+}
+
+// dx = inv * (w * dy) - inv^3 / dim * x * sum(w * dy * x)
+__global__ void rms_norm_backward_dx_kernel(const float* dy, const float* x, const float* w,
+                                            const float* inv_rms, float* dx, int64_t rows, int64_t dim) {
+  for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
+    const float* xr = x + row * dim;
+    const float* dyr = dy + row * dim;
+    float dot = 0;
+    for (int64_t j = threadIdx.x; j < dim; j += blockDim.x) dot += w[j] * dyr[j] * xr[j];
+    const float inv = inv_rms[row];
+    const float coef = inv * inv * inv * block_sum(dot) / static_cast<float>(dim);
+    float* dxr = dx + row * dim;
+    for (int64_t j = threadIdx.x; j < dim; j += blockDim.x) dxr[j] = inv * w[j] * dyr[j] - coef * xr[j];
+  }
+}
+
+// dw is a sum over all rows. For reproducible bits it is computed in two fixed-order stages instead of with
+// atomics: each block sums a chunk of rows for a tile of 32 columns (a warp reads 32 consecutive floats of a
+// row), writing one partial per (chunk, column); then one thread per column adds the chunks in order.
+constexpr int kDwTileColumns = 32;
+constexpr int kDwRowLanes = 8;
+constexpr int64_t kDwMinRowsPerChunk = 64;
+constexpr int64_t kDwMaxChunks = 128;
+
+__global__ void rms_norm_backward_dw_partial_kernel(const float* dy, const float* x, const float* inv_rms,
+                                                    float* partials, int64_t rows, int64_t dim,
+                                                    int64_t rows_per_chunk) {
+  __shared__ float lane_sums[kDwRowLanes][kDwTileColumns];
+  const int64_t col = static_cast<int64_t>(blockIdx.x) * kDwTileColumns + threadIdx.x;
+  const int64_t first_row = static_cast<int64_t>(blockIdx.y) * rows_per_chunk;
+  const int64_t end_row = std::min(first_row + rows_per_chunk, rows);
+  float acc = 0;
+  if (col < dim) {
+    for (int64_t r = first_row + threadIdx.y; r < end_row; r += kDwRowLanes)
+      acc += dy[r * dim + col] * x[r * dim + col] * inv_rms[r];
+  }
+  lane_sums[threadIdx.y][threadIdx.x] = acc;
+  __syncthreads();
+  if (threadIdx.y == 0 && col < dim) {
+    float total = 0;
+    for (int lane = 0; lane < kDwRowLanes; ++lane) total += lane_sums[lane][threadIdx.x];
+    partials[blockIdx.y * dim + col] = total;
+  }
+}
+
+__global__ void rms_norm_backward_dw_reduce_kernel(const float* partials, float* dw, int64_t chunks,
+                                                   int64_t dim) {
+  for (int64_t col = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; col < dim;
+       col += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    float total = 0;
+    for (int64_t c = 0; c < chunks; ++c) total += partials[c * dim + col];
+    dw[col] = total;
+  }
+}
+
+// Inverse frequencies are computed on the host in double with the same expression as the CPU twin, then
+// rounded to float, and travel in the kernel parameters; __grid_constant__ lets the kernel index them
+// without a per-thread copy.
+constexpr int kMaxRopePairs = 256;
+
+struct RopeFrequencies {
+  float inv_freq[kMaxRopePairs];
+};
+
+// One thread per (row, pair). The angle is float(t) * inv_freq and the rotation is rounded step by step
+// (no fused multiply-add), so y matches the CPU up to the last-ulp differences of cosf/sinf.
+__global__ void rope_kernel(const float* x, float* y, int64_t rows, int64_t seq, int64_t pairs_per_row,
+                            int64_t pairs_per_head, bool inverse,
+                            const __grid_constant__ RopeFrequencies freqs) {
+  const int64_t total = rows * pairs_per_row;
+  for (int64_t idx = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; idx < total;
+       idx += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t row = idx / pairs_per_row;
+    const int64_t pair = idx - row * pairs_per_row;
+    const int64_t t = row % seq;
+    const float angle = static_cast<float>(t) * freqs.inv_freq[pair % pairs_per_head];
+    const float c = cosf(angle);
+    const float s = inverse ? -sinf(angle) : sinf(angle);
+    const float x0 = x[2 * idx], x1 = x[2 * idx + 1];
+    y[2 * idx] = __fsub_rn(__fmul_rn(x0, c), __fmul_rn(x1, s));
+    y[2 * idx + 1] = __fadd_rn(__fmul_rn(x0, s), __fmul_rn(x1, c));
+  }
+}
+
+}  // namespace
+
+void embedding_forward(const float* weight, const int32_t* ids, float* out, int64_t n, int64_t dim,
+                       cudaStream_t stream) {
+  if (n == 0 || dim == 0) return;
+  embedding_forward_kernel<<<row_blocks(n), kRowThreads, 0, stream>>>(weight, ids, out, n, dim);
+  TT_CUDA_LAUNCH_CHECK();
+}
+
+void embedding_backward(const float* grad_out, const int32_t* ids, float* grad_weight, int64_t n, int64_t dim,
+                        cudaStream_t stream) {
+  if (n == 0 || dim == 0) return;
+  TT_CHECK(n <= std::numeric_limits<int32_t>::max(),
+           "cuda::embedding_backward: " + std::to_string(n) + " ids do not fit 32-bit positions");
+  const int threads = static_cast<int>(std::min<int64_t>((dim + 31) / 32 * 32, kEmbMaxThreads));
+  const int64_t tiles = (dim + threads - 1) / threads;
+  TT_CHECK(tiles <= 65535, "cuda::embedding_backward: dim " + std::to_string(dim) + " is too large");
+  const int64_t chunks = (n + kEmbChunkRows - 1) / kEmbChunkRows;
+  const int items = static_cast<int>(n);
+
+  size_t sort_bytes = 0;
+  TT_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(nullptr, sort_bytes, ids, static_cast<int32_t*>(nullptr),
+                                                static_cast<const int32_t*>(nullptr),
+                                                static_cast<int32_t*>(nullptr), items, 0, 32, stream));
+  // One stream-ordered allocation for all scratch. Partials exist only when there is a second chunk; at
+  // 65536 ids they take 1/32 of grad_out's size.
+  const auto aligned = [](size_t bytes) { return (bytes + 255) / 256 * 256; };
+  const size_t index_bytes = aligned(static_cast<size_t>(n) * sizeof(int32_t));
+  const size_t partial_bytes = chunks > 1 ? aligned(static_cast<size_t>(chunks * dim) * sizeof(float)) : 0;
+  char* scratch = nullptr;
+  TT_CUDA_CHECK(cudaMallocAsync(reinterpret_cast<void**>(&scratch),
+                                3 * index_bytes + partial_bytes + aligned(sort_bytes), stream));
+  int32_t* positions = reinterpret_cast<int32_t*>(scratch);
+  int32_t* sorted_ids = reinterpret_cast<int32_t*>(scratch + index_bytes);
+  int32_t* sorted_positions = reinterpret_cast<int32_t*>(scratch + 2 * index_bytes);
+  float* partials = partial_bytes ? reinterpret_cast<float*>(scratch + 3 * index_bytes) : nullptr;
+  void* sort_temp = scratch + 3 * index_bytes + partial_bytes;
+
+  embedding_positions_kernel<<<blocks_for(n), kThreads, 0, stream>>>(positions, n);
+  TT_CUDA_LAUNCH_CHECK();
+  TT_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(sort_temp, sort_bytes, ids, sorted_ids, positions,
+                                                sorted_positions, items, 0, 32, stream));
+  const dim3 grid(static_cast<unsigned int>(chunks), static_cast<unsigned int>(tiles));
+  embedding_backward_chunk_kernel<<<grid, threads, 0, stream>>>(grad_out, sorted_ids, sorted_positions,
+                                                                grad_weight, partials, n, dim);
+  TT_CUDA_LAUNCH_CHECK();
+  if (chunks > 1) {
+    embedding_backward_join_kernel<<<grid, threads, 0, stream>>>(grad_out, sorted_ids, sorted_positions,
+                                                                 grad_weight, partials, n, dim);
+    TT_CUDA_LAUNCH_CHECK();
+  }
+  TT_CUDA_CHECK(cudaFreeAsync(scratch, stream));
+}
+
+void rms_norm_forward(const float* x, const float* w, float* y, float* inv_rms, int64_t rows, int64_t dim,
+                      double eps, cudaStream_t stream) {
+  if (rows == 0) return;
+  rms_norm_forward_kernel<<<row_blocks(rows), kRowThreads, 0, stream>>>(x, w, y, inv_rms, rows, dim,
+                                                                        static_cast<float>(eps));
+  TT_CUDA_LAUNCH_CHECK();
+}
+
+void rms_norm_backward(const float* dy, const float* x, const float* w, const float* inv_rms, float* dx,
+                       float* dw, int64_t rows, int64_t dim, cudaStream_t stream) {
+  if (dim == 0) return;
+  if (rows == 0) {
+    TT_CUDA_CHECK(cudaMemsetAsync(dw, 0, static_cast<size_t>(dim) * sizeof(float), stream));
+    return;
+  }
+  rms_norm_backward_dx_kernel<<<row_blocks(rows), kRowThreads, 0, stream>>>(dy, x, w, inv_rms, dx, rows, dim);
+  TT_CUDA_LAUNCH_CHECK();
+
+  // The chunking depends only on (rows, dim), so the summation order, and with it dw, is reproducible.
+  const int64_t chunks = std::clamp(rows / kDwMinRowsPerChunk, int64_t{1}, kDwMaxChunks);
+  const int64_t rows_per_chunk = (rows + chunks - 1) / chunks;
+  const dim3 grid(static_cast<unsigned int>((dim + kDwTileColumns - 1) / kDwTileColumns),
+                  static_cast<unsigned int>(chunks));
+  const dim3 block(kDwTileColumns, kDwRowLanes);
+  if (chunks == 1) {
+    rms_norm_backward_dw_partial_kernel<<<grid, block, 0, stream>>>(dy, x, inv_rms, dw, rows, dim,
+                                                                    rows_per_chunk);
+    TT_CUDA_LAUNCH_CHECK();
+    return;
+  }
+  // Stream-ordered scratch of chunks * dim floats (at most 128 rows of dw), freed right after the reduction.
+  float* partials = nullptr;
+  TT_CUDA_CHECK(cudaMallocAsync(reinterpret_cast<void**>(&partials),
+                                static_cast<size_t>(chunks * dim) * sizeof(float), stream));
+  rms_norm_backward_dw_partial_kernel<<<grid, block, 0, stream>>>(dy, x, inv_rms, partials, rows, dim,
+                                                                  rows_per_chunk);
+  TT_CUDA_LAUNCH_CHECK();
+  rms_norm_backward_dw_reduce_kernel<<<blocks_for(dim), kThreads, 0, stream>>>(partials, dw, chunks, dim);
+  TT_CUDA_LAUNCH_CHECK();
+  TT_CUDA_CHECK(cudaFreeAsync(partials, stream));
+}
+
+void rope(const float* x, float* y, int64_t batch, int64_t seq, int64_t dim, int64_t d_head, double theta,
+          bool inverse, cudaStream_t stream) {
+  TT_CHECK(d_head > 0 && d_head % 2 == 0 && d_head <= 2 * kMaxRopePairs,
+           "cuda::rope: d_head must be even and between 2 and " + std::to_string(2 * kMaxRopePairs) +
+               ", got " + std::to_string(d_head));
+  TT_CHECK(dim % d_head == 0, "cuda::rope: dim " + std::to_string(dim) + " is not a multiple of d_head " +
+                                  std::to_string(d_head));
+  const int64_t rows = batch * seq;
+  if (rows == 0 || dim == 0) return;
+  const int64_t half = d_head / 2;
+  RopeFrequencies freqs{};
+  for (int64_t i = 0; i < half; ++i)
+    freqs.inv_freq[i] = static_cast<float>(std::pow(theta, -2.0 * static_cast<double>(i) / d_head));
+  rope_kernel<<<blocks_for(rows * (dim / 2)), kThreads, 0, stream>>>(x, y, rows, seq, dim / 2, half, inverse,
+                                                                     freqs);
+  TT_CUDA_LAUNCH_CHECK();
+}
+
+}  // namespace tt::cuda

@@ -1,0 +1,186 @@
+// Masked softmax (the naive attention's middle step) and cross-entropy on the GPU: the twins of
+// kernels/cpu/softmax_loss.cpp. Everything is f32 with max-subtracted exponentials.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+
+#include "kernels/cuda/cuda_kernels.h"
+
+namespace tt::cuda {
+namespace {
+
+constexpr unsigned kFullMask = 0xffffffffu;
+// Attention rows are at most a few thousand columns, so a warp per row keeps every reduction in shuffles.
+constexpr int kSoftmaxWarpsPerBlock = 8;
+// Vocabulary rows are tens of thousands of logits: a block per row, looping beyond kMaxRowBlocks rows.
+constexpr int kLossThreads = 512;
+constexpr int64_t kMaxRowBlocks = int64_t{1} << 20;
+
+unsigned int row_blocks(int64_t rows) {
+  return static_cast<unsigned int>(std::min(rows, kMaxRowBlocks));
+}
+
+__device__ float warp_sum(float v) {
+  for (int offset = 16; offset > 0; offset >>= 1) v += __shfl_xor_sync(kFullMask, v, offset);
+  return v;
+}
+
+// A running (max, sum of exp(x - max)) pair lets one pass over a row find both the max and the normaliser.
+struct OnlineExpSum {
+  float max = -INFINITY;
+  float sum = 0.0f;
+
+  __device__ void add(float x) {
+    if (x > max) {
+      sum = sum * expf(max - x) + 1.0f;
+      max = x;
+    } else if (x != -INFINITY) {  // -inf contributes exp(-inf) = 0; skipping it avoids exp(-inf - -inf)
+      sum += expf(x - max);
+    }
+  }
+
+  __device__ void merge(const OnlineExpSum& other) {
+    const float new_max = fmaxf(max, other.max);
+    if (new_max == -INFINITY) return;  // both empty (or all -inf): nothing to rescale
+    sum = sum * expf(max - new_max) + other.sum * expf(other.max - new_max);
+    max = new_max;
+  }
+
+  __device__ void warp_merge() {
+    for (int offset = 16; offset > 0; offset >>= 1) {
+      OnlineExpSum other;
+      other.max = __shfl_xor_sync(kFullMask, max, offset);
+      other.sum = __shfl_xor_sync(kFullMask, sum, offset);
+      merge(other);
+    }
+  }
+};
+
+// Every warp merges the same per-warp states in the same order, so all threads end with the same value. The
+// leading barrier lets a block call this once per row in a loop.
+__device__ OnlineExpSum block_merge(OnlineExpSum state) {
+  __shared__ float warp_max[32], warp_sum_exp[32];
+  state.warp_merge();
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  __syncthreads();
+  if (lane == 0) {
+    warp_max[warp] = state.max;
+    warp_sum_exp[warp] = state.sum;
+  }
+  __syncthreads();
+  OnlineExpSum total;
+  if (lane < static_cast<int>(blockDim.x / 32)) {
+    total.max = warp_max[lane];
+    total.sum = warp_sum_exp[lane];
+  }
+  total.warp_merge();
+  return total;
+}
+
+// With causal, row i of each (rows x cols) matrix keeps columns 0..i; masked probabilities are written as 0.
+__global__ void softmax_forward_kernel(const float* s, float* p, int64_t total_rows, int64_t rows,
+                                       int64_t cols, float scale, bool causal) {
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * kSoftmaxWarpsPerBlock + threadIdx.x / 32;
+  if (row >= total_rows) return;
+  const int lane = threadIdx.x % 32;
+  const int64_t valid = causal ? std::min(row % rows + 1, cols) : cols;
+  const float* sr = s + row * cols;
+  float* pr = p + row * cols;
+  OnlineExpSum state;
+  for (int64_t j = lane; j < valid; j += 32) state.add(sr[j] * scale);
+  state.warp_merge();
+  for (int64_t j = lane; j < cols; j += 32)
+    pr[j] = j < valid ? expf(sr[j] * scale - state.max) / state.sum : 0.0f;
+}
+
+__global__ void softmax_backward_kernel(const float* dp, const float* p, float* ds, int64_t total_rows,
+                                        int64_t cols, float scale) {
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * kSoftmaxWarpsPerBlock + threadIdx.x / 32;
+  if (row >= total_rows) return;
+  const int lane = threadIdx.x % 32;
+  const float* dpr = dp + row * cols;
+  const float* pr = p + row * cols;
+  float dot = 0;
+  for (int64_t j = lane; j < cols; j += 32) dot += dpr[j] * pr[j];
+  dot = warp_sum(dot);
+  float* dsr = ds + row * cols;
+  for (int64_t j = lane; j < cols; j += 32) dsr[j] = scale * pr[j] * (dpr[j] - dot);
+}
+
+// An out-of-range target yields a NaN loss rather than a read outside the row.
+__global__ void cross_entropy_forward_kernel(const float* logits, const int32_t* targets, float* losses,
+                                             float* lse, int64_t n, int64_t vocab) {
+  for (int64_t row = blockIdx.x; row < n; row += gridDim.x) {
+    const float* lr = logits + row * vocab;
+    OnlineExpSum state;
+    for (int64_t j = threadIdx.x; j < vocab; j += blockDim.x) state.add(lr[j]);
+    state = block_merge(state);
+    if (threadIdx.x == 0) {
+      const float row_lse = state.max + logf(state.sum);
+      const int32_t target = targets[row];
+      lse[row] = row_lse;
+      losses[row] = target >= 0 && target < vocab ? row_lse - lr[target] : NAN;
+    }
+  }
+}
+
+// The loss gradient stays on the device and is read here, so the backward pass never waits for the host.
+__global__ void cross_entropy_backward_kernel(const float* logits, const int32_t* targets, const float* lse,
+                                              const float* dloss, float scale, float* dlogits, int64_t n,
+                                              int64_t vocab) {
+  const float g = *dloss * scale;
+  for (int64_t row = blockIdx.x; row < n; row += gridDim.x) {
+    const float* lr = logits + row * vocab;
+    float* dr = dlogits + row * vocab;
+    const float row_lse = lse[row];
+    const int64_t target = targets[row];
+    for (int64_t j = threadIdx.x; j < vocab; j += blockDim.x) {
+      const float prob = expf(lr[j] - row_lse);
+      dr[j] = g * (prob - (j == target ? 1.0f : 0.0f));
+    }
+  }
+}
+
+unsigned int softmax_blocks(int64_t total_rows) {
+  return static_cast<unsigned int>((total_rows + kSoftmaxWarpsPerBlock - 1) / kSoftmaxWarpsPerBlock);
+}
+
+}  // namespace
+
+void softmax_forward(const float* s, float* p, int64_t batch, int64_t rows, int64_t cols, double scale,
+                     bool causal, cudaStream_t stream) {
+  const int64_t total_rows = batch * rows;
+  if (total_rows == 0 || cols == 0) return;
+  softmax_forward_kernel<<<softmax_blocks(total_rows), kSoftmaxWarpsPerBlock * 32, 0, stream>>>(
+      s, p, total_rows, rows, cols, static_cast<float>(scale), causal);
+  TT_CUDA_LAUNCH_CHECK();
+}
+
+void softmax_backward(const float* dp, const float* p, float* ds, int64_t batch, int64_t rows, int64_t cols,
+                      double scale, cudaStream_t stream) {
+  const int64_t total_rows = batch * rows;
+  if (total_rows == 0 || cols == 0) return;
+  softmax_backward_kernel<<<softmax_blocks(total_rows), kSoftmaxWarpsPerBlock * 32, 0, stream>>>(
+      dp, p, ds, total_rows, cols, static_cast<float>(scale));
+  TT_CUDA_LAUNCH_CHECK();
+}
+
+void cross_entropy_forward(const float* logits, const int32_t* targets, float* losses, float* lse, int64_t n,
+                           int64_t vocab, cudaStream_t stream) {
+  TT_CHECK(vocab > 0, "cuda::cross_entropy_forward: vocab must be positive");
+  if (n == 0) return;
+  cross_entropy_forward_kernel<<<row_blocks(n), kLossThreads, 0, stream>>>(logits, targets, losses, lse, n,
+                                                                           vocab);
+  TT_CUDA_LAUNCH_CHECK();
+}
+
+void cross_entropy_backward(const float* logits, const int32_t* targets, const float* lse, const float* dloss,
+                            double scale, float* dlogits, int64_t n, int64_t vocab, cudaStream_t stream) {
+  if (n == 0 || vocab == 0) return;
+  cross_entropy_backward_kernel<<<row_blocks(n), kLossThreads, 0, stream>>>(
+      logits, targets, lse, dloss, static_cast<float>(scale), dlogits, n, vocab);
+  TT_CUDA_LAUNCH_CHECK();
+}
+
+}  // namespace tt::cuda

@@ -1,0 +1,80 @@
+// Module: a tree of layers with ordered, named parameters whose names follow the PyTorch reference model's
+// state_dict ("layers.0.attn.q_proj.weight"). FlatParameters then moves every parameter of a model into
+// one contiguous f32 buffer (and every gradient into another), leaving each parameter a view of it, so the
+// optimizer, DDP buckets, ZeRO shards and checkpoints all work on ranges of two buffers.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "core/tensor.h"
+
+namespace tt::nn {
+
+// How a parameter is initialised (REFERENCE.md): truncated normal with a std (cut at +-3 std), or ones.
+struct Init {
+  enum class Kind { truncated_normal, ones } kind = Kind::ones;
+  double std = 1.0;
+};
+
+struct NamedParameter {
+  std::string name;
+  Tensor* tensor;
+  Init init;
+};
+
+class Module {
+ public:
+  Module() = default;
+  virtual ~Module() = default;
+  Module(const Module&) = delete;
+  Module& operator=(const Module&) = delete;
+
+  // Depth-first, in registration order, with dotted names.
+  std::vector<NamedParameter> named_parameters();
+  int64_t parameter_count();
+
+ protected:
+  Tensor& register_parameter(const std::string& name, const Shape& shape, Init init);
+  template <class M>
+  M& register_module(const std::string& name, std::unique_ptr<M> module) {
+    M& ref = *module;
+    children_.emplace_back(name, std::move(module));
+    return ref;
+  }
+
+ private:
+  void collect(const std::string& prefix, std::vector<NamedParameter>& out);
+  struct Param {
+    std::string name;
+    Tensor tensor;
+    Init init;
+  };
+  std::vector<std::unique_ptr<Param>> params_;
+  std::vector<std::pair<std::string, std::unique_ptr<Module>>> children_;
+};
+
+// The flat parameter and gradient buffers of a module (f32, or f64 on CPU for gradient checks).
+class FlatParameters {
+ public:
+  // Allocates the buffers on `device`, initialises parameters from `seed` (element i of the flat buffer
+  // from Philox counter i: identical on every device and rank), points every parameter at its slice and
+  // sets each .grad to its slice of the zeroed gradient buffer.
+  FlatParameters(Module& module, Device device, uint64_t seed, DType dtype = DType::f32);
+
+  const std::vector<NamedParameter>& parameters() const { return params_; }
+  const std::vector<int64_t>& offsets() const { return offsets_; }  // element offset of each parameter
+  Tensor& flat_params() { return flat_params_; }
+  Tensor& flat_grads() { return flat_grads_; }
+  int64_t numel() const { return flat_params_.numel(); }
+  void zero_grad() { flat_grads_.zero_(); }
+
+ private:
+  std::vector<NamedParameter> params_;
+  std::vector<int64_t> offsets_;
+  Tensor flat_params_, flat_grads_;
+};
+
+}  // namespace tt::nn

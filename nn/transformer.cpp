@@ -1,0 +1,197 @@
+#include "nn/transformer.h"
+
+#include <cmath>
+
+#include "core/ops.h"
+
+namespace tt::nn {
+
+Precision parse_precision(const std::string& text) {
+  if (text == "f32") return Precision::f32;
+  if (text == "bf16") return Precision::bf16;
+  throw Error("unknown precision '" + text + "' (expected f32 or bf16)");
+}
+
+AttentionKind parse_attention(const std::string& text) {
+  if (text == "naive") return AttentionKind::naive;
+  if (text == "flash") return AttentionKind::flash;
+  throw Error("unknown attention '" + text + "' (expected naive or flash)");
+}
+
+const char* precision_name(Precision p) {
+  return p == Precision::f32 ? "f32" : "bf16";
+}
+const char* attention_name(AttentionKind a) {
+  return a == AttentionKind::naive ? "naive" : "flash";
+}
+
+int64_t ModelConfig::parameter_count() const {
+  const int64_t d = d_model;
+  return 2 * vocab_size * d + num_layers * (4 * d * d + 3 * d * d_ff + 2 * d) + d;
+}
+
+double ModelConfig::training_flops_per_sequence(int64_t context) const {
+  const double d = static_cast<double>(d_model), t = static_cast<double>(context);
+  // Matmul FLOPs per token (forward): 2 * (matmul parameters); embeddings are gathers, not matmuls.
+  const double matmul_params =
+      static_cast<double>(num_layers) * (4 * d * d + 3 * d * d_ff) + static_cast<double>(vocab_size) * d;
+  // Attention scores and PV: 2 * 2 * T * d per token per layer (full, not causal-halved, as in PaLM's MFU).
+  const double attention = static_cast<double>(num_layers) * 4.0 * t * d;
+  return 3.0 * t * (2.0 * matmul_params + attention);
+}
+
+void ModelConfig::validate() const {
+  auto positive = [](int64_t v, const char* name) {
+    TT_CHECK(v > 0, std::string("model config: ") + name + " must be positive, got " + std::to_string(v));
+  };
+  positive(vocab_size, "vocab_size");
+  positive(context_length, "context_length");
+  positive(d_model, "d_model");
+  positive(num_layers, "num_layers");
+  positive(num_heads, "num_heads");
+  positive(d_ff, "d_ff");
+  TT_CHECK(d_model % num_heads == 0, "model config: d_model " + std::to_string(d_model) +
+                                         " is not divisible by num_heads " + std::to_string(num_heads));
+  TT_CHECK(d_head() % 2 == 0, "model config: d_head must be even for RoPE, got " + std::to_string(d_head()));
+}
+
+ModelConfig preset(const std::string& name) {
+  ModelConfig c;
+  auto set = [&](int64_t d, int64_t dff, int64_t layers, int64_t heads) {
+    c.d_model = d;
+    c.d_ff = dff;
+    c.num_layers = layers;
+    c.num_heads = heads;
+  };
+  if (name == "tiny")
+    set(64, 192, 2, 4);
+  else if (name == "small")
+    set(768, 3072, 12, 12);
+  else if (name == "medium")
+    set(1024, 4096, 24, 16);
+  else if (name == "large")
+    set(1280, 5120, 36, 20);
+  else if (name == "xl")
+    set(1600, 6400, 48, 25);
+  else if (name == "2.7b")
+    set(2560, 10240, 32, 32);
+  else
+    throw Error("unknown preset '" + name + "' (expected tiny, small, medium, large, xl or 2.7b)");
+  return c;
+}
+
+std::vector<std::string> preset_names() {
+  return {"tiny", "small", "medium", "large", "xl", "2.7b"};
+}
+
+namespace {
+Init linear_init(int64_t in, int64_t out) {
+  return {Init::Kind::truncated_normal, std::sqrt(2.0 / static_cast<double>(in + out))};
+}
+}  // namespace
+
+Linear::Linear(int64_t in_features, int64_t out_features)
+    : weight_(register_parameter("weight", {out_features, in_features},
+                                 linear_init(in_features, out_features))) {}
+
+Tensor Linear::forward(const Tensor& x, Precision precision) const {
+  if (precision == Precision::bf16) {
+    // Mixed precision: bf16 operands, f32 accumulation and f32 output; the f32 weight stays the master copy.
+    return ops::linear(ops::cast(x, DType::bf16), ops::cast(weight_, DType::bf16));
+  }
+  return ops::linear(x, weight_);
+}
+
+Embedding::Embedding(int64_t vocab_size, int64_t dim)
+    : weight_(register_parameter("weight", {vocab_size, dim}, {Init::Kind::truncated_normal, 1.0})) {}
+
+Tensor Embedding::forward(const Tensor& ids) const {
+  return ops::embedding(weight_, ids);
+}
+
+RMSNorm::RMSNorm(int64_t dim, double eps) : weight_(register_parameter("weight", {dim}, {})), eps_(eps) {}
+
+Tensor RMSNorm::forward(const Tensor& x) const {
+  return ops::rms_norm(x, weight_, eps_);
+}
+
+CausalSelfAttention::CausalSelfAttention(const ModelConfig& config)
+    : config_(config),
+      q_proj_(register_module("q_proj", std::make_unique<Linear>(config.d_model, config.d_model))),
+      k_proj_(register_module("k_proj", std::make_unique<Linear>(config.d_model, config.d_model))),
+      v_proj_(register_module("v_proj", std::make_unique<Linear>(config.d_model, config.d_model))),
+      output_proj_(register_module("output_proj", std::make_unique<Linear>(config.d_model, config.d_model))) {
+}
+
+Tensor CausalSelfAttention::forward(const Tensor& x) const {
+  const int64_t batch = x.size(0), seq = x.size(1), heads = config_.num_heads, d_head = config_.d_head();
+  const Precision precision = config_.precision;
+  Tensor q = ops::rope(q_proj_.forward(x, precision), d_head, config_.rope_theta);
+  Tensor k = ops::rope(k_proj_.forward(x, precision), d_head, config_.rope_theta);
+  Tensor v = v_proj_.forward(x, precision);
+  if (precision == Precision::bf16) {
+    q = ops::cast(q, DType::bf16);
+    k = ops::cast(k, DType::bf16);
+    v = ops::cast(v, DType::bf16);
+  }
+  // (batch, seq, heads*d_head) seen as (batch, heads, seq, d_head) without copying.
+  auto split_heads = [&](const Tensor& t) {
+    return ops::transpose(ops::reshape(t, {batch, seq, heads, d_head}), 1, 2);
+  };
+  const Tensor qh = split_heads(q), kh = split_heads(k), vh = split_heads(v);
+  const Tensor o = config_.attention == AttentionKind::flash ? ops::flash_attention(qh, kh, vh, true)
+                                                             : ops::naive_attention(qh, kh, vh, true);
+  const Tensor merged = ops::reshape(ops::contiguous(ops::transpose(o, 1, 2)), {batch, seq, heads * d_head});
+  return output_proj_.forward(merged, precision);
+}
+
+SwiGLU::SwiGLU(int64_t d_model, int64_t d_ff)
+    : w1_(register_module("w1", std::make_unique<Linear>(d_model, d_ff))),
+      w2_(register_module("w2", std::make_unique<Linear>(d_ff, d_model))),
+      w3_(register_module("w3", std::make_unique<Linear>(d_model, d_ff))) {}
+
+Tensor SwiGLU::forward(const Tensor& x, Precision precision) const {
+  return w2_.forward(ops::swiglu(w1_.forward(x, precision), w3_.forward(x, precision)), precision);
+}
+
+TransformerBlock::TransformerBlock(const ModelConfig& config)
+    : config_(config),
+      attn_(register_module("attn", std::make_unique<CausalSelfAttention>(config))),
+      ln1_(register_module("ln1", std::make_unique<RMSNorm>(config.d_model, config.norm_eps))),
+      ln2_(register_module("ln2", std::make_unique<RMSNorm>(config.d_model, config.norm_eps))),
+      ffn_(register_module("ffn", std::make_unique<SwiGLU>(config.d_model, config.d_ff))) {}
+
+Tensor TransformerBlock::forward(const Tensor& x) const {
+  const Tensor h = ops::add(x, attn_.forward(ln1_.forward(x)));
+  return ops::add(h, ffn_.forward(ln2_.forward(h), config_.precision));
+}
+
+TransformerLM::TransformerLM(const ModelConfig& config) : config_(config) {
+  config_.validate();
+  token_embeddings_ =
+      &register_module("token_embeddings", std::make_unique<Embedding>(config.vocab_size, config.d_model));
+  auto& layers = register_module("layers", std::make_unique<ModuleList>());
+  for (int64_t i = 0; i < config.num_layers; ++i) {
+    layers_.push_back(&layers.append(std::make_unique<TransformerBlock>(config)));
+  }
+  ln_final_ = &register_module("ln_final", std::make_unique<RMSNorm>(config.d_model, config.norm_eps));
+  lm_head_ = &register_module("lm_head", std::make_unique<Linear>(config.d_model, config.vocab_size));
+}
+
+Tensor TransformerLM::forward(const Tensor& ids) const {
+  TT_CHECK(ids.dim() == 2, "model input must be (batch, seq) token ids, got " + ids.describe());
+  TT_CHECK(ids.size(1) <= config_.context_length, "sequence length " + std::to_string(ids.size(1)) +
+                                                      " exceeds the context length " +
+                                                      std::to_string(config_.context_length));
+  Tensor x = token_embeddings_->forward(ids);
+  for (const TransformerBlock* layer : layers_) x = layer->forward(x);
+  return lm_head_->forward(ln_final_->forward(x), config_.precision);
+}
+
+Tensor TransformerLM::loss(const Tensor& ids, const Tensor& targets) const {
+  const Tensor logits = forward(ids);
+  const int64_t rows = logits.size(0) * logits.size(1);
+  return ops::cross_entropy(ops::reshape(logits, {rows, config_.vocab_size}), ops::reshape(targets, {rows}));
+}
+
+}  // namespace tt::nn

@@ -1,0 +1,136 @@
+// The CS336 "basics" Transformer LM (REFERENCE.md): pre-norm blocks of causal multi-head attention with
+// interleaved RoPE and a SwiGLU feed-forward, RMSNorm everywhere, separate embedding and LM head.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "nn/module.h"
+
+namespace tt::nn {
+
+enum class Precision { f32, bf16 };
+enum class AttentionKind { naive, flash };
+
+Precision parse_precision(const std::string& text);
+AttentionKind parse_attention(const std::string& text);
+const char* precision_name(Precision p);
+const char* attention_name(AttentionKind a);
+
+struct ModelConfig {
+  int64_t vocab_size = 10000;
+  int64_t context_length = 256;
+  int64_t d_model = 768;
+  int64_t num_layers = 12;
+  int64_t num_heads = 12;
+  int64_t d_ff = 3072;
+  double rope_theta = 10000.0;
+  double norm_eps = 1e-5;
+  Precision precision = Precision::f32;
+  AttentionKind attention = AttentionKind::naive;
+
+  int64_t d_head() const { return d_model / num_heads; }
+  // 2*V*d + L*(4*d^2 + 3*d*d_ff + 2*d) + d
+  int64_t parameter_count() const;
+  // Forward+backward FLOPs for one sequence of `context` tokens (6 * params-in-matmuls + attention).
+  double training_flops_per_sequence(int64_t context) const;
+  void validate() const;  // throws tt::Error naming the inconsistent field
+};
+
+// tiny (tests), small, medium, large, xl, 2.7b. vocab_size and context_length keep their defaults
+// (10000, 256) unless the caller changes them.
+ModelConfig preset(const std::string& name);
+std::vector<std::string> preset_names();
+
+class Linear : public Module {
+ public:
+  Linear(int64_t in_features, int64_t out_features);
+  Tensor forward(const Tensor& x, Precision precision) const;
+  Tensor& weight() { return weight_; }
+
+ private:
+  Tensor& weight_;
+};
+
+class Embedding : public Module {
+ public:
+  Embedding(int64_t vocab_size, int64_t dim);
+  Tensor forward(const Tensor& ids) const;
+
+ private:
+  Tensor& weight_;
+};
+
+// Holds numbered children ("layers.0", "layers.1", ...).
+class ModuleList : public Module {
+ public:
+  template <class M>
+  M& append(std::unique_ptr<M> module) {
+    return register_module(std::to_string(size_++), std::move(module));
+  }
+
+ private:
+  int64_t size_ = 0;
+};
+
+class RMSNorm : public Module {
+ public:
+  RMSNorm(int64_t dim, double eps);
+  Tensor forward(const Tensor& x) const;
+
+ private:
+  Tensor& weight_;
+  double eps_;
+};
+
+class CausalSelfAttention : public Module {
+ public:
+  explicit CausalSelfAttention(const ModelConfig& config);
+  Tensor forward(const Tensor& x) const;  // (batch, seq, d_model) f32 -> same
+
+ private:
+  const ModelConfig config_;
+  Linear &q_proj_, &k_proj_, &v_proj_, &output_proj_;
+};
+
+class SwiGLU : public Module {
+ public:
+  SwiGLU(int64_t d_model, int64_t d_ff);
+  Tensor forward(const Tensor& x, Precision precision) const;
+
+ private:
+  Linear &w1_, &w2_, &w3_;
+};
+
+class TransformerBlock : public Module {
+ public:
+  explicit TransformerBlock(const ModelConfig& config);
+  Tensor forward(const Tensor& x) const;
+
+ private:
+  const ModelConfig config_;
+  CausalSelfAttention& attn_;
+  RMSNorm &ln1_, &ln2_;
+  SwiGLU& ffn_;
+};
+
+class TransformerLM : public Module {
+ public:
+  explicit TransformerLM(const ModelConfig& config);
+  // token ids i32 (batch, seq) -> logits f32 (batch, seq, vocab)
+  Tensor forward(const Tensor& ids) const;
+  // Mean cross-entropy of next-token prediction: targets i32 (batch, seq).
+  Tensor loss(const Tensor& ids, const Tensor& targets) const;
+  const ModelConfig& config() const { return config_; }
+  ModelConfig& mutable_config() { return config_; }
+
+ private:
+  ModelConfig config_;
+  Embedding* token_embeddings_ = nullptr;
+  std::vector<TransformerBlock*> layers_;
+  RMSNorm* ln_final_ = nullptr;
+  Linear* lm_head_ = nullptr;
+};
+
+}  // namespace tt::nn

@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# Installs what is missing, builds, prepares the built-in corpus (Debian's fortunes) and trains the tiny
+# model: on the GPU when there is one, else on the CPU (a few minutes). Extra arguments go to `train`.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+scripts/install_deps.sh
+if command -v nvidia-smi >/dev/null && nvidia-smi -L >/dev/null 2>&1; then
+  build_dir=build cuda=ON
+else
+  # No GPU: skip compiling the CUDA kernels, which would only slow the first run down.
+  build_dir=build-cpu cuda=OFF
+fi
+BUILD_DIR=$build_dir scripts/build.sh -DWITH_CUDA=$cuda --target train prepare_data
+"$build_dir/apps/train" --preset tiny --out runs/tiny "$@"

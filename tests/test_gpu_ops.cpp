@@ -1,0 +1,169 @@
+// Every CUDA op against its CPU twin (f32 within 1e-5 relative; bf16 within bf16 tolerance), forward and
+// backward, and a whole model's forward+backward on CUDA against the CPU.
+#include <doctest/doctest.h>
+
+#include <functional>
+
+#include "core/allocator.h"
+#include "core/cuda_context.h"
+#include "core/rng.h"
+#include "gradcheck.h"
+#include "nn/transformer.h"
+#include "optim/optimizer.h"
+
+using namespace tt;
+using testing::relative_error;
+
+namespace {
+
+using Op = std::function<Tensor(const std::vector<Tensor>&)>;
+
+// Runs `op` on f32 CPU inputs and on their CUDA copies, backpropagates the same random weights, and
+// returns the worst relative error over the output and every input gradient.
+double cuda_vs_cpu(const Op& op, const std::vector<Tensor>& cpu_inputs) {
+  std::vector<Tensor> cpu_in, gpu_in;
+  for (const Tensor& t : cpu_inputs) {
+    Tensor c = t.clone(), g = t.to(Device::cuda(0));
+    const bool diff = t.dtype() == DType::f32 || t.dtype() == DType::bf16;
+    c.set_requires_grad(diff);
+    g.set_requires_grad(diff);
+    cpu_in.push_back(c);
+    gpu_in.push_back(g);
+  }
+  const Tensor out_cpu = op(cpu_in), out_gpu = op(gpu_in);
+  double worst = relative_error(out_gpu.to_doubles(), out_cpu.to_doubles());
+  const std::vector<float> weights = testing::random_floats(out_cpu.numel(), 99);
+  const Tensor w_cpu = ops::cast(Tensor::from_floats(weights, out_cpu.shape()), out_cpu.dtype());
+  out_cpu.backward(w_cpu);
+  out_gpu.backward(w_cpu.to(Device::cuda(0)));
+  for (size_t i = 0; i < cpu_in.size(); ++i) {
+    if (!cpu_in[i].requires_grad()) continue;
+    worst = std::max(worst, relative_error(gpu_in[i].grad().to_doubles(), cpu_in[i].grad().to_doubles()));
+  }
+  return worst;
+}
+
+Tensor randn(const Shape& shape, uint32_t seed, double scale = 1.0) {
+  return testing::random_tensor(shape, seed, DType::f32, scale);
+}
+
+constexpr double kF32 = 1e-5;
+
+}  // namespace
+
+TEST_CASE("CUDA elementwise ops equal the CPU") {
+  CHECK(cuda_vs_cpu([](const auto& in) { return ops::add_scaled(in[0], in[1], 0.3); },
+                    {randn({1000, 3}, 1), randn({1000, 3}, 2)}) < kF32);
+  CHECK(cuda_vs_cpu([](const auto& in) { return ops::scale(in[0], -1.5); }, {randn({4097}, 3)}) < kF32);
+  CHECK(cuda_vs_cpu([](const auto& in) { return ops::sum(in[0]); }, {randn({100000}, 4)}) < kF32);
+  CHECK(cuda_vs_cpu([](const auto& in) { return ops::swiglu(in[0], in[1]); },
+                    {randn({33, 257}, 5), randn({33, 257}, 6)}) < kF32);
+  CHECK(cuda_vs_cpu([](const auto& in) { return ops::contiguous(ops::transpose(in[0], 0, 2)); },
+                    {randn({3, 5, 7}, 7)}) < kF32);
+}
+
+TEST_CASE("CUDA casts round exactly like the CPU") {
+  const Tensor x = randn({10007}, 8, 100.0);
+  const Tensor cpu_bf = ops::cast(x, DType::bf16);
+  const Tensor gpu_bf = ops::cast(x.to(Device::cuda(0)), DType::bf16);
+  CHECK(cpu_bf.to_floats() == gpu_bf.to_floats());
+  CHECK(ops::cast(gpu_bf, DType::f32).to_floats() == cpu_bf.to_floats());
+}
+
+TEST_CASE("CUDA matmul (cuBLASLt) equals the CPU: f32 and bf16, every transpose, batched") {
+  for (int ta = 0; ta < 2; ++ta) {
+    for (int tb = 0; tb < 2; ++tb) {
+      CAPTURE(ta);
+      CAPTURE(tb);
+      const int64_t m = 67, n = 45, k = 129;
+      const Shape as = ta ? Shape{3, k, m} : Shape{3, m, k}, bs = tb ? Shape{3, n, k} : Shape{3, k, n};
+      auto op = [&](const std::vector<Tensor>& in) { return ops::matmul(in[0], in[1], ta, tb, 0.7); };
+      CHECK(cuda_vs_cpu(op, {randn(as, 10), randn(bs, 11)}) < kF32);
+      // bf16 inputs: identical bf16 operands on both sides, f32 accumulation, so results agree closely.
+      CHECK(cuda_vs_cpu(op, {ops::cast(randn(as, 12), DType::bf16), ops::cast(randn(bs, 13), DType::bf16)}) <
+            1e-2);
+    }
+  }
+  CHECK(cuda_vs_cpu([](const auto& in) { return ops::linear(in[0], in[1]); },
+                    {randn({4, 16, 96}, 14), randn({80, 96}, 15)}) < kF32);
+}
+
+TEST_CASE("CUDA model ops equal the CPU") {
+  const Tensor ids = Tensor::from_ints({3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5, 8}, {2, 6});
+  CHECK(cuda_vs_cpu([&](const auto& in) { return ops::embedding(in[0], in[1]); },
+                    {randn({10, 32}, 20), ids}) < kF32);
+  CHECK(cuda_vs_cpu([](const auto& in) { return ops::rms_norm(in[0], in[1], 1e-5); },
+                    {randn({7, 5, 300}, 21), randn({300}, 22)}) < kF32);
+  CHECK(cuda_vs_cpu([](const auto& in) { return ops::rope(in[0], 64, 10000.0); },
+                    {randn({2, 300, 256}, 23)}) < kF32);
+  CHECK(cuda_vs_cpu([](const auto& in) { return ops::rope(in[0], 80, 10000.0); }, {randn({1, 50, 160}, 24)}) <
+        kF32);
+  for (bool causal : {false, true}) {
+    CHECK(cuda_vs_cpu([&](const auto& in) { return ops::softmax(in[0], 0.125, causal); },
+                      {randn({3, 130, 130}, 25)}) < kF32);
+  }
+  const std::vector<int32_t> t = {0, 999, 17, 500, 3, 250};
+  CHECK(cuda_vs_cpu([&](const auto& in) { return ops::cross_entropy(in[0], in[1]); },
+                    {randn({6, 1000}, 26, 3.0), Tensor::from_ints(t, {6})}) < kF32);
+  CHECK(cuda_vs_cpu([](const auto& in) { return ops::naive_attention(in[0], in[1], in[2], true); },
+                    {randn({2, 3, 40, 16}, 27), randn({2, 3, 40, 16}, 28), randn({2, 3, 40, 16}, 29)}) <
+        kF32);
+}
+
+TEST_CASE("CUDA AdamW equals the CPU") {
+  const int64_t n = 10003;
+  Tensor cpu_p = randn({n}, 30), gpu_p = cpu_p.to(Device::cuda(0));
+  cpu_p.set_requires_grad(true);
+  gpu_p.set_requires_grad(true);
+  optim::AdamW cpu_opt({cpu_p}), gpu_opt({gpu_p});
+  for (int step = 0; step < 3; ++step) {
+    const Tensor g = randn({n}, 31 + step);
+    cpu_p.set_grad(g);
+    gpu_p.set_grad(g.to(Device::cuda(0)));
+    cpu_opt.step();
+    gpu_opt.step();
+  }
+  CHECK(relative_error(gpu_p.to_doubles(), cpu_p.to_doubles()) < 1e-6);
+}
+
+TEST_CASE("CUDA allocator caches blocks and tracks peak bytes") {
+  const Device gpu = Device::cuda(0);
+  { const Tensor warm = Tensor::empty({1 << 20}, DType::f32, gpu); }
+  const MemoryStats before = memory_stats(gpu);
+  for (int i = 0; i < 10; ++i) {
+    const Tensor t = Tensor::empty({1 << 20}, DType::f32, gpu);
+  }
+  const MemoryStats after = memory_stats(gpu);
+  CHECK(after.device_allocs == before.device_allocs);  // served from the cache
+  CHECK(after.current_bytes == before.current_bytes);
+  CHECK(after.peak_bytes >= before.current_bytes + (4 << 20));
+}
+
+TEST_CASE("tiny model forward+backward on CUDA equals the CPU (f32 and bf16)") {
+  for (const char* precision : {"f32", "bf16"}) {
+    for (const char* attention : {"naive", "flash"}) {
+      CAPTURE(precision);
+      CAPTURE(attention);
+      nn::ModelConfig config = nn::preset("tiny");
+      config.vocab_size = 300;
+      config.context_length = 64;
+      config.precision = nn::parse_precision(precision);
+      config.attention = nn::parse_attention(attention);
+      nn::TransformerLM cpu_model(config), gpu_model(config);
+      nn::FlatParameters cpu_flat(cpu_model, Device::cpu(), 5), gpu_flat(gpu_model, Device::cuda(0), 5);
+      CHECK(cpu_flat.flat_params().to_floats() == gpu_flat.flat_params().to_floats());
+      std::vector<int32_t> ids(2 * 64), targets(2 * 64);
+      CounterRng rng{3, 0};
+      for (auto& v : ids) v = static_cast<int32_t>(rng.next_below(300));
+      for (auto& v : targets) v = static_cast<int32_t>(rng.next_below(300));
+      const Tensor x = Tensor::from_ints(ids, {2, 64}), y = Tensor::from_ints(targets, {2, 64});
+      const Tensor cpu_loss = cpu_model.loss(x, y);
+      const Tensor gpu_loss = gpu_model.loss(x.to(Device::cuda(0)), y.to(Device::cuda(0)));
+      cpu_loss.backward();
+      gpu_loss.backward();
+      const double tol = std::string(precision) == "f32" ? 1e-4 : 2e-2;
+      CHECK(gpu_loss.item() == doctest::Approx(cpu_loss.item()).epsilon(tol));
+      CHECK(relative_error(gpu_flat.flat_grads().to_doubles(), cpu_flat.flat_grads().to_doubles()) < tol);
+    }
+  }
+}

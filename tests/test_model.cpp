@@ -1,0 +1,183 @@
+// The Transformer LM and the optimizers: parameter names and counts, an end-to-end gradient check in
+// double precision, AdamW against hand-computed torch.optim.AdamW values, and overfitting a fixed batch.
+#include <doctest/doctest.h>
+
+#include <cmath>
+
+#include "core/rng.h"
+#include "gradcheck.h"
+#include "nn/transformer.h"
+#include "optim/optimizer.h"
+
+using namespace tt;
+
+TEST_CASE("preset parameter counts equal the reference table") {
+  const std::vector<std::pair<std::string, int64_t>> expected = {{"small", 128625408},
+                                                                 {"medium", 423183360},
+                                                                 {"large", 969411840},
+                                                                 {"xl", 1998235200},
+                                                                 {"2.7b", 3406809600}};
+  for (const auto& [name, count] : expected) {
+    CAPTURE(name);
+    nn::ModelConfig config = nn::preset(name);
+    config.vocab_size = 10000;
+    nn::TransformerLM model(config);  // parameters have shapes but no storage yet
+    CHECK(model.parameter_count() == count);
+    CHECK(config.parameter_count() == count);
+  }
+}
+
+TEST_CASE("parameter names follow the PyTorch state_dict") {
+  nn::ModelConfig config = nn::preset("tiny");
+  config.num_layers = 2;
+  nn::TransformerLM model(config);
+  std::vector<std::string> names;
+  for (const auto& p : model.named_parameters()) names.push_back(p.name);
+  const std::vector<std::string> expected = {
+      "token_embeddings.weight",     "layers.0.attn.q_proj.weight",      "layers.0.attn.k_proj.weight",
+      "layers.0.attn.v_proj.weight", "layers.0.attn.output_proj.weight", "layers.0.ln1.weight",
+      "layers.0.ln2.weight",         "layers.0.ffn.w1.weight",           "layers.0.ffn.w2.weight",
+      "layers.0.ffn.w3.weight"};
+  for (size_t i = 0; i < expected.size(); ++i) CHECK(names[i] == expected[i]);
+  CHECK(names[names.size() - 2] == "ln_final.weight");
+  CHECK(names.back() == "lm_head.weight");
+  CHECK(names.size() == 1 + 2 * 9 + 2);
+}
+
+TEST_CASE("initialisation: truncated normal with the reference std, norms at one, same on every call") {
+  nn::ModelConfig config = nn::preset("tiny");
+  config.vocab_size = 50;
+  nn::TransformerLM a(config), b(config);
+  nn::FlatParameters fa(a, Device::cpu(), 7), fb(b, Device::cpu(), 7);
+  CHECK(fa.flat_params().to_floats() == fb.flat_params().to_floats());
+  for (const auto& p : a.named_parameters()) {
+    const std::vector<float> v = p.tensor->to_floats();
+    if (p.init.kind == nn::Init::Kind::ones) {
+      for (float x : v) CHECK(x == 1.0f);
+      continue;
+    }
+    double sq = 0, peak = 0;
+    for (float x : v) {
+      sq += x * x;
+      peak = std::max(peak, std::fabs(static_cast<double>(x)));
+    }
+    const double std = std::sqrt(sq / v.size());
+    CAPTURE(p.name);
+    CHECK(peak <= 3 * p.init.std + 1e-6);
+    // Truncation at 3 std shrinks the std by ~1.3%; allow sampling noise.
+    CHECK(std == doctest::Approx(p.init.std * 0.987).epsilon(0.1));
+  }
+}
+
+TEST_CASE("tiny model end to end: autograd equals finite differences (double)") {
+  for (const char* attention : {"naive", "flash"}) {
+    CAPTURE(attention);
+    nn::ModelConfig config;
+    config.vocab_size = 11;
+    config.context_length = 6;
+    config.d_model = 8;
+    config.num_layers = 2;
+    config.num_heads = 2;
+    config.d_ff = 12;
+    config.attention = nn::parse_attention(attention);
+    nn::TransformerLM model(config);
+    nn::FlatParameters flat(model, Device::cpu(), 3, DType::f64);
+    const Tensor ids = Tensor::from_ints({1, 5, 2, 9, 10, 0, 3, 3, 7, 4, 8, 6}, {2, 6});
+    const Tensor targets = Tensor::from_ints({5, 2, 9, 10, 0, 1, 3, 7, 4, 8, 6, 2}, {2, 6});
+    model.loss(ids, targets).backward();
+    const std::vector<double> analytic = flat.flat_grads().to_doubles();
+    double* params = flat.flat_params().data<double>();
+    const double eps = 1e-6;
+    double worst = 0;
+    for (int64_t i = 0; i < flat.numel(); i += 7) {
+      NoGradGuard guard;
+      const double saved = params[i];
+      params[i] = saved + eps;
+      const double plus = model.loss(ids, targets).item();
+      params[i] = saved - eps;
+      const double minus = model.loss(ids, targets).item();
+      params[i] = saved;
+      const double numeric = (plus - minus) / (2 * eps);
+      worst = std::max(worst, std::fabs(numeric - analytic[i]) / std::max(1e-3, std::fabs(numeric)));
+    }
+    CHECK(worst < 1e-5);
+  }
+}
+
+TEST_CASE("AdamW matches hand-computed torch.optim.AdamW values") {
+  Tensor p = Tensor::from_doubles({1.0, -2.0}, {2});
+  p.set_requires_grad(true);
+  optim::AdamWOptions options;
+  options.lr = 0.1;
+  optim::AdamW adamw({p}, options);
+  const std::vector<std::vector<double>> grads = {{0.5, -0.3}, {-0.2, 0.8}, {0.4, 0.1}};
+  // p *= 1 - lr*wd; m, v updated; p -= lr/(1-b1^t) * m / (sqrt(v)/sqrt(1-b2^t) + eps), computed by hand.
+  const std::vector<std::vector<double>> expected = {{0.899000002, -1.8980000033333333},
+                                                     {0.8635404181145108, -1.9422650008936604},
+                                                     {0.8031232098088184, -1.9831948428184747}};
+  for (size_t step = 0; step < grads.size(); ++step) {
+    p.set_grad(Tensor::from_doubles(grads[step], {2}));
+    adamw.step();
+    const std::vector<double> got = p.to_doubles();
+    CHECK(got[0] == doctest::Approx(expected[step][0]).epsilon(1e-12));
+    CHECK(got[1] == doctest::Approx(expected[step][1]).epsilon(1e-12));
+  }
+}
+
+TEST_CASE("cosine schedule and gradient clipping") {
+  CHECK(optim::cosine_lr(0, 1.0, 0.1, 10, 100) == 0.0);
+  CHECK(optim::cosine_lr(5, 1.0, 0.1, 10, 100) == doctest::Approx(0.5));
+  CHECK(optim::cosine_lr(10, 1.0, 0.1, 10, 100) == doctest::Approx(1.0));
+  CHECK(optim::cosine_lr(55, 1.0, 0.1, 10, 100) == doctest::Approx(0.55));
+  CHECK(optim::cosine_lr(100, 1.0, 0.1, 10, 100) == doctest::Approx(0.1));
+  CHECK(optim::cosine_lr(500, 1.0, 0.1, 10, 100) == doctest::Approx(0.1));
+
+  Tensor a = Tensor::from_doubles({3.0, 0.0}, {2}), b = Tensor::from_doubles({4.0}, {1});
+  CHECK(optim::clip_grad_norm({a, b}, 1.0) == doctest::Approx(5.0));
+  CHECK(a.to_doubles()[0] == doctest::Approx(3.0 / (5.0 + 1e-6)));
+  CHECK(b.to_doubles()[0] == doctest::Approx(4.0 / (5.0 + 1e-6)));
+  CHECK(optim::clip_grad_norm({a, b}, 10.0) == doctest::Approx(1.0).epsilon(1e-5));
+  CHECK(b.to_doubles()[0] == doctest::Approx(4.0 / (5.0 + 1e-6)));  // unchanged below the threshold
+}
+
+TEST_CASE("SGD step") {
+  Tensor p = Tensor::from_doubles({1.0, 2.0}, {2});
+  p.set_requires_grad(true);
+  p.set_grad(Tensor::from_doubles({0.5, -1.0}, {2}));
+  optim::SGD sgd({p}, 0.1);
+  sgd.step();
+  CHECK(p.to_doubles() == std::vector<double>{0.95, 2.1});
+}
+
+TEST_CASE("the tiny model overfits a fixed batch") {
+  nn::ModelConfig config = nn::preset("tiny");
+  config.vocab_size = 32;
+  config.context_length = 16;
+  nn::TransformerLM model(config);
+  nn::FlatParameters flat(model, Device::cpu(), 1);
+  optim::AdamWOptions options;
+  options.lr = 1e-2;
+  optim::AdamW adamw({flat.flat_params()}, options);
+  std::vector<int32_t> tokens(2 * 17);
+  CounterRng rng{42, 0};
+  for (int32_t& t : tokens) t = static_cast<int32_t>(rng.next_below(32));
+  std::vector<int32_t> x, y;
+  for (int b = 0; b < 2; ++b) {
+    for (int i = 0; i < 16; ++i) {
+      x.push_back(tokens[b * 17 + i]);
+      y.push_back(tokens[b * 17 + i + 1]);
+    }
+  }
+  const Tensor ids = Tensor::from_ints(x, {2, 16}), targets = Tensor::from_ints(y, {2, 16});
+  double first = 0, last = 0;
+  for (int step = 0; step < 200; ++step) {
+    flat.zero_grad();
+    const Tensor loss = model.loss(ids, targets);
+    loss.backward();
+    adamw.step();
+    last = loss.item();
+    if (step == 0) first = last;
+  }
+  MESSAGE("loss " << first << " -> " << last);
+  CHECK(last < 0.1 * first);
+}

@@ -1,0 +1,174 @@
+// Finite-difference gradient checks (double precision, CPU) for every differentiable op.
+#include <doctest/doctest.h>
+
+#include "gradcheck.h"
+
+using namespace tt;
+using tt::testing::gradient_error;
+using tt::testing::leaf;
+
+namespace {
+constexpr double kTol = 1e-6;
+using Inputs = std::vector<Tensor>;
+}  // namespace
+
+TEST_CASE("gradient checker detects a broken backward") {
+  // y = x^2 with a backward that returns 2.1x instead of 2x must be reported.
+  struct BrokenSquare : Node {
+    Tensor x;
+    const char* name() const override { return "BrokenSquare"; }
+    std::vector<Tensor> apply(const Tensor& g) override { return {ops::mul(g, ops::scale(x, 2.1))}; }
+  };
+  auto f = [](const Inputs& in) {
+    Tensor out;
+    {
+      NoGradGuard guard;
+      out = ops::mul(in[0], in[0]);
+    }
+    if (in[0].requires_grad() && grad_mode_enabled()) {
+      auto node = std::make_shared<BrokenSquare>();
+      node->x = in[0];
+      attach_node(out, node, {&in[0]});
+    }
+    return out;
+  };
+  CHECK(gradient_error(f, {leaf({3, 4}, 1)}) > 1e-2);
+}
+
+TEST_CASE("add, scale, mul, sum gradients") {
+  CHECK(gradient_error([](const Inputs& in) { return ops::add_scaled(in[0], in[1], -0.7); },
+                       {leaf({3, 5}, 1), leaf({3, 5}, 2)}) < kTol);
+  CHECK(gradient_error([](const Inputs& in) { return ops::scale(in[0], 1.7); }, {leaf({7}, 3)}) < kTol);
+  CHECK(gradient_error([](const Inputs& in) { return ops::mul(in[0], in[1]); },
+                       {leaf({2, 3}, 4), leaf({2, 3}, 5)}) < kTol);
+  CHECK(gradient_error([](const Inputs& in) { return ops::sum(in[0]); }, {leaf({4, 2}, 6)}) < kTol);
+}
+
+TEST_CASE("reshape, transpose, contiguous gradients") {
+  auto f = [](const Inputs& in) {
+    const Tensor t = ops::transpose(ops::reshape(in[0], {2, 3, 4}), 0, 2);  // (4, 3, 2) strided view
+    return ops::mul(ops::contiguous(t),
+                    ops::contiguous(ops::transpose(ops::reshape(in[1], {2, 3, 4}), 0, 2)));
+  };
+  CHECK(gradient_error(f, {leaf({6, 4}, 7), leaf({24}, 8)}) < kTol);
+}
+
+TEST_CASE("matmul gradients for every transpose combination, batched and not") {
+  for (int ta = 0; ta < 2; ++ta) {
+    for (int tb = 0; tb < 2; ++tb) {
+      const int64_t m = 3, n = 4, k = 5;
+      const Shape a_shape = ta ? Shape{2, k, m} : Shape{2, m, k};
+      const Shape b_shape = tb ? Shape{2, n, k} : Shape{2, k, n};
+      CAPTURE(ta);
+      CAPTURE(tb);
+      auto f = [&](const Inputs& in) { return ops::matmul(in[0], in[1], ta, tb, 0.5); };
+      CHECK(gradient_error(f, {leaf(a_shape, 10 + ta), leaf(b_shape, 20 + tb)}) < kTol);
+    }
+  }
+  CHECK(gradient_error([](const Inputs& in) { return ops::linear(in[0], in[1]); },
+                       {leaf({2, 3, 6}, 30), leaf({5, 6}, 31)}) < kTol);
+}
+
+TEST_CASE("matmul matches a hand-written product") {
+  const Tensor a = Tensor::from_doubles({1, 2, 3, 4, 5, 6}, {2, 3});
+  const Tensor b = Tensor::from_doubles({7, 8, 9, 10, 11, 12}, {3, 2});
+  const std::vector<double> c = ops::matmul(a, b).to_doubles();
+  CHECK(c == std::vector<double>{58, 64, 139, 154});
+  const std::vector<double> ct = ops::matmul(a, a, false, true).to_doubles();  // A A^T
+  CHECK(ct == std::vector<double>{14, 32, 32, 77});
+}
+
+TEST_CASE("embedding gradient") {
+  const Tensor ids = Tensor::from_ints({1, 3, 1, 0, 4, 3}, {2, 3});
+  CHECK(gradient_error([&](const Inputs& in) { return ops::embedding(in[0], ids); }, {leaf({5, 4}, 40)}) <
+        kTol);
+}
+
+TEST_CASE("rms_norm gradient and value") {
+  CHECK(gradient_error([](const Inputs& in) { return ops::rms_norm(in[0], in[1], 1e-5); },
+                       {leaf({3, 2, 8}, 50), leaf({8}, 51)}) < kTol);
+  const Tensor x = Tensor::from_doubles({3, 4}, {1, 2});
+  const Tensor w = Tensor::from_doubles({1, 2}, {2});
+  const std::vector<double> y = ops::rms_norm(x, w, 0.0).to_doubles();
+  // rms = sqrt((9 + 16) / 2)
+  CHECK(y[0] == doctest::Approx(3 / std::sqrt(12.5)).epsilon(1e-12));
+  CHECK(y[1] == doctest::Approx(8 / std::sqrt(12.5)).epsilon(1e-12));
+}
+
+TEST_CASE("rope gradient and a hand-computed rotation") {
+  CHECK(gradient_error([](const Inputs& in) { return ops::rope(in[0], 4, 10000.0); }, {leaf({2, 5, 8}, 60)}) <
+        kTol);
+  // position 1, d_head 4: pair 0 rotates by 1 rad, pair 1 by 1/100 rad.
+  const Tensor x = Tensor::from_doubles({1, 0, 1, 0, 1, 0, 1, 0}, {1, 2, 4});
+  const std::vector<double> y = ops::rope(x, 4, 10000.0).to_doubles();
+  CHECK(y[0] == doctest::Approx(1.0));  // position 0 is unrotated
+  CHECK(y[4] == doctest::Approx(std::cos(1.0)).epsilon(1e-12));
+  CHECK(y[5] == doctest::Approx(std::sin(1.0)).epsilon(1e-12));
+  CHECK(y[6] == doctest::Approx(std::cos(0.01)).epsilon(1e-12));
+  CHECK(y[7] == doctest::Approx(std::sin(0.01)).epsilon(1e-12));
+}
+
+TEST_CASE("swiglu gradient") {
+  CHECK(gradient_error([](const Inputs& in) { return ops::swiglu(in[0], in[1]); },
+                       {leaf({3, 7}, 70), leaf({3, 7}, 71)}) < kTol);
+}
+
+TEST_CASE("softmax gradient, causal and not") {
+  for (bool causal : {false, true}) {
+    CAPTURE(causal);
+    CHECK(gradient_error([&](const Inputs& in) { return ops::softmax(in[0], 0.6, causal); },
+                         {leaf({2, 5, 5}, 80)}) < kTol);
+  }
+  const std::vector<double> p =
+      ops::softmax(Tensor::from_doubles({1, 2, 3, 4}, {1, 2, 2}), 1.0, true).to_doubles();
+  CHECK(p[0] == doctest::Approx(1.0));
+  CHECK(p[1] == 0.0);
+  CHECK(p[2] == doctest::Approx(1 / (1 + std::exp(1.0))).epsilon(1e-12));
+}
+
+TEST_CASE("cross_entropy gradient and value") {
+  const Tensor targets = Tensor::from_ints({2, 0, 3}, {3});
+  CHECK(gradient_error([&](const Inputs& in) { return ops::cross_entropy(in[0], targets); },
+                       {leaf({3, 5}, 90)}) < kTol);
+  // Uniform logits: loss = log(V).
+  const Tensor logits = Tensor::zeros({2, 7}, DType::f64);
+  CHECK(ops::cross_entropy(logits, Tensor::from_ints({1, 6}, {2})).item() == doctest::Approx(std::log(7.0)));
+}
+
+TEST_CASE("attention gradients: naive and flash (CPU tiled), causal and not") {
+  for (bool causal : {false, true}) {
+    CAPTURE(causal);
+    CHECK(gradient_error([&](const Inputs& in) { return ops::naive_attention(in[0], in[1], in[2], causal); },
+                         {leaf({1, 2, 5, 4}, 100), leaf({1, 2, 5, 4}, 101), leaf({1, 2, 5, 4}, 102)}) < kTol);
+    CHECK(gradient_error([&](const Inputs& in) { return ops::flash_attention(in[0], in[1], in[2], causal); },
+                         {leaf({1, 2, 5, 4}, 103), leaf({1, 2, 5, 4}, 104), leaf({1, 2, 5, 4}, 105)}) < kTol);
+  }
+}
+
+TEST_CASE("flash attention equals naive attention on head-interleaved views") {
+  // q/k/v as (batch, heads, seq, d) views of (batch, seq, heads*d) buffers, the model's layout.
+  const int64_t b = 2, h = 3, t = 70, d = 8;
+  auto view = [&](uint32_t seed) {
+    return ops::transpose(ops::reshape(testing::random_tensor({b, t, h * d}, seed), {b, t, h, d}), 1, 2);
+  };
+  const Tensor q = view(1), k = view(2), v = view(3);
+  for (bool causal : {false, true}) {
+    const std::vector<double> flash = ops::flash_attention(q, k, v, causal).to_doubles();
+    const std::vector<double> naive = ops::naive_attention(q, k, v, causal).to_doubles();
+    // The kernels take the softmax scale as f32, so agreement is at f32-rounding level.
+    CHECK(testing::relative_error(flash, naive) < 1e-6);
+  }
+}
+
+TEST_CASE("cast rounds to bf16 like the hardware and its gradient flows back") {
+  const Tensor x = Tensor::from_floats({1.0f, 1.00390625f, 1.01171875f, -3.14159f}, {4});
+  const std::vector<float> y = ops::cast(x, DType::bf16).to_floats();
+  CHECK(y[0] == 1.0f);
+  CHECK(y[1] == 1.0f);       // halfway, rounds to even
+  CHECK(y[2] == 1.015625f);  // halfway, rounds to even (up)
+  CHECK(y[3] == -3.140625f);
+  Tensor a = testing::random_tensor({3, 4}, 5, DType::f32);
+  a.set_requires_grad(true);
+  ops::sum(ops::cast(ops::cast(a, DType::bf16), DType::f32)).backward();
+  for (float g : a.grad().to_floats()) CHECK(g == 1.0f);
+}

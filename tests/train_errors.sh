@@ -1,0 +1,65 @@
+#!/usr/bin/env bash
+# Bad input to `train`: each case must print one clear error line, exit non-zero, and leave what was already
+# saved intact. Usage: train_errors.sh PATH/TO/train PATH/TO/prepare_data
+set -uo pipefail
+train=$1 prepare=$2
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+failures=0
+
+# expect_error NAME "expected text" command...
+expect_error() {
+  local name=$1 expected=$2
+  shift 2
+  local output status
+  output=$("$@" 2>&1)
+  status=$?
+  if [ $status -eq 0 ]; then
+    echo "FAIL $name: exit code 0"; failures=$((failures + 1)); return
+  fi
+  if ! grep -q -- "$expected" <<<"$output"; then
+    echo "FAIL $name: expected '$expected' in:"; echo "$output" | tail -3; failures=$((failures + 1)); return
+  fi
+  echo "ok   $name: $(grep -m1 'error' <<<"$output")"
+}
+
+expect_ok() {
+  local name=$1
+  shift
+  if "$@" >"$work/last.log" 2>&1; then echo "ok   $name"; else
+    echo "FAIL $name:"; tail -3 "$work/last.log"; failures=$((failures + 1))
+  fi
+}
+
+# A small real corpus.
+mkdir -p "$work/text"
+for i in $(seq 1 300); do echo "Line $i of a small corpus: the quick brown fox jumps over the lazy dog."; echo "%"; done >"$work/text/a.txt"
+"$prepare" --input "$work/text" --out "$work/data" --separator % >/dev/null || { echo "FAIL prepare_data"; exit 1; }
+common=(--data "$work/data" --ctx 16 --batch 2 --eval-batches 1 --sample-tokens 0 --log-every 100)
+
+expect_error "unknown flag" "unknown flag --colour" "$train" --colour blue
+expect_error "bad number" "expects an integer" "$train" --steps many
+expect_error "missing data" "does not exist" "$train" --data "$work/nowhere" --steps 1
+mkdir -p "$work/empty" && : >"$work/empty/train.bin" && : >"$work/empty/val.bin"
+expect_error "empty token file" "is empty" "$train" --data "$work/empty" --vocab 257 --steps 1
+expect_error "token id >= vocab" "not below the vocabulary size 50" "$train" "${common[@]}" --vocab 50 --steps 1
+expect_error "context longer than data" "context length 100000 needs at least" "$train" "${common[@]}" --ctx 100000 --steps 1
+
+# A good run to resume from.
+expect_ok "train 4 steps" "$train" "${common[@]}" --out "$work/run" --steps 4 --ckpt-every 2
+ckpt="$work/run/checkpoints/step_4.h5"
+sum_before=$(md5sum "$ckpt" | cut -d' ' -f1)
+expect_error "checkpoint of another shape" "dataset /model/token_embeddings.weight has shape" \
+  "$train" "${common[@]}" --d-model 32 --out "$work/other" --steps 6 --resume "$ckpt"
+expect_error "missing checkpoint" "does not exist" "$train" "${common[@]}" --out "$work/run" --steps 6 --resume "$work/none.h5"
+expect_error "NaN loss" "loss is [A-Za-z]* at step [0-9]*; stopping (last good checkpoint: $ckpt)" \
+  "$train" "${common[@]}" --out "$work/run" --steps 8 --resume "$ckpt" --lr-max 1e30 --warmup 0 --clip 0
+# A full disk (simulated with a file-size limit) while writing the next checkpoint.
+expect_error "disk full" "cannot write checkpoint" bash -c "ulimit -f 200; exec \"$train\" ${common[*]} --out $work/run --steps 6 --ckpt-every 2 --resume $ckpt"
+[ -e "$work/run/checkpoints/step_6.h5" ] && { echo "FAIL disk full: a partial step_6.h5 exists"; failures=$((failures + 1)); }
+ls "$work/run/checkpoints/"*.tmp >/dev/null 2>&1 && { echo "FAIL disk full: a temporary file was left"; failures=$((failures + 1)); }
+[ "$(md5sum "$ckpt" | cut -d' ' -f1)" = "$sum_before" ] || { echo "FAIL: step_4.h5 changed"; failures=$((failures + 1)); }
+expect_ok "last good checkpoint still loads" "$train" --eval-only --resume "$ckpt" --data "$work/data" --ctx 16 --batch 2 --eval-batches 2
+
+echo "$failures failure(s)"
+[ $failures -eq 0 ]
