@@ -5,6 +5,7 @@
 #include <unordered_map>
 #include <unordered_set>
 
+#include "core/allocator.h"
 #include "core/ops.h"
 
 namespace tt {
@@ -62,16 +63,17 @@ void attach_node(const Tensor& output, const std::shared_ptr<Node>& node,
 }
 
 std::vector<Tensor> AccumulateGrad::apply(const Tensor& grad_output) {
-  Tensor g = grad_output;
-  if (g.dtype() != leaf_.dtype()) g = ops::cast(g, leaf_.dtype());
+  Tensor g = grad_output.dtype() == leaf_.dtype() ? grad_output : ops::cast(grad_output, leaf_.dtype());
   TT_CHECK(g.shape() == leaf_.shape(),
            "gradient shape " + shape_str(g.shape()) + " does not match parameter " + leaf_.describe());
   Tensor existing = leaf_.grad();
   if (!existing.defined()) {
-    // Always copy: the incoming buffer may be shared with other pending gradients (add's backward
-    // hands the same tensor to both inputs). Models pre-assign .grad views of a flat buffer, so they take
-    // the in-place branch below instead.
-    leaf_.set_grad(g.clone());
+    // Adopt the incoming buffer when nothing else can see it: the engine's reference and ours are the only
+    // handles (add's backward hands one tensor to both inputs, which shows up as a third), and it is a whole,
+    // dense storage. Otherwise copy. Models pre-assign .grad views of a flat buffer and take the add below.
+    const bool sole_owner = g.impl_ptr().use_count() <= 2 && g.storage().use_count() == 1 &&
+                            g.offset() == 0 && g.is_contiguous() && g.storage()->bytes() == g.nbytes();
+    leaf_.set_grad(sole_owner ? g : g.clone());
   } else {
     ops::add_into(existing, g);
   }
@@ -117,7 +119,12 @@ void run_backward(const Tensor& root, const Tensor& grad) {
     ready.pop();
     Tensor node_grad = std::move(pending[node.get()]);
     pending.erase(node.get());
-    std::vector<Tensor> input_grads = node->apply(node_grad);
+    std::vector<Tensor> input_grads;
+    {
+      // Allocations of a backward node are attributed to it in memory timelines.
+      MemoryTagGuard tag(node->name());
+      input_grads = node->apply(node_grad);
+    }
     node_grad = Tensor();
     node->release_saved();
     for (size_t i = 0; i < node->next.size(); ++i) {

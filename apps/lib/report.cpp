@@ -30,6 +30,11 @@ void JsonlWriter::write(const std::vector<std::pair<std::string, std::string>>& 
   out_.flush();
 }
 
+void JsonlWriter::write_raw(const std::string& object_json) {
+  out_ << object_json << "\n";
+  out_.flush();
+}
+
 std::string JsonlWriter::number(double v) {
   if (!std::isfinite(v)) return "null";
   char buf[64];

@@ -15,7 +15,8 @@ class JsonlWriter {
  public:
   JsonlWriter(const std::string& path, bool append);
   void write(const std::vector<std::pair<std::string, std::string>>& fields);  // values already JSON
-  static std::string number(double v);                                         // NaN/inf as null
+  void write_raw(const std::string& object_json);
+  static std::string number(double v);  // NaN/inf as null
   static std::string quote(const std::string& s);
 
  private:

@@ -203,6 +203,14 @@ __device__ inline void mma_bf16(float (&c)[4], const uint32_t (&a)[4], uint32_t 
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
+// 2^x in one MUFU instruction. Flushing denormal results to zero is harmless here: the arguments are
+// scores minus their row max, and anything below 2^-126 is nothing next to the row's largest term (1).
+__device__ inline float fast_exp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+
 // Two floats -> one register of two bf16 (lo in the low half), the operand format of mma.
 __device__ inline uint32_t pack_bf16(float lo, float hi) {
   const __nv_bfloat162 pair = __floats2bfloat162_rn(lo, hi);

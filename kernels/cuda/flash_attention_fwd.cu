@@ -162,7 +162,7 @@ __global__ void __launch_bounds__(ForwardTile<D>::kThreads, ForwardTile<D>::kMin
         const float new_max = fmaxf(row_max[m][r], tile_max[r] * p.scale_log2);
         // A row with nothing visible yet keeps max -inf; exp2 against 0 then still gives exact zeros.
         base[r] = new_max == -INFINITY ? 0.0f : new_max;
-        const float correction = exp2f(row_max[m][r] - base[r]);
+        const float correction = fast_exp2(row_max[m][r] - base[r]);
         row_max[m][r] = new_max;
         row_sum[m][r] *= correction;
 #pragma unroll
@@ -175,7 +175,7 @@ __global__ void __launch_bounds__(ForwardTile<D>::kThreads, ForwardTile<D>::kMin
       for (int n = 0; n < kBlockK / 8; ++n) {
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
-          s[m][n][e] = exp2f(s[m][n][e] * p.scale_log2 - base[e / 2]);
+          s[m][n][e] = fast_exp2(s[m][n][e] * p.scale_log2 - base[e / 2]);
           row_sum[m][e / 2] += s[m][n][e];
         }
       }

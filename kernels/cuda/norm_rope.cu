@@ -51,15 +51,18 @@ __global__ void embedding_forward_kernel(const float* weight, const int32_t* ids
 // embedding_backward is made reproducible by never letting two threads add into the same value. The
 // (id, position) pairs are sorted by id (stable, so equal ids keep their token order), and the sorted list
 // is cut into chunks of kEmbChunkRows rows. Every run of equal ids that lies inside one chunk is summed by
-// that chunk's block in token order, starting from the existing grad_weight value, which is exactly the
-// CPU twin's order. A run that spans chunks (a frequent token, or a small vocabulary) would serialise a
-// single block over many rows, so each chunk it fully or partly covers after its first one stores a
-// partial sum, and a second kernel adds head rows and partials in chunk order. Which chunk does what
-// depends only on the ids, so the summation order, and with it every bit, is the same on every run.
+// that chunk's blocks in token order, starting from the existing grad_weight value, which is exactly the
+// CPU twin's order. A run that spans chunks (a frequent token, or a small vocabulary) would serialise one
+// block over many rows, so every later chunk it reaches stores a partial sum of its rows there, and a
+// second kernel adds the run's rows in its first chunk and then those partials in a fixed order. Which
+// chunk does what depends only on the ids, so the order of additions, and with it every bit, does too.
 constexpr int kEmbChunkRows = 32;
-constexpr int kEmbMaxThreads = 256;
+constexpr int kEmbChunkThreads = 256;
+constexpr int kEmbJoinWarps = 8;
+constexpr int64_t kEmbJoinBlocks = 4096;
 
-// Per sorted row: the fate of the run piece it belongs to, and whether the piece starts at this row.
+// Per sorted row: what becomes of the sum of its run's piece in this chunk, and whether the piece starts
+// at this row.
 enum : uint8_t { kEmbWhole = 0, kEmbPartial = 1, kEmbHead = 2, kEmbModeMask = 3, kEmbPieceStart = 4 };
 
 __global__ void embedding_positions_kernel(int32_t* positions, int64_t n) {
@@ -68,29 +71,40 @@ __global__ void embedding_positions_kernel(int32_t* positions, int64_t n) {
     positions[i] = static_cast<int32_t>(i);
 }
 
-// One block per (chunk, tile of columns), one column per thread. All loads of the chunk are issued before
-// the first add so that the in-order summation does not wait on memory row by row.
-__global__ void __launch_bounds__(kEmbMaxThreads)
+// Only the first piece of a chunk can continue a run from an earlier chunk, and only the last can go on
+// into a later one; every other piece is a whole run.
+__device__ bool embedding_run_enters(const int32_t* keys, int64_t begin) {
+  return begin > 0 && keys[begin - 1] == keys[begin];
+}
+__device__ bool embedding_run_leaves(const int32_t* keys, int64_t end, int64_t n) {
+  return end < n && keys[end] == keys[end - 1];
+}
+
+// One block per (chunk, tile of columns), one column per thread; the tiles of a chunk are neighbouring
+// blocks so that whole rows are read at about the same time. Every load of the chunk is issued before the
+// first addition so that the in-order sums do not wait on memory row by row.
+__global__ void __launch_bounds__(kEmbChunkThreads)
     embedding_backward_chunk_kernel(const float* __restrict__ grad_out, const int32_t* __restrict__ keys,
                                     const int32_t* __restrict__ rows, float* __restrict__ grad_weight,
-                                    float* __restrict__ partials, int64_t n, int64_t dim) {
+                                    float* __restrict__ partials, int32_t* __restrict__ joins,
+                                    int32_t* __restrict__ join_count, int64_t n, int64_t dim, int64_t tiles) {
   __shared__ int32_t s_key[kEmbChunkRows];
   __shared__ int32_t s_row[kEmbChunkRows];
   __shared__ uint8_t s_code[kEmbChunkRows];
-  const int64_t begin = static_cast<int64_t>(blockIdx.x) * kEmbChunkRows;
+  const int64_t chunk = blockIdx.x / tiles;
+  const int64_t tile = blockIdx.x - chunk * tiles;
+  const int64_t begin = chunk * kEmbChunkRows;
   const int count = static_cast<int>(min(n - begin, static_cast<int64_t>(kEmbChunkRows)));
   const int64_t end = begin + count;
-  if (static_cast<int>(threadIdx.x) < count) {
-    const int t = static_cast<int>(threadIdx.x);
+  const bool enters = embedding_run_enters(keys, begin);
+  const bool leaves = embedding_run_leaves(keys, end, n);
+  const int t = static_cast<int>(threadIdx.x);
+  if (t < count) {
     const int32_t key = keys[begin + t];
-    // Only the first piece can continue a run from an earlier chunk and only the last can run on into a
-    // later one; every other piece is a whole run.
-    const bool first_continues = begin > 0 && keys[begin - 1] == keys[begin];
-    const bool last_continues = end < n && keys[end] == keys[end - 1];
     uint8_t code = kEmbWhole;
-    if (key == keys[begin] && first_continues) {
+    if (enters && key == keys[begin]) {
       code = kEmbPartial;
-    } else if (key == keys[end - 1] && last_continues) {
+    } else if (leaves && key == keys[end - 1]) {
       code = kEmbHead;
     }
     if (t == 0 || key != keys[begin + t - 1]) code |= kEmbPieceStart;
@@ -98,8 +112,11 @@ __global__ void __launch_bounds__(kEmbMaxThreads)
     s_row[t] = rows[begin + t];
     s_code[t] = code;
   }
+  // The list's order only decides which block joins which run, never the order of additions.
+  if (tile == 0 && t == 0 && leaves && !(enters && keys[begin] == keys[end - 1]))
+    joins[atomicAdd(join_count, 1)] = static_cast<int32_t>(chunk);
   __syncthreads();
-  const int64_t col = static_cast<int64_t>(blockIdx.y) * blockDim.x + threadIdx.x;
+  const int64_t col = tile * blockDim.x + t;
   if (col >= dim) return;
 
   float v[kEmbChunkRows];
@@ -124,7 +141,7 @@ __global__ void __launch_bounds__(kEmbMaxThreads)
     if (mode == kEmbWhole) {
       grad_weight[static_cast<int64_t>(key) * dim + col] = acc;
     } else if (mode == kEmbPartial) {
-      partials[static_cast<int64_t>(blockIdx.x) * dim + col] = acc;
+      partials[chunk * dim + col] = acc;
     }
   };
 #pragma unroll
@@ -143,65 +160,70 @@ __global__ void __launch_bounds__(kEmbMaxThreads)
   flush();
 }
 
-// One block per (chunk, tile of columns); only chunks in which a multi-chunk run starts do any work. The
-// run's rows in its first chunk are added directly, then the partials of the chunks it reaches, in order.
-__global__ void __launch_bounds__(kEmbMaxThreads)
+// Finishes the runs that span chunks, one listed first chunk at a time per block slot, 32 columns per
+// block. Warp 0 starts from grad_weight and the run's rows in its first chunk; the partials of the later
+// chunks are split into kEmbJoinWarps contiguous ranges, one per warp, so a run as long as the whole batch
+// still spreads over many memory requests; the warps' sums are then added in warp order.
+__global__ void __launch_bounds__(32 * kEmbJoinWarps)
     embedding_backward_join_kernel(const float* __restrict__ grad_out, const int32_t* __restrict__ keys,
                                    const int32_t* __restrict__ rows, float* __restrict__ grad_weight,
-                                   const float* __restrict__ partials, int64_t n, int64_t dim) {
-  __shared__ int32_t s_row[kEmbChunkRows];
-  __shared__ int s_head;
-  __shared__ int64_t s_last_chunk;
-  __shared__ bool s_active;
-  const int64_t begin = static_cast<int64_t>(blockIdx.x) * kEmbChunkRows;
-  const int count = static_cast<int>(min(n - begin, static_cast<int64_t>(kEmbChunkRows)));
-  const int64_t end = begin + count;
-  const int32_t key = keys[end - 1];
-  if (threadIdx.x < 32) {
-    const int lane = static_cast<int>(threadIdx.x);
-    const bool active = end < n && keys[end] == key && !(begin > 0 && keys[begin - 1] == key);
-    if (active) {
-      const bool in_run = lane < count && keys[begin + lane] == key;
-      const unsigned int run_lanes = __ballot_sync(0xffffffffu, in_run);
-      if (lane < count) s_row[lane] = rows[begin + lane];
-      if (lane == 0) {
-        // Keys are sorted, so the run ends at the first key past it.
-        int64_t lo = end, hi = n;
-        while (lo < hi) {
-          const int64_t mid = lo + (hi - lo) / 2;
-          if (keys[mid] == key) {
-            lo = mid + 1;
-          } else {
-            hi = mid;
-          }
-        }
-        s_head = __ffs(static_cast<int>(run_lanes)) - 1;
-        s_last_chunk = (lo - 1) / kEmbChunkRows;
+                                   const float* __restrict__ partials, const int32_t* __restrict__ joins,
+                                   const int32_t* __restrict__ join_count, int64_t n, int64_t dim,
+                                   int64_t tiles) {
+  __shared__ float s_sum[kEmbJoinWarps][32];
+  const int64_t slot = blockIdx.x / tiles;
+  const int64_t slots = gridDim.x / tiles;
+  const int64_t col = (blockIdx.x - slot * tiles) * 32 + threadIdx.x;
+  const int warp = static_cast<int>(threadIdx.y);
+  const int64_t count = *join_count;
+  for (int64_t j = slot; j < count; j += slots) {
+    const int64_t chunk = joins[j];
+    const int64_t begin = chunk * kEmbChunkRows;
+    const int64_t end = begin + kEmbChunkRows;
+    const int32_t key = keys[end - 1];
+    // Keys are sorted, so both ends of the run are found by bisection.
+    int64_t lo = begin, hi = end - 1;
+    while (lo < hi) {
+      const int64_t mid = lo + (hi - lo) / 2;
+      if (keys[mid] == key) {
+        hi = mid;
+      } else {
+        lo = mid + 1;
       }
     }
-    if (lane == 0) s_active = active;
-  }
-  __syncthreads();
-  if (!s_active) return;
-  const int64_t col = static_cast<int64_t>(blockIdx.y) * blockDim.x + threadIdx.x;
-  if (col >= dim) return;
-
-  const int head = s_head;
-  float v[kEmbChunkRows];
-#pragma unroll
-  for (int u = 0; u < kEmbChunkRows; ++u)
-    v[u] = u >= head && u < count ? grad_out[static_cast<int64_t>(s_row[u]) * dim + col] : 0.0f;
-  float* dst = grad_weight + static_cast<int64_t>(key) * dim + col;
-  float total = *dst;
-#pragma unroll
-  for (int u = 0; u < kEmbChunkRows; ++u) {
-    if (u >= head && u < count) total += v[u];
-  }
-  const int64_t last_chunk = s_last_chunk;
+    const int64_t head = lo;
+    lo = end;
+    hi = n;
+    while (lo < hi) {
+      const int64_t mid = lo + (hi - lo) / 2;
+      if (keys[mid] == key) {
+        lo = mid + 1;
+      } else {
+        hi = mid;
+      }
+    }
+    const int64_t first = chunk + 1;
+    const int64_t spanned = (lo - 1) / kEmbChunkRows - chunk;
+    const int64_t from = first + spanned * warp / kEmbJoinWarps;
+    const int64_t to = first + spanned * (warp + 1) / kEmbJoinWarps;
+    float acc = -0.0f;
+    if (col < dim) {
+      if (warp == 0) {
+        acc = grad_weight[static_cast<int64_t>(key) * dim + col];
+        for (int64_t r = head; r < end; ++r) acc += grad_out[static_cast<int64_t>(rows[r]) * dim + col];
+      }
 #pragma unroll 8
-  for (int64_t c = static_cast<int64_t>(blockIdx.x) + 1; c <= last_chunk; ++c)
-    total += partials[c * dim + col];
-  *dst = total;
+      for (int64_t c = from; c < to; ++c) acc += partials[c * dim + col];
+    }
+    s_sum[warp][threadIdx.x] = acc;
+    __syncthreads();
+    if (warp == 0 && col < dim) {
+      float total = s_sum[0][threadIdx.x];
+      for (int w = 1; w < kEmbJoinWarps; ++w) total += s_sum[w][threadIdx.x];
+      grad_weight[static_cast<int64_t>(key) * dim + col] = total;
+    }
+    __syncthreads();
+  }
 }
 
 // IEEE 1/sqrt rather than rsqrtf, and w * (x * inv) in that order, to stay on the CPU twin's rounding.
@@ -316,41 +338,58 @@ void embedding_backward(const float* grad_out, const int32_t* ids, float* grad_w
   if (n == 0 || dim == 0) return;
   TT_CHECK(n <= std::numeric_limits<int32_t>::max(),
            "cuda::embedding_backward: " + std::to_string(n) + " ids do not fit 32-bit positions");
-  const int threads = static_cast<int>(std::min<int64_t>((dim + 31) / 32 * 32, kEmbMaxThreads));
+  const int threads = static_cast<int>(std::min<int64_t>((dim + 31) / 32 * 32, kEmbChunkThreads));
   const int64_t tiles = (dim + threads - 1) / threads;
-  TT_CHECK(tiles <= 65535, "cuda::embedding_backward: dim " + std::to_string(dim) + " is too large");
   const int64_t chunks = (n + kEmbChunkRows - 1) / kEmbChunkRows;
+  TT_CHECK(chunks * tiles <= std::numeric_limits<int32_t>::max(),
+           "cuda::embedding_backward: " + std::to_string(n) + " ids of dim " + std::to_string(dim) +
+               " are too many for one launch");
   const int items = static_cast<int>(n);
 
   size_t sort_bytes = 0;
   TT_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(nullptr, sort_bytes, ids, static_cast<int32_t*>(nullptr),
                                                 static_cast<const int32_t*>(nullptr),
                                                 static_cast<int32_t*>(nullptr), items, 0, 32, stream));
-  // One stream-ordered allocation for all scratch. Partials exist only when there is a second chunk; at
-  // 65536 ids they take 1/32 of grad_out's size.
+  // One stream-ordered allocation for all scratch. The partials (one row per chunk, 1/32 of grad_out's
+  // size) are only touched where a run spans chunks.
   const auto aligned = [](size_t bytes) { return (bytes + 255) / 256 * 256; };
   const size_t index_bytes = aligned(static_cast<size_t>(n) * sizeof(int32_t));
-  const size_t partial_bytes = chunks > 1 ? aligned(static_cast<size_t>(chunks * dim) * sizeof(float)) : 0;
+  const size_t partial_bytes = aligned(static_cast<size_t>(chunks * dim) * sizeof(float));
+  const size_t join_bytes = aligned(static_cast<size_t>(chunks + 1) * sizeof(int32_t));
   char* scratch = nullptr;
   TT_CUDA_CHECK(cudaMallocAsync(reinterpret_cast<void**>(&scratch),
-                                3 * index_bytes + partial_bytes + aligned(sort_bytes), stream));
-  int32_t* positions = reinterpret_cast<int32_t*>(scratch);
-  int32_t* sorted_ids = reinterpret_cast<int32_t*>(scratch + index_bytes);
-  int32_t* sorted_positions = reinterpret_cast<int32_t*>(scratch + 2 * index_bytes);
-  float* partials = partial_bytes ? reinterpret_cast<float*>(scratch + 3 * index_bytes) : nullptr;
-  void* sort_temp = scratch + 3 * index_bytes + partial_bytes;
+                                3 * index_bytes + partial_bytes + join_bytes + aligned(sort_bytes), stream));
+  char* next = scratch;
+  const auto take = [&next](size_t bytes) {
+    char* p = next;
+    next += bytes;
+    return p;
+  };
+  int32_t* positions = reinterpret_cast<int32_t*>(take(index_bytes));
+  int32_t* sorted_ids = reinterpret_cast<int32_t*>(take(index_bytes));
+  int32_t* sorted_positions = reinterpret_cast<int32_t*>(take(index_bytes));
+  float* partials = reinterpret_cast<float*>(take(partial_bytes));
+  int32_t* join_count = reinterpret_cast<int32_t*>(take(join_bytes));
+  int32_t* joins = join_count + 1;
+  void* sort_temp = take(aligned(sort_bytes));
 
+  TT_CUDA_CHECK(cudaMemsetAsync(join_count, 0, sizeof(int32_t), stream));
   embedding_positions_kernel<<<blocks_for(n), kThreads, 0, stream>>>(positions, n);
   TT_CUDA_LAUNCH_CHECK();
   TT_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(sort_temp, sort_bytes, ids, sorted_ids, positions,
                                                 sorted_positions, items, 0, 32, stream));
-  const dim3 grid(static_cast<unsigned int>(chunks), static_cast<unsigned int>(tiles));
-  embedding_backward_chunk_kernel<<<grid, threads, 0, stream>>>(grad_out, sorted_ids, sorted_positions,
-                                                                grad_weight, partials, n, dim);
+  embedding_backward_chunk_kernel<<<static_cast<unsigned int>(chunks * tiles), threads, 0, stream>>>(
+      grad_out, sorted_ids, sorted_positions, grad_weight, partials, joins, join_count, n, dim, tiles);
   TT_CUDA_LAUNCH_CHECK();
   if (chunks > 1) {
-    embedding_backward_join_kernel<<<grid, threads, 0, stream>>>(grad_out, sorted_ids, sorted_positions,
-                                                                 grad_weight, partials, n, dim);
+    // The number of runs to join stays on the device; spare slots find nothing to do and exit.
+    const int64_t join_tiles = (dim + 31) / 32;
+    const int64_t slots = std::clamp(kEmbJoinBlocks / join_tiles, int64_t{1}, chunks - 1);
+    TT_CHECK(slots * join_tiles <= std::numeric_limits<int32_t>::max(),
+             "cuda::embedding_backward: dim " + std::to_string(dim) + " is too large");
+    embedding_backward_join_kernel<<<static_cast<unsigned int>(slots * join_tiles), dim3(32, kEmbJoinWarps),
+                                     0, stream>>>(grad_out, sorted_ids, sorted_positions, grad_weight,
+                                                  partials, joins, join_count, n, dim, join_tiles);
     TT_CUDA_LAUNCH_CHECK();
   }
   TT_CUDA_CHECK(cudaFreeAsync(scratch, stream));

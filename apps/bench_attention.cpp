@@ -1,0 +1,205 @@
+// bench_attention: naive vs FlashAttention-2 (ours) on the configurations people compare: the course sweep,
+// a causal latency/TFLOP/s sweep, and the course leaderboard case. Markdown to stdout, --json rows.
+#include <cmath>
+#include <cstdio>
+#include <memory>
+
+#include "apps/lib/bench.h"
+#include "apps/lib/flags.h"
+#include "apps/lib/report.h"
+#include "apps/lib/run_setup.h"
+#include "core/allocator.h"
+#include "core/cuda_context.h"
+#include "core/ops.h"
+#include "core/rng.h"
+#ifdef TT_WITH_CUDA
+#include "kernels/cuda/cuda_kernels.h"
+#endif
+
+using namespace tt;
+using namespace tt::app;
+
+namespace {
+
+struct Config {
+  std::string impl;  // naive | flash
+  int64_t batch, heads, seq, d_head;
+  DType dtype;
+  bool causal;
+};
+
+struct Result {
+  double forward_ms = NAN, backward_ms = NAN, total_ms = NAN, memory_before_backward_mib = NAN;
+  bool oom = false;
+};
+
+Tensor random_input(const Config& c, uint64_t seed, Device device) {
+  const int64_t n = c.batch * c.heads * c.seq * c.d_head;
+  std::vector<float> values(static_cast<size_t>(n));
+  CounterRng rng{seed, 0};
+  for (float& v : values) v = static_cast<float>(rng.next_double() * 2.0 - 1.0);
+  Tensor t = Tensor::from_floats(values, {c.batch, c.heads, c.seq, c.d_head}, device);
+  if (c.dtype == DType::bf16) t = ops::cast(t, DType::bf16);
+  t.set_requires_grad(true);
+  return t;
+}
+
+// Forward FLOPs: QK^T and PV, 2 * 2 * B * H * T^2 * d, halved by the causal mask. Backward does 2.5x.
+double forward_flops(const Config& c) {
+  return 4.0 * c.batch * c.heads * static_cast<double>(c.seq) * c.seq * c.d_head * (c.causal ? 0.5 : 1.0);
+}
+
+Result run(const Config& c, Device device, int64_t warmup, int64_t iters, bool ones_grad) {
+  Result r;
+  try {
+    Tensor q = random_input(c, 1, device), k = random_input(c, 2, device), v = random_input(c, 3, device);
+    Tensor grad_out =
+        ones_grad ? Tensor::full(q.shape(), 1.0, DType::f32, device) : random_input(c, 4, device);
+    if (grad_out.dtype() != c.dtype) grad_out = ops::cast(grad_out, c.dtype);
+    grad_out.set_requires_grad(false);
+    auto attention = [&] {
+      return c.impl == "flash" ? ops::flash_attention(q, k, v, c.causal)
+                               : ops::naive_attention(q, k, v, c.causal);
+    };
+    auto clear = [&] {
+      q.set_grad(Tensor());
+      k.set_grad(Tensor());
+      v.set_grad(Tensor());
+    };
+    for (int64_t i = 0; i < warmup; ++i) {
+      attention().backward(grad_out);
+      clear();
+    }
+    synchronize(device);
+    double forward_s = 0, backward_s = 0, total_s = 0;
+    for (int64_t i = 0; i < iters; ++i) {
+      const double t0 = now_seconds();
+      Tensor o = attention();
+      synchronize(device);
+      const double t1 = now_seconds();
+      if (i == 0)
+        r.memory_before_backward_mib = static_cast<double>(memory_stats(device).current_bytes) / (1 << 20);
+      o.backward(grad_out);
+      o = Tensor();
+      synchronize(device);
+      const double t2 = now_seconds();
+      clear();
+      forward_s += t1 - t0;
+      backward_s += t2 - t1;
+    }
+    // Forward+backward back to back, without a synchronisation between them (what a training step sees).
+    for (int64_t i = 0; i < iters; ++i) {
+      const double t0 = now_seconds();
+      attention().backward(grad_out);
+      synchronize(device);
+      total_s += now_seconds() - t0;
+      clear();
+    }
+    r.forward_ms = forward_s * 1e3 / iters;
+    r.backward_ms = backward_s * 1e3 / iters;
+    r.total_ms = total_s * 1e3 / iters;
+  } catch (const OutOfMemory&) {
+    r.oom = true;
+  }
+  empty_cache(device);
+  return r;
+}
+
+std::string tflops(double flops, double ms) {
+  return format_fixed(flops / (ms * 1e-3) / 1e12, 1);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    Flags flags(
+        "bench_attention",
+        "Naive attention vs FlashAttention-2: --suite course (batch 8, 1 head, d x T grid, naive and "
+        "flash),\n"
+        "sweep (batch 1, causal, T 128..65536, d 16..128, bf16 and f32), leaderboard (1x16x16384x64 bf16).");
+    flags.add("suite", "leaderboard", "course | sweep | leaderboard (comma-separated for several)");
+    flags.add("warmup", "10", "untimed iterations");
+    flags.add("iters", "100", "timed iterations (forward, backward, forward+backward each)");
+    flags.add("dtype", "f32", "course suite: f32 | bf16");
+    flags.add("max-seq", "65536", "sweep: largest T");
+    flags.add("device", "auto", "cpu | cuda | auto");
+    flags.add("json", "", "also write one JSON object per row to this file");
+    if (!flags.parse(argc, argv)) return 0;
+    const Device device = pick_device(flags.str("device"));
+    std::unique_ptr<JsonlWriter> json;
+    if (!flags.str("json").empty()) json = std::make_unique<JsonlWriter>(flags.str("json"), false);
+    const int64_t warmup = flags.integer("warmup"), iters = flags.integer("iters");
+    std::string device_name = "cpu";
+#ifdef TT_WITH_CUDA
+    if (device.is_cuda()) device_name = cuda::device_name(device.index);
+#endif
+    std::printf("device: %s; %lld warm-up and %lld timed iterations per row\n\n", device_name.c_str(),
+                static_cast<long long>(warmup), static_cast<long long>(iters));
+    for (const std::string& suite : flags.list("suite")) {
+      std::vector<Config> configs;
+      bool ones = false;
+      if (suite == "course") {
+        const DType dtype = flags.str("dtype") == "bf16" ? DType::bf16 : DType::f32;
+        for (int64_t d : {16, 32, 64, 128}) {
+          for (int64_t t : {256, 1024, 4096, 8192, 16384}) {
+            for (const char* impl : {"naive", "flash"}) configs.push_back({impl, 8, 1, t, d, dtype, true});
+          }
+        }
+      } else if (suite == "sweep") {
+        for (DType dtype : {DType::bf16, DType::f32}) {
+          for (int64_t d : {16, 32, 64, 128}) {
+            for (int64_t t = 128; t <= flags.integer("max-seq"); t *= 2)
+              configs.push_back({"flash", 1, 1, t, d, dtype, true});
+          }
+        }
+      } else if (suite == "leaderboard") {
+        configs.push_back({"flash", 1, 16, 16384, 64, DType::bf16, true});
+        ones = true;
+      } else {
+        throw Error("unknown --suite '" + suite + "' (expected course, sweep or leaderboard)");
+      }
+      std::vector<std::vector<std::string>> rows;
+      for (const Config& c : configs) {
+        const Result r = run(c, device, warmup, iters, ones);
+        const double f = forward_flops(c);
+        rows.push_back(
+            {c.impl,
+             std::to_string(c.batch) + "x" + std::to_string(c.heads) + "x" + std::to_string(c.seq) + "x" +
+                 std::to_string(c.d_head),
+             dtype_name(c.dtype), c.causal ? "yes" : "no", r.oom ? "OOM" : format_fixed(r.forward_ms, 3),
+             r.oom ? "-" : format_fixed(r.backward_ms, 3), r.oom ? "-" : format_fixed(r.total_ms, 3),
+             r.oom ? "-" : tflops(f, r.forward_ms), r.oom ? "-" : tflops(3.5 * f, r.total_ms),
+             r.oom ? "-" : format_fixed(r.memory_before_backward_mib, 0)});
+        if (json) {
+          json->write({{"suite", JsonlWriter::quote(suite)},
+                       {"impl", JsonlWriter::quote(c.impl)},
+                       {"batch", std::to_string(c.batch)},
+                       {"heads", std::to_string(c.heads)},
+                       {"seq", std::to_string(c.seq)},
+                       {"d_head", std::to_string(c.d_head)},
+                       {"dtype", JsonlWriter::quote(dtype_name(c.dtype))},
+                       {"causal", c.causal ? "true" : "false"},
+                       {"oom", r.oom ? "true" : "false"},
+                       {"forward_ms", JsonlWriter::number(r.forward_ms)},
+                       {"backward_ms", JsonlWriter::number(r.backward_ms)},
+                       {"forward_backward_ms", JsonlWriter::number(r.total_ms)},
+                       {"forward_tflops", JsonlWriter::number(f / (r.forward_ms * 1e-3) / 1e12)},
+                       {"forward_backward_tflops", JsonlWriter::number(3.5 * f / (r.total_ms * 1e-3) / 1e12)},
+                       {"memory_before_backward_mib", JsonlWriter::number(r.memory_before_backward_mib)},
+                       {"device", JsonlWriter::quote(device_name)}});
+        }
+        std::fprintf(stderr, "  %s %s done\n", rows.back()[0].c_str(), rows.back()[1].c_str());
+      }
+      std::printf("## suite: %s\n\n%s\n", suite.c_str(),
+                  markdown_table({"impl", "BxHxTxd", "dtype", "causal", "fwd ms", "bwd ms", "fwd+bwd ms",
+                                  "fwd TFLOP/s", "fwd+bwd TFLOP/s", "MiB before bwd"},
+                                 rows)
+                      .c_str());
+    }
+    return 0;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "error: %s\n", e.what());
+    return 1;
+  }
+}

@@ -1,0 +1,198 @@
+// benchmark: times the model's forward, backward and optimizer step for several sizes and context lengths
+// (the measurements of the CS336 systems assignment), with peak memory, tokens/s and MFU. An OOM is a row.
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+
+#include "apps/lib/bench.h"
+#include "apps/lib/flags.h"
+#include "apps/lib/memory_timeline.h"
+#include "apps/lib/report.h"
+#include "apps/lib/run_setup.h"
+#include "core/allocator.h"
+#include "core/autograd.h"
+#include "core/cuda_context.h"
+#include "core/ops.h"
+#include "core/rng.h"
+#include "optim/optimizer.h"
+#ifdef TT_WITH_CUDA
+#include "kernels/cuda/cuda_kernels.h"
+#endif
+
+using namespace tt;
+using namespace tt::app;
+
+namespace {
+
+struct Row {
+  std::vector<std::string> cells;
+  std::string json;
+};
+
+std::string device_name(Device device) {
+#ifdef TT_WITH_CUDA
+  if (device.is_cuda()) return cuda::device_name(device.index);
+#endif
+  return "cpu";
+}
+
+Row measure(const Flags& flags, Device device, const std::string& size, int64_t ctx,
+            const std::string& mode) {
+  nn::ModelConfig config = nn::preset(size);
+  config.vocab_size = flags.integer("vocab") > 0 ? flags.integer("vocab") : 10000;
+  config.context_length = ctx;
+  apply_runtime_model_flags(flags, config, device);
+  const int64_t batch = flags.integer("batch"), warmup = flags.integer("warmup"),
+                steps = flags.integer("steps");
+  const std::string precision = nn::precision_name(config.precision),
+                    attention = nn::attention_name(config.attention);
+  Row row;
+  row.cells = {size, std::to_string(ctx), precision, attention, mode};
+  auto json_head = [&] {
+    return "\"size\": " + JsonlWriter::quote(size) + ", \"ctx\": " + std::to_string(ctx) +
+           ", \"batch\": " + std::to_string(batch) + ", \"precision\": " + JsonlWriter::quote(precision) +
+           ", \"attention\": " + JsonlWriter::quote(attention) + ", \"mode\": " + JsonlWriter::quote(mode) +
+           ", \"warmup\": " + std::to_string(warmup) + ", \"steps\": " + std::to_string(steps) +
+           ", \"device\": " + JsonlWriter::quote(device_name(device));
+  };
+  try {
+    nn::TransformerLM model(config);
+    nn::FlatParameters params(model, device, 1);
+    optim::AdamW optimizer({params.flat_params()});
+    CounterRng rng{7, 0};
+    std::vector<int32_t> ids(static_cast<size_t>(batch * ctx)), targets(ids.size());
+    for (auto& v : ids) v = static_cast<int32_t>(rng.next_below(static_cast<uint64_t>(config.vocab_size)));
+    for (auto& v : targets)
+      v = static_cast<int32_t>(rng.next_below(static_cast<uint64_t>(config.vocab_size)));
+    const Tensor x = Tensor::from_ints(ids, {batch, ctx}, device),
+                 y = Tensor::from_ints(targets, {batch, ctx}, device);
+    Tensor loss;
+    std::vector<Phase> phases;
+    if (mode == "forward") {
+      phases.push_back({"forward", [&] {
+                          NoGradGuard no_grad;
+                          loss = model.loss(x, y);
+                        }});
+    } else {
+      phases.push_back({"forward", [&] { loss = model.loss(x, y); }});
+      phases.push_back({"backward", [&] {
+                          loss.backward();
+                          loss = Tensor();
+                        }});
+      if (mode == "step") {
+        phases.push_back({"optimizer", [&] {
+                            optimizer.step();
+                            params.zero_grad();
+                          }});
+      }
+    }
+    // Peak memory of each phase: reset at its start, read at its end.
+    std::vector<int64_t> phase_peak(phases.size(), 0);
+    for (size_t p = 0; p < phases.size(); ++p) {
+      auto inner = phases[p].run;
+      phases[p].run = [inner, device] {
+        reset_peak_memory(device);
+        inner();
+      };
+    }
+    reset_peak_memory(device);
+    const StepTimings t = time_phases(
+        warmup, steps, phases, [&] { synchronize(device); },
+        [&](size_t p) { phase_peak[p] = std::max(phase_peak[p], memory_stats(device).peak_bytes); });
+    const std::string timeline = flags.str("memory-timeline");
+    if (!timeline.empty()) record_memory_timeline(timeline, device, phases, [&] { synchronize(device); });
+    const Summary step = summarize(t.step_ms);
+    const double tokens = static_cast<double>(batch * ctx);
+    const double flops = config.training_flops_per_sequence(ctx) * static_cast<double>(batch) /
+                         (mode == "forward" ? 3.0 : 1.0);
+    const PeakFlops peak = device_peak_flops(device_name(device), config.precision == nn::Precision::bf16);
+    const double mfu = peak.flops_per_s > 0 ? flops / (step.mean * 1e-3) / peak.flops_per_s : NAN;
+    int64_t peak_all = 0;
+    for (int64_t b : phase_peak) peak_all = std::max(peak_all, b);
+    std::string json = json_head();
+    auto phase_cell = [&](const std::string& name) -> std::string {
+      for (size_t p = 0; p < t.phase_names.size(); ++p) {
+        if (t.phase_names[p] != name) continue;
+        const Summary s = summarize(t.phase_ms[p]);
+        json += ", \"" + name + "_ms\": " + JsonlWriter::number(s.mean) + ", \"" + name +
+                "_std_ms\": " + JsonlWriter::number(s.std) + ", \"" + name +
+                "_peak_mib\": " + JsonlWriter::number(static_cast<double>(phase_peak[p]) / (1 << 20));
+        return format_fixed(s.mean, 2) + " ± " + format_fixed(s.std, 2);
+      }
+      return "-";
+    };
+    row.cells.push_back(phase_cell("forward"));
+    row.cells.push_back(phase_cell("backward"));
+    row.cells.push_back(phase_cell("optimizer"));
+    row.cells.push_back(format_fixed(step.mean, 2) + " ± " + format_fixed(step.std, 2));
+    row.cells.push_back(format_fixed(tokens / (step.mean * 1e-3), 0));
+    row.cells.push_back(std::isfinite(mfu) ? format_fixed(mfu * 100, 1) + "%" : "-");
+    row.cells.push_back(format_fixed(static_cast<double>(peak_all) / (1 << 20), 0));
+    json += ", \"step_ms\": " + JsonlWriter::number(step.mean) +
+            ", \"step_std_ms\": " + JsonlWriter::number(step.std) +
+            ", \"tokens_per_s\": " + JsonlWriter::number(tokens / (step.mean * 1e-3)) +
+            ", \"mfu\": " + JsonlWriter::number(mfu) +
+            ", \"peak_mib\": " + JsonlWriter::number(static_cast<double>(peak_all) / (1 << 20)) +
+            ", \"oom\": false";
+    row.json = "{" + json + "}";
+  } catch (const OutOfMemory&) {
+    for (int i = 0; i < 7; ++i) row.cells.push_back(i == 3 ? "OOM" : "-");
+    row.json = "{" + json_head() + ", \"oom\": true}";
+  }
+  empty_cache(device);
+  return row;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    Flags flags("benchmark",
+                "Time forward / backward / optimizer of the Transformer LM over sizes and context lengths.\n"
+                "Phases are timed between device synchronisations; warm-up iterations are not timed.");
+    flags.add("sizes", "small", "comma-separated presets (tiny, small, medium, large, xl, 2.7b)");
+    flags.add("ctx", "256", "comma-separated context lengths");
+    flags.add("batch", "4", "batch size");
+    flags.add("vocab", "10000", "vocabulary size");
+    flags.add("precision", "f32", "f32 | bf16");
+    flags.add("attention", "auto", "naive | flash | auto (flash on CUDA)");
+    flags.add("mode", "step", "comma-separated: forward | backward (forward+backward) | step (+ AdamW)");
+    flags.add("warmup", "5", "untimed warm-up iterations");
+    flags.add("steps", "10", "timed iterations");
+    flags.add("device", "auto", "cpu | cuda | cuda:N | auto");
+    flags.add("json", "", "also write one JSON object per row to this file");
+    flags.add("memory-timeline", "", "record every allocation of one step into FILE.svg and FILE.json");
+    if (!flags.parse(argc, argv)) return 0;
+    const Device device = pick_device(flags.str("device"));
+    std::vector<Row> rows;
+    std::printf("device: %s, batch %lld, warm-up %lld, timed steps %lld\n\n", device_name(device).c_str(),
+                static_cast<long long>(flags.integer("batch")),
+                static_cast<long long>(flags.integer("warmup")),
+                static_cast<long long>(flags.integer("steps")));
+    std::unique_ptr<JsonlWriter> json;
+    if (!flags.str("json").empty()) json = std::make_unique<JsonlWriter>(flags.str("json"), false);
+    for (const std::string& size : flags.list("sizes")) {
+      for (int64_t ctx : flags.int_list("ctx")) {
+        for (const std::string& mode : flags.list("mode")) {
+          TT_CHECK(mode == "forward" || mode == "backward" || mode == "step",
+                   "unknown --mode '" + mode + "' (expected forward, backward or step)");
+          rows.push_back(measure(flags, device, size, ctx, mode));
+          if (json) json->write_raw(rows.back().json);
+          std::fprintf(stderr, "  measured %s ctx %lld %s\n", size.c_str(), static_cast<long long>(ctx),
+                       mode.c_str());
+        }
+      }
+    }
+    std::vector<std::vector<std::string>> cells;
+    for (const Row& r : rows) cells.push_back(r.cells);
+    std::printf("%s",
+                markdown_table({"size", "ctx", "precision", "attention", "mode", "forward ms", "backward ms",
+                                "optimizer ms", "step ms", "tokens/s", "MFU", "peak MiB"},
+                               cells)
+                    .c_str());
+    return 0;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "error: %s\n", e.what());
+    return 1;
+  }
+}

@@ -1,0 +1,74 @@
+#include "apps/lib/bench.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <sstream>
+
+#include "apps/lib/report.h"
+
+namespace tt::app {
+
+Summary summarize(const std::vector<double>& samples) {
+  Summary s;
+  s.count = static_cast<int64_t>(samples.size());
+  if (samples.empty()) return s;
+  double total = 0;
+  for (double v : samples) total += v;
+  s.mean = total / static_cast<double>(samples.size());
+  double var = 0;
+  for (double v : samples) var += (v - s.mean) * (v - s.mean);
+  s.std = samples.size() > 1 ? std::sqrt(var / static_cast<double>(samples.size() - 1)) : 0.0;
+  s.min = *std::min_element(samples.begin(), samples.end());
+  return s;
+}
+
+StepTimings time_phases(int64_t warmup, int64_t steps, const std::vector<Phase>& phases,
+                        const std::function<void()>& sync, const std::function<void(size_t)>& on_phase_end) {
+  StepTimings out;
+  for (const Phase& p : phases) out.phase_names.push_back(p.name);
+  out.phase_ms.resize(phases.size());
+  for (int64_t it = 0; it < warmup + steps; ++it) {
+    const bool measured = it >= warmup;
+    sync();
+    const double step_start = now_seconds();
+    double phase_start = step_start;
+    for (size_t p = 0; p < phases.size(); ++p) {
+      phases[p].run();
+      sync();
+      const double phase_end = now_seconds();
+      if (measured) {
+        out.phase_ms[p].push_back((phase_end - phase_start) * 1e3);
+        if (on_phase_end) on_phase_end(p);
+      }
+      phase_start = phase_end;
+    }
+    if (measured) out.step_ms.push_back((phase_start - step_start) * 1e3);
+  }
+  return out;
+}
+
+std::string markdown_table(const std::vector<std::string>& header,
+                           const std::vector<std::vector<std::string>>& rows) {
+  std::ostringstream out;
+  auto line = [&](const std::vector<std::string>& cells) {
+    out << "|";
+    for (const std::string& c : cells) out << " " << c << " |";
+    out << "\n";
+  };
+  line(header);
+  out << "|";
+  for (size_t i = 0; i < header.size(); ++i) out << "---|";
+  out << "\n";
+  for (const auto& row : rows) line(row);
+  return out.str();
+}
+
+std::string format_fixed(double value, int digits) {
+  if (!std::isfinite(value)) return "-";
+  char buf[64];
+  std::snprintf(buf, sizeof(buf), "%.*f", digits, value);
+  return buf;
+}
+
+}  // namespace tt::app

@@ -1,0 +1,41 @@
+// The timing protocol of the benchmarks: run warm-up iterations untimed, then time each phase of every
+// measured iteration between device synchronisations, so phase times add up to the step time and nothing
+// queued by one phase is billed to the next.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+namespace tt::app {
+
+struct Phase {
+  std::string name;
+  std::function<void()> run;
+};
+
+struct Summary {
+  double mean = 0, std = 0, min = 0;
+  int64_t count = 0;
+};
+Summary summarize(const std::vector<double>& samples);
+
+struct StepTimings {
+  std::vector<std::string> phase_names;
+  std::vector<std::vector<double>> phase_ms;  // [phase][measured iteration]
+  std::vector<double> step_ms;                // [measured iteration], first phase start to last phase end
+};
+
+// Runs `warmup` + `steps` iterations of the phases in order; `sync` waits for the device (called before
+// the first phase and after every phase); `on_phase_end(phase index)` lets the caller read memory peaks.
+StepTimings time_phases(int64_t warmup, int64_t steps, const std::vector<Phase>& phases,
+                        const std::function<void()>& sync,
+                        const std::function<void(size_t)>& on_phase_end = nullptr);
+
+// Markdown table helper: header, separator and rows of already formatted cells.
+std::string markdown_table(const std::vector<std::string>& header,
+                           const std::vector<std::vector<std::string>>& rows);
+std::string format_fixed(double value, int digits);
+
+}  // namespace tt::app

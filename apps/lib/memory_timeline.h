@@ -1,0 +1,17 @@
+// --memory-timeline: records every allocation and free of one training step and draws "active memory over
+// time" (SVG), with the raw events as JSON lines (time, bytes, address, owner) for other tools.
+#pragma once
+
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "apps/lib/bench.h"
+#include "core/device.h"
+
+namespace tt::app {
+
+void record_memory_timeline(const std::string& path_prefix, Device device, const std::vector<Phase>& phases,
+                            const std::function<void()>& sync);
+
+}  // namespace tt::app
