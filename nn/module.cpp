@@ -1,5 +1,7 @@
 #include "nn/module.h"
 
+#include <algorithm>
+#include <thread>
 #include <vector>
 
 #include "core/rng.h"
@@ -44,23 +46,39 @@ FlatParameters::FlatParameters(Module& module, Device device, uint64_t seed, DTy
     offsets_.push_back(total);
     total += p.tensor->numel();
   }
-  // Initialise on the host in double, then store once in the parameter dtype on the target device.
-  std::vector<double> host(static_cast<size_t>(total));
-  for (size_t i = 0; i < params_.size(); ++i) {
-    const NamedParameter& p = params_[i];
-    const int64_t begin = offsets_[i], n = p.tensor->numel();
-    for (int64_t j = 0; j < n; ++j) {
-      host[begin + j] = p.init.kind == Init::Kind::ones
-                            ? 1.0
-                            : p.init.std * truncated_normal(seed, static_cast<uint64_t>(begin + j), 3.0);
+  // Initialise on the host (the same numbers for every device and rank), in chunks spread over threads so
+  // billion-parameter models start in seconds, each chunk copied to its slice of the device buffer.
+  flat_params_ = Tensor::empty({total}, dtype, device);
+  constexpr int64_t kChunk = int64_t{1} << 24;
+  size_t param_index = 0;
+  for (int64_t chunk_begin = 0; chunk_begin < total; chunk_begin += kChunk) {
+    const int64_t chunk_end = std::min(total, chunk_begin + kChunk);
+    std::vector<double> host(static_cast<size_t>(chunk_end - chunk_begin));
+    // Parameters overlapping this chunk, initialised in parallel element ranges.
+    while (param_index + 1 < params_.size() && offsets_[param_index + 1] <= chunk_begin) ++param_index;
+    const unsigned threads = std::max(1u, std::min(32u, std::thread::hardware_concurrency()));
+    std::vector<std::thread> workers;
+    const int64_t per_thread = (chunk_end - chunk_begin + threads - 1) / threads;
+    for (unsigned t = 0; t < threads; ++t) {
+      const int64_t begin = chunk_begin + t * per_thread, end = std::min(chunk_end, begin + per_thread);
+      if (begin >= end) break;
+      workers.emplace_back([&, begin, end, start_param = param_index] {
+        size_t p = start_param;
+        for (int64_t i = begin; i < end; ++i) {
+          while (p + 1 < params_.size() && offsets_[p + 1] <= i) ++p;
+          const Init& init = params_[p].init;
+          host[i - chunk_begin] = init.kind == Init::Kind::ones
+                                      ? 1.0
+                                      : init.std * truncated_normal(seed, static_cast<uint64_t>(i), 3.0);
+        }
+      });
     }
+    for (std::thread& w : workers) w.join();
+    Tensor staged = Tensor::from_doubles(host, {chunk_end - chunk_begin});
+    if (dtype == DType::f32)
+      staged = Tensor::from_floats(std::vector<float>(host.begin(), host.end()), staged.shape());
+    flat_params_.narrow_view(0, chunk_begin, chunk_end - chunk_begin).copy_(staged);
   }
-  Tensor staged = Tensor::from_doubles(host, {total});
-  if (dtype == DType::f32) {
-    std::vector<float> as_float(host.begin(), host.end());
-    staged = Tensor::from_floats(as_float, {total});
-  }
-  flat_params_ = staged.to(device);
   flat_grads_ = Tensor::zeros({total}, dtype, device);
   // The flat buffer is itself a parameter for optimizers: one tensor, one fused update.
   flat_params_.set_requires_grad(true).set_name("<flat parameters>");

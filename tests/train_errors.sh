@@ -38,7 +38,7 @@ for i in $(seq 1 300); do echo "Line $i of a small corpus: the quick brown fox j
 common=(--data "$work/data" --ctx 16 --batch 2 --eval-batches 1 --sample-tokens 0 --log-every 100)
 
 expect_error "unknown flag" "unknown flag --colour" "$train" --colour blue
-expect_error "bad number" "expects an integer" "$train" --steps many
+expect_error "bad number" "expects an integer" "$train" "${common[@]}" --steps many
 expect_error "missing data" "does not exist" "$train" --data "$work/nowhere" --steps 1
 mkdir -p "$work/empty" && : >"$work/empty/train.bin" && : >"$work/empty/val.bin"
 expect_error "empty token file" "is empty" "$train" --data "$work/empty" --vocab 257 --steps 1

@@ -27,23 +27,17 @@ using bf16 = __nv_bfloat16;
 
 template <int D>
 struct BackwardTile {
-  // Each warp owns kKeyTiles x 16 keys. With two key tiles per warp every Q / dO fragment read from shared
-  // memory feeds two tensor-core products (half the shared-memory traffic), at the price of registers:
-  // only small head dims can afford it, and they then use 4 warps and two resident blocks per SM.
-  static constexpr int kKeyTiles = D <= 64 ? 2 : 1;
-  static constexpr int kWarps = kKeyTiles == 2 ? 4 : 8;
+  static constexpr int kWarps = 8;
   static constexpr int kThreads = 32 * kWarps;
-  static constexpr int kMinBlocks = kKeyTiles == 2 ? 2 : 1;
-  static constexpr int kBlockK = 16 * kKeyTiles * kWarps;
-  // Query tile: as large as the S^T / dP^T accumulators (2 x kKeyTiles x kBlockQ / 2 registers) allow.
-  static constexpr int kBlockQ = D <= 16 ? 64 : D <= 64 ? 32 : D <= 96 ? 64 : 32;
+  static constexpr int kBlockK = 16 * kWarps;
+  static constexpr int kBlockQ = D <= 96 ? 64 : 32;
   static constexpr int kStride = D + 8;         // padded row of the K, V, Q, dO tiles
-  static constexpr int kStrideS = kBlockQ + 8;  // padded row of the dS^T tiles
+  static constexpr int kStrideS = kBlockQ + 8;  // padded row of the dS^T tile
   // dQ = dS K split over the warps: kRowTiles tiles of 16 queries times kColGroups slices of d_head.
   static constexpr int kRowTiles = kBlockQ / 16;
   static constexpr int kColGroups = kWarps / kRowTiles;
   static constexpr int kColTiles = D / 8 / kColGroups;  // 8-wide column tiles per warp
-  static_assert(kColGroups >= 1 && (D / 8) % kColGroups == 0, "d_head must split evenly over the dQ groups");
+  static_assert((D / 8) % kColGroups == 0, "d_head must split evenly over the dQ column groups");
   // K, V; two stages of Q and dO; two of dS^T; two stages of L and D.
   static constexpr size_t kSmemBytes =
       sizeof(bf16) * ((2 * kBlockK + 4 * kBlockQ) * kStride + 2 * kBlockK * kStrideS) +
@@ -61,11 +55,10 @@ __device__ inline void atomic_add_pair(float* address, float a, float b) {
 }
 
 template <int D>
-__global__ void __launch_bounds__(BackwardTile<D>::kThreads, BackwardTile<D>::kMinBlocks)
-    flash_backward_bf16_kernel(const Params p) {
+__global__ void __launch_bounds__(BackwardTile<D>::kThreads, 1) flash_backward_bf16_kernel(const Params p) {
   using Tile = BackwardTile<D>;
   constexpr int kBlockQ = Tile::kBlockQ, kBlockK = Tile::kBlockK, kStride = Tile::kStride;
-  constexpr int kStrideS = Tile::kStrideS, kThreads = Tile::kThreads, kKeyTiles = Tile::kKeyTiles;
+  constexpr int kStrideS = Tile::kStrideS, kThreads = Tile::kThreads;
   extern __shared__ __align__(16) unsigned char smem_bytes[];
   bf16* s_k = reinterpret_cast<bf16*>(smem_bytes);
   bf16* s_v = s_k + kBlockK * kStride;
@@ -86,7 +79,6 @@ __global__ void __launch_bounds__(BackwardTile<D>::kThreads, BackwardTile<D>::kM
   const float* delta = p.delta + bh * seq;
   float* dq_accum = p.dq_accum + bh * seq * D;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int warp_key0 = warp * 16 * kKeyTiles;  // first key of this warp within the tile
 
   auto load_query_tile = [&](int q_tile, int stage) {
     const int q0 = q_tile * kBlockQ;
@@ -108,22 +100,20 @@ __global__ void __launch_bounds__(BackwardTile<D>::kThreads, BackwardTile<D>::kM
   load_query_tile(q_begin, 0);
   cp_async_commit();
 
-  float dk_acc[kKeyTiles][D / 8][4], dv_acc[kKeyTiles][D / 8][4];
+  float dk_acc[D / 8][4], dv_acc[D / 8][4];
 #pragma unroll
-  for (int m = 0; m < kKeyTiles; ++m) {
+  for (int n = 0; n < D / 8; ++n) {
 #pragma unroll
-    for (int n = 0; n < D / 8; ++n) {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) dk_acc[m][n][e] = dv_acc[m][n][e] = 0;
-    }
+    for (int e = 0; e < 4; ++e) dk_acc[n][e] = dv_acc[n][e] = 0;
   }
-  // In key tile m this thread's accumulator rows (keys) are k0 + warp_key0 + 16m + lane/4 (+ 8); its
-  // columns (queries) within each 8-wide tile are col_pair and col_pair + 1.
+  // This thread's accumulator rows (keys) are key_row0 and key_row0 + 8; its columns (queries) within each
+  // 8-wide tile are col_pair and col_pair + 1.
+  const int key_row0 = k0 + warp * 16 + lane / 4;
   const int col_pair = (lane % 4) * 2;
-  // The A operand (16 rows of K or V), B operand (Q or dO, [query][d]) and transposed B operand offsets.
-  const int a_offset = (warp_key0 + lane % 16) * kStride + (lane / 16) * 8;
+  // The A operand (this warp's 16 rows of K or V) and B operand (Q or dO, [query][d]) addresses.
+  const int a_offset = (warp * 16 + lane % 16) * kStride + (lane / 16) * 8;
   const int b_offset = ((lane / 16) * 8 + lane % 8) * kStride + ((lane / 8) % 2) * 8;
-  const int bt_offset = (lane % 16) * kStride + (lane / 16) * 8;
+  const int bt_offset = (lane % 16) * kStride + (lane / 16) * 8;  // ldmatrix.trans B operand
 
   // dQ rows of one query tile += dS K, from that tile's dS^T in shared memory. Warp w takes 16 queries
   // (row tile w % kRowTiles) times one slice of d_head. A = dS comes from the [key][query] tile through
@@ -182,113 +172,90 @@ __global__ void __launch_bounds__(BackwardTile<D>::kThreads, BackwardTile<D>::kM
     const float* s_delta_tile = s_delta + stage * kBlockQ;
     bf16* s_ds_tile = s_ds + stage * kBlockK * kStrideS;
 
-    // S^T = K Q^T and dP^T = V dO^T for this warp's keys and all kBlockQ queries.
-    float st[kKeyTiles][kBlockQ / 8][4], dpt[kKeyTiles][kBlockQ / 8][4];
+    // S^T = K Q^T and dP^T = V dO^T for this warp's 16 keys and all kBlockQ queries.
+    float st[kBlockQ / 8][4], dpt[kBlockQ / 8][4];
 #pragma unroll
-    for (int m = 0; m < kKeyTiles; ++m) {
+    for (int n = 0; n < kBlockQ / 8; ++n) {
 #pragma unroll
-      for (int n = 0; n < kBlockQ / 8; ++n) {
-#pragma unroll
-        for (int e = 0; e < 4; ++e) st[m][n][e] = dpt[m][n][e] = 0;
-      }
+      for (int e = 0; e < 4; ++e) st[n][e] = dpt[n][e] = 0;
     }
-    // Two passes (S^T, then dP^T) keep fewer operand fragments alive at once.
-    auto transposed_product = [&](float(&acc)[kKeyTiles][kBlockQ / 8][4], const bf16* s_rows,
-                                  const bf16* s_cols) {
 #pragma unroll
-      for (int kk = 0; kk < D / 16; ++kk) {
-        uint32_t a[kKeyTiles][4];
+    for (int kk = 0; kk < D / 16; ++kk) {
+      uint32_t kf[4], vf[4];
+      ldmatrix_x4(kf, s_k + a_offset + kk * 16);
+      ldmatrix_x4(vf, s_v + a_offset + kk * 16);
 #pragma unroll
-        for (int m = 0; m < kKeyTiles; ++m) ldmatrix_x4(a[m], s_rows + a_offset + m * 16 * kStride + kk * 16);
-#pragma unroll
-        for (int nb = 0; nb < kBlockQ / 16; ++nb) {
-          uint32_t b[4];
-          ldmatrix_x4(b, s_cols + b_offset + nb * 16 * kStride + kk * 16);
-#pragma unroll
-          for (int m = 0; m < kKeyTiles; ++m) {
-            mma_bf16(acc[m][2 * nb], a[m], b[0], b[1]);
-            mma_bf16(acc[m][2 * nb + 1], a[m], b[2], b[3]);
-          }
-        }
-      }
-    };
-    transposed_product(st, s_k, s_q_tile);
-    transposed_product(dpt, s_v, s_do_tile);
-
-    // P^T = exp(S^T * scale - L) (L per column = query) and dS^T = P^T (dP^T - D), masked where needed,
-    // packed to bf16 pairs at once: in that form they are the A operands of the next two products (the
-    // accumulators of column tiles 2kq, 2kq+1 make the A fragment of queries 16kq..16kq+15).
-    const bool need_mask =
-        q0 + kBlockQ > seq || k0 + kBlockK > seq || (p.causal && k0 + warp_key0 + 16 * kKeyTiles - 1 > q0);
-    uint32_t p_frag[kKeyTiles][kBlockQ / 16][4], ds_frag[kKeyTiles][kBlockQ / 16][4];
-#pragma unroll
-    for (int m = 0; m < kKeyTiles; ++m) {
-#pragma unroll
-      for (int n = 0; n < kBlockQ / 8; ++n) {
-#pragma unroll
-        for (int r = 0; r < 2; ++r) {
-          float prob[2], dscore[2];
-#pragma unroll
-          for (int c = 0; c < 2; ++c) {
-            const int col = n * 8 + col_pair + c;
-            prob[c] = fast_exp2(st[m][n][2 * r + c] * p.scale_log2 - s_lse_tile[col]);
-            if (need_mask) {
-              const int query = q0 + col, key = k0 + warp_key0 + m * 16 + lane / 4 + 8 * r;
-              if (query >= seq || key >= seq || (p.causal && key > query)) prob[c] = 0;
-            }
-            dscore[c] = prob[c] * (dpt[m][n][2 * r + c] - s_delta_tile[col]);
-          }
-          p_frag[m][n / 2][(n % 2) * 2 + r] = pack_bf16(prob[0], prob[1]);
-          ds_frag[m][n / 2][(n % 2) * 2 + r] = pack_bf16(dscore[0], dscore[1]);
-        }
+      for (int nb = 0; nb < kBlockQ / 16; ++nb) {
+        uint32_t qf[4], df[4];
+        ldmatrix_x4(qf, s_q_tile + b_offset + nb * 16 * kStride + kk * 16);
+        ldmatrix_x4(df, s_do_tile + b_offset + nb * 16 * kStride + kk * 16);
+        mma_bf16(st[2 * nb], kf, qf[0], qf[1]);
+        mma_bf16(st[2 * nb + 1], kf, qf[2], qf[3]);
+        mma_bf16(dpt[2 * nb], vf, df[0], df[1]);
+        mma_bf16(dpt[2 * nb + 1], vf, df[2], df[3]);
       }
     }
 
-    // dV += P^T dO and dK += dS^T Q; dO and Q ([query][d]) come in through ldmatrix.trans as k-major
-    // B operands.
+    // P^T = exp(S^T * scale - L) (L per column = query) and dS^T = P^T (dP^T - D), masked where needed.
+    const bool need_mask = q0 + kBlockQ > seq || k0 + kBlockK > seq || (p.causal && k0 + warp * 16 + 15 > q0);
+#pragma unroll
+    for (int n = 0; n < kBlockQ / 8; ++n) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int col = n * 8 + col_pair + (e & 1);
+        float prob = fast_exp2(st[n][e] * p.scale_log2 - s_lse_tile[col]);
+        if (need_mask) {
+          const int query = q0 + col, key = key_row0 + (e / 2) * 8;
+          if (query >= seq || key >= seq || (p.causal && key > query)) prob = 0;
+        }
+        st[n][e] = prob;
+        dpt[n][e] = prob * (dpt[n][e] - s_delta_tile[col]);
+      }
+    }
+
+    // dV += P^T dO and dK += dS^T Q: accumulators of column tiles 2kq, 2kq+1 are the A operand of
+    // queries 16kq..16kq+15; dO and Q ([query][d]) come in through ldmatrix.trans as k-major B operands.
 #pragma unroll
     for (int kq = 0; kq < kBlockQ / 16; ++kq) {
+      const uint32_t p_frag[4] = {
+          pack_bf16(st[2 * kq][0], st[2 * kq][1]), pack_bf16(st[2 * kq][2], st[2 * kq][3]),
+          pack_bf16(st[2 * kq + 1][0], st[2 * kq + 1][1]), pack_bf16(st[2 * kq + 1][2], st[2 * kq + 1][3])};
+      const uint32_t ds_frag[4] = {pack_bf16(dpt[2 * kq][0], dpt[2 * kq][1]),
+                                   pack_bf16(dpt[2 * kq][2], dpt[2 * kq][3]),
+                                   pack_bf16(dpt[2 * kq + 1][0], dpt[2 * kq + 1][1]),
+                                   pack_bf16(dpt[2 * kq + 1][2], dpt[2 * kq + 1][3])};
 #pragma unroll
       for (int dn = 0; dn < D / 16; ++dn) {
         uint32_t dof[4], qf[4];
         ldmatrix_x4_trans(dof, s_do_tile + bt_offset + kq * 16 * kStride + dn * 16);
         ldmatrix_x4_trans(qf, s_q_tile + bt_offset + kq * 16 * kStride + dn * 16);
-#pragma unroll
-        for (int m = 0; m < kKeyTiles; ++m) {
-          mma_bf16(dv_acc[m][2 * dn], p_frag[m][kq], dof[0], dof[1]);
-          mma_bf16(dv_acc[m][2 * dn + 1], p_frag[m][kq], dof[2], dof[3]);
-          mma_bf16(dk_acc[m][2 * dn], ds_frag[m][kq], qf[0], qf[1]);
-          mma_bf16(dk_acc[m][2 * dn + 1], ds_frag[m][kq], qf[2], qf[3]);
-        }
+        mma_bf16(dv_acc[2 * dn], p_frag, dof[0], dof[1]);
+        mma_bf16(dv_acc[2 * dn + 1], p_frag, dof[2], dof[3]);
+        mma_bf16(dk_acc[2 * dn], ds_frag, qf[0], qf[1]);
+        mma_bf16(dk_acc[2 * dn + 1], ds_frag, qf[2], qf[3]);
       }
       // dS^T to shared memory, [key][query], for the dQ product of the next step.
 #pragma unroll
-      for (int m = 0; m < kKeyTiles; ++m) {
-        const int row = warp_key0 + m * 16 + lane / 4;
-#pragma unroll
-        for (int half = 0; half < 2; ++half) {
-          const int col = (2 * kq + half) * 8 + col_pair;
-          *reinterpret_cast<uint32_t*>(s_ds_tile + row * kStrideS + col) = ds_frag[m][kq][2 * half];
-          *reinterpret_cast<uint32_t*>(s_ds_tile + (row + 8) * kStrideS + col) = ds_frag[m][kq][2 * half + 1];
-        }
+      for (int half = 0; half < 2; ++half) {
+        const int n = 2 * kq + half, row = warp * 16 + lane / 4;
+        *reinterpret_cast<uint32_t*>(s_ds_tile + row * kStrideS + n * 8 + col_pair) = ds_frag[2 * half];
+        *reinterpret_cast<uint32_t*>(s_ds_tile + (row + 8) * kStrideS + n * 8 + col_pair) =
+            ds_frag[2 * half + 1];
       }
     }
   }
 
   // Epilogue: dK (scaled) and dV through the now idle K and V tiles, then 16-byte coalesced stores.
   __syncthreads();  // every warp is done reading s_k / s_v
+  const int local_row = warp * 16 + lane / 4;
 #pragma unroll
-  for (int m = 0; m < kKeyTiles; ++m) {
-    const int local_row = warp_key0 + m * 16 + lane / 4;
+  for (int n = 0; n < D / 8; ++n) {
 #pragma unroll
-    for (int n = 0; n < D / 8; ++n) {
-#pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        const int offset = (local_row + 8 * r) * kStride + n * 8 + col_pair;
-        *reinterpret_cast<uint32_t*>(s_k + offset) =
-            pack_bf16(dk_acc[m][n][2 * r] * p.scale, dk_acc[m][n][2 * r + 1] * p.scale);
-        *reinterpret_cast<uint32_t*>(s_v + offset) = pack_bf16(dv_acc[m][n][2 * r], dv_acc[m][n][2 * r + 1]);
-      }
+    for (int r = 0; r < 2; ++r) {
+      const int offset = (local_row + 8 * r) * kStride + n * 8 + col_pair;
+      *reinterpret_cast<uint32_t*>(s_k + offset) =
+          pack_bf16(dk_acc[n][2 * r] * p.scale, dk_acc[n][2 * r + 1] * p.scale);
+      *reinterpret_cast<uint32_t*>(s_v + offset) = pack_bf16(dv_acc[n][2 * r], dv_acc[n][2 * r + 1]);
     }
   }
   __syncthreads();
