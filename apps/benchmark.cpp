@@ -12,7 +12,9 @@
 #include "core/allocator.h"
 #include "core/autograd.h"
 #include "core/cuda_context.h"
+#include "core/cuda_graph.h"
 #include "core/ops.h"
+#include "core/profile.h"
 #include "core/rng.h"
 #include "optim/optimizer.h"
 #ifdef TT_WITH_CUDA
@@ -36,8 +38,8 @@ std::string device_name(Device device) {
   return "cpu";
 }
 
-Row measure(const Flags& flags, Device device, const std::string& size, int64_t ctx,
-            const std::string& mode) {
+Row measure(const Flags& flags, Device device, const std::string& size, int64_t ctx, const std::string& mode,
+            bool graph) {
   nn::ModelConfig config = nn::preset(size);
   config.vocab_size = flags.integer("vocab") > 0 ? flags.integer("vocab") : 10000;
   config.context_length = ctx;
@@ -47,7 +49,7 @@ Row measure(const Flags& flags, Device device, const std::string& size, int64_t 
   const std::string precision = nn::precision_name(config.precision),
                     attention = nn::attention_name(config.attention);
   Row row;
-  row.cells = {size, std::to_string(ctx), precision, attention, mode};
+  row.cells = {size, std::to_string(ctx), precision, attention, mode, graph ? "on" : "off"};
   auto json_head = [&] {
     return "\"size\": " + JsonlWriter::quote(size) + ", \"ctx\": " + std::to_string(ctx) +
            ", \"batch\": " + std::to_string(batch) + ", \"precision\": " + JsonlWriter::quote(precision) +
@@ -86,6 +88,39 @@ Row measure(const Flags& flags, Device device, const std::string& size, int64_t 
                           }});
       }
     }
+    std::unique_ptr<CudaGraph> cuda_graph;
+    if (graph) {
+      // Warm up eagerly (cuBLASLt plans, allocator cache), capture one whole iteration, then time replays.
+      TT_CHECK(device.is_cuda(), "--graph on needs a CUDA device");
+      for (int64_t i = 0; i < std::max<int64_t>(1, warmup); ++i) {
+        optimizer.prepare_step();
+        for (const Phase& p : phases) {
+          if (p.name == "optimizer") {
+            optimizer.apply();
+            params.zero_grad();
+          } else {
+            p.run();
+          }
+        }
+      }
+      synchronize(device);
+      cuda_graph = std::make_unique<CudaGraph>(device);
+      cuda_graph->capture([&] {
+        for (const Phase& p : phases) {
+          if (p.name == "optimizer") {
+            optimizer.apply();
+            params.zero_grad();
+          } else {
+            p.run();
+          }
+        }
+      });
+      const bool has_optimizer = mode == "step";
+      phases = {{"graph", [&, has_optimizer] {
+                   if (has_optimizer) optimizer.prepare_step();
+                   cuda_graph->replay();
+                 }}};
+    }
     // Peak memory of each phase: reset at its start, read at its end.
     std::vector<int64_t> phase_peak(phases.size(), 0);
     for (size_t p = 0; p < phases.size(); ++p) {
@@ -95,10 +130,30 @@ Row measure(const Flags& flags, Device device, const std::string& size, int64_t 
         inner();
       };
     }
+    // NVTX names each phase; with --profile-steps only the measured iterations are inside the profiler range.
+    for (Phase& p : phases) {
+      auto inner = p.run;
+      const std::string name = p.name;
+      p.run = [inner, name] {
+        const NvtxRange range(name.c_str());
+        inner();
+      };
+    }
+    const bool profile = flags.boolean("profile-steps");
+    int64_t iteration = 0;
+    const int64_t untimed = graph ? 1 : warmup;
+    if (profile && !phases.empty()) {
+      auto first = phases.front().run;
+      phases.front().run = [first, &iteration, untimed] {
+        if (iteration++ == untimed) profiler_start();
+        first();
+      };
+    }
     reset_peak_memory(device);
     const StepTimings t = time_phases(
-        warmup, steps, phases, [&] { synchronize(device); },
+        untimed, steps, phases, [&] { synchronize(device); },
         [&](size_t p) { phase_peak[p] = std::max(phase_peak[p], memory_stats(device).peak_bytes); });
+    if (profile) profiler_stop();
     const std::string timeline = flags.str("memory-timeline");
     if (!timeline.empty()) record_memory_timeline(timeline, device, phases, [&] { synchronize(device); });
     const Summary step = summarize(t.step_ms);
@@ -138,6 +193,13 @@ Row measure(const Flags& flags, Device device, const std::string& size, int64_t 
   } catch (const OutOfMemory&) {
     for (int i = 0; i < 7; ++i) row.cells.push_back(i == 3 ? "OOM" : "-");
     row.json = "{" + json_head() + ", \"oom\": true}";
+  } catch (const Error& e) {
+    // A capture that fails (an op that cannot run inside a graph) is reported, not fatal for the sweep.
+    if (!graph) throw;
+    for (int i = 0; i < 7; ++i) row.cells.push_back(i == 3 ? "error" : "-");
+    std::fprintf(stderr, "  %s ctx %lld graph capture failed: %s\n", size.c_str(),
+                 static_cast<long long>(ctx), e.what());
+    row.json = "{" + json_head() + ", \"oom\": true}";
   }
   empty_cache(device);
   return row;
@@ -160,6 +222,11 @@ int main(int argc, char** argv) {
     flags.add("warmup", "5", "untimed warm-up iterations");
     flags.add("steps", "10", "timed iterations");
     flags.add("device", "auto", "cpu | cuda | cuda:N | auto");
+    flags.add_switch(
+        "profile-steps",
+        "call cudaProfilerStart/Stop around the measured steps (nsys --capture-range=cudaProfilerApi)");
+    flags.add("graph", "auto",
+              "on | off | both | auto (on for CUDA): capture the whole iteration in a CUDA graph");
     flags.add("json", "", "also write one JSON object per row to this file");
     flags.add("memory-timeline", "", "record every allocation of one step into FILE.svg and FILE.json");
     if (!flags.parse(argc, argv)) return 0;
@@ -171,23 +238,35 @@ int main(int argc, char** argv) {
                 static_cast<long long>(flags.integer("steps")));
     std::unique_ptr<JsonlWriter> json;
     if (!flags.str("json").empty()) json = std::make_unique<JsonlWriter>(flags.str("json"), false);
+    const std::string graph_flag = flags.str("graph");
+    std::vector<bool> graph_modes;
+    if (graph_flag == "both")
+      graph_modes = {false, true};
+    else if (graph_flag == "on" || (graph_flag == "auto" && device.is_cuda()))
+      graph_modes = {true};
+    else if (graph_flag == "off" || graph_flag == "auto")
+      graph_modes = {false};
+    else
+      throw Error("unknown --graph '" + graph_flag + "' (expected on, off, both or auto)");
     for (const std::string& size : flags.list("sizes")) {
       for (int64_t ctx : flags.int_list("ctx")) {
         for (const std::string& mode : flags.list("mode")) {
           TT_CHECK(mode == "forward" || mode == "backward" || mode == "step",
                    "unknown --mode '" + mode + "' (expected forward, backward or step)");
-          rows.push_back(measure(flags, device, size, ctx, mode));
-          if (json) json->write_raw(rows.back().json);
-          std::fprintf(stderr, "  measured %s ctx %lld %s\n", size.c_str(), static_cast<long long>(ctx),
-                       mode.c_str());
+          for (bool graph : graph_modes) {
+            rows.push_back(measure(flags, device, size, ctx, mode, graph));
+            if (json) json->write_raw(rows.back().json);
+            std::fprintf(stderr, "  measured %s ctx %lld %s graph %s\n", size.c_str(),
+                         static_cast<long long>(ctx), mode.c_str(), graph ? "on" : "off");
+          }
         }
       }
     }
     std::vector<std::vector<std::string>> cells;
     for (const Row& r : rows) cells.push_back(r.cells);
     std::printf("%s",
-                markdown_table({"size", "ctx", "precision", "attention", "mode", "forward ms", "backward ms",
-                                "optimizer ms", "step ms", "tokens/s", "MFU", "peak MiB"},
+                markdown_table({"size", "ctx", "precision", "attention", "mode", "graph", "forward ms",
+                                "backward ms", "optimizer ms", "step ms", "tokens/s", "MFU", "peak MiB"},
                                cells)
                     .c_str());
     return 0;

@@ -45,8 +45,11 @@ void count_alloc(MemoryStats& stats, int64_t bytes) {
 // tensors are used on the device's compute stream, so a block freed on the host after its last kernel was
 // enqueued can be handed to the next kernel on that stream without waiting.
 struct CudaCache {
-  std::multimap<size_t, void*> free_blocks;      // rounded size -> block
-  std::unordered_map<void*, size_t> block_size;  // every live or cached block
+  std::multimap<size_t, void*> free_blocks;        // rounded size -> block
+  std::multimap<size_t, void*> graph_free_blocks;  // the same for the graph pool
+  std::unordered_map<void*, size_t> block_size;    // every live or cached block
+  std::unordered_map<void*, bool> in_graph_pool;   // blocks reserved for captured graphs
+  bool capturing = false;
   MemoryStats stats;
 };
 CudaCache g_cuda[kMaxDevices];
@@ -70,18 +73,19 @@ void release_cached(CudaCache& cache) {
 void* cuda_allocate(int device, size_t bytes) {
   CudaCache& cache = g_cuda[device];
   const size_t rounded = round_size(bytes);
-  auto it = cache.free_blocks.lower_bound(rounded);
+  std::multimap<size_t, void*>& pool = cache.capturing ? cache.graph_free_blocks : cache.free_blocks;
+  auto it = pool.lower_bound(rounded);
   const size_t slack = rounded <= (1 << 20) ? 0 : rounded / 4;
-  if (it != cache.free_blocks.end() && it->first <= rounded + slack) {
+  if (it != pool.end() && it->first <= rounded + slack) {
     void* ptr = it->second;
-    cache.free_blocks.erase(it);
+    pool.erase(it);
     count_alloc(cache.stats, static_cast<int64_t>(cache.block_size[ptr]));
     return ptr;
   }
   set_current_device(device);
   void* ptr = nullptr;
   cudaError_t err = cudaMalloc(&ptr, rounded);
-  if (err == cudaErrorMemoryAllocation) {
+  if (err == cudaErrorMemoryAllocation && !cache.capturing) {  // cudaFree is not allowed while capturing
     cudaGetLastError();
     release_cached(cache);
     err = cudaMalloc(&ptr, rounded);
@@ -94,6 +98,7 @@ void* cuda_allocate(int device, size_t bytes) {
                       std::to_string(cache.stats.reserved_bytes >> 20) + " MiB)");
   }
   cache.block_size[ptr] = rounded;
+  if (cache.capturing) cache.in_graph_pool[ptr] = true;
   cache.stats.reserved_bytes += static_cast<int64_t>(rounded);
   cache.stats.device_allocs += 1;
   count_alloc(cache.stats, static_cast<int64_t>(rounded));
@@ -104,7 +109,7 @@ void cuda_free(int device, void* ptr) {
   CudaCache& cache = g_cuda[device];
   const size_t size = cache.block_size.at(ptr);
   cache.stats.current_bytes -= static_cast<int64_t>(size);
-  cache.free_blocks.emplace(size, ptr);
+  (cache.in_graph_pool.count(ptr) ? cache.graph_free_blocks : cache.free_blocks).emplace(size, ptr);
 }
 #endif
 
@@ -170,6 +175,20 @@ void empty_cache(Device device) {
 #ifdef TT_WITH_CUDA
   std::lock_guard<std::mutex> lock(g_mutex);
   if (device.is_cuda()) release_cached(g_cuda[device.index]);
+#endif
+}
+
+void begin_graph_pool(Device device) {
+#ifdef TT_WITH_CUDA
+  std::lock_guard<std::mutex> lock(g_mutex);
+  if (device.is_cuda()) g_cuda[device.index].capturing = true;
+#endif
+}
+
+void end_graph_pool(Device device) {
+#ifdef TT_WITH_CUDA
+  std::lock_guard<std::mutex> lock(g_mutex);
+  if (device.is_cuda()) g_cuda[device.index].capturing = false;
 #endif
 }
 

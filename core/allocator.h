@@ -36,6 +36,11 @@ void reset_peak_memory(Device device);
 // Returns cached CUDA blocks to the driver (no effect on CPU).
 void empty_cache(Device device);
 
+// While a CUDA graph is captured, allocations on `device` come from (and frees return to) a private pool
+// that stays reserved afterwards, so the addresses baked into the graph are never handed to anyone else.
+void begin_graph_pool(Device device);
+void end_graph_pool(Device device);
+
 // Installs (or clears, with an empty function) a recorder called on every allocation and free.
 void set_memory_recorder(std::function<void(const MemoryEvent&)> recorder);
 

@@ -7,6 +7,7 @@
 
 #include "core/allocator.h"
 #include "core/ops.h"
+#include "core/profile.h"
 
 namespace tt {
 
@@ -123,6 +124,7 @@ void run_backward(const Tensor& root, const Tensor& grad) {
     {
       // Allocations of a backward node are attributed to it in memory timelines.
       MemoryTagGuard tag(node->name());
+      const NvtxRange range(node->name());
       input_grads = node->apply(node_grad);
     }
     node_grad = Tensor();

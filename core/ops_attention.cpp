@@ -2,6 +2,7 @@
 #include <cmath>
 
 #include "core/ops_internal.h"
+#include "core/profile.h"
 #include "kernels/flash_attention.h"
 
 namespace tt::ops {
@@ -30,14 +31,15 @@ AttentionStrides strides_of(const Tensor& t) {
   return {t.strides()[0], t.strides()[1], t.strides()[2]};
 }
 
-AttentionProblem make_problem(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o,
-                              bool causal) {
+AttentionProblem make_problem(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o, bool causal,
+                              bool deterministic = false) {
   AttentionProblem p;
   p.batch = q.size(0);
   p.heads = q.size(1);
   p.seq = q.size(2);
   p.d_head = q.size(3);
   p.causal = causal;
+  p.deterministic = deterministic;
   p.scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(p.d_head)));
   p.q = strides_of(q);
   p.k = strides_of(k);
@@ -57,13 +59,13 @@ void check_qkv(const Tensor& q, const Tensor& k, const Tensor& v) {
 
 struct FlashAttentionNode : Node {
   Tensor q, k, v, o, lse;
-  bool causal = true;
+  bool causal = true, deterministic = false;
   const char* name() const override { return "FlashAttention"; }
   std::vector<Tensor> apply(const Tensor& grad) override {
     const Tensor d_o = grad.dtype() == o.dtype() ? grad.clone() : cast(grad, o.dtype());
     Tensor dq = empty_with_layout(q, q.dtype()), dk = empty_with_layout(k, k.dtype());
     Tensor dv = empty_with_layout(v, v.dtype());
-    const AttentionProblem p = make_problem(q, k, v, o, causal);
+    const AttentionProblem p = make_problem(q, k, v, o, causal, deterministic);
     if (q.device().is_cuda()) {
       TT_CUDA_ONLY(cuda::flash_attention_backward(
           p, q.dtype(), q.raw_data(), k.raw_data(), v.raw_data(), o.raw_data(), d_o.raw_data(),
@@ -82,13 +84,14 @@ struct FlashAttentionNode : Node {
 
 }  // namespace
 
-Tensor flash_attention(const Tensor& q_in, const Tensor& k_in, const Tensor& v_in, bool causal) {
+Tensor flash_attention(const Tensor& q_in, const Tensor& k_in, const Tensor& v_in, bool causal,
+                       bool deterministic) {
   check_qkv(q_in, k_in, v_in);
   if (q_in.device().is_cpu() && q_in.dtype() == DType::bf16) {
     // The CPU has no bf16 arithmetic: compute in f32 and round the output, like the GPU's f32 accumulation.
-    return cast(
-        flash_attention(cast(q_in, DType::f32), cast(k_in, DType::f32), cast(v_in, DType::f32), causal),
-        DType::bf16);
+    return cast(flash_attention(cast(q_in, DType::f32), cast(k_in, DType::f32), cast(v_in, DType::f32),
+                                causal, deterministic),
+                DType::bf16);
   }
   const Tensor q = as_attention_layout(q_in), k = as_attention_layout(k_in), v = as_attention_layout(v_in);
   Tensor o = Tensor::empty(q.shape(), q.dtype(), q.device());
@@ -116,6 +119,7 @@ Tensor flash_attention(const Tensor& q_in, const Tensor& k_in, const Tensor& v_i
     node->o = o;
     node->lse = lse;
     node->causal = causal;
+    node->deterministic = deterministic;
     attach_node(o, node, {&q_in, &k_in, &v_in});
   }
   return o;
@@ -127,9 +131,19 @@ Tensor naive_attention(const Tensor& q, const Tensor& k, const Tensor& v, bool c
   const Shape flat{batch * heads, seq, d_head};
   const Tensor q3 = reshape(contiguous(q), flat), k3 = reshape(contiguous(k), flat);
   const Tensor v3 = reshape(contiguous(v), flat);
-  const Tensor scores = matmul(q3, k3, false, true);  // f32 (also for bf16 inputs)
-  const Tensor probs = softmax(scores, 1.0 / std::sqrt(static_cast<double>(d_head)), causal);
-  const Tensor out = matmul(cast(probs, q.dtype()), v3);
+  Tensor scores, probs, out;
+  {
+    const NvtxRange range("scores");
+    scores = matmul(q3, k3, false, true);  // f32 (also for bf16 inputs)
+  }
+  {
+    const NvtxRange range("softmax");
+    probs = softmax(scores, 1.0 / std::sqrt(static_cast<double>(d_head)), causal);
+  }
+  {
+    const NvtxRange range("PV");
+    out = matmul(cast(probs, q.dtype()), v3);
+  }
   return reshape(cast(out, q.dtype()), q.shape());
 }
 

@@ -17,6 +17,8 @@ struct AttentionProblem {
   int64_t batch = 1, heads = 1, seq = 1, d_head = 64;
   bool causal = true;
   float scale = 0.125f;  // usually 1/sqrt(d_head)
+  // Bit-identical results run to run (the CUDA backward then avoids atomic dQ accumulation; slower).
+  bool deterministic = false;
   AttentionStrides q, k, v, o;  // layouts of Q, K, V, O (dO/dQ/dK/dV use the same strides as O/Q/K/V)
   // Contiguous (batch, heads, seq, d_head) strides.
   static AttentionStrides contiguous(int64_t heads, int64_t seq, int64_t d_head) {

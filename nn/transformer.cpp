@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include "core/ops.h"
+#include "core/profile.h"
 
 namespace tt::nn {
 
@@ -124,6 +125,7 @@ CausalSelfAttention::CausalSelfAttention(const ModelConfig& config)
 }
 
 Tensor CausalSelfAttention::forward(const Tensor& x) const {
+  const NvtxRange range("attention");
   const int64_t batch = x.size(0), seq = x.size(1), heads = config_.num_heads, d_head = config_.d_head();
   const Precision precision = config_.precision;
   Tensor q = ops::rope(q_proj_.forward(x, precision), d_head, config_.rope_theta);
@@ -139,8 +141,13 @@ Tensor CausalSelfAttention::forward(const Tensor& x) const {
     return ops::transpose(ops::reshape(t, {batch, seq, heads, d_head}), 1, 2);
   };
   const Tensor qh = split_heads(q), kh = split_heads(k), vh = split_heads(v);
-  const Tensor o = config_.attention == AttentionKind::flash ? ops::flash_attention(qh, kh, vh, true)
-                                                             : ops::naive_attention(qh, kh, vh, true);
+  Tensor o;
+  {
+    const NvtxRange core(config_.attention == AttentionKind::flash ? "flash_attention" : "naive_attention");
+    o = config_.attention == AttentionKind::flash
+            ? ops::flash_attention(qh, kh, vh, true, config_.deterministic)
+            : ops::naive_attention(qh, kh, vh, true);
+  }
   const Tensor merged = ops::reshape(ops::contiguous(ops::transpose(o, 1, 2)), {batch, seq, heads * d_head});
   return output_proj_.forward(merged, precision);
 }
@@ -151,6 +158,7 @@ SwiGLU::SwiGLU(int64_t d_model, int64_t d_ff)
       w3_(register_module("w3", std::make_unique<Linear>(d_model, d_ff))) {}
 
 Tensor SwiGLU::forward(const Tensor& x, Precision precision) const {
+  const NvtxRange range("ffn");
   return w2_.forward(ops::swiglu(w1_.forward(x, precision), w3_.forward(x, precision)), precision);
 }
 
@@ -184,7 +192,12 @@ Tensor TransformerLM::forward(const Tensor& ids) const {
                                                       " exceeds the context length " +
                                                       std::to_string(config_.context_length));
   Tensor x = token_embeddings_->forward(ids);
-  for (const TransformerBlock* layer : layers_) x = layer->forward(x);
+  for (size_t i = 0; i < layers_.size(); ++i) {
+    const std::string name = "layer " + std::to_string(i);
+    const NvtxRange range(name.c_str());
+    x = layers_[i]->forward(x);
+  }
+  const NvtxRange range("lm_head");
   return lm_head_->forward(ln_final_->forward(x), config_.precision);
 }
 

@@ -29,6 +29,7 @@ struct ModelConfig {
   double norm_eps = 1e-5;
   Precision precision = Precision::f32;
   AttentionKind attention = AttentionKind::naive;
+  bool deterministic = false;  // bit-identical runs on CUDA (exact resume); slower attention backward
 
   int64_t d_head() const { return d_model / num_heads; }
   // 2*V*d + L*(4*d^2 + 3*d*d_ff + 2*d) + d

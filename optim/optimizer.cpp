@@ -41,7 +41,22 @@ AdamW::AdamW(std::vector<Tensor> params, const AdamWOptions& options)
 }
 
 void AdamW::step() {
+  prepare_step();
+  apply();
+}
+
+void AdamW::prepare_step() {
   ++step_;
+  if (params_.empty() || !params_[0].device().is_cuda()) return;
+#ifdef TT_WITH_CUDA
+  if (!device_factors_.defined()) device_factors_ = Tensor::zeros({3}, DType::f32, params_[0].device());
+  cuda::adamw_upload_factors(device_factors_.data<float>(), lr_, options_.beta1, options_.beta2,
+                             options_.weight_decay, step_,
+                             static_cast<cudaStream_t>(compute_stream(params_[0].device().index)));
+#endif
+}
+
+void AdamW::apply() {
   for (size_t i = 0; i < params_.size(); ++i) {
     Tensor& p = params_[i];
     const Tensor g = p.grad();
@@ -51,17 +66,24 @@ void AdamW::step() {
     if (p.device().is_cuda()) {
 #ifdef TT_WITH_CUDA
       TT_CHECK(p.dtype() == DType::f32, "AdamW on CUDA needs f32 parameters");
-      cuda::adamw(p.data<float>(), g.data<float>(), exp_avg_[i].data<float>(), exp_avg_sq_[i].data<float>(),
-                  n, lr_, options_.beta1, options_.beta2, options_.eps, options_.weight_decay, step_,
-                  static_cast<cudaStream_t>(compute_stream(p.device().index)));
+      TT_CHECK(device_factors_.defined(), "AdamW::apply() before prepare_step()");
+      cuda::adamw_apply(p.data<float>(), g.data<float>(), exp_avg_[i].data<float>(),
+                        exp_avg_sq_[i].data<float>(), n, device_factors_.data<float>(),
+                        grad_scale_.defined() ? grad_scale_.data<float>() : nullptr, options_.beta1,
+                        options_.beta2, options_.eps,
+                        static_cast<cudaStream_t>(compute_stream(p.device().index)));
 #endif
-    } else if (p.dtype() == DType::f64) {
-      cpu::adamw(p.data<double>(), g.data<double>(), exp_avg_[i].data<double>(),
-                 exp_avg_sq_[i].data<double>(), n, lr_, options_.beta1, options_.beta2, options_.eps,
-                 options_.weight_decay, step_);
     } else {
-      cpu::adamw(p.data<float>(), g.data<float>(), exp_avg_[i].data<float>(), exp_avg_sq_[i].data<float>(), n,
-                 lr_, options_.beta1, options_.beta2, options_.eps, options_.weight_decay, step_);
+      TT_CHECK(!grad_scale_.defined(), "AdamW: device gradient scaling is for CUDA parameters");
+      auto update = [&](auto tag) {
+        using T = decltype(tag);
+        cpu::adamw(p.data<T>(), g.data<T>(), exp_avg_[i].data<T>(), exp_avg_sq_[i].data<T>(), n, lr_,
+                   options_.beta1, options_.beta2, options_.eps, options_.weight_decay, step_);
+      };
+      if (p.dtype() == DType::f64)
+        update(double{});
+      else
+        update(float{});
     }
   }
 }
@@ -91,6 +113,20 @@ double clip_grad_norm(const std::vector<Tensor>& grads, double max_norm) {
     }
   }
   return norm;
+}
+
+}  // namespace tt::optim
+
+namespace tt::optim {
+
+void clip_factor_on_device(const Tensor& flat_grads, double max_norm, Tensor& norm, Tensor& factor) {
+  TT_CHECK(flat_grads.device().is_cuda() && flat_grads.dtype() == DType::f32 && flat_grads.is_contiguous(),
+           "clip_factor_on_device needs a contiguous f32 CUDA gradient buffer");
+#ifdef TT_WITH_CUDA
+  const cudaStream_t stream = static_cast<cudaStream_t>(compute_stream(flat_grads.device().index));
+  cuda::sum(flat_grads.data<float>(), flat_grads.numel(), true, norm.data<float>(), stream);
+  cuda::clip_scale(norm.data<float>(), max_norm, factor.data<float>(), norm.data<float>(), stream);
+#endif
 }
 
 }  // namespace tt::optim

@@ -41,7 +41,13 @@ struct AdamWOptions {
 class AdamW : public Optimizer {
  public:
   AdamW(std::vector<Tensor> params, const AdamWOptions& options = {});
-  void step() override;
+  void step() override;  // prepare_step() then apply()
+  // The two halves of a step, for CUDA graphs: prepare_step() counts the step and uploads its scalars
+  // (outside a capture); apply() launches the update (may be captured, then replayed every step).
+  void prepare_step();
+  void apply();
+  // Multiplies gradients by this device scalar (CUDA clipping without a host round trip); undefined = 1.
+  void set_grad_scale(const Tensor& scale) { grad_scale_ = scale; }
   int64_t step_count() const { return step_; }
   void set_step_count(int64_t step) { step_ = step; }
   std::vector<Tensor>& exp_avg() { return exp_avg_; }
@@ -52,6 +58,8 @@ class AdamW : public Optimizer {
   AdamWOptions options_;
   int64_t step_ = 0;
   std::vector<Tensor> exp_avg_, exp_avg_sq_;
+  Tensor device_factors_;  // 3 floats on the parameters' GPU: step size, sqrt(bias2), decay
+  Tensor grad_scale_;
 };
 
 // Cosine schedule with linear warm-up (REFERENCE.md): it < warmup: max*it/warmup; it > cosine_steps: min.
@@ -60,5 +68,10 @@ double cosine_lr(int64_t it, double lr_max, double lr_min, int64_t warmup_steps,
 // Scales all gradients so their global L2 norm is at most max_norm (scale = min(1, max/(norm + 1e-6))).
 // Returns the norm before clipping. max_norm <= 0 only measures.
 double clip_grad_norm(const std::vector<Tensor>& grads, double max_norm);
+
+// The same on the GPU for one flat f32 gradient buffer, without reading anything back: writes the norm and
+// the clipping factor to device scalars ({1} f32 tensors allocated by the caller); the factor is meant for
+// AdamW::set_grad_scale, the norm for logging a step later.
+void clip_factor_on_device(const Tensor& flat_grads, double max_norm, Tensor& norm, Tensor& factor);
 
 }  // namespace tt::optim

@@ -30,7 +30,8 @@ class Flags {
   std::vector<std::string> list(const std::string& name) const;  // comma-separated
   std::vector<int64_t> int_list(const std::string& name) const;
   std::vector<double> number_list(const std::string& name) const;
-  bool given(const std::string& name) const;  // set on the command line or in the config file
+  bool given(const std::string& name) const;
+  bool declared(const std::string& name) const { return specs_.count(name) > 0; }  // set on the command line or in the config file
   std::string help() const;
   // All flags as "--name value" pairs (what a checkpoint records).
   std::string summary_line() const;

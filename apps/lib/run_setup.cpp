@@ -15,6 +15,9 @@ void declare_model_flags(Flags& f) {
   f.add("precision", "f32", "f32 | bf16 (bf16 matmul/attention inputs, f32 master weights and reductions)");
   f.add("attention", "auto", "naive | flash | auto (flash on CUDA, naive on CPU)");
   f.add("device", "auto", "cpu | cuda | cuda:N | auto (a GPU when there is one)");
+  f.add_switch(
+      "deterministic",
+      "bit-identical CUDA runs (exact resume on GPU): deterministic attention backward, a little slower");
 }
 
 Device pick_device(const std::string& text, int local_rank) {
@@ -33,6 +36,7 @@ Device pick_device(const std::string& text, int local_rank) {
 
 void apply_runtime_model_flags(const Flags& flags, nn::ModelConfig& config, Device device) {
   config.precision = nn::parse_precision(flags.str("precision"));
+  config.deterministic = flags.declared("deterministic") && flags.boolean("deterministic");
   const std::string attention = flags.str("attention");
   config.attention = attention == "auto"
                          ? (device.is_cuda() ? nn::AttentionKind::flash : nn::AttentionKind::naive)

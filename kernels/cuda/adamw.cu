@@ -15,12 +15,11 @@ namespace {
 constexpr int kThreads = 256;
 constexpr int64_t kMaxBlocks = 8192;
 
-// Step-dependent scalars, computed once per step on the host in double and rounded to float exactly as the
-// CPU twin rounds them.
+// Constant for a run; passed by value.
 struct AdamWFactors {
-  float step_size;   // lr / (1 - beta1^step)
-  float bias2_sqrt;  // sqrt(1 - beta2^step)
-  float decay;       // 1 - lr * weight_decay
+  float step_size;   // lr / (1 - beta1^step)   (read from device memory at run time)
+  float bias2_sqrt;  // sqrt(1 - beta2^step)    (idem)
+  float decay;       // 1 - lr * weight_decay   (idem)
   float beta1, beta2;
   float one_minus_beta1, one_minus_beta2;
   float eps;
@@ -39,13 +38,24 @@ __device__ void adamw_update(float& param, float grad, float& exp_avg, float& ex
 
 // The first vector_groups * 4 elements go through 16-byte loads and stores (the buffers are aligned for it,
 // checked on the host); the rest, fewer than 4 or everything when unaligned, element by element.
+// The step-dependent factors come from device memory (uploaded before the launch, or before a CUDA graph
+// replay), so a captured step stays valid for every later step; grad_scale (optional) is the clipping
+// factor computed on the device.
 __global__ void adamw_kernel(float* param, const float* grad, float* exp_avg, float* exp_avg_sq, int64_t n,
-                             int64_t vector_groups, AdamWFactors f) {
+                             int64_t vector_groups, AdamWFactors f, const float* step_factors,
+                             const float* grad_scale) {
+  f.step_size = step_factors[0];
+  f.bias2_sqrt = step_factors[1];
+  f.decay = step_factors[2];
+  const float scale = grad_scale ? *grad_scale : 1.0f;
   const int64_t first = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
   for (int64_t k = first; k < vector_groups; k += stride) {
     float4 p = reinterpret_cast<float4*>(param)[k];
-    const float4 g = reinterpret_cast<const float4*>(grad)[k];
+    float4 g = reinterpret_cast<const float4*>(grad)[k];
+    if (grad_scale)
+      g = make_float4(__fmul_rn(g.x, scale), __fmul_rn(g.y, scale), __fmul_rn(g.z, scale),
+                      __fmul_rn(g.w, scale));
     float4 m = reinterpret_cast<float4*>(exp_avg)[k];
     float4 v = reinterpret_cast<float4*>(exp_avg_sq)[k];
     adamw_update(p.x, g.x, m.x, v.x, f);
@@ -57,7 +67,14 @@ __global__ void adamw_kernel(float* param, const float* grad, float* exp_avg, fl
     reinterpret_cast<float4*>(exp_avg_sq)[k] = v;
   }
   for (int64_t i = vector_groups * 4 + first; i < n; i += stride)
-    adamw_update(param[i], grad[i], exp_avg[i], exp_avg_sq[i], f);
+    adamw_update(param[i], grad_scale ? __fmul_rn(grad[i], scale) : grad[i], exp_avg[i], exp_avg_sq[i], f);
+}
+
+// scale = min(1, max_norm / (sqrt(norm_sq) + 1e-6)), and the norm itself for logging.
+__global__ void clip_scale_kernel(const float* norm_sq, double max_norm, float* scale, float* norm) {
+  const double n = sqrt(static_cast<double>(*norm_sq));
+  *norm = static_cast<float>(n);
+  *scale = max_norm > 0 ? static_cast<float>(fmin(1.0, max_norm / (n + 1e-6))) : 1.0f;
 }
 
 bool aligned_16(const void* p) {
@@ -66,29 +83,41 @@ bool aligned_16(const void* p) {
 
 }  // namespace
 
-void adamw(float* param, const float* grad, float* exp_avg, float* exp_avg_sq, int64_t n, double lr,
-           double beta1, double beta2, double eps, double weight_decay, int64_t step, cudaStream_t stream) {
+void adamw_upload_factors(float* device_factors, double lr, double beta1, double beta2, double weight_decay,
+                          int64_t step, cudaStream_t stream) {
   TT_CHECK(step >= 1, "cuda::adamw: step counts from 1, got " + std::to_string(step));
-  if (n == 0) return;
   const double bias1 = 1.0 - std::pow(beta1, static_cast<double>(step));
   const double bias2 = 1.0 - std::pow(beta2, static_cast<double>(step));
+  // Rounded exactly as the CPU twin rounds them.
+  const float factors[3] = {static_cast<float>(lr / bias1), static_cast<float>(std::sqrt(bias2)),
+                            static_cast<float>(1.0 - lr * weight_decay)};
+  // From pageable memory the copy is staged before cudaMemcpyAsync returns, so `factors` may go away.
+  TT_CUDA_CHECK(cudaMemcpyAsync(device_factors, factors, sizeof(factors), cudaMemcpyHostToDevice, stream));
+}
+
+void adamw_apply(float* param, const float* grad, float* exp_avg, float* exp_avg_sq, int64_t n,
+                 const float* device_factors, const float* grad_scale, double beta1, double beta2, double eps,
+                 cudaStream_t stream) {
+  if (n == 0) return;
   AdamWFactors f{};
-  f.step_size = static_cast<float>(lr / bias1);
-  f.bias2_sqrt = static_cast<float>(std::sqrt(bias2));
-  f.decay = static_cast<float>(1.0 - lr * weight_decay);
   f.beta1 = static_cast<float>(beta1);
   f.beta2 = static_cast<float>(beta2);
   f.one_minus_beta1 = 1.0f - f.beta1;  // in float, as the CPU twin computes T(1) - b1
   f.one_minus_beta2 = 1.0f - f.beta2;
   f.eps = static_cast<float>(eps);
-
   // Views into the flat buffers (ZeRO shards, buckets) may start at any element, so alignment is checked.
   const bool vectorisable =
       aligned_16(param) && aligned_16(grad) && aligned_16(exp_avg) && aligned_16(exp_avg_sq);
   const int64_t vector_groups = vectorisable ? n / 4 : 0;
   const int64_t work_items = std::max(vector_groups, n - vector_groups * 4);
   const auto blocks = static_cast<unsigned int>(std::min((work_items + kThreads - 1) / kThreads, kMaxBlocks));
-  adamw_kernel<<<blocks, kThreads, 0, stream>>>(param, grad, exp_avg, exp_avg_sq, n, vector_groups, f);
+  adamw_kernel<<<blocks, kThreads, 0, stream>>>(param, grad, exp_avg, exp_avg_sq, n, vector_groups, f,
+                                                device_factors, grad_scale);
+  TT_CUDA_LAUNCH_CHECK();
+}
+
+void clip_scale(const float* norm_sq, double max_norm, float* scale, float* norm, cudaStream_t stream) {
+  clip_scale_kernel<<<1, 1, 0, stream>>>(norm_sq, max_norm, scale, norm);
   TT_CUDA_LAUNCH_CHECK();
 }
 

@@ -75,7 +75,15 @@ void cast(const void* in, DType in_type, void* out, DType out_type, int64_t n, c
 void strided_copy(const void* in, void* out, int64_t elem_bytes, int ndim, const int64_t* shape,
                   const int64_t* in_strides, cudaStream_t stream);
 
-void adamw(float* param, const float* grad, float* exp_avg, float* exp_avg_sq, int64_t n, double lr,
-           double beta1, double beta2, double eps, double weight_decay, int64_t step, cudaStream_t stream);
+// AdamW in two parts so a CUDA graph can hold the update: the step's factors (lr / (1 - beta1^t),
+// sqrt(1 - beta2^t), 1 - lr * wd) are uploaded to 3 floats of device memory outside any capture, and the
+// update kernel reads them there. grad_scale (nullable, device) multiplies the gradient (clipping).
+void adamw_upload_factors(float* device_factors, double lr, double beta1, double beta2, double weight_decay,
+                          int64_t step, cudaStream_t stream);
+void adamw_apply(float* param, const float* grad, float* exp_avg, float* exp_avg_sq, int64_t n,
+                 const float* device_factors, const float* grad_scale, double beta1, double beta2, double eps,
+                 cudaStream_t stream);
+// *scale = min(1, max_norm / (sqrt(*norm_sq) + 1e-6)) (1 when max_norm <= 0), *norm = sqrt(*norm_sq).
+void clip_scale(const float* norm_sq, double max_norm, float* scale, float* norm, cudaStream_t stream);
 
 }  // namespace tt::cuda

@@ -10,10 +10,14 @@
 //  - Per query tile each warp computes the transposed products S^T = K Q^T and dP^T = V dO^T (16 keys x
 //    all queries of the tile), so that P^T = exp(S^T scale - L) and dS^T = P^T (dP^T - D) are already
 //    the A operands of dV += P^T dO and dK += dS^T Q (register re-use, as in the forward's P V).
-//  - dQ needs dS with queries as rows, i.e. every warp's keys at once: dS^T goes to shared memory (bf16),
-//    the block synchronises, and each warp multiplies one 16-query x (d_head / groups) slice of dS K.
-//    Several key tiles add to the same dQ rows, so the result is added with f32 atomics into a scratch
-//    accumulator; a last small kernel scales it and converts it to the output dtype and layout.
+//  - dQ needs dS with queries as rows, i.e. every warp's keys at once: dS^T goes to shared memory (bf16)
+//    and, after the next block-wide barrier, each warp multiplies one 16-query x (d_head / groups) slice
+//    of dS K. dS^T is double-buffered, so the dQ product of query tile i runs at the start of step i + 1
+//    and a single barrier per query tile suffices. Several key tiles add to the same dQ rows: the result
+//    goes through f32 atomics into a scratch accumulator; a last small kernel scales it and converts it
+//    to the output dtype and layout.
+//  - The preprocessing kernel also stores L * log2(e), so P = exp2(S * scale * log2(e) - that): one FFMA
+//    and one EX2 per score.
 //  - Causal: query tiles that end before the first key are skipped (the loop starts at the tile holding
 //    the first key); the mask is applied only where a warp's keys cross the diagonal or the tiles hang past
 //    the end of the sequence. The 1/sqrt(d) scale of dK and dQ is applied once, at the end.
@@ -32,7 +36,7 @@ struct BackwardTile {
   static constexpr int kBlockK = 16 * kWarps;
   static constexpr int kBlockQ = D <= 96 ? 64 : 32;
   static constexpr int kStride = D + 8;         // padded row of the K, V, Q, dO tiles
-  static constexpr int kStrideS = kBlockQ + 8;  // padded row of the dS^T tile
+  static constexpr int kStrideS = kBlockQ + 8;  // padded row of the dS^T tiles
   // dQ = dS K split over the warps: kRowTiles tiles of 16 queries times kColGroups slices of d_head.
   static constexpr int kRowTiles = kBlockQ / 16;
   static constexpr int kColGroups = kWarps / kRowTiles;
@@ -359,7 +363,8 @@ void flash_attention_backward(const AttentionProblem& p, DType dtype, const void
   params.dv = dv;
   const auto cuda_stream = static_cast<cudaStream_t>(stream);
   const int64_t batch_heads = p.batch * p.heads, rows = batch_heads * p.seq;
-  const bool fast = dtype == DType::bf16 && !simple_path_forced() && p.scale > 0 && rows_aligned_16(q, p.q) &&
+  const bool fast = dtype == DType::bf16 && !simple_path_forced() && !p.deterministic && p.scale > 0 &&
+                    rows_aligned_16(q, p.q) &&
                     rows_aligned_16(k, p.k) && rows_aligned_16(v, p.v) && rows_aligned_16(d_o, p.o) &&
                     rows_aligned_16(dk, p.k) && rows_aligned_16(dv, p.v);
 

@@ -1,13 +1,14 @@
 // FlashAttention-2 forward on the GPU: the bf16 tensor-core kernel and the entry point that picks it or
 // the simple kernel (flash_attention_simple.cuh).
 //
-// Tensor-core forward, one thread block per (tile of 128 queries, batch*head), 8 warps:
-//  - Work split: warp w owns query rows 16w .. 16w+15 of the tile for the whole kernel, so the softmax
+// Tensor-core forward, one thread block per (tile of 128 queries, batch*head):
+//  - Work split: each warp owns a fixed band of query rows for the whole kernel (32 rows in 4 warps for
+//    d_head <= 64, 16 rows in 8 warps above, where the O accumulator needs the registers), so the softmax
 //    statistics of a row never leave the 4 lanes that hold it (no shared-memory reductions at all).
 //  - The Q tile is loaded once (cp.async -> shared -> ldmatrix) and stays in registers as mma A operands.
 //  - Key tiles of 64 stream through a double-buffered shared-memory ring: while tile t is multiplied,
 //    tile t+1 of K and V is already in flight with cp.async.
-//  - Per key tile: S = Q K^T (f32 accumulators, 16 x 64 per warp), mask, online softmax in the log2
+//  - Per key tile: S = Q K^T (f32 accumulators, rows x 64 per warp), mask, online softmax in the log2
 //    domain (exp2(s * scale * log2 e - m), one FFMA + EX2 per score), then O += P V with P re-packed to
 //    bf16 in registers. O is rescaled by exp2(m_old - m_new) whenever a row's max grows.
 //  - Causal: key tiles that start after the tile's last query are never visited, and the mask is only

@@ -50,20 +50,30 @@ __global__ void embedding_forward_kernel(const float* weight, const int32_t* ids
 
 // embedding_backward is made reproducible by never letting two threads add into the same value. The
 // (id, position) pairs are sorted by id (stable, so equal ids keep their token order), and the sorted list
-// is cut into chunks of kEmbChunkRows rows. Every run of equal ids that lies inside one chunk is summed by
-// that chunk's blocks in token order, starting from the existing grad_weight value, which is exactly the
-// CPU twin's order. A run that spans chunks (a frequent token, or a small vocabulary) would serialise one
-// block over many rows, so every later chunk it reaches stores a partial sum of its rows there, and a
-// second kernel adds the run's rows in its first chunk and then those partials in a fixed order. Which
-// chunk does what depends only on the ids, so the order of additions, and with it every bit, does too.
+// is cut into chunks of kEmbChunkRows rows. A run of equal ids belongs to the chunk it starts in, whose
+// blocks add its rows in token order to the existing grad_weight value, which is exactly the CPU twin's
+// order; a run that goes on into the next chunk and ends there is finished by the same blocks. A longer
+// run (a frequent token, or a small vocabulary) would serialise one block over many rows, so every later
+// chunk it reaches stores a partial sum of its rows there, and a second kernel adds the run's rows in its
+// first chunk and then those partials in a fixed order. Which chunk does what depends only on the ids, so
+// the order of additions, and with it every bit, does too.
 constexpr int kEmbChunkRows = 32;
 constexpr int kEmbChunkThreads = 256;
 constexpr int kEmbJoinWarps = 8;
 constexpr int64_t kEmbJoinBlocks = 4096;
+constexpr unsigned int kFullWarp = 0xffffffffu;
 
-// Per sorted row: what becomes of the sum of its run's piece in this chunk, and whether the piece starts
-// at this row.
-enum : uint8_t { kEmbWhole = 0, kEmbPartial = 1, kEmbHead = 2, kEmbModeMask = 3, kEmbPieceStart = 4 };
+// Per sorted row: what its chunk's blocks do with the piece of the run it is in (added to grad_weight,
+// the same but with the run's rows in the next chunk appended, stored as a partial, or left to another
+// block), and whether the piece starts at this row.
+enum : uint8_t {
+  kEmbWhole = 0,
+  kEmbExtend = 1,
+  kEmbPartial = 2,
+  kEmbSkip = 3,
+  kEmbModeMask = 3,
+  kEmbPieceStart = 4
+};
 
 __global__ void embedding_positions_kernel(int32_t* positions, int64_t n) {
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
@@ -71,52 +81,65 @@ __global__ void embedding_positions_kernel(int32_t* positions, int64_t n) {
     positions[i] = static_cast<int32_t>(i);
 }
 
-// Only the first piece of a chunk can continue a run from an earlier chunk, and only the last can go on
-// into a later one; every other piece is a whole run.
-__device__ bool embedding_run_enters(const int32_t* keys, int64_t begin) {
-  return begin > 0 && keys[begin - 1] == keys[begin];
-}
-__device__ bool embedding_run_leaves(const int32_t* keys, int64_t end, int64_t n) {
-  return end < n && keys[end] == keys[end - 1];
-}
-
 // One block per (chunk, tile of columns), one column per thread; the tiles of a chunk are neighbouring
 // blocks so that whole rows are read at about the same time. Every load of the chunk is issued before the
-// first addition so that the in-order sums do not wait on memory row by row.
+// first addition so that the in-order sums do not wait on memory row by row. Runs spanning more than one
+// chunk boundary are listed in joins for the second kernel; the list's order only decides which block
+// finishes which run, never the order of additions.
 __global__ void __launch_bounds__(kEmbChunkThreads)
     embedding_backward_chunk_kernel(const float* __restrict__ grad_out, const int32_t* __restrict__ keys,
                                     const int32_t* __restrict__ rows, float* __restrict__ grad_weight,
                                     float* __restrict__ partials, int32_t* __restrict__ joins,
                                     int32_t* __restrict__ join_count, int64_t n, int64_t dim, int64_t tiles) {
+  static_assert(kEmbChunkRows == 32, "a chunk's rows are classified by one warp");
   __shared__ int32_t s_key[kEmbChunkRows];
   __shared__ int32_t s_row[kEmbChunkRows];
+  __shared__ int32_t s_tail_row[kEmbChunkRows];
   __shared__ uint8_t s_code[kEmbChunkRows];
+  __shared__ int s_tail;
   const int64_t chunk = blockIdx.x / tiles;
   const int64_t tile = blockIdx.x - chunk * tiles;
   const int64_t begin = chunk * kEmbChunkRows;
   const int count = static_cast<int>(min(n - begin, static_cast<int64_t>(kEmbChunkRows)));
   const int64_t end = begin + count;
-  const bool enters = embedding_run_enters(keys, begin);
-  const bool leaves = embedding_run_leaves(keys, end, n);
-  const int t = static_cast<int>(threadIdx.x);
-  if (t < count) {
-    const int32_t key = keys[begin + t];
-    uint8_t code = kEmbWhole;
-    if (enters && key == keys[begin]) {
-      code = kEmbPartial;
-    } else if (leaves && key == keys[end - 1]) {
-      code = kEmbHead;
+  if (threadIdx.x < 32) {
+    const int lane = static_cast<int>(threadIdx.x);
+    // Only the first piece can continue a run from the previous chunk, and only the last can go on
+    // into the next one; every other piece is a whole run.
+    const int32_t first_key = keys[begin];
+    const int32_t last_key = keys[end - 1];
+    const bool enters = begin > 0 && keys[begin - 1] == first_key;
+    const bool leaves = end < n && keys[end] == last_key;
+    const bool first_finished_before =
+        enters && (begin == kEmbChunkRows || keys[begin - kEmbChunkRows - 1] != first_key) &&
+        !(leaves && first_key == last_key);
+    const bool last_owned = leaves && !(enters && first_key == last_key);
+    const bool last_ends_next =
+        last_owned && (end + kEmbChunkRows >= n || keys[end + kEmbChunkRows] != last_key);
+    if (lane < count) {
+      const int32_t key = keys[begin + lane];
+      uint8_t code = kEmbWhole;
+      if (enters && key == first_key) {
+        code = first_finished_before ? kEmbSkip : kEmbPartial;
+      } else if (leaves && key == last_key) {
+        code = last_ends_next ? kEmbExtend : kEmbSkip;
+      }
+      if (lane == 0 || key != keys[begin + lane - 1]) code |= kEmbPieceStart;
+      s_key[lane] = key;
+      s_row[lane] = rows[begin + lane];
+      s_code[lane] = code;
     }
-    if (t == 0 || key != keys[begin + t - 1]) code |= kEmbPieceStart;
-    s_key[t] = key;
-    s_row[t] = rows[begin + t];
-    s_code[t] = code;
+    const bool in_tail = last_ends_next && end + lane < n && keys[end + lane] == last_key;
+    const unsigned int tail_lanes = __ballot_sync(kFullWarp, in_tail);
+    if (in_tail) s_tail_row[lane] = rows[end + lane];
+    if (lane == 0) {
+      s_tail = __popc(tail_lanes);
+      if (tile == 0 && last_owned && !last_ends_next)
+        joins[atomicAdd(join_count, 1)] = static_cast<int32_t>(chunk);
+    }
   }
-  // The list's order only decides which block joins which run, never the order of additions.
-  if (tile == 0 && t == 0 && leaves && !(enters && keys[begin] == keys[end - 1]))
-    joins[atomicAdd(join_count, 1)] = static_cast<int32_t>(chunk);
   __syncthreads();
-  const int64_t col = tile * blockDim.x + t;
+  const int64_t col = tile * blockDim.x + threadIdx.x;
   if (col >= dim) return;
 
   float v[kEmbChunkRows];
@@ -127,15 +150,16 @@ __global__ void __launch_bounds__(kEmbChunkThreads)
     start[u] = 0.0f;
     if (u < count) {
       const uint8_t code = s_code[u];
-      if ((code & kEmbModeMask) != kEmbHead) v[u] = grad_out[static_cast<int64_t>(s_row[u]) * dim + col];
-      if (code == (kEmbWhole | kEmbPieceStart))
+      const uint8_t mode = code & kEmbModeMask;
+      if (mode != kEmbSkip) v[u] = grad_out[static_cast<int64_t>(s_row[u]) * dim + col];
+      if ((code & kEmbPieceStart) && (mode == kEmbWhole || mode == kEmbExtend))
         start[u] = grad_weight[static_cast<int64_t>(s_key[u]) * dim + col];
     }
   }
 
   // -0.0f is the exact identity of float addition, so a partial is the plain in-order sum of its rows.
   float acc = 0.0f;
-  uint8_t mode = kEmbHead;
+  uint8_t mode = kEmbSkip;
   int32_t key = 0;
   const auto flush = [&] {
     if (mode == kEmbWhole) {
@@ -152,18 +176,29 @@ __global__ void __launch_bounds__(kEmbChunkThreads)
         flush();
         mode = code & kEmbModeMask;
         key = s_key[u];
-        acc = mode == kEmbWhole ? start[u] : -0.0f;
+        acc = mode == kEmbWhole || mode == kEmbExtend ? start[u] : -0.0f;
       }
-      if (mode != kEmbHead) acc += v[u];
+      if (mode != kEmbSkip) acc += v[u];
     }
   }
   flush();
+  if (mode == kEmbExtend) {
+    const int tail = s_tail;
+#pragma unroll
+    for (int u = 0; u < kEmbChunkRows; ++u)
+      v[u] = u < tail ? grad_out[static_cast<int64_t>(s_tail_row[u]) * dim + col] : 0.0f;
+#pragma unroll
+    for (int u = 0; u < kEmbChunkRows; ++u) {
+      if (u < tail) acc += v[u];
+    }
+    grad_weight[static_cast<int64_t>(key) * dim + col] = acc;
+  }
 }
 
-// Finishes the runs that span chunks, one listed first chunk at a time per block slot, 32 columns per
-// block. Warp 0 starts from grad_weight and the run's rows in its first chunk; the partials of the later
-// chunks are split into kEmbJoinWarps contiguous ranges, one per warp, so a run as long as the whole batch
-// still spreads over many memory requests; the warps' sums are then added in warp order.
+// Finishes the listed runs, one at a time per block slot, 32 columns per block. Warp 0 starts from
+// grad_weight and the run's rows in its first chunk; the partials of the later chunks are split into
+// kEmbJoinWarps contiguous ranges, one per warp, so that even a run as long as the whole batch keeps many
+// loads in flight; the warps' sums are then added in warp order.
 __global__ void __launch_bounds__(32 * kEmbJoinWarps)
     embedding_backward_join_kernel(const float* __restrict__ grad_out, const int32_t* __restrict__ keys,
                                    const int32_t* __restrict__ rows, float* __restrict__ grad_weight,
@@ -171,55 +206,63 @@ __global__ void __launch_bounds__(32 * kEmbJoinWarps)
                                    const int32_t* __restrict__ join_count, int64_t n, int64_t dim,
                                    int64_t tiles) {
   __shared__ float s_sum[kEmbJoinWarps][32];
+  const int64_t chunks = (n + kEmbChunkRows - 1) / kEmbChunkRows;
   const int64_t slot = blockIdx.x / tiles;
   const int64_t slots = gridDim.x / tiles;
-  const int64_t col = (blockIdx.x - slot * tiles) * 32 + threadIdx.x;
+  const int lane = static_cast<int>(threadIdx.x);
   const int warp = static_cast<int>(threadIdx.y);
+  const int64_t col = (blockIdx.x - slot * tiles) * 32 + lane;
   const int64_t count = *join_count;
   for (int64_t j = slot; j < count; j += slots) {
+    // A listed run starts in this chunk, fills the next one and reaches at least the one after.
     const int64_t chunk = joins[j];
     const int64_t begin = chunk * kEmbChunkRows;
-    const int64_t end = begin + kEmbChunkRows;
-    const int32_t key = keys[end - 1];
-    // Keys are sorted, so both ends of the run are found by bisection.
-    int64_t lo = begin, hi = end - 1;
-    while (lo < hi) {
-      const int64_t mid = lo + (hi - lo) / 2;
-      if (keys[mid] == key) {
-        hi = mid;
+    const int32_t key = keys[begin + kEmbChunkRows - 1];
+    const int32_t row = rows[begin + lane];
+    const int head = __ffs(static_cast<int>(__ballot_sync(kFullWarp, keys[begin + lane] == key))) - 1;
+    // The run reaches a chunk iff that chunk's first key is the run's; keys are sorted, so gallop, then
+    // bisect, for the last such chunk.
+    int64_t reached = 2, probe = 4;
+    while (chunk + probe < chunks && keys[(chunk + probe) * kEmbChunkRows] == key) {
+      reached = probe;
+      probe *= 2;
+    }
+    probe = min(probe, chunks - chunk);
+    while (probe - reached > 1) {
+      const int64_t mid = reached + (probe - reached) / 2;
+      if (keys[(chunk + mid) * kEmbChunkRows] == key) {
+        reached = mid;
       } else {
-        lo = mid + 1;
+        probe = mid;
       }
     }
-    const int64_t head = lo;
-    lo = end;
-    hi = n;
-    while (lo < hi) {
-      const int64_t mid = lo + (hi - lo) / 2;
-      if (keys[mid] == key) {
-        lo = mid + 1;
-      } else {
-        hi = mid;
-      }
-    }
-    const int64_t first = chunk + 1;
-    const int64_t spanned = (lo - 1) / kEmbChunkRows - chunk;
-    const int64_t from = first + spanned * warp / kEmbJoinWarps;
-    const int64_t to = first + spanned * (warp + 1) / kEmbJoinWarps;
+    const int64_t from = chunk + 1 + reached * warp / kEmbJoinWarps;
+    const int64_t to = chunk + 1 + reached * (warp + 1) / kEmbJoinWarps;
     float acc = -0.0f;
-    if (col < dim) {
-      if (warp == 0) {
-        acc = grad_weight[static_cast<int64_t>(key) * dim + col];
-        for (int64_t r = head; r < end; ++r) acc += grad_out[static_cast<int64_t>(rows[r]) * dim + col];
+    if (warp == 0) {
+      float v[kEmbChunkRows];
+#pragma unroll
+      for (int u = 0; u < kEmbChunkRows; ++u) {
+        const int32_t r = __shfl_sync(kFullWarp, row, u);
+        v[u] = u >= head && col < dim ? grad_out[static_cast<int64_t>(r) * dim + col] : 0.0f;
       }
+      if (col < dim) {
+        acc = grad_weight[static_cast<int64_t>(key) * dim + col];
+#pragma unroll
+        for (int u = 0; u < kEmbChunkRows; ++u) {
+          if (u >= head) acc += v[u];
+        }
+      }
+    }
+    if (col < dim) {
 #pragma unroll 8
       for (int64_t c = from; c < to; ++c) acc += partials[c * dim + col];
     }
-    s_sum[warp][threadIdx.x] = acc;
+    s_sum[warp][lane] = acc;
     __syncthreads();
     if (warp == 0 && col < dim) {
-      float total = s_sum[0][threadIdx.x];
-      for (int w = 1; w < kEmbJoinWarps; ++w) total += s_sum[w][threadIdx.x];
+      float total = s_sum[0][lane];
+      for (int w = 1; w < kEmbJoinWarps; ++w) total += s_sum[w][lane];
       grad_weight[static_cast<int64_t>(key) * dim + col] = total;
     }
     __syncthreads();
@@ -351,10 +394,10 @@ void embedding_backward(const float* grad_out, const int32_t* ids, float* grad_w
                                                 static_cast<const int32_t*>(nullptr),
                                                 static_cast<int32_t*>(nullptr), items, 0, 32, stream));
   // One stream-ordered allocation for all scratch. The partials (one row per chunk, 1/32 of grad_out's
-  // size) are only touched where a run spans chunks.
+  // size) are only touched where a run spans more than one chunk boundary, which needs three chunks.
   const auto aligned = [](size_t bytes) { return (bytes + 255) / 256 * 256; };
   const size_t index_bytes = aligned(static_cast<size_t>(n) * sizeof(int32_t));
-  const size_t partial_bytes = aligned(static_cast<size_t>(chunks * dim) * sizeof(float));
+  const size_t partial_bytes = chunks > 2 ? aligned(static_cast<size_t>(chunks * dim) * sizeof(float)) : 0;
   const size_t join_bytes = aligned(static_cast<size_t>(chunks + 1) * sizeof(int32_t));
   char* scratch = nullptr;
   TT_CUDA_CHECK(cudaMallocAsync(reinterpret_cast<void**>(&scratch),
@@ -368,7 +411,7 @@ void embedding_backward(const float* grad_out, const int32_t* ids, float* grad_w
   int32_t* positions = reinterpret_cast<int32_t*>(take(index_bytes));
   int32_t* sorted_ids = reinterpret_cast<int32_t*>(take(index_bytes));
   int32_t* sorted_positions = reinterpret_cast<int32_t*>(take(index_bytes));
-  float* partials = reinterpret_cast<float*>(take(partial_bytes));
+  float* partials = partial_bytes ? reinterpret_cast<float*>(take(partial_bytes)) : nullptr;
   int32_t* join_count = reinterpret_cast<int32_t*>(take(join_bytes));
   int32_t* joins = join_count + 1;
   void* sort_temp = take(aligned(sort_bytes));
@@ -381,10 +424,10 @@ void embedding_backward(const float* grad_out, const int32_t* ids, float* grad_w
   embedding_backward_chunk_kernel<<<static_cast<unsigned int>(chunks * tiles), threads, 0, stream>>>(
       grad_out, sorted_ids, sorted_positions, grad_weight, partials, joins, join_count, n, dim, tiles);
   TT_CUDA_LAUNCH_CHECK();
-  if (chunks > 1) {
+  if (chunks > 2) {
     // The number of runs to join stays on the device; spare slots find nothing to do and exit.
     const int64_t join_tiles = (dim + 31) / 32;
-    const int64_t slots = std::clamp(kEmbJoinBlocks / join_tiles, int64_t{1}, chunks - 1);
+    const int64_t slots = std::clamp(kEmbJoinBlocks / join_tiles, int64_t{1}, chunks - 2);
     TT_CHECK(slots * join_tiles <= std::numeric_limits<int32_t>::max(),
              "cuda::embedding_backward: dim " + std::to_string(dim) + " is too large");
     embedding_backward_join_kernel<<<static_cast<unsigned int>(slots * join_tiles), dim3(32, kEmbJoinWarps),

@@ -1,0 +1,82 @@
+#include "core/cuda_graph.h"
+
+#include "core/allocator.h"
+#include "core/cuda_context.h"
+#include "kernels/common.h"
+#ifdef TT_WITH_CUDA
+#include "kernels/cuda/cuda_kernels.h"
+#endif
+
+namespace tt {
+
+CudaGraph::CudaGraph(Device device) : device_(device) {
+  TT_CHECK(device.is_cuda(), "CUDA graphs need a CUDA device, got " + device.str());
+}
+
+CudaGraph::~CudaGraph() {
+#ifdef TT_WITH_CUDA
+  if (exec_) cudaGraphExecDestroy(static_cast<cudaGraphExec_t>(exec_));
+  if (graph_) cudaGraphDestroy(static_cast<cudaGraph_t>(graph_));
+#endif
+}
+
+void CudaGraph::capture(const std::function<void()>& body) {
+#ifdef TT_WITH_CUDA
+  TT_CHECK(!exec_, "CudaGraph::capture called twice");
+  set_current_device(device_.index);
+  const auto stream = static_cast<cudaStream_t>(compute_stream(device_.index));
+  // Relaxed mode lets the allocator call cudaMalloc for the graph pool during capture.
+  TT_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeRelaxed));
+  begin_graph_pool(device_);
+  try {
+    body();
+  } catch (...) {
+    end_graph_pool(device_);
+    cudaGraph_t broken = nullptr;
+    cudaStreamEndCapture(stream, &broken);
+    if (broken) cudaGraphDestroy(broken);
+    cudaGetLastError();
+    throw;
+  }
+  end_graph_pool(device_);
+  cudaGraph_t graph = nullptr;
+  TT_CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
+  graph_ = graph;
+  cudaGraphExec_t exec = nullptr;
+  TT_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+  exec_ = exec;
+#else
+  (void)body;
+#endif
+}
+
+void CudaGraph::replay() {
+#ifdef TT_WITH_CUDA
+  TT_CHECK(exec_, "CudaGraph::replay before capture");
+  TT_CUDA_CHECK(cudaGraphLaunch(static_cast<cudaGraphExec_t>(exec_),
+                                static_cast<cudaStream_t>(compute_stream(device_.index))));
+#endif
+}
+
+}  // namespace tt
+
+#ifdef TT_WITH_CUDA
+#include <cuda_profiler_api.h>
+#endif
+#include "core/profile.h"
+
+namespace tt {
+
+void profiler_start() {
+#ifdef TT_WITH_CUDA
+  cudaProfilerStart();
+#endif
+}
+
+void profiler_stop() {
+#ifdef TT_WITH_CUDA
+  cudaProfilerStop();
+#endif
+}
+
+}  // namespace tt
