@@ -1,5 +1,6 @@
 // benchmark: times the model's forward, backward and optimizer step for several sizes and context lengths
 // (the measurements of the CS336 systems assignment), with peak memory, tokens/s and MFU. An OOM is a row.
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <fstream>
@@ -26,6 +27,16 @@ using namespace tt::app;
 
 namespace {
 
+// One model per size, reused by all its rows (initialising a billion-parameter model takes seconds).
+struct Bundle {
+  explicit Bundle(const nn::ModelConfig& c, Device device)
+      : config(c), model(c), params(model, device, 1), optimizer({params.flat_params()}) {}
+  nn::ModelConfig config;
+  nn::TransformerLM model;
+  nn::FlatParameters params;
+  optim::AdamW optimizer;
+};
+
 struct Row {
   std::vector<std::string> cells;
   std::string json;
@@ -38,12 +49,18 @@ std::string device_name(Device device) {
   return "cpu";
 }
 
-Row measure(const Flags& flags, Device device, const std::string& size, int64_t ctx, const std::string& mode,
-            bool graph) {
+nn::ModelConfig bench_config(const Flags& flags, Device device, const std::string& size, int64_t max_ctx) {
   nn::ModelConfig config = nn::preset(size);
   config.vocab_size = flags.integer("vocab") > 0 ? flags.integer("vocab") : 10000;
-  config.context_length = ctx;
+  config.context_length = max_ctx;
   apply_runtime_model_flags(flags, config, device);
+  return config;
+}
+
+// `bundle` is null when the model itself did not fit (every row of the size is then an OOM row).
+Row measure(const Flags& flags, Device device, Bundle* bundle, const std::string& size, int64_t ctx,
+            const std::string& mode, bool graph) {
+  const nn::ModelConfig config = bench_config(flags, device, size, ctx);
   const int64_t batch = flags.integer("batch"), warmup = flags.integer("warmup"),
                 steps = flags.integer("steps");
   const std::string precision = nn::precision_name(config.precision),
@@ -58,9 +75,11 @@ Row measure(const Flags& flags, Device device, const std::string& size, int64_t 
            ", \"device\": " + JsonlWriter::quote(device_name(device));
   };
   try {
-    nn::TransformerLM model(config);
-    nn::FlatParameters params(model, device, 1);
-    optim::AdamW optimizer({params.flat_params()});
+    if (!bundle) throw OutOfMemory("model does not fit");
+    nn::TransformerLM& model = bundle->model;
+    nn::FlatParameters& params = bundle->params;
+    optim::AdamW& optimizer = bundle->optimizer;
+    params.zero_grad();
     CounterRng rng{7, 0};
     std::vector<int32_t> ids(static_cast<size_t>(batch * ctx)), targets(ids.size());
     for (auto& v : ids) v = static_cast<int32_t>(rng.next_below(static_cast<uint64_t>(config.vocab_size)));
@@ -248,13 +267,22 @@ int main(int argc, char** argv) {
       graph_modes = {false};
     else
       throw Error("unknown --graph '" + graph_flag + "' (expected on, off, both or auto)");
+    const std::vector<int64_t> contexts = flags.int_list("ctx");
+    TT_CHECK(!contexts.empty(), "--ctx needs at least one context length");
     for (const std::string& size : flags.list("sizes")) {
-      for (int64_t ctx : flags.int_list("ctx")) {
+      std::unique_ptr<Bundle> bundle;
+      try {
+        bundle = std::make_unique<Bundle>(
+            bench_config(flags, device, size, *std::max_element(contexts.begin(), contexts.end())), device);
+      } catch (const OutOfMemory&) {
+        empty_cache(device);
+      }
+      for (int64_t ctx : contexts) {
         for (const std::string& mode : flags.list("mode")) {
           TT_CHECK(mode == "forward" || mode == "backward" || mode == "step",
                    "unknown --mode '" + mode + "' (expected forward, backward or step)");
           for (bool graph : graph_modes) {
-            rows.push_back(measure(flags, device, size, ctx, mode, graph));
+            rows.push_back(measure(flags, device, bundle.get(), size, ctx, mode, graph));
             if (json) json->write_raw(rows.back().json);
             std::fprintf(stderr, "  measured %s ctx %lld %s graph %s\n", size.c_str(),
                          static_cast<long long>(ctx), mode.c_str(), graph ? "on" : "off");

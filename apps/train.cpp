@@ -5,6 +5,7 @@
 #include <cmath>
 #include <csignal>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <memory>
 
@@ -17,12 +18,20 @@
 #include "core/autograd.h"
 #include "core/cuda_context.h"
 #include "core/ops.h"
+#include "dist/runtime.h"
 
 namespace fs = std::filesystem;
 using namespace tt;
 using namespace tt::app;
 
 namespace {
+
+bool launched_by_mpi() {
+  for (const char* var : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK", "MV2_COMM_WORLD_SIZE"}) {
+    if (std::getenv(var)) return true;
+  }
+  return false;
+}
 
 std::string data_dir_or_default(const Flags& flags) {
   if (flags.given("data")) return flags.str("data");
@@ -77,15 +86,28 @@ int run_eval_only(const Flags& flags, Device device) {
 
 int main(int argc, char** argv) {
   std::signal(SIGXFSZ, SIG_IGN);  // a full disk (or file-size limit) is reported as a write error
+  std::unique_ptr<dist::DistRuntime> runtime;
   try {
-    Flags flags("train", "Train the Transformer LM; see README.md for the data and checkpoint formats.");
+    // One rank per GPU under mpirun/srun; a plain start is a single process and does not touch MPI (a
+    // singleton MPI start needs resources a simple run should not depend on).
+    if (launched_by_mpi()) runtime = std::make_unique<dist::DistRuntime>(&argc, &argv);
+    Flags flags("train",
+                "Train the Transformer LM; see README.md for the data and checkpoint formats.\n"
+                "Under mpirun (one rank per GPU) it trains data-parallel; rank 0 logs and writes.");
     declare_train_flags(flags);
     if (!flags.parse(argc, argv)) return 0;
-    const Device device = pick_device(flags.str("device"));
-    if (flags.boolean("eval-only")) return run_eval_only(flags, device);
-    return run_training(flags, device, data_dir_or_default(flags));
+    const int rank = runtime ? runtime->rank() : 0;
+    const Device device = pick_device(flags.str("device"), runtime ? runtime->gpu_index() : 0);
+    if (flags.boolean("eval-only")) return rank == 0 ? run_eval_only(flags, device) : 0;
+    // Rank 0 prepares the built-in corpus (if needed) while the others wait.
+    std::string data;
+    if (rank == 0) data = data_dir_or_default(flags);
+    if (runtime) MPI_Barrier(MPI_COMM_WORLD);
+    if (rank != 0) data = data_dir_or_default(flags);
+    return run_training(flags, device, data, runtime.get());
   } catch (const std::exception& e) {
     std::fflush(stdout);
+    if (runtime && runtime->world_size() > 1) dist::abort_job(e.what());
     std::fprintf(stderr, "\nerror: %s\n", e.what());
     return 1;
   }

@@ -192,6 +192,17 @@ void end_graph_pool(Device device) {
 #endif
 }
 
+void release_graph_pool(Device device) {
+#ifdef TT_WITH_CUDA
+  std::lock_guard<std::mutex> lock(g_mutex);
+  if (!device.is_cuda()) return;
+  CudaCache& cache = g_cuda[device.index];
+  cache.free_blocks.insert(cache.graph_free_blocks.begin(), cache.graph_free_blocks.end());
+  cache.graph_free_blocks.clear();
+  cache.in_graph_pool.clear();
+#endif
+}
+
 void set_memory_recorder(std::function<void(const MemoryEvent&)> recorder) {
   std::lock_guard<std::mutex> lock(g_mutex);
   g_recorder = std::move(recorder);

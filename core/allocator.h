@@ -40,6 +40,9 @@ void empty_cache(Device device);
 // that stays reserved afterwards, so the addresses baked into the graph are never handed to anyone else.
 void begin_graph_pool(Device device);
 void end_graph_pool(Device device);
+// When the graph is gone: its free pool blocks return to the general cache, and blocks still held by
+// tensors go there when those are freed.
+void release_graph_pool(Device device);
 
 // Installs (or clears, with an empty function) a recorder called on every allocation and free.
 void set_memory_recorder(std::function<void(const MemoryEvent&)> recorder);

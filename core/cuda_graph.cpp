@@ -17,6 +17,11 @@ CudaGraph::~CudaGraph() {
 #ifdef TT_WITH_CUDA
   if (exec_) cudaGraphExecDestroy(static_cast<cudaGraphExec_t>(exec_));
   if (graph_) cudaGraphDestroy(static_cast<cudaGraph_t>(graph_));
+  if (exec_ || graph_) {
+    cudaStreamSynchronize(
+        static_cast<cudaStream_t>(compute_stream(device_.index)));  // replays still in flight
+    release_graph_pool(device_);
+  }
 #endif
 }
 

@@ -46,7 +46,8 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& targets);
 // q, k, v: (batch, heads, seq, d_head), any strides with a contiguous last dim. Returns O with the same
 // dtype as q, contiguous (batch, heads, seq, d_head).
 // deterministic: bit-identical gradients run to run (slower CUDA backward without atomics).
-Tensor flash_attention(const Tensor& q, const Tensor& k, const Tensor& v, bool causal, bool deterministic = false);
+Tensor flash_attention(const Tensor& q, const Tensor& k, const Tensor& v, bool causal,
+                       bool deterministic = false);
 // The textbook path: S = QK^T, masked softmax, O = PV (materialises T x T); same contract as above.
 Tensor naive_attention(const Tensor& q, const Tensor& k, const Tensor& v, bool causal);
 

@@ -38,7 +38,8 @@ int64_t Module::parameter_count() {
   return total;
 }
 
-FlatParameters::FlatParameters(Module& module, Device device, uint64_t seed, DType dtype)
+FlatParameters::FlatParameters(Module& module, Device device, uint64_t seed, DType dtype,
+                               int64_t pad_multiple)
     : params_(module.named_parameters()) {
   TT_CHECK(dtype == DType::f32 || dtype == DType::f64, "parameters are f32 (or f64 for gradient checks)");
   int64_t total = 0;
@@ -48,7 +49,11 @@ FlatParameters::FlatParameters(Module& module, Device device, uint64_t seed, DTy
   }
   // Initialise on the host (the same numbers for every device and rank), in chunks spread over threads so
   // billion-parameter models start in seconds, each chunk copied to its slice of the device buffer.
-  flat_params_ = Tensor::empty({total}, dtype, device);
+  TT_CHECK(pad_multiple >= 1, "pad_multiple must be at least 1");
+  parameter_numel_ = total;
+  const int64_t padded = (total + pad_multiple - 1) / pad_multiple * pad_multiple;
+  flat_params_ = Tensor::empty({padded}, dtype, device);
+  if (padded > total) flat_params_.narrow_view(0, total, padded - total).fill_(0.0);
   constexpr int64_t kChunk = int64_t{1} << 24;
   size_t param_index = 0;
   for (int64_t chunk_begin = 0; chunk_begin < total; chunk_begin += kChunk) {
@@ -79,7 +84,7 @@ FlatParameters::FlatParameters(Module& module, Device device, uint64_t seed, DTy
       staged = Tensor::from_floats(std::vector<float>(host.begin(), host.end()), staged.shape());
     flat_params_.narrow_view(0, chunk_begin, chunk_end - chunk_begin).copy_(staged);
   }
-  flat_grads_ = Tensor::zeros({total}, dtype, device);
+  flat_grads_ = Tensor::zeros({padded}, dtype, device);
   // The flat buffer is itself a parameter for optimizers: one tensor, one fused update.
   flat_params_.set_requires_grad(true).set_name("<flat parameters>");
   flat_params_.set_grad(flat_grads_);

@@ -62,19 +62,23 @@ class FlatParameters {
   // Allocates the buffers on `device`, initialises parameters from `seed` (element i of the flat buffer
   // from Philox counter i: identical on every device and rank), points every parameter at its slice and
   // sets each .grad to its slice of the zeroed gradient buffer.
-  FlatParameters(Module& module, Device device, uint64_t seed, DType dtype = DType::f32);
+  // pad_multiple > 1 pads both buffers with zeros to a multiple of it (ZeRO slices them evenly by rank);
+  // padding belongs to no parameter.
+  FlatParameters(Module& module, Device device, uint64_t seed, DType dtype = DType::f32,
+                 int64_t pad_multiple = 1);
 
   const std::vector<NamedParameter>& parameters() const { return params_; }
   const std::vector<int64_t>& offsets() const { return offsets_; }  // element offset of each parameter
   Tensor& flat_params() { return flat_params_; }
   Tensor& flat_grads() { return flat_grads_; }
-  int64_t numel() const { return flat_params_.numel(); }
+  int64_t numel() const { return parameter_numel_; }  // without padding
   void zero_grad() { flat_grads_.zero_(); }
 
  private:
   std::vector<NamedParameter> params_;
   std::vector<int64_t> offsets_;
   Tensor flat_params_, flat_grads_;
+  int64_t parameter_numel_ = 0;
 };
 
 }  // namespace tt::nn

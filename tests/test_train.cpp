@@ -43,7 +43,7 @@ int train(const std::vector<std::string>& args) {
   app::Flags flags("train", "");
   app::declare_train_flags(flags);
   REQUIRE(flags.parse(static_cast<int>(argv.size()), argv.data()));
-  return app::run_training(flags, Device::cpu(), flags.str("data"));
+  return app::run_training(flags, Device::cpu(), flags.str("data"), nullptr);
 }
 
 std::vector<double> losses(const std::string& metrics) {
@@ -74,9 +74,9 @@ TEST_CASE("checkpoint round trip restores parameters, optimizer state and train 
   state.rng_counter = 123456789012345ULL;
   state.tokens_seen = 99;
   const std::string path = (fs::temp_directory_path() / "tt_roundtrip.h5").string();
-  app::save_checkpoint(path, config, pa, &oa, state);
+  app::save_checkpoint(path, config, pa, app::optimizer_state(oa).get(), state);
   app::TrainState loaded;
-  app::load_checkpoint(path, pb, &ob, &loaded);
+  app::load_checkpoint(path, pb, app::optimizer_state(ob).get(), &loaded);
   CHECK(pb.flat_params().to_floats() == pa.flat_params().to_floats());
   CHECK(ob.exp_avg()[0].to_floats() == oa.exp_avg()[0].to_floats());
   CHECK(ob.exp_avg_sq()[0].to_floats() == oa.exp_avg_sq()[0].to_floats());

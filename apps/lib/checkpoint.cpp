@@ -11,66 +11,138 @@ namespace tt::app {
 namespace {
 constexpr int64_t kFormatVersion = 1;
 
-Tensor slice(Tensor& flat, int64_t offset, const Tensor& like) {
-  return flat.narrow_view(0, offset, like.numel()).view(like.shape());
-}
 }  // namespace
 
 namespace {
-void write_checkpoint_file(const std::string& path, const nn::ModelConfig& config, nn::FlatParameters& params,
-                           optim::AdamW* optimizer, const TrainState& state);
+
+class WholeAdamW : public OptimizerState {
+ public:
+  explicit WholeAdamW(optim::AdamW& adamw) : adamw_(adamw) {}
+  int64_t step_count() const override { return adamw_.step_count(); }
+  void set_step_count(int64_t step) override { adamw_.set_step_count(step); }
+  double lr() const override { return adamw_.lr(); }
+  const optim::AdamWOptions& options() const override { return adamw_.options(); }
+  Tensor gather(int which, int64_t offset, const Shape& shape) override {
+    Tensor& flat = which == 0 ? adamw_.exp_avg().at(0) : adamw_.exp_avg_sq().at(0);
+    return flat.narrow_view(0, offset, shape_numel(shape)).view(shape).to(Device::cpu());
+  }
+  void scatter(int which, int64_t offset, const Tensor& full) override {
+    Tensor& flat = which == 0 ? adamw_.exp_avg().at(0) : adamw_.exp_avg_sq().at(0);
+    Tensor dst = flat.narrow_view(0, offset, full.numel());
+    dst.copy_(full.view({full.numel()}));
+  }
+
+ private:
+  optim::AdamW& adamw_;
+};
+
+class ShardedState : public OptimizerState {
+ public:
+  explicit ShardedState(optim::ShardedAdamW& sharded) : sharded_(sharded) {}
+  int64_t step_count() const override { return sharded_.step_count(); }
+  void set_step_count(int64_t step) override { sharded_.set_step_count(step); }
+  double lr() const override { return sharded_.lr(); }
+  const optim::AdamWOptions& options() const override { return sharded_.options(); }
+  // Each rank contributes the part of the parameter inside its slice (zeros elsewhere); a sum over ranks
+  // assembles the whole parameter's state, one parameter at a time.
+  Tensor gather(int which, int64_t offset, const Shape& shape) override {
+    Tensor& shard = which == 0 ? sharded_.shard_exp_avg() : sharded_.shard_exp_avg_sq();
+    const int64_t n = shape_numel(shape);
+    Tensor full = Tensor::zeros({n}, shard.dtype(), shard.device());
+    const int64_t begin = std::max(offset, sharded_.shard_begin());
+    const int64_t end = std::min(offset + n, sharded_.shard_begin() + sharded_.shard_size());
+    if (begin < end) {
+      Tensor dst = full.narrow_view(0, begin - offset, end - begin);
+      dst.copy_(shard.narrow_view(0, begin - sharded_.shard_begin(), end - begin));
+    }
+    sharded_.collectives().all_reduce_sum(full);
+    return full.view(shape).to(Device::cpu());
+  }
+  void scatter(int which, int64_t offset, const Tensor& full) override {
+    Tensor& shard = which == 0 ? sharded_.shard_exp_avg() : sharded_.shard_exp_avg_sq();
+    const int64_t n = full.numel();
+    const int64_t begin = std::max(offset, sharded_.shard_begin());
+    const int64_t end = std::min(offset + n, sharded_.shard_begin() + sharded_.shard_size());
+    if (begin >= end) return;
+    Tensor dst = shard.narrow_view(0, begin - sharded_.shard_begin(), end - begin);
+    dst.copy_(full.view({n}).narrow_view(0, begin - offset, end - begin).to(shard.device()));
+  }
+
+ private:
+  optim::ShardedAdamW& sharded_;
+};
+
+void write_model_attributes(io::H5File& file, const nn::ModelConfig& config) {
+  file.set_attr("/", "format_version", kFormatVersion);
+  file.set_attr("/", "vocab_size", config.vocab_size);
+  file.set_attr("/", "context_length", config.context_length);
+  file.set_attr("/", "d_model", config.d_model);
+  file.set_attr("/", "num_layers", config.num_layers);
+  file.set_attr("/", "num_heads", config.num_heads);
+  file.set_attr("/", "d_ff", config.d_ff);
+  file.set_attr("/", "rope_theta", config.rope_theta);
+  file.set_attr("/", "precision", std::string(nn::precision_name(config.precision)));
+  file.set_attr("/", "attention", std::string(nn::attention_name(config.attention)));
+}
+
+// The body of a save, run by every rank; `file` is null on the ranks that do not write.
+void write_contents(io::H5File* file, const nn::ModelConfig& config, nn::FlatParameters& params,
+                    OptimizerState* optimizer, const TrainState& state) {
+  const auto& named = params.parameters();
+  if (file) {
+    write_model_attributes(*file, config);
+    for (const nn::NamedParameter& p : named) file->write_tensor("/model/" + p.name, *p.tensor);
+  }
+  if (optimizer) {
+    for (size_t i = 0; i < named.size(); ++i) {
+      const std::string group = "/optimizer/" + named[i].name;
+      const Tensor m = optimizer->gather(0, params.offsets()[i], named[i].tensor->shape());
+      if (file) file->write_tensor(group + "/exp_avg", m);
+      const Tensor v = optimizer->gather(1, params.offsets()[i], named[i].tensor->shape());
+      if (file) file->write_tensor(group + "/exp_avg_sq", v);
+    }
+    if (file) {
+      const optim::AdamWOptions& o = optimizer->options();
+      file->set_attr("/optimizer", "step", optimizer->step_count());
+      file->set_attr("/optimizer", "lr", optimizer->lr());
+      file->set_attr("/optimizer", "beta1", o.beta1);
+      file->set_attr("/optimizer", "beta2", o.beta2);
+      file->set_attr("/optimizer", "eps", o.eps);
+      file->set_attr("/optimizer", "weight_decay", o.weight_decay);
+    }
+  }
+  if (file) {
+    file->set_attr("/train", "step", state.step);
+    file->set_attr("/train", "rng_seed", static_cast<int64_t>(state.rng_seed));
+    file->set_attr("/train", "rng_counter", static_cast<int64_t>(state.rng_counter));
+    file->set_attr("/train", "tokens_seen", state.tokens_seen);
+    file->set_attr("/train", "args", state.args);
+  }
+}
+
+}  // namespace
+
+std::unique_ptr<OptimizerState> optimizer_state(optim::AdamW& adamw) {
+  return std::make_unique<WholeAdamW>(adamw);
+}
+std::unique_ptr<OptimizerState> optimizer_state(optim::ShardedAdamW& sharded) {
+  return std::make_unique<ShardedState>(sharded);
 }
 
 void save_checkpoint(const std::string& path, const nn::ModelConfig& config, nn::FlatParameters& params,
-                     optim::AdamW* optimizer, const TrainState& state) {
+                     OptimizerState* optimizer, const TrainState& state, bool writer) {
+  if (!writer) {
+    write_contents(nullptr, config, params, optimizer, state);
+    return;
+  }
   try {
-    write_checkpoint_file(path, config, params, optimizer, state);
+    io::atomic_write(path,
+                     [&](io::H5File& file) { write_contents(&file, config, params, optimizer, state); });
   } catch (const Error& e) {
     throw Error("cannot write checkpoint " + path + " (disk full?): " + e.what() +
                 "; earlier checkpoints are intact");
   }
 }
-
-namespace {
-void write_checkpoint_file(const std::string& path, const nn::ModelConfig& config, nn::FlatParameters& params,
-                           optim::AdamW* optimizer, const TrainState& state) {
-  io::atomic_write(path, [&](io::H5File& file) {
-    file.set_attr("/", "format_version", kFormatVersion);
-    file.set_attr("/", "vocab_size", config.vocab_size);
-    file.set_attr("/", "context_length", config.context_length);
-    file.set_attr("/", "d_model", config.d_model);
-    file.set_attr("/", "num_layers", config.num_layers);
-    file.set_attr("/", "num_heads", config.num_heads);
-    file.set_attr("/", "d_ff", config.d_ff);
-    file.set_attr("/", "rope_theta", config.rope_theta);
-    file.set_attr("/", "precision", std::string(nn::precision_name(config.precision)));
-    file.set_attr("/", "attention", std::string(nn::attention_name(config.attention)));
-    const auto& named = params.parameters();
-    for (const nn::NamedParameter& p : named) file.write_tensor("/model/" + p.name, *p.tensor);
-    if (optimizer) {
-      Tensor& exp_avg = optimizer->exp_avg().at(0);
-      Tensor& exp_avg_sq = optimizer->exp_avg_sq().at(0);
-      for (size_t i = 0; i < named.size(); ++i) {
-        const std::string group = "/optimizer/" + named[i].name;
-        file.write_tensor(group + "/exp_avg", slice(exp_avg, params.offsets()[i], *named[i].tensor));
-        file.write_tensor(group + "/exp_avg_sq", slice(exp_avg_sq, params.offsets()[i], *named[i].tensor));
-      }
-      const optim::AdamWOptions& o = optimizer->options();
-      file.set_attr("/optimizer", "step", optimizer->step_count());
-      file.set_attr("/optimizer", "lr", optimizer->lr());
-      file.set_attr("/optimizer", "beta1", o.beta1);
-      file.set_attr("/optimizer", "beta2", o.beta2);
-      file.set_attr("/optimizer", "eps", o.eps);
-      file.set_attr("/optimizer", "weight_decay", o.weight_decay);
-    }
-    file.set_attr("/train", "step", state.step);
-    file.set_attr("/train", "rng_seed", static_cast<int64_t>(state.rng_seed));
-    file.set_attr("/train", "rng_counter", static_cast<int64_t>(state.rng_counter));
-    file.set_attr("/train", "tokens_seen", state.tokens_seen);
-    file.set_attr("/train", "args", state.args);
-  });
-}
-}  // namespace
 
 nn::ModelConfig read_checkpoint_config(const std::string& path) {
   const io::H5File file = io::H5File::open_read(path);
@@ -85,7 +157,7 @@ nn::ModelConfig read_checkpoint_config(const std::string& path) {
   return c;
 }
 
-void load_checkpoint(const std::string& path, nn::FlatParameters& params, optim::AdamW* optimizer,
+void load_checkpoint(const std::string& path, nn::FlatParameters& params, OptimizerState* optimizer,
                      TrainState* state) {
   const io::H5File file = io::H5File::open_read(path);
   const auto& named = params.parameters();
@@ -103,14 +175,14 @@ void load_checkpoint(const std::string& path, nn::FlatParameters& params, optim:
   if (optimizer) {
     if (!file.exists("/optimizer"))
       throw Error("checkpoint " + path + " has no optimizer state (/optimizer)");
-    Tensor& exp_avg = optimizer->exp_avg().at(0);
-    Tensor& exp_avg_sq = optimizer->exp_avg_sq().at(0);
     for (size_t i = 0; i < named.size(); ++i) {
       const std::string group = "/optimizer/" + named[i].name;
-      Tensor m = slice(exp_avg, params.offsets()[i], *named[i].tensor);
-      Tensor v = slice(exp_avg_sq, params.offsets()[i], *named[i].tensor);
-      file.read_into(group + "/exp_avg", m);
-      file.read_into(group + "/exp_avg_sq", v);
+      for (int which = 0; which < 2; ++which) {
+        const std::string dataset = group + (which == 0 ? "/exp_avg" : "/exp_avg_sq");
+        Tensor host = Tensor::empty(named[i].tensor->shape(), named[i].tensor->dtype(), Device::cpu());
+        file.read_into(dataset, host);
+        optimizer->scatter(which, params.offsets()[i], host);
+      }
     }
     optimizer->set_step_count(file.attr_int("/optimizer", "step"));
   }

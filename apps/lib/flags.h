@@ -31,7 +31,9 @@ class Flags {
   std::vector<int64_t> int_list(const std::string& name) const;
   std::vector<double> number_list(const std::string& name) const;
   bool given(const std::string& name) const;
-  bool declared(const std::string& name) const { return specs_.count(name) > 0; }  // set on the command line or in the config file
+  bool declared(const std::string& name) const {
+    return specs_.count(name) > 0;
+  }  // set on the command line or in the config file
   std::string help() const;
   // All flags as "--name value" pairs (what a checkpoint records).
   std::string summary_line() const;

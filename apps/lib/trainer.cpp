@@ -12,6 +12,8 @@
 #include "core/autograd.h"
 #include "core/cuda_context.h"
 #include "core/ops.h"
+#include "dist/data_parallel.h"
+#include "dist/shard_collectives.h"
 #include "optim/optimizer.h"
 #ifdef TT_WITH_CUDA
 #include "kernels/cuda/cuda_kernels.h"
@@ -45,6 +47,9 @@ void declare_train_flags(Flags& f) {
   f.add("ckpt-every", "500", "write a checkpoint every N steps; step 0 is written too (0: only at the end)");
   f.add("keep-ckpts", "3", "checkpoints to keep (0: all)");
   f.add("log-every", "10", "print a progress line every N steps");
+  f.add("ddp", "bucketed", "data-parallel strategy under mpirun: naive | flat | overlap | bucketed");
+  f.add("bucket-mb", "25", "gradient bucket capacity in MB for --ddp bucketed");
+  f.add("zero", "0", "1: shard the AdamW state across ranks (ZeRO-1); checkpoints load at any world size");
   f.add("resume", "", "checkpoint to resume from (or, with --eval-only, to evaluate)");
   f.add_switch("eval-only", "evaluate --resume on val.bin and exit (prints and writes the mean loss)");
   f.add("json", "", "with --eval-only: write the result as JSON to this file");
@@ -143,42 +148,74 @@ std::string device_description(Device device) {
 
 }  // namespace
 
-int run_training(const Flags& flags, Device device, const std::string& data_dir) {
+int run_training(const Flags& flags, Device device, const std::string& data_dir, dist::DistRuntime* runtime) {
+  const int rank = runtime ? runtime->rank() : 0, world = runtime ? runtime->world_size() : 1;
+  const bool root = rank == 0;
   const int64_t data_vocab = read_vocab_size(data_dir);
   nn::ModelConfig config = model_config_from_flags(flags, device, data_vocab);
   const std::string out = flags.str("out");
   const int64_t steps = flags.integer("steps"), batch = flags.integer("batch"),
                 accum = flags.integer("grad-accum");
-  const int64_t ctx = config.context_length;
+  const int64_t ctx = config.context_length, zero = flags.integer("zero");
   TT_CHECK(steps > 0, "--steps must be positive");
   TT_CHECK(batch > 0 && accum > 0, "--batch and --grad-accum must be positive");
+  TT_CHECK(zero == 0 || zero == 1, "--zero must be 0 or 1");
   const TokenFile train_file(data_dir + "/train.bin", config.vocab_size);
   const TokenFile val_file(data_dir + "/val.bin", config.vocab_size);
   const Sampling sampling = parse_sampling(flags.str("sampling"));
   const uint64_t seed = static_cast<uint64_t>(flags.integer("seed"));
 
+  // Every rank builds the same initial model from the seed (rank 0's is broadcast as well, below).
   nn::TransformerLM model(config);
-  nn::FlatParameters params(model, device, seed);
+  nn::FlatParameters params(model, device, seed, DType::f32, zero ? world : 1);
   optim::AdamWOptions adam;
   adam.lr = flags.number("lr-max");
   adam.beta1 = flags.number("beta1");
   adam.beta2 = flags.number("beta2");
   adam.weight_decay = flags.number("weight-decay");
-  optim::AdamW optimizer({params.flat_params()}, adam);
-  BatchSampler sampler(train_file, batch, ctx, sampling, seed * 0x9E3779B97F4A7C15ULL + 1);
+  std::unique_ptr<dist::Communicator> comm;
+  std::unique_ptr<dist::DataParallel> ddp;
+  std::unique_ptr<optim::ShardCollectives> collectives;
+  std::unique_ptr<optim::AdamW> adamw;
+  std::unique_ptr<optim::ShardedAdamW> sharded;
+  if (world > 1) comm = dist::make_communicator(device, *runtime);
+  if (zero) {
+    TT_CHECK(comm != nullptr || world == 1, "--zero 1 needs a communicator");
+    collectives = comm ? dist::shard_collectives(*comm) : dist::single_process_collectives();
+    if (comm) comm->broadcast(params.flat_params(), 0);
+    sharded = std::make_unique<optim::ShardedAdamW>(params, *collectives, adam);
+  } else {
+    adamw = std::make_unique<optim::AdamW>(std::vector<Tensor>{params.flat_params()}, adam);
+    if (comm) {
+      ddp = std::make_unique<dist::DataParallel>(params, *comm, dist::parse_ddp_strategy(flags.str("ddp")),
+                                                 flags.number("bucket-mb"));
+    }
+  }
+  std::unique_ptr<OptimizerState> opt_state = zero ? optimizer_state(*sharded) : optimizer_state(*adamw);
+  auto set_lr = [&](double lr) { zero ? sharded->set_lr(lr) : adamw->set_lr(lr); };
+  // Each rank draws its own batches: the stream is seeded by (seed, rank).
+  BatchSampler sampler(train_file, batch, ctx, sampling,
+                       (seed * 0x9E3779B97F4A7C15ULL + 1) ^ (uint64_t(rank) << 48));
+  auto global_mean = [&](double local) {
+    if (!comm) return local;
+    Tensor t = Tensor::from_floats({static_cast<float>(local)}, {1}, device);
+    comm->all_reduce(t, dist::ReduceOp::avg);
+    return t.item();
+  };
 
   TrainState state;
   state.rng_seed = sampler.rng().seed;
   state.args = flags.summary_line();
   const std::string resume = flags.str("resume");
-  fs::create_directories(out + "/checkpoints");
+  if (root) fs::create_directories(out + "/checkpoints");
   if (!resume.empty()) {
-    load_checkpoint(resume, params, &optimizer, &state);
-    sampler.rng().seed = state.rng_seed;
+    load_checkpoint(resume, params, opt_state.get(), &state);
+    // Each rank keeps its own seed; the draw count is the same on every rank.
     sampler.rng().counter = state.rng_counter;
-    std::printf("resumed from %s at step %lld\n", resume.c_str(), static_cast<long long>(state.step));
-    truncate_metrics(out + "/metrics.jsonl", state.step);
-  } else {
+    if (root)
+      std::printf("resumed from %s at step %lld\n", resume.c_str(), static_cast<long long>(state.step));
+    if (root) truncate_metrics(out + "/metrics.jsonl", state.step);
+  } else if (root) {
     std::remove((out + "/metrics.jsonl").c_str());
   }
   TT_CHECK(state.step < steps, "nothing to do: the checkpoint is at step " + std::to_string(state.step) +
@@ -187,23 +224,31 @@ int run_training(const Flags& flags, Device device, const std::string& data_dir)
   const double entropy = unigram_entropy(train_file, config.vocab_size);
   const PeakFlops peak =
       device_peak_flops(device_description(device), config.precision == nn::Precision::bf16);
-  std::printf(
-      "model %s: %lld parameters (d_model %lld, %lld layers, %lld heads, d_ff %lld, vocab %lld, ctx %lld)\n",
-      flags.str("preset").c_str(), static_cast<long long>(params.numel()),
-      static_cast<long long>(config.d_model), static_cast<long long>(config.num_layers),
-      static_cast<long long>(config.num_heads), static_cast<long long>(config.d_ff),
-      static_cast<long long>(config.vocab_size), static_cast<long long>(ctx));
-  std::printf("device %s (%s), precision %s, attention %s; data %s: %lld train / %lld val tokens\n",
-              device.str().c_str(), device_description(device).c_str(), nn::precision_name(config.precision),
-              nn::attention_name(config.attention), data_dir.c_str(),
-              static_cast<long long>(train_file.size()), static_cast<long long>(val_file.size()));
-  std::printf("unigram entropy of the training data: %.4f nats/token (a model must beat this)\n", entropy);
-  std::printf("MFU peak: %s\n",
-              peak.flops_per_s > 0 ? peak.description.c_str() : "unknown for this device (MFU not shown)");
+  if (root) {
+    std::printf(
+        "model %s: %lld parameters (d_model %lld, %lld layers, %lld heads, d_ff %lld, vocab %lld, ctx "
+        "%lld)\n",
+        flags.str("preset").c_str(), static_cast<long long>(params.numel()),
+        static_cast<long long>(config.d_model), static_cast<long long>(config.num_layers),
+        static_cast<long long>(config.num_heads), static_cast<long long>(config.d_ff),
+        static_cast<long long>(config.vocab_size), static_cast<long long>(ctx));
+    std::printf("device %s (%s), precision %s, attention %s; data %s: %lld train / %lld val tokens\n",
+                device.str().c_str(), device_description(device).c_str(),
+                nn::precision_name(config.precision), nn::attention_name(config.attention), data_dir.c_str(),
+                static_cast<long long>(train_file.size()), static_cast<long long>(val_file.size()));
+    if (world > 1) {
+      std::printf("data parallel: %d ranks, %s, global batch %lld sequences\n", world,
+                  zero ? "ZeRO-1 (sharded AdamW state)" : (std::string("DDP ") + flags.str("ddp")).c_str(),
+                  static_cast<long long>(batch * accum * world));
+    }
+    std::printf("unigram entropy of the training data: %.4f nats/token (a model must beat this)\n", entropy);
+    std::printf("MFU peak: %s\n",
+                peak.flops_per_s > 0 ? peak.description.c_str() : "unknown for this device (MFU not shown)");
+  }
 
   const int64_t eval_every = flags.integer("eval-every"), ckpt_every = flags.integer("ckpt-every");
-  const int64_t eval_batches = flags.integer("eval-batches"),
-                log_every = std::max<int64_t>(1, flags.integer("log-every"));
+  const int64_t eval_batches = flags.integer("eval-batches");
+  const int64_t log_every = std::max<int64_t>(1, flags.integer("log-every"));
   const int64_t keep = flags.integer("keep-ckpts");
   const double clip = flags.number("clip"), lr_max = flags.number("lr-max"), lr_min = flags.number("lr-min");
   const int64_t warmup = flags.integer("warmup");
@@ -213,23 +258,27 @@ int run_training(const Flags& flags, Device device, const std::string& data_dir)
     state.step = step;
     state.rng_counter = sampler.rng().counter;
     const std::string path = checkpoint_path(out, step);
-    save_checkpoint(path, config, params, &optimizer, state);
-    prune_checkpoints(out + "/checkpoints", keep);
+    save_checkpoint(path, config, params, opt_state.get(), state, root);
+    if (root) prune_checkpoints(out + "/checkpoints", keep);
     last_checkpoint = path;
   };
   if (resume.empty()) save(0);
 
   std::vector<LossPoint> train_curve, val_curve;
-  read_metrics(out + "/metrics.jsonl", state.step, train_curve, val_curve);
-  JsonlWriter metrics(out + "/metrics.jsonl", true);
-  const double flops_per_step = config.training_flops_per_sequence(ctx) * static_cast<double>(batch * accum);
-  const double tokens_per_step = static_cast<double>(batch * accum * ctx);
+  std::unique_ptr<JsonlWriter> metrics;
+  if (root) {
+    read_metrics(out + "/metrics.jsonl", state.step, train_curve, val_curve);
+    metrics = std::make_unique<JsonlWriter>(out + "/metrics.jsonl", true);
+  }
+  const double flops_per_step =
+      config.training_flops_per_sequence(ctx) * static_cast<double>(batch * accum * world);
+  const double tokens_per_step = static_cast<double>(batch * accum * ctx * world);
   Progress progress(state.step + 1, steps);
   double last_val = NAN;
   for (int64_t step = state.step + 1; step <= steps; ++step) {
     const double t0 = now_seconds();
     const double lr = optim::cosine_lr(step - 1, lr_max, lr_min, warmup, cosine_steps);
-    optimizer.set_lr(lr);
+    set_lr(lr);
     params.zero_grad();
     double loss_sum = 0;
     for (int64_t micro = 0; micro < accum; ++micro) {
@@ -237,23 +286,33 @@ int run_training(const Flags& flags, Device device, const std::string& data_dir)
       const Tensor x = Tensor::from_ints(b.inputs, {batch, ctx}, device);
       const Tensor y = Tensor::from_ints(b.targets, {batch, ctx}, device);
       const Tensor loss = model.loss(x, y);
+      if (ddp) {
+        ddp->set_sync(micro == accum - 1);  // only the last micro-batch communicates
+        ddp->begin_backward();
+      }
       (accum == 1 ? loss : ops::scale(loss, 1.0 / static_cast<double>(accum))).backward();
+      if (ddp) ddp->finish_backward();
       loss_sum += loss.item();
     }
-    const double loss = loss_sum / static_cast<double>(accum);
+    const double loss = global_mean(loss_sum / static_cast<double>(accum));
     if (!std::isfinite(loss)) {
       progress.finish();
       throw Error("loss is " + std::string(std::isnan(loss) ? "NaN" : "infinite") + " at step " +
                   std::to_string(step) + "; stopping (last good checkpoint: " +
                   (last_checkpoint.empty() ? "none" : last_checkpoint) + ")");
     }
-    const double grad_norm = optim::clip_grad_norm({params.flat_grads()}, clip);
-    optimizer.step();
+    double grad_norm = 0;
+    if (zero) {
+      grad_norm = sharded->step(clip);
+    } else {
+      grad_norm = optim::clip_grad_norm({params.flat_grads()}, clip);
+      adamw->step();
+    }
     synchronize(device);
     const double step_s = now_seconds() - t0;
     state.tokens_seen += static_cast<int64_t>(tokens_per_step);
     const double tokens_per_s = tokens_per_step / step_s;
-    const double mfu = peak.flops_per_s > 0 ? flops_per_step / step_s / peak.flops_per_s : NAN;
+    const double mfu = peak.flops_per_s > 0 ? flops_per_step / step_s / (peak.flops_per_s * world) : NAN;
 
     const bool eval_now = (eval_every > 0 && step % eval_every == 0) || step == steps;
     double val = NAN;
@@ -263,34 +322,37 @@ int run_training(const Flags& flags, Device device, const std::string& data_dir)
       val_curve.push_back({step, val});
     }
     train_curve.push_back({step, loss});
-    std::vector<std::pair<std::string, std::string>> fields = {
-        {"step", std::to_string(step)},
-        {"loss", JsonlWriter::number(loss)},
-        {"lr", JsonlWriter::number(lr)},
-        {"grad_norm", JsonlWriter::number(grad_norm)},
-        {"tokens_per_s", JsonlWriter::number(tokens_per_s)},
-        {"step_ms", JsonlWriter::number(step_s * 1e3)},
-        {"mfu", JsonlWriter::number(mfu)},
-        {"tokens_seen", std::to_string(state.tokens_seen)}};
-    if (eval_now) fields.emplace_back("val_loss", JsonlWriter::number(val));
-    metrics.write(fields);
-
-    char line[320];
-    std::snprintf(
-        line, sizeof(line),
-        "step %5lld/%lld | loss %.4f%s | lr %.2e | grad norm %.3f | %.0f tok/s | %.1f ms%s",
-        static_cast<long long>(step), static_cast<long long>(steps), loss,
-        eval_now ? (" | val " + std::to_string(val).substr(0, 6)).c_str() : "", lr, grad_norm, tokens_per_s,
-        step_s * 1e3,
-        std::isfinite(mfu) ? (" | MFU " + std::to_string(mfu * 100).substr(0, 5) + "%").c_str() : "");
-    if (step % log_every == 0 || eval_now || step == state.step + 1) progress.update(step, line);
-    if (eval_now) {
-      if (progress.interactive()) std::printf("\n");
-      write_loss_svg(out + "/loss.svg", train_curve, val_curve,
-                     "train " + flags.str("preset") + " (" + std::to_string(params.numel()) + " parameters)");
+    if (root) {
+      std::vector<std::pair<std::string, std::string>> fields = {
+          {"step", std::to_string(step)},
+          {"loss", JsonlWriter::number(loss)},
+          {"lr", JsonlWriter::number(lr)},
+          {"grad_norm", JsonlWriter::number(grad_norm)},
+          {"tokens_per_s", JsonlWriter::number(tokens_per_s)},
+          {"step_ms", JsonlWriter::number(step_s * 1e3)},
+          {"mfu", JsonlWriter::number(mfu)},
+          {"tokens_seen", std::to_string(state.tokens_seen)}};
+      if (eval_now) fields.emplace_back("val_loss", JsonlWriter::number(val));
+      metrics->write(fields);
+      char line[320];
+      std::snprintf(
+          line, sizeof(line),
+          "step %5lld/%lld | loss %.4f%s | lr %.2e | grad norm %.3f | %.0f tok/s | %.1f ms%s",
+          static_cast<long long>(step), static_cast<long long>(steps), loss,
+          eval_now ? (" | val " + std::to_string(val).substr(0, 6)).c_str() : "", lr, grad_norm, tokens_per_s,
+          step_s * 1e3,
+          std::isfinite(mfu) ? (" | MFU " + std::to_string(mfu * 100).substr(0, 5) + "%").c_str() : "");
+      if (step % log_every == 0 || eval_now || step == state.step + 1) progress.update(step, line);
+      if (eval_now) {
+        if (progress.interactive()) std::printf("\n");
+        write_loss_svg(
+            out + "/loss.svg", train_curve, val_curve,
+            "train " + flags.str("preset") + " (" + std::to_string(params.numel()) + " parameters)");
+      }
     }
     if ((ckpt_every > 0 && step % ckpt_every == 0) || step == steps) save(step);
   }
+  if (!root) return 0;
   progress.finish();
   std::printf("done: final validation loss %.4f (unigram entropy %.4f); checkpoint %s\n", last_val, entropy,
               last_checkpoint.c_str());

@@ -5,6 +5,7 @@
 
 #include "apps/lib/data.h"
 #include "apps/lib/flags.h"
+#include "dist/runtime.h"
 #include "nn/transformer.h"
 
 namespace tt::app {
@@ -13,7 +14,8 @@ namespace tt::app {
 void declare_train_flags(Flags& flags);
 
 // Trains with the flags of `train` (declared in apps/train.cpp); returns the process exit code.
-int run_training(const Flags& flags, Device device, const std::string& data_dir);
+// `runtime` (null for a single process) gives rank and world size under mpirun.
+int run_training(const Flags& flags, Device device, const std::string& data_dir, dist::DistRuntime* runtime);
 
 // Mean loss over windows 0 .. batches*batch-1 of `val`.
 double evaluate(const nn::TransformerLM& model, const TokenFile& val, int64_t batch, int64_t ctx,

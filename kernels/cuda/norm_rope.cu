@@ -54,17 +54,19 @@ __global__ void embedding_forward_kernel(const float* weight, const int32_t* ids
 // blocks add its rows in token order to the existing grad_weight value, which is exactly the CPU twin's
 // order; a run that goes on into the next chunk and ends there is finished by the same blocks. A longer
 // run (a frequent token, or a small vocabulary) would serialise one block over many rows, so every later
-// chunk it reaches stores a partial sum of its rows there, and a second kernel adds the run's rows in its
-// first chunk and then those partials in a fixed order. Which chunk does what depends only on the ids, so
+// chunk it reaches stores a partial sum of its rows there, and a second kernel adds up the run's rows in
+// its first chunk and those partials in a fixed order. Which chunk does what depends only on the ids, so
 // the order of additions, and with it every bit, does too.
 constexpr int kEmbChunkRows = 32;
-constexpr int kEmbChunkThreads = 256;
+constexpr int kEmbChunkThreads = 128;
+// Rows whose loads are in flight together; bounded by registers, as each holds kVec floats per row.
+constexpr int kEmbBatch = 8;
 constexpr int kEmbJoinWarps = 8;
 constexpr int64_t kEmbJoinBlocks = 4096;
 constexpr unsigned int kFullWarp = 0xffffffffu;
 
-// Per sorted row: what its chunk's blocks do with the piece of the run it is in (added to grad_weight,
-// the same but with the run's rows in the next chunk appended, stored as a partial, or left to another
+// Per sorted row: what its chunk's blocks do with the piece of the run it is in (add it to grad_weight,
+// the same with the run's rows in the next chunk appended, store it as a partial, or leave it to another
 // block), and whether the piece starts at this row.
 enum : uint8_t {
   kEmbWhole = 0,
@@ -75,28 +77,77 @@ enum : uint8_t {
   kEmbPieceStart = 4
 };
 
+// A run spanning more than one chunk boundary: its first chunk, where it starts in that chunk, the last
+// chunk it reaches, and its id.
+struct EmbJoin {
+  int32_t chunk;
+  int32_t head;
+  int32_t last_chunk;
+  int32_t key;
+};
+
+// kVec consecutive columns of one row; one 16-byte access per row when kVec is 4.
+template <int kVec>
+struct EmbLane {
+  float x[kVec];
+};
+
+template <int kVec>
+__device__ EmbLane<kVec> emb_load(const float* p) {
+  if constexpr (kVec == 4) {
+    const float4 t = *reinterpret_cast<const float4*>(p);
+    return {{t.x, t.y, t.z, t.w}};
+  } else {
+    return {{*p}};
+  }
+}
+
+template <int kVec>
+__device__ void emb_store(float* p, const EmbLane<kVec>& v) {
+  if constexpr (kVec == 4) {
+    *reinterpret_cast<float4*>(p) = make_float4(v.x[0], v.x[1], v.x[2], v.x[3]);
+  } else {
+    *p = v.x[0];
+  }
+}
+
+template <int kVec>
+__device__ void emb_add(EmbLane<kVec>& acc, const EmbLane<kVec>& v) {
+#pragma unroll
+  for (int k = 0; k < kVec; ++k) acc.x[k] += v.x[k];
+}
+
+// -0.0f is the exact identity of float addition, so a sum started from it is the plain in-order sum.
+template <int kVec>
+__device__ EmbLane<kVec> emb_identity() {
+  EmbLane<kVec> v;
+#pragma unroll
+  for (int k = 0; k < kVec; ++k) v.x[k] = -0.0f;
+  return v;
+}
+
 __global__ void embedding_positions_kernel(int32_t* positions, int64_t n) {
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x)
     positions[i] = static_cast<int32_t>(i);
 }
 
-// One block per (chunk, tile of columns), one column per thread; the tiles of a chunk are neighbouring
-// blocks so that whole rows are read at about the same time. Every load of the chunk is issued before the
-// first addition so that the in-order sums do not wait on memory row by row. Runs spanning more than one
-// chunk boundary are listed in joins for the second kernel; the list's order only decides which block
-// finishes which run, never the order of additions.
+// One block per (chunk, tile of columns), kVec columns per thread; the tiles of a chunk are neighbouring
+// blocks so that whole rows are read at about the same time. Rows are summed in batches whose loads are
+// all issued before the batch's first addition, so the in-order sums do not wait on memory row by row.
+template <int kVec>
 __global__ void __launch_bounds__(kEmbChunkThreads)
     embedding_backward_chunk_kernel(const float* __restrict__ grad_out, const int32_t* __restrict__ keys,
                                     const int32_t* __restrict__ rows, float* __restrict__ grad_weight,
-                                    float* __restrict__ partials, int32_t* __restrict__ joins,
+                                    float* __restrict__ partials, EmbJoin* __restrict__ joins,
                                     int32_t* __restrict__ join_count, int64_t n, int64_t dim, int64_t tiles) {
   static_assert(kEmbChunkRows == 32, "a chunk's rows are classified by one warp");
-  __shared__ int32_t s_key[kEmbChunkRows];
-  __shared__ int32_t s_row[kEmbChunkRows];
-  __shared__ int32_t s_tail_row[kEmbChunkRows];
+  __shared__ int64_t s_src[kEmbChunkRows];
+  __shared__ int64_t s_dst[kEmbChunkRows];
+  __shared__ int64_t s_tail_src[kEmbChunkRows];
   __shared__ uint8_t s_code[kEmbChunkRows];
   __shared__ int s_tail;
+  __shared__ int s_join_head;
   const int64_t chunk = blockIdx.x / tiles;
   const int64_t tile = blockIdx.x - chunk * tiles;
   const int64_t begin = chunk * kEmbChunkRows;
@@ -116,8 +167,8 @@ __global__ void __launch_bounds__(kEmbChunkThreads)
     const bool last_owned = leaves && !(enters && first_key == last_key);
     const bool last_ends_next =
         last_owned && (end + kEmbChunkRows >= n || keys[end + kEmbChunkRows] != last_key);
+    const int32_t key = lane < count ? keys[begin + lane] : last_key;
     if (lane < count) {
-      const int32_t key = keys[begin + lane];
       uint8_t code = kEmbWhole;
       if (enters && key == first_key) {
         code = first_finished_before ? kEmbSkip : kEmbPartial;
@@ -125,103 +176,84 @@ __global__ void __launch_bounds__(kEmbChunkThreads)
         code = last_ends_next ? kEmbExtend : kEmbSkip;
       }
       if (lane == 0 || key != keys[begin + lane - 1]) code |= kEmbPieceStart;
-      s_key[lane] = key;
-      s_row[lane] = rows[begin + lane];
+      s_src[lane] = static_cast<int64_t>(rows[begin + lane]) * dim;
+      s_dst[lane] = static_cast<int64_t>(key) * dim;
       s_code[lane] = code;
     }
     const bool in_tail = last_ends_next && end + lane < n && keys[end + lane] == last_key;
     const unsigned int tail_lanes = __ballot_sync(kFullWarp, in_tail);
-    if (in_tail) s_tail_row[lane] = rows[end + lane];
+    if (in_tail) s_tail_src[lane] = static_cast<int64_t>(rows[end + lane]) * dim;
+    const unsigned int last_lanes = __ballot_sync(kFullWarp, lane < count && key == last_key);
     if (lane == 0) {
       s_tail = __popc(tail_lanes);
-      if (tile == 0 && last_owned && !last_ends_next)
-        joins[atomicAdd(join_count, 1)] = static_cast<int32_t>(chunk);
+      s_join_head = last_owned && !last_ends_next ? __ffs(static_cast<int>(last_lanes)) - 1 : -1;
     }
   }
   __syncthreads();
-  const int64_t col = tile * blockDim.x + threadIdx.x;
+  const int64_t col = (tile * blockDim.x + threadIdx.x) * kVec;
   if (col >= dim) return;
 
-  float v[kEmbChunkRows];
-  float start[kEmbChunkRows];
-#pragma unroll
-  for (int u = 0; u < kEmbChunkRows; ++u) {
-    v[u] = 0.0f;
-    start[u] = 0.0f;
-    if (u < count) {
-      const uint8_t code = s_code[u];
-      const uint8_t mode = code & kEmbModeMask;
-      if (mode != kEmbSkip) v[u] = grad_out[static_cast<int64_t>(s_row[u]) * dim + col];
-      if ((code & kEmbPieceStart) && (mode == kEmbWhole || mode == kEmbExtend))
-        start[u] = grad_weight[static_cast<int64_t>(s_key[u]) * dim + col];
-    }
-  }
-
-  // -0.0f is the exact identity of float addition, so a partial is the plain in-order sum of its rows.
-  float acc = 0.0f;
+  EmbLane<kVec> acc = emb_identity<kVec>();
   uint8_t mode = kEmbSkip;
-  int32_t key = 0;
+  int64_t dst = 0;
   const auto flush = [&] {
     if (mode == kEmbWhole) {
-      grad_weight[static_cast<int64_t>(key) * dim + col] = acc;
+      emb_store(grad_weight + dst + col, acc);
     } else if (mode == kEmbPartial) {
-      partials[chunk * dim + col] = acc;
+      emb_store(partials + chunk * dim + col, acc);
     }
   };
+  for (int base = 0; base < count; base += kEmbBatch) {
+    EmbLane<kVec> v[kEmbBatch];
+    EmbLane<kVec> start[kEmbBatch];
 #pragma unroll
-  for (int u = 0; u < kEmbChunkRows; ++u) {
-    if (u < count) {
-      const uint8_t code = s_code[u];
-      if (code & kEmbPieceStart) {
-        flush();
-        mode = code & kEmbModeMask;
-        key = s_key[u];
-        acc = mode == kEmbWhole || mode == kEmbExtend ? start[u] : -0.0f;
+    for (int u = 0; u < kEmbBatch; ++u) {
+      const int r = base + u;
+      v[u] = emb_identity<kVec>();
+      start[u] = emb_identity<kVec>();
+      if (r < count) {
+        const uint8_t code = s_code[r];
+        const uint8_t m = code & kEmbModeMask;
+        if (m != kEmbSkip) v[u] = emb_load<kVec>(grad_out + s_src[r] + col);
+        if ((code & kEmbPieceStart) && (m == kEmbWhole || m == kEmbExtend))
+          start[u] = emb_load<kVec>(grad_weight + s_dst[r] + col);
       }
-      if (mode != kEmbSkip) acc += v[u];
+    }
+#pragma unroll
+    for (int u = 0; u < kEmbBatch; ++u) {
+      const int r = base + u;
+      if (r < count) {
+        const uint8_t code = s_code[r];
+        if (code & kEmbPieceStart) {
+          flush();
+          mode = code & kEmbModeMask;
+          dst = s_dst[r];
+          acc = start[u];
+        }
+        if (mode != kEmbSkip) emb_add(acc, v[u]);
+      }
     }
   }
   flush();
   if (mode == kEmbExtend) {
     const int tail = s_tail;
+    for (int base = 0; base < tail; base += kEmbBatch) {
+      EmbLane<kVec> v[kEmbBatch];
 #pragma unroll
-    for (int u = 0; u < kEmbChunkRows; ++u)
-      v[u] = u < tail ? grad_out[static_cast<int64_t>(s_tail_row[u]) * dim + col] : 0.0f;
+      for (int u = 0; u < kEmbBatch; ++u)
+        v[u] = base + u < tail ? emb_load<kVec>(grad_out + s_tail_src[base + u] + col) : emb_identity<kVec>();
 #pragma unroll
-    for (int u = 0; u < kEmbChunkRows; ++u) {
-      if (u < tail) acc += v[u];
+      for (int u = 0; u < kEmbBatch; ++u) emb_add(acc, v[u]);
     }
-    grad_weight[static_cast<int64_t>(key) * dim + col] = acc;
+    emb_store(grad_weight + dst + col, acc);
   }
-}
 
-// Finishes the listed runs, one at a time per block slot, 32 columns per block. Warp 0 starts from
-// grad_weight and the run's rows in its first chunk; the partials of the later chunks are split into
-// kEmbJoinWarps contiguous ranges, one per warp, so that even a run as long as the whole batch keeps many
-// loads in flight; the warps' sums are then added in warp order.
-__global__ void __launch_bounds__(32 * kEmbJoinWarps)
-    embedding_backward_join_kernel(const float* __restrict__ grad_out, const int32_t* __restrict__ keys,
-                                   const int32_t* __restrict__ rows, float* __restrict__ grad_weight,
-                                   const float* __restrict__ partials, const int32_t* __restrict__ joins,
-                                   const int32_t* __restrict__ join_count, int64_t n, int64_t dim,
-                                   int64_t tiles) {
-  __shared__ float s_sum[kEmbJoinWarps][32];
-  const int64_t chunks = (n + kEmbChunkRows - 1) / kEmbChunkRows;
-  const int64_t slot = blockIdx.x / tiles;
-  const int64_t slots = gridDim.x / tiles;
-  const int lane = static_cast<int>(threadIdx.x);
-  const int warp = static_cast<int>(threadIdx.y);
-  const int64_t col = (blockIdx.x - slot * tiles) * 32 + lane;
-  const int64_t count = *join_count;
-  for (int64_t j = slot; j < count; j += slots) {
-    // A listed run starts in this chunk, fills the next one and reaches at least the one after.
-    const int64_t chunk = joins[j];
-    const int64_t begin = chunk * kEmbChunkRows;
-    const int32_t key = keys[begin + kEmbChunkRows - 1];
-    const int32_t row = rows[begin + lane];
-    const int head = __ffs(static_cast<int>(__ballot_sync(kFullWarp, keys[begin + lane] == key))) - 1;
-    // The run reaches a chunk iff that chunk's first key is the run's; keys are sorted, so gallop, then
-    // bisect, for the last such chunk.
+  // The join list's order only decides which block finishes which run, never the order of additions.
+  if (tile == 0 && threadIdx.x == 0 && s_join_head >= 0) {
+    // The run fills the next chunk and reaches at least the one after. It reaches a chunk iff that
+    // chunk's first key is its id; keys are sorted, so gallop, then bisect, for the last such chunk.
+    const int64_t chunks = (n + kEmbChunkRows - 1) / kEmbChunkRows;
+    const int32_t key = keys[end - 1];
     int64_t reached = 2, probe = 4;
     while (chunk + probe < chunks && keys[(chunk + probe) * kEmbChunkRows] == key) {
       reached = probe;
@@ -236,34 +268,66 @@ __global__ void __launch_bounds__(32 * kEmbJoinWarps)
         probe = mid;
       }
     }
-    const int64_t from = chunk + 1 + reached * warp / kEmbJoinWarps;
-    const int64_t to = chunk + 1 + reached * (warp + 1) / kEmbJoinWarps;
-    float acc = -0.0f;
-    if (warp == 0) {
-      float v[kEmbChunkRows];
+    joins[atomicAdd(join_count, 1)] = {static_cast<int32_t>(chunk), s_join_head,
+                                       static_cast<int32_t>(chunk + reached), key};
+  }
+}
+
+// Finishes the listed runs, one at a time per block slot, 32 * kVec columns per block. A run's addends
+// are, in order, its grad_weight value, its rows in its first chunk and the partials of the later chunks;
+// they are split into kEmbJoinWarps contiguous ranges, one per warp, so that even a run as long as the
+// whole batch keeps many loads in flight, and the warps' sums are then added in warp order.
+template <int kVec>
+__global__ void __launch_bounds__(32 * kEmbJoinWarps)
+    embedding_backward_join_kernel(const float* __restrict__ grad_out, const int32_t* __restrict__ rows,
+                                   float* __restrict__ grad_weight, const float* __restrict__ partials,
+                                   const EmbJoin* __restrict__ joins, const int32_t* __restrict__ join_count,
+                                   int64_t dim, int64_t tiles) {
+  __shared__ EmbLane<kVec> s_sum[kEmbJoinWarps][32];
+  const int64_t slot = blockIdx.x / tiles;
+  const int64_t slots = gridDim.x / tiles;
+  const int lane = static_cast<int>(threadIdx.x);
+  const int warp = static_cast<int>(threadIdx.y);
+  const int64_t col = ((blockIdx.x - slot * tiles) * 32 + lane) * kVec;
+  const bool active = col < dim;
+  const int64_t count = *join_count;
+  for (int64_t j = slot; j < count; j += slots) {
+    const EmbJoin join = joins[j];
+    const int64_t first_chunk = join.chunk;
+    const int32_t row = rows[first_chunk * kEmbChunkRows + lane];
+    const int head_rows = kEmbChunkRows - join.head;
+    const int64_t addends = 1 + head_rows + (join.last_chunk - first_chunk);
+    const int64_t from = addends * warp / kEmbJoinWarps;
+    const int64_t to = addends * (warp + 1) / kEmbJoinWarps;
+    const int64_t dst = static_cast<int64_t>(join.key) * dim + col;
+    EmbLane<kVec> acc = emb_identity<kVec>();
+    for (int64_t base = from; base < to; base += kEmbBatch) {
+      EmbLane<kVec> v[kEmbBatch];
 #pragma unroll
-      for (int u = 0; u < kEmbChunkRows; ++u) {
-        const int32_t r = __shfl_sync(kFullWarp, row, u);
-        v[u] = u >= head && col < dim ? grad_out[static_cast<int64_t>(r) * dim + col] : 0.0f;
-      }
-      if (col < dim) {
-        acc = grad_weight[static_cast<int64_t>(key) * dim + col];
-#pragma unroll
-        for (int u = 0; u < kEmbChunkRows; ++u) {
-          if (u >= head) acc += v[u];
+      for (int u = 0; u < kEmbBatch; ++u) {
+        const int64_t i = base + u;
+        // Every lane takes part in the shuffle, including those past the last column.
+        const int from_lane = i >= 1 && i <= head_rows ? join.head + static_cast<int>(i) - 1 : 0;
+        const int32_t r = __shfl_sync(kFullWarp, row, from_lane);
+        v[u] = emb_identity<kVec>();
+        if (active && i < to) {
+          if (i == 0) {
+            v[u] = emb_load<kVec>(grad_weight + dst);
+          } else if (i <= head_rows) {
+            v[u] = emb_load<kVec>(grad_out + static_cast<int64_t>(r) * dim + col);
+          } else {
+            v[u] = emb_load<kVec>(partials + (first_chunk + i - head_rows) * dim + col);
+          }
         }
       }
-    }
-    if (col < dim) {
-#pragma unroll 8
-      for (int64_t c = from; c < to; ++c) acc += partials[c * dim + col];
+#pragma unroll
+      for (int u = 0; u < kEmbBatch; ++u) emb_add(acc, v[u]);
     }
     s_sum[warp][lane] = acc;
     __syncthreads();
-    if (warp == 0 && col < dim) {
-      float total = s_sum[0][lane];
-      for (int w = 1; w < kEmbJoinWarps; ++w) total += s_sum[w][lane];
-      grad_weight[static_cast<int64_t>(key) * dim + col] = total;
+    if (warp == 0 && active) {
+      for (int w = 1; w < kEmbJoinWarps; ++w) emb_add(acc, s_sum[w][lane]);
+      emb_store(grad_weight + dst, acc);
     }
     __syncthreads();
   }
@@ -376,32 +440,61 @@ void embedding_forward(const float* weight, const int32_t* ids, float* out, int6
   TT_CUDA_LAUNCH_CHECK();
 }
 
+namespace {
+
+template <int kVec>
+void launch_embedding_backward(const float* grad_out, const int32_t* sorted_ids,
+                               const int32_t* sorted_positions, float* grad_weight, float* partials,
+                               EmbJoin* joins, int32_t* join_count, int64_t n, int64_t dim,
+                               cudaStream_t stream) {
+  const int64_t lanes = (dim + kVec - 1) / kVec;
+  const int threads = static_cast<int>(std::min<int64_t>((lanes + 31) / 32 * 32, kEmbChunkThreads));
+  const int64_t tiles = (lanes + threads - 1) / threads;
+  const int64_t chunks = (n + kEmbChunkRows - 1) / kEmbChunkRows;
+  TT_CHECK(chunks * tiles <= std::numeric_limits<int32_t>::max(),
+           "cuda::embedding_backward: " + std::to_string(n) + " ids of dim " + std::to_string(dim) +
+               " are too many for one launch");
+  embedding_backward_chunk_kernel<kVec><<<static_cast<unsigned int>(chunks * tiles), threads, 0, stream>>>(
+      grad_out, sorted_ids, sorted_positions, grad_weight, partials, joins, join_count, n, dim, tiles);
+  TT_CUDA_LAUNCH_CHECK();
+  // Only a run spanning two chunk boundaries is joined, which takes three chunks.
+  if (chunks < 3) return;
+  // The number of runs to join stays on the device; slots beyond it find nothing to do and exit.
+  const int64_t join_tiles = (lanes + 31) / 32;
+  const int64_t slots = std::clamp(kEmbJoinBlocks / join_tiles, int64_t{1}, chunks);
+  TT_CHECK(slots * join_tiles <= std::numeric_limits<int32_t>::max(),
+           "cuda::embedding_backward: dim " + std::to_string(dim) + " is too large");
+  embedding_backward_join_kernel<kVec>
+      <<<static_cast<unsigned int>(slots * join_tiles), dim3(32, kEmbJoinWarps), 0, stream>>>(
+          grad_out, sorted_positions, grad_weight, partials, joins, join_count, dim, join_tiles);
+  TT_CUDA_LAUNCH_CHECK();
+}
+
+}  // namespace
+
 void embedding_backward(const float* grad_out, const int32_t* ids, float* grad_weight, int64_t n, int64_t dim,
                         cudaStream_t stream) {
   if (n == 0 || dim == 0) return;
   TT_CHECK(n <= std::numeric_limits<int32_t>::max(),
            "cuda::embedding_backward: " + std::to_string(n) + " ids do not fit 32-bit positions");
-  const int threads = static_cast<int>(std::min<int64_t>((dim + 31) / 32 * 32, kEmbChunkThreads));
-  const int64_t tiles = (dim + threads - 1) / threads;
-  const int64_t chunks = (n + kEmbChunkRows - 1) / kEmbChunkRows;
-  TT_CHECK(chunks * tiles <= std::numeric_limits<int32_t>::max(),
-           "cuda::embedding_backward: " + std::to_string(n) + " ids of dim " + std::to_string(dim) +
-               " are too many for one launch");
   const int items = static_cast<int>(n);
+  const int64_t chunks = (n + kEmbChunkRows - 1) / kEmbChunkRows;
 
   size_t sort_bytes = 0;
   TT_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(nullptr, sort_bytes, ids, static_cast<int32_t*>(nullptr),
                                                 static_cast<const int32_t*>(nullptr),
                                                 static_cast<int32_t*>(nullptr), items, 0, 32, stream));
   // One stream-ordered allocation for all scratch. The partials (one row per chunk, 1/32 of grad_out's
-  // size) are only touched where a run spans more than one chunk boundary, which needs three chunks.
+  // size) are only touched for runs that span two chunk boundaries.
   const auto aligned = [](size_t bytes) { return (bytes + 255) / 256 * 256; };
   const size_t index_bytes = aligned(static_cast<size_t>(n) * sizeof(int32_t));
   const size_t partial_bytes = chunks > 2 ? aligned(static_cast<size_t>(chunks * dim) * sizeof(float)) : 0;
-  const size_t join_bytes = aligned(static_cast<size_t>(chunks + 1) * sizeof(int32_t));
+  const size_t join_bytes = aligned(static_cast<size_t>(chunks) * sizeof(EmbJoin));
+  const size_t count_bytes = aligned(sizeof(int32_t));
   char* scratch = nullptr;
-  TT_CUDA_CHECK(cudaMallocAsync(reinterpret_cast<void**>(&scratch),
-                                3 * index_bytes + partial_bytes + join_bytes + aligned(sort_bytes), stream));
+  TT_CUDA_CHECK(cudaMallocAsync(
+      reinterpret_cast<void**>(&scratch),
+      3 * index_bytes + partial_bytes + join_bytes + count_bytes + aligned(sort_bytes), stream));
   char* next = scratch;
   const auto take = [&next](size_t bytes) {
     char* p = next;
@@ -412,8 +505,8 @@ void embedding_backward(const float* grad_out, const int32_t* ids, float* grad_w
   int32_t* sorted_ids = reinterpret_cast<int32_t*>(take(index_bytes));
   int32_t* sorted_positions = reinterpret_cast<int32_t*>(take(index_bytes));
   float* partials = partial_bytes ? reinterpret_cast<float*>(take(partial_bytes)) : nullptr;
-  int32_t* join_count = reinterpret_cast<int32_t*>(take(join_bytes));
-  int32_t* joins = join_count + 1;
+  EmbJoin* joins = reinterpret_cast<EmbJoin*>(take(join_bytes));
+  int32_t* join_count = reinterpret_cast<int32_t*>(take(count_bytes));
   void* sort_temp = take(aligned(sort_bytes));
 
   TT_CUDA_CHECK(cudaMemsetAsync(join_count, 0, sizeof(int32_t), stream));
@@ -421,19 +514,13 @@ void embedding_backward(const float* grad_out, const int32_t* ids, float* grad_w
   TT_CUDA_LAUNCH_CHECK();
   TT_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(sort_temp, sort_bytes, ids, sorted_ids, positions,
                                                 sorted_positions, items, 0, 32, stream));
-  embedding_backward_chunk_kernel<<<static_cast<unsigned int>(chunks * tiles), threads, 0, stream>>>(
-      grad_out, sorted_ids, sorted_positions, grad_weight, partials, joins, join_count, n, dim, tiles);
-  TT_CUDA_LAUNCH_CHECK();
-  if (chunks > 2) {
-    // The number of runs to join stays on the device; spare slots find nothing to do and exit.
-    const int64_t join_tiles = (dim + 31) / 32;
-    const int64_t slots = std::clamp(kEmbJoinBlocks / join_tiles, int64_t{1}, chunks - 2);
-    TT_CHECK(slots * join_tiles <= std::numeric_limits<int32_t>::max(),
-             "cuda::embedding_backward: dim " + std::to_string(dim) + " is too large");
-    embedding_backward_join_kernel<<<static_cast<unsigned int>(slots * join_tiles), dim3(32, kEmbJoinWarps),
-                                     0, stream>>>(grad_out, sorted_ids, sorted_positions, grad_weight,
-                                                  partials, joins, join_count, n, dim, join_tiles);
-    TT_CUDA_LAUNCH_CHECK();
+  const auto aligned16 = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
+  if (dim % 4 == 0 && aligned16(grad_out) && aligned16(grad_weight)) {
+    launch_embedding_backward<4>(grad_out, sorted_ids, sorted_positions, grad_weight, partials, joins,
+                                 join_count, n, dim, stream);
+  } else {
+    launch_embedding_backward<1>(grad_out, sorted_ids, sorted_positions, grad_weight, partials, joins,
+                                 join_count, n, dim, stream);
   }
   TT_CUDA_CHECK(cudaFreeAsync(scratch, stream));
 }

@@ -1,0 +1,136 @@
+// bench_allreduce: all-reduce time and bandwidth over the ranks of an mpirun job, as nccl-tests reports them:
+// algorithm bandwidth = bytes / time, bus bandwidth = algorithm bandwidth * 2(N-1)/N (what each link
+// carries in a ring), so numbers compare across world sizes and with nccl-tests. NCCL on GPUs, MPI on CPUs.
+#include <mpi.h>
+
+#include <cstdio>
+#include <memory>
+
+#include "apps/lib/bench.h"
+#include "apps/lib/flags.h"
+#include "apps/lib/report.h"
+#include "apps/lib/run_setup.h"
+#include "core/cuda_context.h"
+#include "core/ops.h"
+#include "dist/communicator.h"
+#include "dist/mpi_check.h"
+#include "dist/runtime.h"
+
+using namespace tt;
+using namespace tt::app;
+
+namespace {
+
+constexpr double kBytesPerMb = 1024.0 * 1024.0;
+
+struct Measurement {
+  double mb = 0, bytes = 0, ms = 0, algorithm_gbps = 0, bus_gbps = 0;
+  bool correct = false;
+};
+
+// CUDA fills f32 only: bf16 buffers are cast from an f32 one.
+Tensor filled(int64_t numel, double value, DType dtype, Device device) {
+  const Tensor values = Tensor::full({numel}, value, DType::f32, device);
+  return dtype == DType::f32 ? values : ops::cast(values, dtype);
+}
+
+// The slowest rank's time is the collective's time.
+double max_over_ranks(double value) {
+  double result = value;
+  TT_MPI_CHECK(MPI_Allreduce(&value, &result, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD));
+  return result;
+}
+
+Measurement measure(dist::Communicator& comm, double mb, DType dtype, int64_t warmup, int64_t iters) {
+  const int64_t numel = static_cast<int64_t>(mb * kBytesPerMb) / static_cast<int64_t>(dtype_size(dtype));
+  TT_CHECK(numel > 0, "--sizes-mb: " + std::to_string(mb) + " MB holds no element");
+  Tensor buffer = filled(numel, 1.0, dtype, comm.device());
+  // One checked reduction first: every element must come back as the world size.
+  comm.all_reduce(buffer, dist::ReduceOp::sum);
+  Measurement m;
+  m.mb = mb;
+  m.correct = buffer.narrow_view(0, numel - 1, 1).item() == comm.world_size() &&
+              buffer.narrow_view(0, 0, 1).item() == comm.world_size();
+  buffer = filled(numel, 0.0, dtype, comm.device());  // sums of zeros never overflow
+  for (int64_t i = 0; i < warmup; ++i) comm.all_reduce(buffer, dist::ReduceOp::sum);
+  synchronize(comm.device());
+  comm.barrier();
+  // Timed back to back on the device (CUDA events around the loop) or on the host (CPU).
+  std::unique_ptr<dist::StreamTimer> timer = comm.start_timer();
+  for (int64_t i = 0; i < iters; ++i) comm.all_reduce(buffer, dist::ReduceOp::sum);
+  timer->stop();
+  m.ms = max_over_ranks(timer->elapsed_ms() / static_cast<double>(iters));
+  m.bytes = static_cast<double>(numel) * static_cast<double>(dtype_size(dtype));
+  const int world = comm.world_size();
+  m.algorithm_gbps = m.bytes / (m.ms * 1e-3) / 1e9;
+  m.bus_gbps = m.algorithm_gbps * 2.0 * (world - 1) / world;
+  return m;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Flags flags(
+      "bench_allreduce",
+      "All-reduce (sum) time, algorithm and bus bandwidth per message size; run under mpirun, one rank\n"
+      "per GPU. 1 MB = 2^20 bytes; bandwidths in GB/s (1e9 bytes/s); time = slowest rank's mean.");
+  flags.add("sizes-mb", "1,10,100,1000", "comma-separated message sizes in MB");
+  flags.add("dtype", "f32", "f32 | bf16 (bf16 needs CUDA)");
+  flags.add("device", "auto", "cpu | cuda | auto (rank i uses GPU local rank i)");
+  flags.add("warmup", "5", "untimed all-reduces per size");
+  flags.add("iters", "20", "timed all-reduces per size");
+  flags.add("json", "", "also write one JSON object per size to this file (rank 0)");
+  if (!flags.parse(argc, argv)) return 0;
+  std::unique_ptr<dist::DistRuntime> runtime;
+  try {
+    runtime = std::make_unique<dist::DistRuntime>(&argc, &argv);
+    const Device device = pick_device(flags.str("device"), runtime->gpu_index());
+    const std::string dtype_text = flags.str("dtype");
+    TT_CHECK(dtype_text == "f32" || dtype_text == "bf16", "--dtype must be f32 or bf16");
+    const DType dtype = dtype_text == "f32" ? DType::f32 : DType::bf16;
+    TT_CHECK(dtype == DType::f32 || device.is_cuda(),
+             "--dtype bf16 needs a CUDA device (MPI has no bf16 sum)");
+    const int64_t warmup = flags.integer("warmup"), iters = flags.integer("iters");
+    TT_CHECK(warmup >= 0 && iters > 0, "--warmup must be >= 0 and --iters positive");
+    std::unique_ptr<dist::Communicator> comm = dist::make_communicator(device, *runtime);
+    const bool root = runtime->is_root();
+    std::unique_ptr<JsonlWriter> json;
+    if (root && !flags.str("json").empty()) json = std::make_unique<JsonlWriter>(flags.str("json"), false);
+    if (root) {
+      std::printf("%d ranks, backend %s, device %s, %s, warm-up %lld, timed %lld\n\n", comm->world_size(),
+                  comm->backend(), device.is_cpu() ? "cpu" : "cuda (local rank)", dtype_text.c_str(),
+                  static_cast<long long>(warmup), static_cast<long long>(iters));
+    }
+    std::vector<std::vector<std::string>> rows;
+    for (double mb : flags.number_list("sizes-mb")) {
+      const Measurement m = measure(*comm, mb, dtype, warmup, iters);
+      rows.push_back({format_fixed(mb, mb < 1 ? 3 : 0), dtype_text, comm->backend(),
+                      std::to_string(comm->world_size()), format_fixed(m.ms, 3),
+                      format_fixed(m.algorithm_gbps, 2), format_fixed(m.bus_gbps, 2),
+                      m.correct ? "yes" : "NO"});
+      if (json) {
+        json->write({{"size_mb", JsonlWriter::number(mb)},
+                     {"bytes", JsonlWriter::number(m.bytes)},
+                     {"dtype", JsonlWriter::quote(dtype_text)},
+                     {"backend", JsonlWriter::quote(comm->backend())},
+                     {"ranks", std::to_string(comm->world_size())},
+                     {"time_ms", JsonlWriter::number(m.ms)},
+                     {"algbw_gbps", JsonlWriter::number(m.algorithm_gbps)},
+                     {"busbw_gbps", JsonlWriter::number(m.bus_gbps)},
+                     {"correct", m.correct ? "true" : "false"}});
+      }
+    }
+    if (root) {
+      std::printf("%s", markdown_table({"size MB", "dtype", "backend", "ranks", "time ms", "algbw GB/s",
+                                        "busbw GB/s", "correct"},
+                                       rows)
+                            .c_str());
+    }
+    comm.reset();
+    return 0;
+  } catch (const std::exception& e) {
+    if (runtime && runtime->world_size() > 1) dist::abort_job(e.what());
+    std::fprintf(stderr, "error: %s\n", e.what());
+    return 1;
+  }
+}

@@ -1,0 +1,274 @@
+// bench_ddp: the training step (forward + backward + gradient communication + AdamW) under each DDP
+// strategy, run under mpirun with a fixed per-rank batch (weak scaling). The 'single' row skips all
+// communication, so scaling efficiency = single step / distributed step; "comm wait" is the communication
+// that backward did not hide (host time on CPU, compute-stream stall on CUDA). An OOM is a row.
+#include <mpi.h>
+
+#include <cstdio>
+#include <memory>
+#include <optional>
+
+#include "apps/lib/bench.h"
+#include "apps/lib/flags.h"
+#include "apps/lib/report.h"
+#include "apps/lib/run_setup.h"
+#include "core/allocator.h"
+#include "core/cuda_context.h"
+#include "core/rng.h"
+#include "dist/data_parallel.h"
+#include "dist/mpi_check.h"
+#include "dist/runtime.h"
+#include "dist/shard_collectives.h"
+#include "optim/optimizer.h"
+#include "optim/sharded_optimizer.h"
+
+using namespace tt;
+using namespace tt::app;
+
+namespace {
+
+struct Config {
+  std::string label;  // "single", the strategy name, or "zero1"
+  std::optional<dist::DdpStrategy> strategy;
+  double bucket_mb = 0;
+  bool zero = false;  // ZeRO-1: reduce-scatter, sharded AdamW, all-gather (no DDP all-reduce)
+};
+
+// Bytes per rank, measured from the allocator and the tensors.
+struct Memory {
+  int64_t params = 0, grads = 0, optimizer_state = 0;
+  int64_t after_init = 0, before_step = 0, after_step = 0, peak = 0;
+};
+
+struct Result {
+  bool oom = false;
+  Summary step_ms, wait_ms;
+  Memory memory;
+};
+
+double max_over_ranks(double value) {
+  double result = value;
+  TT_MPI_CHECK(MPI_Allreduce(&value, &result, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD));
+  return result;
+}
+
+// One model per preset, reused by all its rows (initialising a billion-parameter model takes seconds).
+struct Bundle {
+  Bundle(const nn::ModelConfig& c, Device device, int rank, int world, int64_t batch)
+      : model(c), params(model, device, 1, DType::f32, world) {
+    // Each rank its own tokens, as in training.
+    CounterRng rng{77, static_cast<uint64_t>(rank) << 40};
+    std::vector<int32_t> ids(static_cast<size_t>(batch * c.context_length)), targets(ids.size());
+    for (auto& v : ids) v = static_cast<int32_t>(rng.next_below(static_cast<uint64_t>(c.vocab_size)));
+    for (auto& v : targets) v = static_cast<int32_t>(rng.next_below(static_cast<uint64_t>(c.vocab_size)));
+    x = Tensor::from_ints(ids, {batch, c.context_length}, device);
+    y = Tensor::from_ints(targets, {batch, c.context_length}, device);
+  }
+  nn::TransformerLM model;
+  nn::FlatParameters params;
+  std::unique_ptr<optim::AdamW> optimizer;  // made by the first row that needs it, dropped for ZeRO rows
+  Tensor x, y;
+};
+
+Result measure(Bundle& b, dist::Communicator& comm, const Config& config, int64_t warmup, int64_t steps) {
+  Result result;
+  const Device device = comm.device();
+  try {
+    std::unique_ptr<dist::DataParallel> ddp;
+    std::unique_ptr<optim::ShardCollectives> collectives;
+    std::unique_ptr<optim::ShardedAdamW> sharded;
+    if (config.zero) {
+      b.optimizer.reset();  // the whole AdamW state must not count against the sharded one
+      empty_cache(device);
+      collectives = dist::shard_collectives(comm);
+      sharded = std::make_unique<optim::ShardedAdamW>(b.params, *collectives);
+      result.memory.optimizer_state = sharded->state_bytes();
+    } else {
+      if (!b.optimizer)
+        b.optimizer = std::make_unique<optim::AdamW>(std::vector<Tensor>{b.params.flat_params()});
+      result.memory.optimizer_state =
+          static_cast<int64_t>(b.optimizer->exp_avg()[0].nbytes() + b.optimizer->exp_avg_sq()[0].nbytes());
+      if (config.strategy)
+        ddp = std::make_unique<dist::DataParallel>(b.params, comm, *config.strategy, config.bucket_mb);
+    }
+    result.memory.params = static_cast<int64_t>(b.params.flat_params().nbytes());
+    result.memory.grads = static_cast<int64_t>(b.params.flat_grads().nbytes());
+    synchronize(device);
+    result.memory.after_init = memory_stats(device).current_bytes;
+    reset_peak_memory(device);
+    std::vector<double> waits;
+    const std::vector<Phase> phases = {{"step", [&] {
+                                          Tensor loss = b.model.loss(b.x, b.y);
+                                          if (ddp) ddp->begin_backward();
+                                          loss.backward();
+                                          loss = Tensor();
+                                          if (ddp) ddp->finish_backward();
+                                          result.memory.before_step = memory_stats(device).current_bytes;
+                                          if (sharded) {
+                                            sharded->step(0.0);
+                                          } else {
+                                            b.optimizer->step();
+                                          }
+                                          b.params.zero_grad();
+                                          result.memory.after_step = memory_stats(device).current_bytes;
+                                        }}};
+    const StepTimings t = time_phases(
+        warmup, steps, phases, [&] { synchronize(device); },
+        [&](size_t) { waits.push_back(ddp ? ddp->communication_wait_ms() : 0.0); });
+    result.memory.peak = memory_stats(device).peak_bytes;
+    result.step_ms = summarize(t.step_ms);
+    result.wait_ms = summarize(waits);
+  } catch (const OutOfMemory&) {
+    result.oom = true;
+  }
+  empty_cache(device);
+  // A row is OOM when any rank ran out (they should agree; the table must).
+  result.oom = max_over_ranks(result.oom ? 1.0 : 0.0) > 0;
+  if (!result.oom) result.step_ms.mean = max_over_ranks(result.step_ms.mean);
+  return result;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Flags flags(
+      "bench_ddp",
+      "DDP step time per strategy under mpirun (one rank per GPU), weak scaling: the per-rank batch is\n"
+      "fixed. Rows: 'single' (no communication, the baseline) and each strategy; bucketed once per\n"
+      "--bucket-mb. Step = forward + backward + communication + AdamW; times are the slowest rank's mean.");
+  flags.add("preset", "xl", "comma-separated presets (tiny, small, medium, large, xl, 2.7b)");
+  flags.add("strategy", "naive,flat,overlap,bucketed", "comma-separated DDP strategies");
+  flags.add("bucket-mb", "1,10,100,1000", "comma-separated bucket caps for 'bucketed', in MB (2^20 bytes)");
+  flags.add("precision", "bf16", "f32 | bf16");
+  flags.add("attention", "auto", "naive | flash | auto (flash on CUDA)");
+  flags.add("ctx", "512", "context length");
+  flags.add("batch", "4", "sequences per rank");
+  flags.add("vocab", "10000", "vocabulary size");
+  flags.add("warmup", "3", "untimed steps per row");
+  flags.add("steps", "10", "timed steps per row");
+  flags.add("device", "auto", "cpu | cuda | auto (rank i uses GPU local rank i)");
+  flags.add("single-gpu-baseline", "1",
+            "1: also time the 'single' row: every rank alone, no communication (the scaling baseline)");
+  flags.add("zero", "0", "1: add a ZeRO-1 row (sharded AdamW state; reduce-scatter + all-gather)");
+  flags.add("json", "", "also write one JSON object per row to this file (rank 0)");
+  if (!flags.parse(argc, argv)) return 0;
+  std::unique_ptr<dist::DistRuntime> runtime;
+  try {
+    runtime = std::make_unique<dist::DistRuntime>(&argc, &argv);
+    const Device device = pick_device(flags.str("device"), runtime->gpu_index());
+    const int64_t batch = flags.integer("batch"), ctx = flags.integer("ctx"),
+                  warmup = flags.integer("warmup"), steps = flags.integer("steps");
+    TT_CHECK(batch > 0 && ctx > 0 && steps > 0 && warmup >= 0, "--batch, --ctx, --steps must be positive");
+    std::vector<Config> configs;
+    if (flags.integer("single-gpu-baseline") != 0) configs.push_back({"single", std::nullopt, 0});
+    for (const std::string& name : flags.list("strategy")) {
+      const dist::DdpStrategy strategy = dist::parse_ddp_strategy(name);
+      if (strategy != dist::DdpStrategy::bucketed) {
+        configs.push_back({name, strategy, 25});
+        continue;
+      }
+      for (double mb : flags.number_list("bucket-mb")) configs.push_back({name, strategy, mb});
+    }
+    if (flags.integer("zero") == 1) configs.push_back({"zero1", std::nullopt, 0, true});
+    std::unique_ptr<dist::Communicator> comm = dist::make_communicator(device, *runtime);
+    const bool root = runtime->is_root();
+    const int world = runtime->world_size();
+    std::unique_ptr<JsonlWriter> json;
+    if (root && !flags.str("json").empty()) json = std::make_unique<JsonlWriter>(flags.str("json"), false);
+    if (root) {
+      std::printf("%d ranks (%s), batch %lld x ctx %lld per rank, %s, warm-up %lld, timed %lld\n\n", world,
+                  comm->backend(), static_cast<long long>(batch), static_cast<long long>(ctx),
+                  flags.str("precision").c_str(), static_cast<long long>(warmup),
+                  static_cast<long long>(steps));
+    }
+    std::vector<std::vector<std::string>> rows, memory_rows;
+    for (const std::string& preset : flags.list("preset")) {
+      nn::ModelConfig config = nn::preset(preset);
+      config.vocab_size = flags.integer("vocab");
+      config.context_length = ctx;
+      apply_runtime_model_flags(flags, config, device);
+      std::unique_ptr<Bundle> bundle;
+      bool oom = false;
+      try {
+        bundle = std::make_unique<Bundle>(config, device, runtime->rank(), runtime->world_size(), batch);
+      } catch (const OutOfMemory&) {
+        oom = true;
+      }
+      oom = max_over_ranks(oom ? 1.0 : 0.0) > 0;
+      double single_ms = 0;
+      for (const Config& c : configs) {
+        const Result r = oom ? Result{true, {}, {}, {}} : measure(*bundle, *comm, c, warmup, steps);
+        if (!r.oom) {
+          auto gib = [](int64_t bytes) { return format_fixed(static_cast<double>(bytes) / (1 << 30), 2); };
+          const double psi = static_cast<double>(bundle->params.numel());
+          // ZeRO paper's accounting for this setup: f32 parameters (4 bytes) and gradients (4) on every rank,
+          // Adam's two f32 moments (8) divided by the world size with stage 1.
+          const double formula = 4 * psi + 4 * psi + 8 * psi / (c.zero ? world : 1);
+          memory_rows.push_back({preset, c.label, gib(r.memory.params), gib(r.memory.grads),
+                                 gib(r.memory.optimizer_state), format_fixed(formula / (1 << 30), 2),
+                                 gib(r.memory.after_init), gib(r.memory.before_step),
+                                 gib(r.memory.after_step), gib(r.memory.peak)});
+        }
+        if (!r.oom && c.label == "single") single_ms = r.step_ms.mean;
+        const bool bucketed = c.strategy == dist::DdpStrategy::bucketed;
+        const double share = r.step_ms.mean > 0 ? r.wait_ms.mean / r.step_ms.mean : 0;
+        const double efficiency = single_ms > 0 && !r.oom ? single_ms / r.step_ms.mean : 0;
+        const double tokens_per_s =
+            r.oom ? 0 : static_cast<double>(world * batch * ctx) / (r.step_ms.mean * 1e-3);
+        std::vector<std::string> cells = {preset, c.label,
+                                          bucketed ? format_fixed(c.bucket_mb, c.bucket_mb < 1 ? 3 : 0) : "-",
+                                          std::to_string(world)};
+        if (r.oom) {
+          cells.insert(cells.end(), {"OOM", "-", "-", "-", "-"});
+        } else {
+          cells.insert(cells.end(), {format_fixed(r.step_ms.mean, 2) + " ± " + format_fixed(r.step_ms.std, 2),
+                                     format_fixed(r.wait_ms.mean, 2), format_fixed(share * 100, 1) + "%",
+                                     format_fixed(tokens_per_s, 0),
+                                     efficiency > 0 ? format_fixed(efficiency * 100, 1) + "%" : "-"});
+        }
+        rows.push_back(cells);
+        if (json) {
+          json->write({{"preset", JsonlWriter::quote(preset)},
+                       {"strategy", JsonlWriter::quote(c.label)},
+                       {"bucket_mb", bucketed ? JsonlWriter::number(c.bucket_mb) : "null"},
+                       {"ranks", std::to_string(world)},
+                       {"batch_per_rank", std::to_string(batch)},
+                       {"ctx", std::to_string(ctx)},
+                       {"precision", JsonlWriter::quote(flags.str("precision"))},
+                       {"oom", r.oom ? "true" : "false"},
+                       {"step_ms", r.oom ? "null" : JsonlWriter::number(r.step_ms.mean)},
+                       {"step_std_ms", r.oom ? "null" : JsonlWriter::number(r.step_ms.std)},
+                       {"comm_wait_ms", r.oom ? "null" : JsonlWriter::number(r.wait_ms.mean)},
+                       {"comm_share", r.oom ? "null" : JsonlWriter::number(share)},
+                       {"tokens_per_s", r.oom ? "null" : JsonlWriter::number(tokens_per_s)},
+                       {"scaling_efficiency", efficiency > 0 ? JsonlWriter::number(efficiency) : "null"},
+                       {"param_bytes", std::to_string(r.memory.params)},
+                       {"grad_bytes", std::to_string(r.memory.grads)},
+                       {"optimizer_state_bytes", std::to_string(r.memory.optimizer_state)},
+                       {"bytes_after_init", std::to_string(r.memory.after_init)},
+                       {"bytes_before_step", std::to_string(r.memory.before_step)},
+                       {"bytes_after_step", std::to_string(r.memory.after_step)},
+                       {"peak_bytes", std::to_string(r.memory.peak)}});
+        }
+        if (root) std::fprintf(stderr, "  measured %s %s\n", preset.c_str(), c.label.c_str());
+      }
+    }
+    if (root) {
+      std::printf("%s", markdown_table({"preset", "strategy", "bucket MB", "ranks", "step ms", "comm wait ms",
+                                        "comm share", "tokens/s (all ranks)", "scaling efficiency"},
+                                       rows)
+                            .c_str());
+      std::printf("\nmemory per rank (GiB; rank 0's allocator): measured, and the ZeRO paper's formula\n\n%s",
+                  markdown_table({"preset", "row", "params", "grads", "optimizer state", "formula (P+G+O)",
+                                  "after init", "before step", "after step", "peak"},
+                                 memory_rows)
+                      .c_str());
+    }
+    comm.reset();
+    return 0;
+  } catch (const std::exception& e) {
+    if (runtime && runtime->world_size() > 1) dist::abort_job(e.what());
+    std::fprintf(stderr, "error: %s\n", e.what());
+    return 1;
+  }
+}

@@ -1,0 +1,55 @@
+#include "dist/communicator.h"
+
+#include "dist/backends.h"
+#include "dist/runtime.h"
+
+namespace tt::dist {
+
+const char* reduce_op_name(ReduceOp op) {
+  return op == ReduceOp::sum ? "sum" : "avg";
+}
+
+void Communicator::all_reduce(Tensor& tensor, ReduceOp op) {
+  all_reduce_async(tensor, op)->wait();
+}
+void Communicator::broadcast(Tensor& tensor, int root) {
+  broadcast_async(tensor, root)->wait();
+}
+void Communicator::reduce_scatter(const Tensor& input, Tensor& output, ReduceOp op) {
+  reduce_scatter_async(input, output, op)->wait();
+}
+void Communicator::all_gather(const Tensor& input, Tensor& output) {
+  all_gather_async(input, output)->wait();
+}
+
+void Communicator::check_tensor(const Tensor& t, const char* collective, bool reduces) const {
+  const std::string where = std::string(backend()) + " " + collective + ": ";
+  TT_CHECK(t.defined(), where + "undefined tensor");
+  TT_CHECK(t.is_contiguous(), where + "needs a contiguous tensor, got " + t.describe());
+  TT_CHECK(t.device() == device_,
+           where + "tensor " + t.describe() + " is not on the communicator's device " + device_.str());
+  TT_CHECK(supports(t.dtype(), reduces), where + "dtype " + dtype_name(t.dtype()) + " is not supported" +
+                                             (reduces ? " for reductions" : ""));
+}
+
+void Communicator::check_root(int root) const {
+  TT_CHECK(root >= 0 && root < world_size_, std::string(backend()) + " broadcast: root " +
+                                                std::to_string(root) + " outside a world of " +
+                                                std::to_string(world_size_));
+}
+
+bool Communicator::is_rank_block(const Tensor& whole, const Tensor& part) const {
+  return whole.storage() == part.storage() && whole.dtype() == part.dtype() &&
+         part.offset() == whole.offset() + static_cast<int64_t>(rank_) * part.numel();
+}
+
+std::unique_ptr<Communicator> make_communicator(Device device, DistRuntime& runtime) {
+  if (device.is_cpu()) return make_mpi_communicator(runtime);
+#ifdef TT_WITH_CUDA
+  return make_nccl_communicator(device, runtime);
+#else
+  throw Error("make_communicator: " + device.str() + " needs a build with CUDA (NCCL)");
+#endif
+}
+
+}  // namespace tt::dist

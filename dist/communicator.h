@@ -1,0 +1,95 @@
+// Collectives over the ranks of a job on tensors of one device: MPI for CPU tensors, NCCL for CUDA tensors.
+// Tensors are contiguous (any shape; typically narrow views of a model's flat gradient buffer) and are
+// reduced in place. Dtypes: f32, f64 (CPU), bf16 (CUDA reductions; CPU only for broadcast/all_gather), i32.
+//
+// On CUDA every collective is ordered after the work already queued on the device's compute stream and runs
+// on a separate communication stream; Work::wait() makes the compute stream wait for it, so neither side
+// blocks the host. A tensor handed to an asynchronous collective is kept alive by its Work until wait().
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "core/tensor.h"
+
+namespace tt::dist {
+
+class DistRuntime;
+
+enum class ReduceOp { sum, avg };  // avg = sum / world_size
+
+const char* reduce_op_name(ReduceOp op);
+
+// A collective in flight. wait() is idempotent; destroying an unwaited Work waits.
+class Work {
+ public:
+  virtual ~Work() = default;
+  // CPU: blocks until the result is in place. CUDA: orders the compute stream after the collective.
+  virtual void wait() = 0;
+  // Never blocks: lets the backend make progress (MPI moves non-blocking collectives only inside MPI calls)
+  // and says whether the collective has finished. wait() is still required before using the result.
+  virtual bool poll() = 0;
+};
+
+// Time between start_timer() and stop() as seen by the compute stream (CUDA) or the host (CPU).
+class StreamTimer {
+ public:
+  virtual ~StreamTimer() = default;
+  virtual void stop() = 0;
+  virtual double elapsed_ms() = 0;  // on CUDA waits until the stop mark has been reached
+};
+
+class Communicator {
+ public:
+  virtual ~Communicator() = default;
+  Communicator(const Communicator&) = delete;
+  Communicator& operator=(const Communicator&) = delete;
+
+  int rank() const { return rank_; }
+  int world_size() const { return world_size_; }
+  Device device() const { return device_; }
+  virtual const char* backend() const = 0;  // "mpi" or "nccl"
+
+  // Every rank ends with the reduction of all ranks' `tensor`.
+  virtual void all_reduce(Tensor& tensor, ReduceOp op = ReduceOp::sum);
+  virtual std::unique_ptr<Work> all_reduce_async(Tensor& tensor, ReduceOp op = ReduceOp::sum) = 0;
+  // Every rank ends with root's `tensor`.
+  virtual void broadcast(Tensor& tensor, int root);
+  virtual std::unique_ptr<Work> broadcast_async(Tensor& tensor, int root) = 0;
+  // input holds world_size blocks of output.numel() elements; rank r gets the reduction of block r. output
+  // may be block r of input itself (in place).
+  virtual void reduce_scatter(const Tensor& input, Tensor& output, ReduceOp op = ReduceOp::sum);
+  virtual std::unique_ptr<Work> reduce_scatter_async(const Tensor& input, Tensor& output,
+                                                     ReduceOp op = ReduceOp::sum) = 0;
+  // output holds world_size blocks of input.numel() elements; block r is rank r's input. input may be
+  // block r of output itself (in place).
+  virtual void all_gather(const Tensor& input, Tensor& output);
+  virtual std::unique_ptr<Work> all_gather_async(const Tensor& input, Tensor& output) = 0;
+
+  // Host-level rendezvous of all ranks, after every collective issued so far has completed.
+  virtual void barrier() = 0;
+  // Blocks the host until every collective issued so far has completed.
+  virtual void synchronize() = 0;
+  virtual std::unique_ptr<StreamTimer> start_timer() = 0;
+
+ protected:
+  Communicator(Device device, int rank, int world_size)
+      : device_(device), rank_(rank), world_size_(world_size) {}
+  // Throws unless `t` is a contiguous tensor of this communicator's device whose dtype the backend supports
+  // for the collective (`reduces`: the collective adds values).
+  void check_tensor(const Tensor& t, const char* collective, bool reduces) const;
+  void check_root(int root) const;
+  // Block `rank` of `whole` (world_size equal blocks) is exactly `part`: the in-place layout.
+  bool is_rank_block(const Tensor& whole, const Tensor& part) const;
+  virtual bool supports(DType dtype, bool reduces) const = 0;
+
+ private:
+  Device device_;
+  int rank_ = 0, world_size_ = 1;
+};
+
+// The MPI backend for a CPU device, the NCCL backend (on device.index) for a CUDA device. Collective: every
+// rank must call it. The runtime must outlive the communicator.
+std::unique_ptr<Communicator> make_communicator(Device device, DistRuntime& runtime);
+
+}  // namespace tt::dist

@@ -1,0 +1,373 @@
+// The NCCL backend: one communicator per process on its GPU, collectives on a dedicated non-blocking,
+// high-priority communication stream. Ordering with the compute stream uses events only (compute -> comm
+// before each collective, comm -> compute in Work::wait()), so the host never waits in the training loop.
+//
+// Failures that NCCL reports asynchronously, and collectives that never finish (a peer died or diverged),
+// are caught by a watchdog thread that aborts the communicator and ends the job, instead of every rank
+// hanging until the scheduler's limit.
+//
+// NVLink multicast (NVLS) stays off: NCCL_NVLS_ENABLE is set to 0 unless the user set it. On shared
+// machines it must stay 0, because a process using multicast can take the host's GPUs out of service for
+// everyone; nothing here calls cuMulticastCreate.
+#include <cuda_runtime_api.h>
+#include <nccl.h>
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdlib>
+#include <deque>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "core/cuda_context.h"
+#include "dist/backends.h"
+#include "dist/mpi_check.h"
+#include "dist/runtime.h"
+#include "kernels/cuda/cuda_kernels.h"
+
+#define TT_NCCL_CHECK(call)                                                                               \
+  do {                                                                                                    \
+    const ncclResult_t tt_nccl_rc_ = (call);                                                              \
+    if (tt_nccl_rc_ != ncclSuccess) ::tt::dist::throw_nccl_error(tt_nccl_rc_, #call, __FILE__, __LINE__); \
+  } while (0)
+
+namespace tt::dist {
+
+[[noreturn]] void throw_nccl_error(ncclResult_t rc, const char* call, const char* file, int line) {
+  std::string detail = ncclGetErrorString(rc);
+  const char* last = ncclGetLastError(nullptr);
+  if (last != nullptr && *last != '\0') detail += std::string(" (") + last + ")";
+  throw_call_error("NCCL", call, detail, file, line);
+}
+
+namespace {
+
+constexpr double kDefaultTimeoutS = 300.0;
+constexpr auto kWatchdogPeriod = std::chrono::milliseconds(100);
+
+double timeout_from_env() {
+  const char* text = std::getenv("TT_NCCL_TIMEOUT_S");
+  if (text == nullptr || *text == '\0') return kDefaultTimeoutS;
+  char* end = nullptr;
+  const double seconds = std::strtod(text, &end);
+  TT_CHECK(end != text && *end == '\0' && seconds > 0,
+           std::string("TT_NCCL_TIMEOUT_S must be a positive number of seconds, got '") + text + "'");
+  return seconds;
+}
+
+ncclDataType_t nccl_type(DType dtype) {
+  switch (dtype) {
+    case DType::f32:
+      return ncclFloat32;
+    case DType::f64:
+      return ncclFloat64;
+    case DType::bf16:
+      return ncclBfloat16;
+    case DType::i32:
+      return ncclInt32;
+  }
+  throw Error("no NCCL type for this dtype");
+}
+
+ncclRedOp_t nccl_op(ReduceOp op) {
+  return op == ReduceOp::sum ? ncclSum : ncclAvg;
+}
+
+class Event {
+ public:
+  explicit Event(bool timing) {
+    TT_CUDA_CHECK(cudaEventCreateWithFlags(&event_, timing ? cudaEventDefault : cudaEventDisableTiming));
+  }
+  ~Event() { cudaEventDestroy(event_); }
+  Event(const Event&) = delete;
+  Event& operator=(const Event&) = delete;
+  cudaEvent_t get() const { return event_; }
+
+ private:
+  cudaEvent_t event_ = nullptr;
+};
+
+class CommStream {
+ public:
+  CommStream() {
+    // Highest priority, so communication kernels are scheduled ahead of queued compute and overlap it.
+    int least = 0, greatest = 0;
+    TT_CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&least, &greatest));
+    TT_CUDA_CHECK(cudaStreamCreateWithPriority(&stream_, cudaStreamNonBlocking, greatest));
+  }
+  ~CommStream() {
+    cudaStreamSynchronize(stream_);
+    cudaStreamDestroy(stream_);
+  }
+  CommStream(const CommStream&) = delete;
+  CommStream& operator=(const CommStream&) = delete;
+  cudaStream_t get() const { return stream_; }
+
+ private:
+  cudaStream_t stream_ = nullptr;
+};
+
+class NcclComm {
+ public:
+  NcclComm(int world_size, int rank) {
+    ncclUniqueId id{};
+    if (rank == 0) TT_NCCL_CHECK(ncclGetUniqueId(&id));
+    TT_MPI_CHECK(MPI_Bcast(&id, static_cast<int>(sizeof(id)), MPI_BYTE, 0, MPI_COMM_WORLD));
+    TT_NCCL_CHECK(ncclCommInitRank(&comm_, world_size, id, rank));
+  }
+  ~NcclComm() {
+    if (comm_ != nullptr) ncclCommDestroy(comm_);
+  }
+  NcclComm(const NcclComm&) = delete;
+  NcclComm& operator=(const NcclComm&) = delete;
+  ncclComm_t get() const { return comm_; }
+
+ private:
+  ncclComm_t comm_ = nullptr;
+};
+
+// Polls the communicator's asynchronous error state and the completion of every issued collective.
+class Watchdog {
+ public:
+  Watchdog(ncclComm_t comm, int device, double timeout_s, std::string who)
+      : comm_(comm), device_(device), timeout_(timeout_s), who_(std::move(who)), thread_([this] { run(); }) {}
+  ~Watchdog() {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      stop_ = true;
+    }
+    wake_.notify_all();
+    thread_.join();
+  }
+  Watchdog(const Watchdog&) = delete;
+  Watchdog& operator=(const Watchdog&) = delete;
+
+  void track(std::shared_ptr<Event> done, std::string what) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    in_flight_.push_back({std::move(done), std::move(what), std::chrono::steady_clock::now()});
+  }
+
+ private:
+  struct InFlight {
+    std::shared_ptr<Event> done;
+    std::string what;
+    std::chrono::steady_clock::time_point issued;
+  };
+
+  void run() {
+    if (cudaSetDevice(device_) != cudaSuccess) fail("the watchdog cannot select its GPU");
+    std::unique_lock<std::mutex> lock(mutex_);
+    while (!wake_.wait_for(lock, kWatchdogPeriod, [this] { return stop_; })) {
+      ncclResult_t async_state = ncclSuccess;
+      const ncclResult_t rc = ncclCommGetAsyncError(comm_, &async_state);
+      if (rc != ncclSuccess) fail(std::string("ncclCommGetAsyncError failed: ") + ncclGetErrorString(rc));
+      if (async_state != ncclSuccess && async_state != ncclInProgress)
+        fail(std::string("NCCL asynchronous error: ") + ncclGetErrorString(async_state));
+      // Collectives complete in issue order on the one communication stream: only the oldest can be late.
+      while (!in_flight_.empty()) {
+        const InFlight& oldest = in_flight_.front();
+        const cudaError_t state = cudaEventQuery(oldest.done->get());
+        if (state == cudaSuccess) {
+          in_flight_.pop_front();
+          continue;
+        }
+        if (state != cudaErrorNotReady)
+          fail("CUDA error while waiting for " + oldest.what + ": " + cudaGetErrorString(state));
+        const std::chrono::duration<double> age = std::chrono::steady_clock::now() - oldest.issued;
+        if (age > timeout_) {
+          fail("NCCL " + oldest.what + " did not complete within " + std::to_string(timeout_.count()) +
+               " s (TT_NCCL_TIMEOUT_S); a peer rank has probably failed or is in a different collective");
+        }
+        break;
+      }
+    }
+  }
+
+  [[noreturn]] void fail(const std::string& why) {
+    ncclCommAbort(comm_);
+    abort_job(why + " [" + who_ + "]");
+  }
+
+  ncclComm_t comm_;
+  int device_;
+  std::chrono::duration<double> timeout_;
+  std::string who_;
+  std::mutex mutex_;
+  std::condition_variable wake_;
+  bool stop_ = false;
+  std::deque<InFlight> in_flight_;
+  std::thread thread_;  // last: starts once everything it reads is initialised
+};
+
+class NcclWork : public Work {
+ public:
+  NcclWork(std::shared_ptr<Event> done, cudaStream_t compute, std::vector<Tensor> keep_alive)
+      : done_(std::move(done)), compute_(compute), keep_alive_(std::move(keep_alive)) {}
+  ~NcclWork() override {
+    if (waited_) return;
+    try {
+      wait();
+    } catch (const std::exception& e) {
+      abort_job(e.what());
+    }
+  }
+  void wait() override {
+    if (waited_) return;
+    waited_ = true;
+    TT_CUDA_CHECK(cudaStreamWaitEvent(compute_, done_->get(), 0));
+    // The caching allocator orders reuse on the compute stream, which now runs after the collective.
+    keep_alive_.clear();
+  }
+  bool poll() override {
+    const cudaError_t state = cudaEventQuery(done_->get());
+    if (state == cudaErrorNotReady) return false;
+    TT_CUDA_CHECK(state);
+    return true;
+  }
+
+ private:
+  std::shared_ptr<Event> done_;
+  cudaStream_t compute_;
+  std::vector<Tensor> keep_alive_;
+  bool waited_ = false;
+};
+
+class CudaTimer : public StreamTimer {
+ public:
+  explicit CudaTimer(cudaStream_t stream) : start_(true), stop_(true), stream_(stream) {
+    TT_CUDA_CHECK(cudaEventRecord(start_.get(), stream_));
+  }
+  void stop() override {
+    TT_CUDA_CHECK(cudaEventRecord(stop_.get(), stream_));
+    stopped_ = true;
+  }
+  double elapsed_ms() override {
+    TT_CHECK(stopped_, "StreamTimer::elapsed_ms before stop()");
+    TT_CUDA_CHECK(cudaEventSynchronize(stop_.get()));
+    float ms = 0;
+    TT_CUDA_CHECK(cudaEventElapsedTime(&ms, start_.get(), stop_.get()));
+    return ms;
+  }
+
+ private:
+  Event start_, stop_;
+  cudaStream_t stream_;
+  bool stopped_ = false;
+};
+
+std::string describe_rank(const DistRuntime& runtime, Device device) {
+  return "rank " + std::to_string(runtime.rank()) + " on " + runtime.host_name() + " " + device.str();
+}
+
+class NcclCommunicator : public Communicator {
+ public:
+  NcclCommunicator(Device device, DistRuntime& runtime)
+      : Communicator(device, runtime.rank(), runtime.world_size()),
+        compute_(enter_device(device)),
+        comm_(runtime.world_size(), runtime.rank()),
+        ready_(false),
+        watchdog_(comm_.get(), device.index, timeout_from_env(), describe_rank(runtime, device)) {}
+  ~NcclCommunicator() override = default;  // members: watchdog stops, stream drains, comm is destroyed
+
+  const char* backend() const override { return "nccl"; }
+
+  std::unique_ptr<Work> all_reduce_async(Tensor& t, ReduceOp op) override {
+    check_tensor(t, "all_reduce", true);
+    return launch("all_reduce", {t}, [&](cudaStream_t s) {
+      TT_NCCL_CHECK(ncclAllReduce(t.raw_data(), t.raw_data(), static_cast<size_t>(t.numel()),
+                                  nccl_type(t.dtype()), nccl_op(op), comm_.get(), s));
+    });
+  }
+
+  std::unique_ptr<Work> broadcast_async(Tensor& t, int root) override {
+    check_tensor(t, "broadcast", false);
+    check_root(root);
+    return launch("broadcast", {t}, [&](cudaStream_t s) {
+      TT_NCCL_CHECK(ncclBroadcast(t.raw_data(), t.raw_data(), static_cast<size_t>(t.numel()),
+                                  nccl_type(t.dtype()), root, comm_.get(), s));
+    });
+  }
+
+  std::unique_ptr<Work> reduce_scatter_async(const Tensor& input, Tensor& output, ReduceOp op) override {
+    check_tensor(input, "reduce_scatter", true);
+    check_tensor(output, "reduce_scatter", true);
+    check_blocks(input, output, "reduce_scatter");
+    return launch("reduce_scatter", {input, output}, [&](cudaStream_t s) {
+      TT_NCCL_CHECK(ncclReduceScatter(input.raw_data(), output.raw_data(),
+                                      static_cast<size_t>(output.numel()), nccl_type(output.dtype()),
+                                      nccl_op(op), comm_.get(), s));
+    });
+  }
+
+  std::unique_ptr<Work> all_gather_async(const Tensor& input, Tensor& output) override {
+    check_tensor(input, "all_gather", false);
+    check_tensor(output, "all_gather", false);
+    check_blocks(output, input, "all_gather");
+    return launch("all_gather", {input, output}, [&](cudaStream_t s) {
+      TT_NCCL_CHECK(ncclAllGather(input.raw_data(), output.raw_data(), static_cast<size_t>(input.numel()),
+                                  nccl_type(input.dtype()), comm_.get(), s));
+    });
+  }
+
+  void barrier() override {
+    synchronize();
+    TT_MPI_CHECK(MPI_Barrier(MPI_COMM_WORLD));
+  }
+  void synchronize() override { TT_CUDA_CHECK(cudaStreamSynchronize(comm_stream_.get())); }
+  std::unique_ptr<StreamTimer> start_timer() override {
+    set_current_device(device().index);
+    return std::make_unique<CudaTimer>(compute_);
+  }
+
+ protected:
+  bool supports(DType dtype, bool reduces) const override { return true; }
+
+ private:
+  static cudaStream_t enter_device(Device device) {
+    TT_CHECK(device.is_cuda(), "the NCCL communicator needs a CUDA device, got " + device.str());
+    // Unless the user decided otherwise, before NCCL reads its environment (see the file comment).
+    setenv("NCCL_NVLS_ENABLE", "0", /*overwrite=*/0);
+    set_current_device(device.index);
+    return static_cast<cudaStream_t>(compute_stream(device.index));
+  }
+
+  // NCCL's in-place forms are exactly "this rank's block"; any other overlap would corrupt the data.
+  void check_blocks(const Tensor& whole, const Tensor& part, const char* collective) const {
+    const std::string where = std::string("nccl ") + collective + ": ";
+    TT_CHECK(whole.dtype() == part.dtype(), where + "input and output dtypes differ");
+    TT_CHECK(whole.numel() == part.numel() * world_size(), where + whole.describe() + " is not " +
+                                                               std::to_string(world_size()) + " blocks of " +
+                                                               part.describe());
+    if (whole.storage() != part.storage()) return;
+    const int64_t whole_end = whole.offset() + whole.numel(), part_end = part.offset() + part.numel();
+    const bool disjoint = part_end <= whole.offset() || whole_end <= part.offset();
+    TT_CHECK(disjoint || is_rank_block(whole, part), where + "buffers overlap but not as this rank's block");
+  }
+
+  template <class Issue>
+  std::unique_ptr<Work> launch(const char* what, std::vector<Tensor> keep_alive, Issue&& issue) {
+    set_current_device(device().index);
+    TT_CUDA_CHECK(cudaEventRecord(ready_.get(), compute_));
+    TT_CUDA_CHECK(cudaStreamWaitEvent(comm_stream_.get(), ready_.get(), 0));
+    issue(comm_stream_.get());
+    auto done = std::make_shared<Event>(false);
+    TT_CUDA_CHECK(cudaEventRecord(done->get(), comm_stream_.get()));
+    watchdog_.track(done, what);
+    return std::make_unique<NcclWork>(std::move(done), compute_, std::move(keep_alive));
+  }
+
+  cudaStream_t compute_;
+  NcclComm comm_;
+  CommStream comm_stream_;
+  Event ready_;  // re-recorded per collective: a stream wait captures the event's state when issued
+  Watchdog watchdog_;
+};
+
+}  // namespace
+
+std::unique_ptr<Communicator> make_nccl_communicator(Device device, DistRuntime& runtime) {
+  return std::make_unique<NcclCommunicator>(device, runtime);
+}
+
+}  // namespace tt::dist

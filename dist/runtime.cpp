@@ -1,0 +1,75 @@
+#include "dist/runtime.h"
+
+#include <cstdio>
+#include <cstdlib>
+
+#include "dist/mpi_check.h"
+#ifdef TT_WITH_CUDA
+#include "kernels/cuda/cuda_kernels.h"
+#endif
+
+namespace tt::dist {
+
+void throw_mpi_error(int code, const char* call, const char* file, int line) {
+  char text[MPI_MAX_ERROR_STRING] = {};
+  int length = 0;
+  if (MPI_Error_string(code, text, &length) != MPI_SUCCESS)
+    std::snprintf(text, sizeof(text), "code %d", code);
+  throw_call_error("MPI", call, text, file, line);
+}
+
+DistRuntime::DistRuntime(int* argc, char*** argv) {
+  int initialized = 0;
+  TT_MPI_CHECK(MPI_Initialized(&initialized));
+  if (initialized) {
+    TT_MPI_CHECK(MPI_Query_thread(&thread_level_));
+  } else {
+    // The NCCL watchdog may end the job from its own thread, so ask for full thread support; FUNNELED is
+    // enough for everything else (all collectives are issued by the thread that runs the step).
+    TT_MPI_CHECK(MPI_Init_thread(argc, argv, MPI_THREAD_MULTIPLE, &thread_level_));
+    owns_mpi_ = true;
+  }
+  // Failures must come back as return codes so they can be reported with the rank and the call.
+  TT_MPI_CHECK(MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN));
+  TT_MPI_CHECK(MPI_Comm_rank(MPI_COMM_WORLD, &rank_));
+  TT_MPI_CHECK(MPI_Comm_size(MPI_COMM_WORLD, &world_size_));
+  set_process_rank(rank_);
+  MPI_Comm host_comm = MPI_COMM_NULL;
+  TT_MPI_CHECK(MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &host_comm));
+  TT_MPI_CHECK(MPI_Comm_rank(host_comm, &local_rank_));
+  TT_MPI_CHECK(MPI_Comm_size(host_comm, &local_size_));
+  TT_MPI_CHECK(MPI_Comm_free(&host_comm));
+  char name[MPI_MAX_PROCESSOR_NAME] = {};
+  int length = 0;
+  TT_MPI_CHECK(MPI_Get_processor_name(name, &length));
+  host_name_.assign(name, static_cast<size_t>(length));
+}
+
+DistRuntime::~DistRuntime() {
+  if (!owns_mpi_) return;
+  int finalized = 0;
+  MPI_Finalized(&finalized);
+  if (!finalized) MPI_Finalize();
+}
+
+int DistRuntime::gpu_index() const {
+#ifdef TT_WITH_CUDA
+  const int count = cuda::device_count();
+  return count > 0 ? local_rank_ % count : 0;
+#else
+  return 0;
+#endif
+}
+
+void abort_job(const std::string& why) {
+  std::fprintf(stderr, "rank %d: %s\n", process_rank(), why.c_str());
+  std::fflush(stderr);
+  std::fflush(stdout);
+  int initialized = 0, finalized = 0;
+  MPI_Initialized(&initialized);
+  MPI_Finalized(&finalized);
+  if (initialized && !finalized) MPI_Abort(MPI_COMM_WORLD, 1);
+  std::_Exit(1);
+}
+
+}  // namespace tt::dist

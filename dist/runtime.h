@@ -1,0 +1,44 @@
+// The process-wide MPI runtime of a data-parallel job: one rank per GPU, started by mpirun (or alone, as a
+// world of one). Create exactly one DistRuntime at the top of main, before any communicator, and let it
+// outlive them: MPI can be initialised and finalised only once per process.
+#pragma once
+
+#include <mpi.h>
+
+#include <string>
+
+namespace tt::dist {
+
+class DistRuntime {
+ public:
+  // argc/argv may be null. Initialises MPI unless something else already did (then it is not finalised
+  // here either).
+  DistRuntime(int* argc = nullptr, char*** argv = nullptr);
+  ~DistRuntime();
+  DistRuntime(const DistRuntime&) = delete;
+  DistRuntime& operator=(const DistRuntime&) = delete;
+
+  int rank() const { return rank_; }
+  int world_size() const { return world_size_; }
+  // Rank among the processes of this host; rank i of a host drives GPU i of that host.
+  int local_rank() const { return local_rank_; }
+  int local_size() const { return local_size_; }
+  bool is_root() const { return rank_ == 0; }
+  // The thread support MPI granted (MPI_THREAD_MULTIPLE when available).
+  int thread_level() const { return thread_level_; }
+  // The GPU this rank drives: local_rank modulo the visible devices, so a launcher that shows each rank
+  // only its own GPU (CUDA_VISIBLE_DEVICES per task) still works. 0 without CUDA.
+  int gpu_index() const;
+  std::string host_name() const { return host_name_; }
+
+ private:
+  bool owns_mpi_ = false;
+  int rank_ = 0, world_size_ = 1, local_rank_ = 0, local_size_ = 1, thread_level_ = MPI_THREAD_SINGLE;
+  std::string host_name_;
+};
+
+// Ends the whole job: prints "rank R: why" to stderr and calls MPI_Abort, so that one failing rank cannot
+// leave the others blocked in a collective until the scheduler's time limit.
+[[noreturn]] void abort_job(const std::string& why);
+
+}  // namespace tt::dist

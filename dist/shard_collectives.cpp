@@ -1,0 +1,43 @@
+#include "dist/shard_collectives.h"
+
+namespace tt::dist {
+
+namespace {
+
+class CommunicatorCollectives : public optim::ShardCollectives {
+ public:
+  explicit CommunicatorCollectives(Communicator& comm) : comm_(comm) {}
+  int rank() const override { return comm_.rank(); }
+  int world_size() const override { return comm_.world_size(); }
+  void reduce_scatter_avg(const Tensor& input, Tensor& output) override {
+    comm_.reduce_scatter(input, output, ReduceOp::avg);
+  }
+  void all_gather(const Tensor& input, Tensor& output) override { comm_.all_gather(input, output); }
+  void all_reduce_sum(Tensor& tensor) override { comm_.all_reduce(tensor, ReduceOp::sum); }
+
+ private:
+  Communicator& comm_;
+};
+
+class SingleProcess : public optim::ShardCollectives {
+ public:
+  int rank() const override { return 0; }
+  int world_size() const override { return 1; }
+  void reduce_scatter_avg(const Tensor& input, Tensor& output) override {
+    output.copy_(input.view(output.shape()));
+  }
+  void all_gather(const Tensor& input, Tensor& output) override { output.copy_(input.view(output.shape())); }
+  void all_reduce_sum(Tensor&) override {}
+};
+
+}  // namespace
+
+std::unique_ptr<optim::ShardCollectives> shard_collectives(Communicator& comm) {
+  return std::make_unique<CommunicatorCollectives>(comm);
+}
+
+std::unique_ptr<optim::ShardCollectives> single_process_collectives() {
+  return std::make_unique<SingleProcess>();
+}
+
+}  // namespace tt::dist

@@ -1,0 +1,67 @@
+#!/usr/bin/env bash
+# Starts a data-parallel job on this host: one rank per visible GPU (rank i drives GPU i), or --np ranks on
+# the CPU when there is no GPU. Everything after the launcher's own options goes to the app, which is
+# build/apps/train unless --app says otherwise.
+#
+#   launch/run_local.sh --preset small --data data/mine --out runs/ddp --steps 2000
+#   launch/run_local.sh --np 4 --app build/apps/bench_ddp --preset tiny --device cpu
+set -euo pipefail
+
+usage() {
+  cat <<'USAGE'
+usage: launch/run_local.sh [--np N] [--app PATH] [--dry-run] [--] APP_ARGS...
+  --np N      number of ranks (default: the GPUs that nvidia-smi -L lists, restricted to
+              CUDA_VISIBLE_DEVICES when set; 1 without GPUs)
+  --app PATH  program to start (default: build/apps/train next to this script's repository)
+  --dry-run   print the mpirun command instead of running it
+USAGE
+}
+
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+app="$root/build/apps/train"
+np=""
+dry_run=0
+while [[ $# -gt 0 ]]; do
+  case "$1" in
+    --np) np=$2; shift 2 ;;
+    --app) app=$2; shift 2 ;;
+    --dry-run) dry_run=1; shift ;;
+    -h|--launcher-help) usage; exit 0 ;;
+    --) shift; break ;;
+    *) break ;;
+  esac
+done
+
+if [[ -z "$np" ]]; then
+  gpus=0
+  if command -v nvidia-smi >/dev/null 2>&1; then
+    gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)
+  fi
+  if [[ -n "${CUDA_VISIBLE_DEVICES:-}" && "$gpus" -gt 0 ]]; then
+    IFS=',' read -r -a visible <<<"$CUDA_VISIBLE_DEVICES"
+    gpus=${#visible[@]}
+  fi
+  np=$(( gpus > 0 ? gpus : 1 ))
+fi
+[[ -x "$app" ]] || { echo "run_local.sh: $app is not built (scripts/build.sh)" >&2; exit 1; }
+
+# NVLink multicast stays off: on shared machines it can take every GPU of the host out of service.
+export NCCL_NVLS_ENABLE=0
+launcher=(mpirun -np "$np" --bind-to none -x NCCL_NVLS_ENABLE)
+# Forward the variables that matter when they are set (mpirun -x exports the current value).
+for var in NCCL_DEBUG NCCL_DEBUG_SUBSYS NCCL_SOCKET_IFNAME NCCL_IB_HCA NCCL_IB_DISABLE NCCL_P2P_DISABLE \
+           NCCL_ALGO NCCL_PROTO CUDA_VISIBLE_DEVICES TT_NCCL_TIMEOUT_S OMP_NUM_THREADS; do
+  if [[ -n "${!var:-}" ]]; then launcher+=(-x "$var"); fi
+done
+# Open MPI refuses root unless told twice; containers often run as root.
+if [[ $EUID -eq 0 ]]; then
+  export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+  launcher+=(--allow-run-as-root)
+fi
+if [[ "$np" -gt "$(nproc)" ]]; then launcher+=(--oversubscribe); fi
+
+if [[ $dry_run -eq 1 ]]; then
+  echo "${launcher[*]} $app $*"
+  exit 0
+fi
+exec "${launcher[@]}" "$app" "$@"

@@ -1,0 +1,50 @@
+#include "optim/sharded_optimizer.h"
+
+#include <cmath>
+
+#include "core/ops.h"
+
+namespace tt::optim {
+
+ShardedAdamW::ShardedAdamW(nn::FlatParameters& params, ShardCollectives& comm, const AdamWOptions& options)
+    : params_(params), comm_(comm) {
+  const int64_t total = params.flat_params().numel();
+  const int world = comm.world_size();
+  TT_CHECK(total % world == 0, "ShardedAdamW: the flat buffer (" + std::to_string(total) +
+                                   " elements) must be padded to a multiple of the world size " +
+                                   std::to_string(world) + " (FlatParameters pad_multiple)");
+  shard_size_ = total / world;
+  shard_begin_ = shard_size_ * comm.rank();
+  // The slice of the parameters this rank updates and its gradient are views of the flat buffers: the
+  // reduce-scatter and the all-gather work in place, so ZeRO adds no buffer of the model's size. The inner
+  // AdamW holds state for the slice only.
+  shard_params_ = params.flat_params().narrow_view(0, shard_begin_, shard_size_);
+  shard_params_.set_requires_grad(true);
+  shard_grads_ = params.flat_grads().narrow_view(0, shard_begin_, shard_size_);
+  shard_params_.set_grad(shard_grads_);
+  inner_ = std::make_unique<AdamW>(std::vector<Tensor>{shard_params_}, options);
+}
+
+double ShardedAdamW::step(double max_norm) {
+  comm_.reduce_scatter_avg(params_.flat_grads(), shard_grads_);
+  // The global norm is the root of the sum over ranks of each slice's squared norm.
+  const double local = ops::sum_squares(shard_grads_);
+  Tensor total = shard_grads_.device().is_cpu()
+                     ? Tensor::from_doubles({local}, {1})
+                     : Tensor::from_floats({static_cast<float>(local)}, {1}, shard_grads_.device());
+  comm_.all_reduce_sum(total);
+  const double norm = std::sqrt(total.item());
+  if (max_norm > 0) {
+    const double scale = std::min(1.0, max_norm / (norm + 1e-6));
+    if (scale < 1.0) ops::scale_(shard_grads_, scale);
+  }
+  inner_->step();
+  comm_.all_gather(shard_params_, params_.flat_params());
+  return norm;
+}
+
+int64_t ShardedAdamW::state_bytes() const {
+  return static_cast<int64_t>(inner_->exp_avg()[0].nbytes() + inner_->exp_avg_sq()[0].nbytes());
+}
+
+}  // namespace tt::optim

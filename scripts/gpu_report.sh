@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# Measurements on a GPU machine, each section bounded in time, results (Markdown + JSON) under $OUT.
+# Usage: scripts/gpu_report.sh SECTION...   sections: build tests attention model ddp
+#   build      configure + build into build-gpu
+#   tests      ctest (GPU suites included; the 2-rank NCCL suite needs 2 GPUs)
+#   attention  bench_attention leaderboard + course sweep, and PyTorch's SDPA on the same cases
+#   model      benchmark sizes small..2.7b (bf16 graph on/off, f32) and the PyTorch reference (eager, compile)
+#   ddp        bench_allreduce and bench_ddp on all visible GPUs (mpirun), and PyTorch/NCCL all-reduce
+set -uo pipefail
+cd "$(dirname "$0")/.."
+out=${OUT:-gpu-results}
+mkdir -p "$out"
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1
+export TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+gpus=$(nvidia-smi -L | wc -l)
+b=build-gpu/apps
+section() { echo; echo "=== $1 ($(date +%T))"; }
+for s in "$@"; do
+  case "$s" in
+    build)
+      section build
+      prefix=()
+      [ -d .deps/usr ] && prefix=(-DCMAKE_PREFIX_PATH="$PWD/.deps/usr")
+      cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release "${prefix[@]}" >"$out/configure.log" 2>&1 || { tail -20 "$out/configure.log"; exit 1; }
+      cmake --build build-gpu -j "$(nproc)" >"$out/build.log" 2>&1 || { grep -E "error" -A3 "$out/build.log" | head -40; exit 1; }
+      echo "build ok" ;;
+    tests)
+      section tests
+      timeout 300 ctest --test-dir build-gpu --output-on-failure -j 2 >"$out/ctest.log" 2>&1
+      grep -E "Test +#|tests passed|Failed|Skipped" "$out/ctest.log" | tail -20
+      grep -E "test cases|assertions" "$out/ctest.log" | tail -12 ;;
+    attention)
+      section attention
+      timeout 120 $b/bench_attention --suite leaderboard --iters 50 --json "$out/attn_leaderboard.jsonl" 2>/dev/null | tee "$out/attn_leaderboard.md" | tail -4
+      timeout 90 python3 apps/python/attention_baseline.py --suite leaderboard --iters 50 2>&1 | tail -4
+      timeout 150 $b/bench_attention --suite course --iters 20 --warmup 3 --dtype bf16 --json "$out/attn_course.jsonl" >"$out/attn_course.md" 2>/dev/null
+      tail -42 "$out/attn_course.md" ;;
+    model)
+      section model
+      timeout 240 $b/benchmark --sizes small,medium,large,xl,2.7b --ctx 256 --batch 4 --precision bf16 --graph both \
+        --json "$out/model_bf16.jsonl" 2>/dev/null | tee "$out/model_bf16.md" | tail -11
+      timeout 150 $b/benchmark --sizes small,medium,large,xl,2.7b --ctx 256 --batch 4 --precision f32 --graph on \
+        --json "$out/model_f32.jsonl" 2>/dev/null | tee "$out/model_f32.md" | tail -6
+      timeout 300 python3 apps/python/model_baseline.py --sizes small,medium,large,xl,2.7b --ctx 256 \
+        --variants eager-f32,compile-bf16 --json "$out/torch_model.jsonl" 2>&1 | tee "$out/torch_model.md" | tail -12 ;;
+    ddp)
+      section ddp
+      np=$gpus
+      mpi=(mpirun --allow-run-as-root -np "$np" -x NCCL_NVLS_ENABLE=0 -x PATH -x LD_LIBRARY_PATH)
+      timeout 120 "${mpi[@]}" $b/bench_allreduce --sizes-mb 1,10,100,1000 --json "$out/allreduce.jsonl" 2>&1 | tee "$out/allreduce.md" | tail -8
+      timeout 120 python3 -m torch.distributed.run --nproc_per_node "$np" apps/python/allreduce_baseline.py 2>&1 | tail -8
+      timeout 300 "${mpi[@]}" $b/bench_ddp --preset xl --precision bf16 --ctx 512 --batch 4 \
+        --strategy naive,flat,overlap,bucketed --bucket-mb 1,10,100,1000 --json "$out/ddp_xl.jsonl" 2>&1 | tee "$out/ddp_xl.md" | tail -14 ;;
+    *) echo "unknown section $s"; exit 1 ;;
+  esac
+done

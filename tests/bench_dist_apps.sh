@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Runs bench_allreduce and bench_ddp on the CPU with 2 ranks and checks their JSON rows: every all-reduce
+# result was correct and bus bandwidth = algorithm bandwidth * 2(N-1)/N; bench_ddp has the 'single' row
+# plus one row per strategy (bucketed once per cap), none OOM, communication share within [0, 1].
+set -euo pipefail
+mpiexec=$1
+allreduce=$2
+ddp=$3
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+run() { "$mpiexec" -n 2 --oversubscribe --allow-run-as-root "$@"; }
+run "$allreduce" --device cpu --sizes-mb 0.01,1 --warmup 1 --iters 3 --json "$work/allreduce.jsonl" \
+  >"$work/allreduce.md"
+grep -q "| 1 | f32 | mpi | 2 |" "$work/allreduce.md"
+run "$ddp" --device cpu --preset tiny --ctx 16 --batch 2 --precision f32 --bucket-mb 0.01,1000 \
+  --warmup 1 --steps 2 --json "$work/ddp.jsonl" >"$work/ddp.md"
+grep -q "| tiny | single | - | 2 |" "$work/ddp.md"
+python3 - "$work/allreduce.jsonl" "$work/ddp.jsonl" <<'PY'
+import json, sys
+rows = [json.loads(line) for line in open(sys.argv[1])]
+assert [r["size_mb"] for r in rows] == [0.01, 1], rows
+for r in rows:
+    assert r["correct"] and r["ranks"] == 2, r
+    assert abs(r["busbw_gbps"] - r["algbw_gbps"] * 2 * (2 - 1) / 2) < 1e-6 * r["algbw_gbps"], r
+rows = [json.loads(line) for line in open(sys.argv[2])]
+assert [(r["strategy"], r["bucket_mb"]) for r in rows] == [
+    ("single", None), ("naive", None), ("flat", None), ("overlap", None), ("bucketed", 0.01), ("bucketed", 1000)
+], rows
+for r in rows:
+    assert not r["oom"] and r["step_ms"] > 0 and 0 <= r["comm_share"] <= 1, r
+print("bench_allreduce and bench_ddp rows ok")
+PY

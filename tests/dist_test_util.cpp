@@ -1,0 +1,292 @@
+#include "dist_test_util.h"
+
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <cstring>
+#include <map>
+
+#include "core/ops.h"
+#include "core/rng.h"
+#include "nn/transformer.h"
+#include "optim/optimizer.h"
+
+namespace tt::testing {
+
+namespace {
+
+dist::DistRuntime* g_runtime = nullptr;
+std::map<std::string, std::unique_ptr<dist::Communicator>> g_communicators;
+
+constexpr uint64_t kParamSeed = 11;
+
+class Mlp : public TestModel {
+ public:
+  static constexpr int64_t kIn = 12, kHidden = 24, kClasses = 7, kRows = 4;
+
+  struct Net : nn::Module {
+    Net()
+        : gate(register_module("gate", std::make_unique<nn::Linear>(kIn, kHidden))),
+          up(register_module("up", std::make_unique<nn::Linear>(kIn, kHidden))),
+          mix(register_module("mix", std::make_unique<nn::Linear>(kHidden, kHidden))),
+          out(register_module("out", std::make_unique<nn::Linear>(kHidden, kClasses))) {}
+    nn::Linear &gate, &up, &mix, &out;
+  };
+
+  nn::Module& module() override { return net_; }
+  // Frozen in the middle of the parameter order, so it also splits the gradient buffer's buckets.
+  void freeze() override { net_.mix.weight().set_requires_grad(false); }
+
+  Tensor loss(const std::vector<uint64_t>& batch_ids, Device device) override {
+    std::vector<double> x;
+    std::vector<int32_t> y;
+    for (uint64_t id : batch_ids) {
+      CounterRng rng{1000 + id, 0};
+      for (int64_t i = 0; i < kRows * kIn; ++i) x.push_back(static_cast<float>(2 * rng.next_double() - 1));
+      for (int64_t i = 0; i < kRows; ++i) y.push_back(static_cast<int32_t>(rng.next_below(kClasses)));
+    }
+    const int64_t rows = kRows * static_cast<int64_t>(batch_ids.size());
+    const Tensor inputs =
+        net_.gate.weight().dtype() == DType::f64
+            ? Tensor::from_doubles(x, {rows, kIn}, device)
+            : Tensor::from_floats(std::vector<float>(x.begin(), x.end()), {rows, kIn}, device);
+    const Tensor targets = Tensor::from_ints(y, {rows}, device);
+    const auto f32 = nn::Precision::f32;
+    const Tensor h = ops::swiglu(net_.gate.forward(inputs, f32), net_.up.forward(inputs, f32));
+    const Tensor mixed = ops::add(h, net_.mix.forward(h, f32));
+    return ops::cross_entropy(net_.out.forward(mixed, f32), targets);
+  }
+
+ private:
+  Net net_;
+};
+
+class TinyLm : public TestModel {
+ public:
+  static constexpr int64_t kRows = 2;
+
+  TinyLm() : model_(config()) {}
+  nn::Module& module() override { return model_; }
+
+  Tensor loss(const std::vector<uint64_t>& batch_ids, Device device) override {
+    const nn::ModelConfig& c = model_.config();
+    std::vector<int32_t> ids, targets;
+    for (uint64_t id : batch_ids) {
+      CounterRng rng{5000 + id, 0};
+      for (int64_t r = 0; r < kRows; ++r) {
+        std::vector<int32_t> tokens(static_cast<size_t>(c.context_length + 1));
+        for (int32_t& t : tokens)
+          t = static_cast<int32_t>(rng.next_below(static_cast<uint64_t>(c.vocab_size)));
+        ids.insert(ids.end(), tokens.begin(), tokens.end() - 1);
+        targets.insert(targets.end(), tokens.begin() + 1, tokens.end());
+      }
+    }
+    const Shape shape = {kRows * static_cast<int64_t>(batch_ids.size()), c.context_length};
+    return model_.loss(Tensor::from_ints(ids, shape, device), Tensor::from_ints(targets, shape, device));
+  }
+
+ private:
+  static nn::ModelConfig config() {
+    nn::ModelConfig c = nn::preset("tiny");
+    c.vocab_size = 32;
+    c.context_length = 8;
+    return c;
+  }
+  nn::TransformerLM model_;
+};
+
+uint64_t batch_id(int rank, int step, int micro) {
+  return static_cast<uint64_t>(rank) * 10000 + static_cast<uint64_t>(step) * 100 +
+         static_cast<uint64_t>(micro);
+}
+
+int64_t expected_collectives(const dist::DataParallel& ddp, const nn::FlatParameters& flat) {
+  int64_t trainable = 0;
+  for (const auto& p : flat.parameters()) trainable += p.tensor->requires_grad() ? 1 : 0;
+  switch (ddp.strategy()) {
+    case dist::DdpStrategy::flat:
+      return 1;
+    case dist::DdpStrategy::bucketed:
+      return static_cast<int64_t>(ddp.bucket_count());
+    default:
+      return trainable;
+  }
+}
+
+// The frozen parameters' elements of the flat buffer.
+std::vector<double> frozen_values(const nn::FlatParameters& flat, const std::vector<double>& all) {
+  std::vector<double> out;
+  for (size_t i = 0; i < flat.parameters().size(); ++i) {
+    if (flat.parameters()[i].tensor->requires_grad()) continue;
+    const int64_t begin = flat.offsets()[i], n = flat.parameters()[i].tensor->numel();
+    out.insert(out.end(), all.begin() + begin, all.begin() + begin + n);
+  }
+  return out;
+}
+
+}  // namespace
+
+dist::DistRuntime& runtime() {
+  TT_CHECK(g_runtime != nullptr, "no DistRuntime: the suite's main creates it");
+  return *g_runtime;
+}
+
+void set_runtime(dist::DistRuntime* runtime) {
+  g_runtime = runtime;
+}
+
+dist::Communicator& communicator(Device device) {
+  std::unique_ptr<dist::Communicator>& slot = g_communicators[device.str()];
+  if (!slot) slot = dist::make_communicator(device, runtime());
+  return *slot;
+}
+
+void release_communicators() {
+  g_communicators.clear();
+}
+
+const char* model_kind_name(ModelKind kind) {
+  return kind == ModelKind::mlp ? "mlp" : "transformer";
+}
+
+const char* optimizer_kind_name(OptimizerKind kind) {
+  return kind == OptimizerKind::sgd ? "sgd" : "adamw";
+}
+
+std::unique_ptr<TestModel> make_test_model(ModelKind kind) {
+  if (kind == ModelKind::mlp) return std::make_unique<Mlp>();
+  return std::make_unique<TinyLm>();
+}
+
+std::vector<DdpConfig> ddp_configs(ModelKind kind) {
+  // "A few buckets": a third of the trainable gradient bytes per bucket.
+  auto model = make_test_model(kind);
+  int64_t trainable = 0;
+  for (const auto& p : model->module().named_parameters()) trainable += p.tensor->numel();
+  const double few_mb = static_cast<double>(trainable) * 4 / 3 / (1024.0 * 1024.0);
+  using dist::DdpStrategy;
+  return {{DdpStrategy::naive, 25, "naive"},
+          {DdpStrategy::flat, 25, "flat"},
+          {DdpStrategy::overlap, 25, "overlap"},
+          {DdpStrategy::bucketed, 0.0001, "bucketed 0.0001 MB"},
+          {DdpStrategy::bucketed, few_mb, "bucketed " + std::to_string(few_mb) + " MB"},
+          {DdpStrategy::bucketed, 1000, "bucketed 1000 MB"}};
+}
+
+std::vector<double> train(const TrainSpec& spec, const DdpConfig* ddp) {
+  const int rank = runtime().rank(), world = runtime().world_size();
+  std::unique_ptr<TestModel> model = make_test_model(spec.model);
+  nn::FlatParameters flat(model->module(), spec.device, kParamSeed, spec.dtype);
+  model->freeze();
+  const std::vector<double> initial = flat.flat_params().to_doubles();
+  std::unique_ptr<dist::DataParallel> data_parallel;
+  if (ddp != nullptr) {
+    // Replicas start different, so only the broadcast can make them equal.
+    if (rank != 0) ops::scale_(flat.flat_params(), 1.0 + 0.25 * rank);
+    data_parallel =
+        std::make_unique<dist::DataParallel>(flat, communicator(spec.device), ddp->strategy, ddp->bucket_mb);
+    std::string why;
+    CHECK_MESSAGE(allclose(flat.flat_params().to_doubles(), initial, 0, 0, &why), "after broadcast: " << why);
+  }
+  std::unique_ptr<optim::Optimizer> optimizer;
+  if (spec.optimizer == OptimizerKind::sgd) {
+    optimizer = std::make_unique<optim::SGD>(std::vector<Tensor>{flat.flat_params()}, 0.1);
+  } else {
+    // AdamW's update moves by up to lr/eps per unit of gradient where gradients are near zero, and where
+    // ranks' gradients cancel the f32 average is pure rounding (~1e-9, summation order differs from the
+    // single process): eps = lr bounds that amplification by one. f64 rounding is far below the default eps.
+    optim::AdamWOptions options;
+    if (spec.dtype == DType::f32) options.eps = options.lr;
+    optimizer = std::make_unique<optim::AdamW>(std::vector<Tensor>{flat.flat_params()}, options);
+  }
+  for (int step = 0; step < spec.steps; ++step) {
+    flat.zero_grad();
+    if (data_parallel) {
+      for (int micro = 0; micro < spec.micro_batches; ++micro) {
+        const bool last = micro + 1 == spec.micro_batches;
+        data_parallel->set_sync(last);
+        data_parallel->begin_backward();
+        Tensor loss = model->loss({batch_id(rank, step, micro)}, spec.device);
+        if (spec.micro_batches > 1) loss = ops::scale(loss, 1.0 / spec.micro_batches);
+        loss.backward();
+        // overlap and bucketed have launched everything from the hooks (every parameter got a gradient).
+        const bool launches_in_hooks =
+            ddp->strategy == dist::DdpStrategy::overlap || ddp->strategy == dist::DdpStrategy::bucketed;
+        CHECK(data_parallel->collectives_last_pass() ==
+              (last && launches_in_hooks ? expected_collectives(*data_parallel, flat) : 0));
+        data_parallel->finish_backward();
+        CHECK(data_parallel->collectives_last_pass() ==
+              (last ? expected_collectives(*data_parallel, flat) : 0));
+        // Without synchronisation the gradients must stay this rank's own.
+        if (!last && world > 1) CHECK_FALSE(same_on_all_ranks(flat.flat_grads().to_doubles()));
+      }
+    } else {
+      std::vector<uint64_t> ids;
+      for (int r = 0; r < world; ++r) {
+        for (int micro = 0; micro < spec.micro_batches; ++micro) ids.push_back(batch_id(r, step, micro));
+      }
+      model->loss(ids, spec.device).backward();
+    }
+    optimizer->step();
+  }
+  const std::vector<double> result = flat.flat_params().to_doubles();
+  // SGD moves a parameter only by its gradient, and a frozen one has none.
+  if (spec.optimizer == OptimizerKind::sgd)
+    CHECK(frozen_values(flat, result) == frozen_values(flat, initial));
+  return result;
+}
+
+bool allclose(const std::vector<double>& a, const std::vector<double>& b, double rtol, double atol,
+              std::string* why) {
+  if (a.size() != b.size()) {
+    if (why) *why = "sizes differ: " + std::to_string(a.size()) + " vs " + std::to_string(b.size());
+    return false;
+  }
+  double worst_excess = 0;
+  size_t worst = 0, bad = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    const double diff = std::fabs(a[i] - b[i]);
+    const double allowed = atol + rtol * std::fabs(b[i]);
+    if (!(diff <= allowed)) {
+      ++bad;
+      if (!(diff - allowed <= worst_excess)) {
+        worst_excess = diff - allowed;
+        worst = i;
+      }
+    }
+  }
+  if (bad > 0 && why) {
+    *why = std::to_string(bad) + " of " + std::to_string(a.size()) + " elements differ; worst at " +
+           std::to_string(worst) + ": " + std::to_string(a[worst]) + " vs " + std::to_string(b[worst]);
+  }
+  return bad == 0;
+}
+
+bool same_on_all_ranks(const std::vector<double>& values) {
+  dist::Communicator& comm = communicator(Device::cpu());
+  Tensor root = Tensor::from_doubles(values, {static_cast<int64_t>(values.size())});
+  comm.broadcast(root, 0);
+  const bool same_here = std::memcmp(root.raw_data(), values.data(), values.size() * sizeof(double)) == 0;
+  Tensor differing_ranks = Tensor::from_ints({same_here ? 0 : 1}, {1});
+  comm.all_reduce(differing_ranks, dist::ReduceOp::sum);
+  return differing_ranks.to_ints()[0] == 0;
+}
+
+void check_strategies_match_single_process(ModelKind model, OptimizerKind optimizer, Device device,
+                                           DType dtype) {
+  TrainSpec spec;
+  spec.dtype = dtype;
+  spec.model = model;
+  spec.optimizer = optimizer;
+  spec.device = device;
+  const std::vector<double> reference = train(spec, nullptr);
+  for (const DdpConfig& config : ddp_configs(model)) {
+    CAPTURE(config.label);
+    const std::vector<double> trained = train(spec, &config);
+    std::string why;
+    CHECK_MESSAGE(allclose(trained, reference, 1e-5, 1e-8, &why), why);
+    CHECK(same_on_all_ranks(trained));
+  }
+}
+
+}  // namespace tt::testing

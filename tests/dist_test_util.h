@@ -1,0 +1,75 @@
+// Shared by the multi-rank suites (CPU with MPI, GPU with NCCL): the runtime and communicators of the run,
+// two small models with a loss over any union of per-rank batches, and the check that every DDP strategy
+// trains exactly like one process on the union of the ranks' batches.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "dist/communicator.h"
+#include "dist/data_parallel.h"
+#include "dist/runtime.h"
+#include "nn/module.h"
+
+namespace tt::testing {
+
+dist::DistRuntime& runtime();
+void set_runtime(dist::DistRuntime* runtime);  // by the main, around the test run
+// One communicator per device for the whole run (NCCL start-up is slow); the main releases them before MPI
+// is finalised.
+dist::Communicator& communicator(Device device);
+void release_communicators();
+
+class TestModel {
+ public:
+  virtual ~TestModel() = default;
+  virtual nn::Module& module() = 0;
+  // Called once FlatParameters has made the parameter views.
+  virtual void freeze() {}
+  // Mean loss over the concatenation of the batches `batch_ids` (equal sizes, content drawn from the id).
+  virtual Tensor loss(const std::vector<uint64_t>& batch_ids, Device device) = 0;
+};
+
+enum class ModelKind { mlp, transformer };
+enum class OptimizerKind { sgd, adamw };
+const char* model_kind_name(ModelKind kind);
+const char* optimizer_kind_name(OptimizerKind kind);
+// mlp: Linear layers with SwiGLU and a frozen Linear ("mix") between trainable ones. transformer: the tiny
+// preset with vocabulary 32 and context 8.
+std::unique_ptr<TestModel> make_test_model(ModelKind kind);
+
+struct DdpConfig {
+  dist::DdpStrategy strategy;
+  double bucket_mb = 25.0;
+  std::string label;
+};
+// naive, flat, overlap, and bucketed with one parameter per bucket, a few buckets, and one bucket.
+std::vector<DdpConfig> ddp_configs(ModelKind kind);
+
+struct TrainSpec {
+  ModelKind model = ModelKind::mlp;
+  OptimizerKind optimizer = OptimizerKind::sgd;
+  Device device = Device::cpu();
+  int steps = 3;
+  int micro_batches = 1;     // > 1: gradient accumulation, communicating on the last micro-batch only
+  DType dtype = DType::f32;  // f64 on the CPU only
+};
+
+// Parameters after training: with `ddp`, each rank on its own batches through DataParallel (checking the
+// broadcast, the collectives issued per pass and that unsynchronised passes stay local); without, this
+// process alone on the union of every rank's batches.
+std::vector<double> train(const TrainSpec& spec, const DdpConfig* ddp);
+
+// |a - b| <= atol + rtol |b| everywhere; `why` names the worst element otherwise.
+bool allclose(const std::vector<double>& a, const std::vector<double>& b, double rtol, double atol,
+              std::string* why);
+// Collective (over MPI): whether every rank holds exactly rank 0's values; the same answer on every rank.
+bool same_on_all_ranks(const std::vector<double>& values);
+
+// For every strategy: DDP training equals single-process training on the union (rtol 1e-5, atol 1e-8) and
+// all ranks end identical.
+void check_strategies_match_single_process(ModelKind model, OptimizerKind optimizer, Device device,
+                                           DType dtype = DType::f32);
+
+}  // namespace tt::testing
