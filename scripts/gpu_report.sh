@@ -29,6 +29,11 @@ for s in "$@"; do
       timeout 300 ctest --test-dir build-gpu --output-on-failure -j 2 >"$out/ctest.log" 2>&1
       grep -E "Test +#|tests passed|Failed|Skipped" "$out/ctest.log" | tail -20
       grep -E "test cases|assertions" "$out/ctest.log" | tail -12 ;;
+    gputests)
+      section gputests
+      timeout 240 ctest --test-dir build-gpu --output-on-failure -L gpu >"$out/ctest_gpu.log" 2>&1
+      grep -E "Test +#|tests passed|Failed|Skipped" "$out/ctest_gpu.log" | tail -8
+      grep -E "test cases|assertions" "$out/ctest_gpu.log" | tail -6 ;;
     attention)
       section attention
       timeout 120 $b/bench_attention --suite leaderboard --iters 50 --json "$out/attn_leaderboard.jsonl" 2>/dev/null | tee "$out/attn_leaderboard.md" | tail -4
@@ -49,8 +54,16 @@ for s in "$@"; do
       mpi=(mpirun --allow-run-as-root -np "$np" -x NCCL_NVLS_ENABLE=0 -x PATH -x LD_LIBRARY_PATH)
       timeout 120 "${mpi[@]}" $b/bench_allreduce --sizes-mb 1,10,100,1000 --json "$out/allreduce.jsonl" 2>&1 | tee "$out/allreduce.md" | tail -8
       timeout 120 python3 -m torch.distributed.run --nproc_per_node "$np" apps/python/allreduce_baseline.py 2>&1 | tail -8
-      timeout 300 "${mpi[@]}" $b/bench_ddp --preset xl --precision bf16 --ctx 512 --batch 4 \
-        --strategy naive,flat,overlap,bucketed --bucket-mb 1,10,100,1000 --json "$out/ddp_xl.jsonl" 2>&1 | tee "$out/ddp_xl.md" | tail -14 ;;
+      timeout 240 "${mpi[@]}" $b/bench_ddp --preset xl --precision bf16 --ctx 512 --batch 4 --zero 1 \
+        --strategy naive,flat,overlap,bucketed --bucket-mb 1,10,100,1000 --json "$out/ddp_xl.jsonl" 2>"$out/ddp_xl.err" | tee "$out/ddp_xl.md" | tail -24 ;;
+    quickmodel)
+      section quickmodel
+      timeout 150 $b/benchmark --sizes small,medium,large,xl,2.7b --ctx 256 --batch 4 --precision bf16 --graph on \
+        --json "$out/model_bf16.jsonl" 2>/dev/null | tee "$out/model_bf16.md" | tail -7
+      timeout 60 $b/benchmark --sizes small,xl --ctx 256 --batch 4 --precision f32 --graph on \
+        --json "$out/model_f32.jsonl" 2>/dev/null | tee "$out/model_f32.md" | tail -3
+      timeout 120 python3 apps/python/model_baseline.py --sizes small,xl --ctx 256 --variants eager-f32,compile-bf16 \
+        --json "$out/torch_model.jsonl" 2>&1 | tee "$out/torch_model.md" | tail -6 ;;
     *) echo "unknown section $s"; exit 1 ;;
   esac
 done
