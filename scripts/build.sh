@@ -10,7 +10,10 @@ fi
 configure_args=() build_args=()
 while [ $# -gt 0 ]; do
   case "$1" in
-    --target) build_args+=(--target "$2"); shift 2 ;;
+    --target)
+      shift
+      build_args+=(--target)
+      while [ $# -gt 0 ] && [[ "$1" != -* ]]; do build_args+=("$1"); shift; done ;;
     *) configure_args+=("$1"); shift ;;
   esac
 done
