@@ -49,24 +49,25 @@ std::string device_name(Device device) {
   return "cpu";
 }
 
-nn::ModelConfig bench_config(const Flags& flags, Device device, const std::string& size, int64_t max_ctx) {
+nn::ModelConfig bench_config(const Flags& flags, Device device, const std::string& size, int64_t max_ctx,
+                             const std::string& precision, const std::string& attention) {
   nn::ModelConfig config = nn::preset(size);
   config.vocab_size = flags.integer("vocab") > 0 ? flags.integer("vocab") : 10000;
   config.context_length = max_ctx;
-  apply_runtime_model_flags(flags, config, device);
+  config.precision = nn::parse_precision(precision);
+  config.attention = attention == "auto" ? (device.is_cuda() ? nn::AttentionKind::flash : nn::AttentionKind::naive)
+                                         : nn::parse_attention(attention);
   return config;
 }
 
 // `bundle` is null when the model itself did not fit (every row of the size is then an OOM row).
-Row measure(const Flags& flags, Device device, Bundle* bundle, const std::string& size, int64_t ctx,
-            const std::string& mode, bool graph) {
-  const nn::ModelConfig config = bench_config(flags, device, size, ctx);
-  const int64_t batch = flags.integer("batch"), warmup = flags.integer("warmup"),
-                steps = flags.integer("steps");
+Row measure(const Flags& flags, Device device, Bundle* bundle, const nn::ModelConfig& config,
+            const std::string& size, int64_t ctx, const std::string& mode, bool graph, int64_t warmup) {
+  const int64_t batch = flags.integer("batch"), steps = flags.integer("steps");
   const std::string precision = nn::precision_name(config.precision),
                     attention = nn::attention_name(config.attention);
   Row row;
-  row.cells = {size, std::to_string(ctx), precision, attention, mode, graph ? "on" : "off"};
+  row.cells = {size, std::to_string(ctx), precision, attention, mode, graph ? "on" : "off", std::to_string(warmup)};
   auto json_head = [&] {
     return "\"size\": " + JsonlWriter::quote(size) + ", \"ctx\": " + std::to_string(ctx) +
            ", \"batch\": " + std::to_string(batch) + ", \"precision\": " + JsonlWriter::quote(precision) +
@@ -235,10 +236,10 @@ int main(int argc, char** argv) {
     flags.add("ctx", "256", "comma-separated context lengths");
     flags.add("batch", "4", "batch size");
     flags.add("vocab", "10000", "vocabulary size");
-    flags.add("precision", "f32", "f32 | bf16");
-    flags.add("attention", "auto", "naive | flash | auto (flash on CUDA)");
+    flags.add("precision", "f32", "comma-separated: f32 | bf16");
+    flags.add("attention", "auto", "comma-separated: naive | flash | auto (flash on CUDA)");
     flags.add("mode", "step", "comma-separated: forward | backward (forward+backward) | step (+ AdamW)");
-    flags.add("warmup", "5", "untimed warm-up iterations");
+    flags.add("warmup", "5", "comma-separated untimed warm-up iteration counts (e.g. 0,1,2,5)");
     flags.add("steps", "10", "timed iterations");
     flags.add("device", "auto", "cpu | cuda | cuda:N | auto");
     flags.add_switch(
@@ -251,9 +252,8 @@ int main(int argc, char** argv) {
     if (!flags.parse(argc, argv)) return 0;
     const Device device = pick_device(flags.str("device"));
     std::vector<Row> rows;
-    std::printf("device: %s, batch %lld, warm-up %lld, timed steps %lld\n\n", device_name(device).c_str(),
-                static_cast<long long>(flags.integer("batch")),
-                static_cast<long long>(flags.integer("warmup")),
+    std::printf("device: %s, batch %lld, warm-up %s, timed steps %lld\n\n", device_name(device).c_str(),
+                static_cast<long long>(flags.integer("batch")), flags.str("warmup").c_str(),
                 static_cast<long long>(flags.integer("steps")));
     std::unique_ptr<JsonlWriter> json;
     if (!flags.str("json").empty()) json = std::make_unique<JsonlWriter>(flags.str("json"), false);
@@ -269,23 +269,35 @@ int main(int argc, char** argv) {
       throw Error("unknown --graph '" + graph_flag + "' (expected on, off, both or auto)");
     const std::vector<int64_t> contexts = flags.int_list("ctx");
     TT_CHECK(!contexts.empty(), "--ctx needs at least one context length");
+    const std::vector<int64_t> warmups = flags.int_list("warmup");
+    TT_CHECK(!warmups.empty(), "--warmup needs at least one value");
+    for (int64_t w : warmups) TT_CHECK(w >= 0, "--warmup values must not be negative");
+    const int64_t max_ctx = *std::max_element(contexts.begin(), contexts.end());
     for (const std::string& size : flags.list("sizes")) {
-      std::unique_ptr<Bundle> bundle;
-      try {
-        bundle = std::make_unique<Bundle>(
-            bench_config(flags, device, size, *std::max_element(contexts.begin(), contexts.end())), device);
-      } catch (const OutOfMemory&) {
-        empty_cache(device);
-      }
-      for (int64_t ctx : contexts) {
-        for (const std::string& mode : flags.list("mode")) {
-          TT_CHECK(mode == "forward" || mode == "backward" || mode == "step",
-                   "unknown --mode '" + mode + "' (expected forward, backward or step)");
-          for (bool graph : graph_modes) {
-            rows.push_back(measure(flags, device, bundle.get(), size, ctx, mode, graph));
-            if (json) json->write_raw(rows.back().json);
-            std::fprintf(stderr, "  measured %s ctx %lld %s graph %s\n", size.c_str(),
-                         static_cast<long long>(ctx), mode.c_str(), graph ? "on" : "off");
+      for (const std::string& precision : flags.list("precision")) {
+        for (const std::string& attention : flags.list("attention")) {
+          // One model per size, precision and attention kind, reused by all its rows.
+          const nn::ModelConfig config = bench_config(flags, device, size, max_ctx, precision, attention);
+          std::unique_ptr<Bundle> bundle;
+          try {
+            bundle = std::make_unique<Bundle>(config, device);
+          } catch (const OutOfMemory&) {
+            empty_cache(device);
+          }
+          for (int64_t ctx : contexts) {
+            for (const std::string& mode : flags.list("mode")) {
+              TT_CHECK(mode == "forward" || mode == "backward" || mode == "step",
+                       "unknown --mode '" + mode + "' (expected forward, backward or step)");
+              for (int64_t warmup : warmups) {
+                for (bool graph : graph_modes) {
+                  rows.push_back(measure(flags, device, bundle.get(), config, size, ctx, mode, graph, warmup));
+                  if (json) json->write_raw(rows.back().json);
+                  std::fprintf(stderr, "  measured %s %s %s ctx %lld %s warm-up %lld graph %s\n", size.c_str(),
+                               precision.c_str(), attention.c_str(), static_cast<long long>(ctx), mode.c_str(),
+                               static_cast<long long>(warmup), graph ? "on" : "off");
+                }
+              }
+            }
           }
         }
       }
@@ -293,7 +305,7 @@ int main(int argc, char** argv) {
     std::vector<std::vector<std::string>> cells;
     for (const Row& r : rows) cells.push_back(r.cells);
     std::printf("%s",
-                markdown_table({"size", "ctx", "precision", "attention", "mode", "graph", "forward ms",
+                markdown_table({"size", "ctx", "precision", "attention", "mode", "graph", "warm-up", "forward ms",
                                 "backward ms", "optimizer ms", "step ms", "tokens/s", "MFU", "peak MiB"},
                                cells)
                     .c_str());

@@ -7,7 +7,7 @@ work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 "$bench" --sizes tiny --ctx 32 --batch 2 --device cpu --warmup 1 --steps 3 --mode forward,backward,step \
   --json "$work/rows.jsonl" >"$work/table.md"
-grep -q "| tiny | 32 | f32 | naive | step | off |" "$work/table.md"
+grep -q "| tiny | 32 | f32 | naive | step | off | 1 |" "$work/table.md"
 python3 - "$work/rows.jsonl" <<'PY'
 import json, sys
 rows = [json.loads(line) for line in open(sys.argv[1])]
