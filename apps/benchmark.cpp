@@ -55,8 +55,9 @@ nn::ModelConfig bench_config(const Flags& flags, Device device, const std::strin
   config.vocab_size = flags.integer("vocab") > 0 ? flags.integer("vocab") : 10000;
   config.context_length = max_ctx;
   config.precision = nn::parse_precision(precision);
-  config.attention = attention == "auto" ? (device.is_cuda() ? nn::AttentionKind::flash : nn::AttentionKind::naive)
-                                         : nn::parse_attention(attention);
+  config.attention = attention == "auto"
+                         ? (device.is_cuda() ? nn::AttentionKind::flash : nn::AttentionKind::naive)
+                         : nn::parse_attention(attention);
   return config;
 }
 
@@ -67,7 +68,8 @@ Row measure(const Flags& flags, Device device, Bundle* bundle, const nn::ModelCo
   const std::string precision = nn::precision_name(config.precision),
                     attention = nn::attention_name(config.attention);
   Row row;
-  row.cells = {size, std::to_string(ctx), precision, attention, mode, graph ? "on" : "off", std::to_string(warmup)};
+  row.cells = {
+      size, std::to_string(ctx), precision, attention, mode, graph ? "on" : "off", std::to_string(warmup)};
   auto json_head = [&] {
     return "\"size\": " + JsonlWriter::quote(size) + ", \"ctx\": " + std::to_string(ctx) +
            ", \"batch\": " + std::to_string(batch) + ", \"precision\": " + JsonlWriter::quote(precision) +
@@ -108,6 +110,7 @@ Row measure(const Flags& flags, Device device, Bundle* bundle, const nn::ModelCo
                           }});
       }
     }
+    const std::vector<Phase> eager_phases = phases;  // the memory timeline records these, never a replay
     std::unique_ptr<CudaGraph> cuda_graph;
     if (graph) {
       // Warm up eagerly (cuBLASLt plans, allocator cache), capture one whole iteration, then time replays.
@@ -175,7 +178,12 @@ Row measure(const Flags& flags, Device device, Bundle* bundle, const nn::ModelCo
         [&](size_t p) { phase_peak[p] = std::max(phase_peak[p], memory_stats(device).peak_bytes); });
     if (profile) profiler_stop();
     const std::string timeline = flags.str("memory-timeline");
-    if (!timeline.empty()) record_memory_timeline(timeline, device, phases, [&] { synchronize(device); });
+    // One timeline per run (the first row), from an eager step: a graph replay allocates nothing.
+    static bool timeline_written = false;
+    if (!timeline.empty() && !timeline_written) {
+      record_memory_timeline(timeline, device, eager_phases, [&] { synchronize(device); });
+      timeline_written = true;
+    }
     const Summary step = summarize(t.step_ms);
     const double tokens = static_cast<double>(batch * ctx);
     const double flops = config.training_flops_per_sequence(ctx) * static_cast<double>(batch) /
@@ -219,7 +227,7 @@ Row measure(const Flags& flags, Device device, Bundle* bundle, const nn::ModelCo
     for (int i = 0; i < 7; ++i) row.cells.push_back(i == 3 ? "error" : "-");
     std::fprintf(stderr, "  %s ctx %lld graph capture failed: %s\n", size.c_str(),
                  static_cast<long long>(ctx), e.what());
-    row.json = "{" + json_head() + ", \"oom\": true}";
+    row.json = "{" + json_head() + ", \"oom\": false, \"error\": " + JsonlWriter::quote(e.what()) + "}";
   }
   empty_cache(device);
   return row;
@@ -290,11 +298,13 @@ int main(int argc, char** argv) {
                        "unknown --mode '" + mode + "' (expected forward, backward or step)");
               for (int64_t warmup : warmups) {
                 for (bool graph : graph_modes) {
-                  rows.push_back(measure(flags, device, bundle.get(), config, size, ctx, mode, graph, warmup));
+                  rows.push_back(
+                      measure(flags, device, bundle.get(), config, size, ctx, mode, graph, warmup));
                   if (json) json->write_raw(rows.back().json);
-                  std::fprintf(stderr, "  measured %s %s %s ctx %lld %s warm-up %lld graph %s\n", size.c_str(),
-                               precision.c_str(), attention.c_str(), static_cast<long long>(ctx), mode.c_str(),
-                               static_cast<long long>(warmup), graph ? "on" : "off");
+                  std::fprintf(stderr, "  measured %s %s %s ctx %lld %s warm-up %lld graph %s\n",
+                               size.c_str(), precision.c_str(), attention.c_str(),
+                               static_cast<long long>(ctx), mode.c_str(), static_cast<long long>(warmup),
+                               graph ? "on" : "off");
                 }
               }
             }
@@ -304,11 +314,11 @@ int main(int argc, char** argv) {
     }
     std::vector<std::vector<std::string>> cells;
     for (const Row& r : rows) cells.push_back(r.cells);
-    std::printf("%s",
-                markdown_table({"size", "ctx", "precision", "attention", "mode", "graph", "warm-up", "forward ms",
-                                "backward ms", "optimizer ms", "step ms", "tokens/s", "MFU", "peak MiB"},
-                               cells)
-                    .c_str());
+    std::printf("%s", markdown_table(
+                          {"size", "ctx", "precision", "attention", "mode", "graph", "warm-up", "forward ms",
+                           "backward ms", "optimizer ms", "step ms", "tokens/s", "MFU", "peak MiB"},
+                          cells)
+                          .c_str());
     return 0;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "error: %s\n", e.what());

@@ -118,6 +118,10 @@ void run_backward(const Tensor& root, const Tensor& grad) {
   while (!ready.empty()) {
     std::shared_ptr<Node> node = ready.top();
     ready.pop();
+    if (node->released) {
+      throw Error(std::string("backward() through a graph that was already used (") + node->name() +
+                  "); run the forward pass again");
+    }
     Tensor node_grad = std::move(pending[node.get()]);
     pending.erase(node.get());
     std::vector<Tensor> input_grads;
@@ -129,6 +133,8 @@ void run_backward(const Tensor& root, const Tensor& grad) {
     }
     node_grad = Tensor();
     node->release_saved();
+    // Leaf accumulators are reused by every graph that touches the leaf; only op nodes are spent.
+    if (!dynamic_cast<AccumulateGrad*>(node.get())) node->released = true;
     for (size_t i = 0; i < node->next.size(); ++i) {
       const std::shared_ptr<Node>& child = node->next[i];
       if (!child) continue;
@@ -147,6 +153,7 @@ void run_backward(const Tensor& root, const Tensor& grad) {
             Node* s = skip.back();
             skip.pop_back();
             s->release_saved();
+            if (!dynamic_cast<AccumulateGrad*>(s)) s->released = true;
             for (const auto& grandchild : s->next) {
               if (grandchild && --dependencies[grandchild.get()] == 0) {
                 if (pending.count(grandchild.get()))

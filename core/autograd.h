@@ -24,6 +24,7 @@ class Node {
 
   std::vector<std::shared_ptr<Node>> next;  // nullptr for inputs that need no gradient
   uint64_t sequence = 0;                    // creation order; later nodes run first
+  bool released = false;                    // saved tensors freed: the node cannot run again
 };
 
 // The node standing for a leaf tensor that requires grad: it accumulates into the leaf's .grad.

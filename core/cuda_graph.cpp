@@ -41,6 +41,7 @@ void CudaGraph::capture(const std::function<void()>& body) {
     cudaStreamEndCapture(stream, &broken);
     if (broken) cudaGraphDestroy(broken);
     cudaGetLastError();
+    release_graph_pool(device_);  // nothing will replay: the pool's blocks go back to the cache
     throw;
   }
   end_graph_pool(device_);

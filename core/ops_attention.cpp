@@ -116,7 +116,8 @@ Tensor flash_attention(const Tensor& q_in, const Tensor& k_in, const Tensor& v_i
     node->q = q;
     node->k = k;
     node->v = v;
-    node->o = o;
+    // An alias without autograd state: saving `o` itself would make o -> node -> o a reference cycle.
+    node->o = o.as_strided_view(o.shape(), o.strides(), o.offset());
     node->lse = lse;
     node->causal = causal;
     node->deterministic = deterministic;

@@ -281,7 +281,8 @@ Tensor softmax(const Tensor& s_in, double scale, bool causal) {
   }
   if (needs_grad({&s_in})) {
     auto node = std::make_shared<SoftmaxNode>();
-    node->p = p;
+    // An alias without autograd state: saving `p` itself would make p -> node -> p a reference cycle.
+    node->p = p.as_strided_view(p.shape(), p.strides(), p.offset());
     node->scale = scale;
     attach_node(p, node, {&s_in});
   }

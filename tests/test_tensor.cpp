@@ -121,3 +121,19 @@ TEST_CASE("Philox-4x32-10 known answer and counter independence") {
   CHECK(truncated_normal(1, 10, 3.0) == truncated_normal(1, 10, 3.0));
   CHECK(uniform_from_bits(0xffffffffu) < 1.0f);
 }
+
+TEST_CASE("a graph cannot be run backward twice, and forward without backward frees everything") {
+  Tensor x = testing::leaf({4, 3}, 6), w = testing::leaf({3, 2}, 7);
+  const Tensor loss = ops::sum(ops::softmax(ops::reshape(ops::matmul(x, w), {2, 2, 2}), 1.0, false));
+  loss.backward();
+  CHECK_THROWS_WITH_AS(loss.backward(), doctest::Contains("already used"), Error);
+  const int64_t before = memory_stats(Device::cpu()).current_bytes;
+  {
+    const Tensor q = testing::leaf({1, 2, 5, 4}, 8), k = testing::leaf({1, 2, 5, 4}, 9);
+    const Tensor v = testing::leaf({1, 2, 5, 4}, 10);
+    const Tensor o = ops::flash_attention(q, k, v, true);
+    const Tensor p = ops::softmax(testing::leaf({2, 3, 3}, 11), 1.0, true);
+  }
+  // Nodes that save their own output must not keep themselves alive.
+  CHECK(memory_stats(Device::cpu()).current_bytes == before);
+}

@@ -48,6 +48,9 @@ expect_error "context longer than data" "context length 100000 needs at least" "
 # A good run to resume from.
 expect_ok "train 4 steps" "$train" "${common[@]}" --out "$work/run" --steps 4 --ckpt-every 2
 ckpt="$work/run/checkpoints/step_4.h5"
+expect_error "another run's checkpoints in --out" "already holds checkpoints of another run" \
+  "$train" "${common[@]}" --out "$work/run" --steps 2
+[ -e "$ckpt" ] || { echo "FAIL: the refused run removed $ckpt"; failures=$((failures + 1)); }
 sum_before=$(md5sum "$ckpt" | cut -d' ' -f1)
 expect_error "checkpoint of another shape" "dataset /model/token_embeddings.weight has shape" \
   "$train" "${common[@]}" --d-model 32 --out "$work/other" --steps 6 --resume "$ckpt"
@@ -61,5 +64,11 @@ ls "$work/run/checkpoints/"*.tmp >/dev/null 2>&1 && { echo "FAIL disk full: a te
 [ "$(md5sum "$ckpt" | cut -d' ' -f1)" = "$sum_before" ] || { echo "FAIL: step_4.h5 changed"; failures=$((failures + 1)); }
 expect_ok "last good checkpoint still loads" "$train" --eval-only --resume "$ckpt" --data "$work/data" --ctx 16 --batch 2 --eval-batches 2
 
+# A single text file without separators still gets a validation split; config values may contain spaces.
+printf 'Once there was a tiny model.\nIt read the same lines again and again.\n%.0s' $(seq 1 200) >"$work/one.txt"
+expect_ok "prepare_data on one file" "$prepare" --input "$work/one.txt" --out "$work/one"
+printf 'steps = 2\nprompt = Once upon a time\nsample-tokens = 5\n' >"$work/run.cfg"
+expect_ok "config file" "$train" --config "$work/run.cfg" --data "$work/one" --ctx 16 --batch 2 --eval-batches 1 --out "$work/cfg"
+grep -q "^Once upon a time" "$work/cfg/sample.txt" || { echo "FAIL: config prompt with spaces was cut"; failures=$((failures + 1)); }
 echo "$failures failure(s)"
 [ $failures -eq 0 ]

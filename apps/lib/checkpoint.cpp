@@ -161,15 +161,28 @@ void load_checkpoint(const std::string& path, nn::FlatParameters& params, Optimi
                      TrainState* state) {
   const io::H5File file = io::H5File::open_read(path);
   const auto& named = params.parameters();
-  // Check every dataset first, so a mismatched file changes nothing.
-  for (const nn::NamedParameter& p : named) {
-    const std::string dataset = "/model/" + p.name;
+  // Check every dataset (and the optimizer's and trainer's attributes) first, so a file that does not fit
+  // changes nothing.
+  auto check_dataset = [&](const std::string& dataset, const Shape& expected) {
     if (!file.exists(dataset)) throw Error("checkpoint " + path + ": dataset " + dataset + " is missing");
     const Shape shape = file.dataset_shape(dataset);
-    if (shape != p.tensor->shape()) {
+    if (shape != expected) {
       throw Error("checkpoint " + path + ": dataset " + dataset + " has shape " + shape_str(shape) +
-                  ", the model expects " + shape_str(p.tensor->shape()));
+                  ", the model expects " + shape_str(expected));
     }
+  };
+  for (const nn::NamedParameter& p : named) check_dataset("/model/" + p.name, p.tensor->shape());
+  if (optimizer) {
+    if (!file.exists("/optimizer"))
+      throw Error("checkpoint " + path + " has no optimizer state (/optimizer)");
+    for (const nn::NamedParameter& p : named) {
+      check_dataset("/optimizer/" + p.name + "/exp_avg", p.tensor->shape());
+      check_dataset("/optimizer/" + p.name + "/exp_avg_sq", p.tensor->shape());
+    }
+    file.attr_int("/optimizer", "step");
+  }
+  if (state) {
+    for (const char* name : {"step", "rng_seed", "rng_counter", "tokens_seen"}) file.attr_int("/train", name);
   }
   for (const nn::NamedParameter& p : named) file.read_into("/model/" + p.name, *p.tensor);
   if (optimizer) {
@@ -195,14 +208,16 @@ void load_checkpoint(const std::string& path, nn::FlatParameters& params, Optimi
   }
 }
 
-void prune_checkpoints(const std::string& dir, int64_t keep) {
+void prune_checkpoints(const std::string& dir, int64_t keep, int64_t up_to_step) {
   if (keep <= 0 || !std::filesystem::exists(dir)) return;
   std::vector<std::pair<int64_t, std::filesystem::path>> found;
   const std::regex pattern("step_([0-9]+)\\.h5");
   for (const auto& entry : std::filesystem::directory_iterator(dir)) {
     std::smatch match;
     const std::string name = entry.path().filename().string();
-    if (std::regex_match(name, match, pattern)) found.emplace_back(std::stoll(match[1]), entry.path());
+    if (std::regex_match(name, match, pattern) && std::stoll(match[1]) <= up_to_step) {
+      found.emplace_back(std::stoll(match[1]), entry.path());
+    }
   }
   std::sort(found.begin(), found.end());
   for (size_t i = 0; i + static_cast<size_t>(keep) < found.size(); ++i)

@@ -57,7 +57,8 @@ nn::ModelConfig read_checkpoint_config(const std::string& path);
 void load_checkpoint(const std::string& path, nn::FlatParameters& params, OptimizerState* optimizer,
                      TrainState* state);
 
-// Deletes all but the newest `keep` files named step_N.h5 in `dir` (keep <= 0 keeps everything).
-void prune_checkpoints(const std::string& dir, int64_t keep);
+// Deletes all but the newest `keep` files named step_N.h5 with N <= up_to_step in `dir` (keep <= 0 keeps
+// everything).
+void prune_checkpoints(const std::string& dir, int64_t keep, int64_t up_to_step);
 
 }  // namespace tt::app

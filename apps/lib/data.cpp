@@ -90,13 +90,21 @@ Batch windows(const TokenFile& file, int64_t batch, int64_t context, int64_t fir
 }  // namespace
 
 BatchSampler::BatchSampler(const TokenFile& file, int64_t batch, int64_t context, Sampling sampling,
-                           uint64_t seed)
-    : file_(file), batch_(batch), context_(context), sampling_(sampling), rng_{seed, 0} {
+                           uint64_t seed, int rank, int world)
+    : file_(file),
+      batch_(batch),
+      context_(context),
+      rank_(rank),
+      world_(world),
+      sampling_(sampling),
+      rng_{seed, 0} {
   check_length(file, context);
 }
 
 Batch BatchSampler::next(int64_t step) {
-  if (sampling_ == Sampling::sequential) return windows(file_, batch_, context_, (step - 1) * batch_);
+  if (sampling_ == Sampling::sequential) {
+    return windows(file_, batch_, context_, ((step - 1) * world_ + rank_) * batch_);
+  }
   Batch out;
   out.inputs.resize(static_cast<size_t>(batch_ * context_));
   out.targets.resize(out.inputs.size());
@@ -132,6 +140,17 @@ int64_t read_vocab_size(const std::string& data_dir) {
   if (std::regex_search(text, match, std::regex("\"vocab_size\"\\s*:\\s*([0-9]+)")))
     return std::stoll(match[1]);
   return 0;
+}
+
+std::string read_tokenizer(const std::string& data_dir) {
+  std::ifstream in(data_dir + "/meta.json");
+  if (!in) return "";
+  std::stringstream buffer;
+  buffer << in.rdbuf();
+  std::smatch match;
+  const std::string text = buffer.str();
+  if (std::regex_search(text, match, std::regex("\"tokenizer\"\\s*:\\s*\"([^\"]*)\""))) return match[1];
+  return "";
 }
 
 namespace {
@@ -184,6 +203,15 @@ PrepareStats prepare_text(const std::string& input, const std::string& out_dir,
       }
     }
     finish_document(doc);
+  }
+  if (val.empty() && !train.empty()) {
+    // Fewer than ten documents (a single file, say): the last ~10% of the text, cut at a line break, is
+    // the validation split instead.
+    size_t cut = train.size() - std::max<size_t>(1, train.size() / 10);
+    while (cut > 0 && train[cut - 1] != '\n' && train[cut - 1] != static_cast<uint16_t>(kEndOfText)) --cut;
+    if (cut == 0) cut = train.size() - std::max<size_t>(1, train.size() / 10);
+    val.assign(train.begin() + static_cast<std::ptrdiff_t>(cut), train.end());
+    train.resize(cut);
   }
   if (train.empty() || val.empty()) throw Error("input '" + input + "' has too little text to split");
   fs::create_directories(out_dir);

@@ -40,15 +40,19 @@ struct Batch {
 
 class BatchSampler {
  public:
-  BatchSampler(const TokenFile& file, int64_t batch, int64_t context, Sampling sampling, uint64_t seed);
-  // The batch of training step `step` (1-based). Random sampling draws from the RNG stream (the step only
-  // matters for sequential windows).
+  // With several data-parallel ranks, sequential windows are interleaved: draw d (1-based) of rank r takes
+  // windows ((d-1)*world + r)*batch ...; random draws come from a stream seeded per rank.
+  BatchSampler(const TokenFile& file, int64_t batch, int64_t context, Sampling sampling, uint64_t seed,
+               int rank = 0, int world = 1);
+  // The batch of draw `step` (1-based). Random sampling draws from the RNG stream (the step only matters
+  // for sequential windows).
   Batch next(int64_t step);
   CounterRng& rng() { return rng_; }
 
  private:
   const TokenFile& file_;
   int64_t batch_, context_;
+  int rank_, world_;
   Sampling sampling_;
   CounterRng rng_;
 };
@@ -62,8 +66,9 @@ constexpr int32_t kEndOfText = 256;
 constexpr int64_t kByteVocab = 257;
 std::string decode_bytes(const std::vector<int32_t>& ids);
 
-// Reads DIR/meta.json's vocab_size (written by prepare_data); 0 when absent.
+// Reads DIR/meta.json's vocab_size and tokenizer (written by prepare_data); 0 / "" when absent.
 int64_t read_vocab_size(const std::string& data_dir);
+std::string read_tokenizer(const std::string& data_dir);
 
 struct PrepareStats {
   int64_t documents = 0, train_tokens = 0, val_tokens = 0;

@@ -32,21 +32,28 @@ void Flags::read_config(const std::string& path) {
     ++number;
     const size_t hash = line.find('#');
     if (hash != std::string::npos) line.resize(hash);
-    std::istringstream fields(line);
-    std::string name, eq, value;
-    if (!(fields >> name)) continue;
-    if (name.rfind("--", 0) == 0) name = name.substr(2);
-    const size_t inline_eq = name.find('=');
-    if (inline_eq != std::string::npos) {
-      value = name.substr(inline_eq + 1);
-      name.resize(inline_eq);
+    // "name = value", "name=value" or "name value"; the value is the rest of the line, trimmed, so it may
+    // contain spaces (a prompt, say).
+    auto trim = [](const std::string& t) {
+      const size_t b = t.find_first_not_of(" \t\r"), e = t.find_last_not_of(" \t\r");
+      return b == std::string::npos ? std::string() : t.substr(b, e - b + 1);
+    };
+    const std::string stripped = trim(line);
+    if (stripped.empty()) continue;
+    std::string name, value;
+    const size_t eq_pos = stripped.find('=');
+    const size_t space_pos = stripped.find_first_of(" \t");
+    const bool equals_form =
+        eq_pos != std::string::npos && (space_pos == std::string::npos || eq_pos < space_pos ||
+                                        trim(stripped.substr(space_pos, eq_pos - space_pos)).empty());
+    if (equals_form) {
+      name = trim(stripped.substr(0, eq_pos));
+      value = trim(stripped.substr(eq_pos + 1));
     } else {
-      fields >> eq;
-      if (eq == "=")
-        fields >> value;
-      else
-        value = eq;
+      name = stripped.substr(0, space_pos);
+      value = space_pos == std::string::npos ? "" : trim(stripped.substr(space_pos));
     }
+    if (name.rfind("--", 0) == 0) name = name.substr(2);
     if (!specs_.count(name)) {
       throw Error("unknown flag '" + name + "' in " + path + ":" + std::to_string(number) + " (see --help)");
     }

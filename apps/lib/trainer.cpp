@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <sstream>
 
 #include "apps/lib/checkpoint.h"
 #include "apps/lib/report.h"
@@ -48,8 +49,9 @@ void declare_train_flags(Flags& f) {
   f.add("keep-ckpts", "3", "checkpoints to keep (0: all)");
   f.add("log-every", "10", "print a progress line every N steps");
   f.add("ddp", "bucketed", "data-parallel strategy under mpirun: naive | flat | overlap | bucketed");
-  f.add("bucket-mb", "25", "gradient bucket capacity in MB for --ddp bucketed");
+  f.add("bucket-mb", "25", "gradient bucket capacity in MiB (2^20 bytes) for --ddp bucketed");
   f.add("zero", "0", "1: shard the AdamW state across ranks (ZeRO-1); checkpoints load at any world size");
+  f.add_switch("overwrite", "replace the checkpoints of an earlier run in --out (otherwise refused)");
   f.add("resume", "", "checkpoint to resume from (or, with --eval-only, to evaluate)");
   f.add_switch("eval-only", "evaluate --resume on val.bin and exit (prints and writes the mean loss)");
   f.add("json", "", "with --eval-only: write the result as JSON to this file");
@@ -119,6 +121,66 @@ std::string generate(const nn::TransformerLM& model, const std::string& prompt, 
 }
 
 namespace {
+
+// The value of `--name` in a flags summary line ("--a 1 --b x ..."), or "" when absent.
+std::string flag_value(const std::string& summary, const std::string& name) {
+  std::istringstream in(summary);
+  std::string token;
+  while (in >> token) {
+    if (token == "--" + name) {
+      std::string value;
+      in >> value;
+      return value.rfind("--", 0) == 0 ? "" : value;
+    }
+  }
+  return "";
+}
+
+// A resumed run reproduces the uninterrupted one only with the same learning-rate schedule; say so.
+void warn_if_schedule_differs(const std::string& written_by, const Flags& flags) {
+  if (written_by.empty()) return;
+  auto effective_cosine = [](const std::string& cosine, const std::string& steps) {
+    return cosine.empty() || cosine == "0" ? steps : cosine;
+  };
+  const std::string old_end =
+      effective_cosine(flag_value(written_by, "cosine-steps"), flag_value(written_by, "steps"));
+  const std::string new_end = effective_cosine(flags.str("cosine-steps"), flags.str("steps"));
+  std::string differs;
+  if (old_end != new_end) differs += " cosine end " + old_end + " -> " + new_end + ";";
+  for (const char* name : {"warmup", "lr-max", "lr-min"}) {
+    const std::string before = flag_value(written_by, name);
+    if (!before.empty() && before != flags.str(name))
+      differs += std::string(" --") + name + " " + before + " -> " + flags.str(name) + ";";
+  }
+  if (!differs.empty()) {
+    std::printf(
+        "note: the learning-rate schedule differs from the run that wrote the checkpoint (%s), so the "
+        "losses will not match an uninterrupted run; pass --cosine-steps %s to keep its schedule\n",
+        differs.c_str(), old_end.c_str());
+  }
+}
+
+bool has_checkpoints(const std::string& dir) {
+  if (!fs::exists(dir)) return false;
+  for (const auto& entry : fs::directory_iterator(dir)) {
+    const std::string name = entry.path().filename().string();
+    if (name.rfind("step_", 0) == 0 && entry.path().extension() == ".h5") return true;
+  }
+  return false;
+}
+
+// Deletes step_N.h5 files with N > step (all of them for step < 0).
+void remove_checkpoints_after(const std::string& dir, int64_t step) {
+  if (!fs::exists(dir)) return;
+  for (const auto& entry : fs::directory_iterator(dir)) {
+    const std::string name = entry.path().filename().string();
+    if (name.rfind("step_", 0) != 0 || entry.path().extension() != ".h5") continue;
+    try {
+      if (std::stoll(name.substr(5)) > step) fs::remove(entry.path());
+    } catch (const std::exception&) {
+    }
+  }
+}
 
 std::string checkpoint_path(const std::string& out, int64_t step) {
   return out + "/checkpoints/step_" + std::to_string(step) + ".h5";
@@ -195,7 +257,7 @@ int run_training(const Flags& flags, Device device, const std::string& data_dir,
   auto set_lr = [&](double lr) { zero ? sharded->set_lr(lr) : adamw->set_lr(lr); };
   // Each rank draws its own batches: the stream is seeded by (seed, rank).
   BatchSampler sampler(train_file, batch, ctx, sampling,
-                       (seed * 0x9E3779B97F4A7C15ULL + 1) ^ (uint64_t(rank) << 48));
+                       (seed * 0x9E3779B97F4A7C15ULL + 1) ^ (uint64_t(rank) << 48), rank, world);
   auto global_mean = [&](double local) {
     if (!comm) return local;
     Tensor t = Tensor::from_floats({static_cast<float>(local)}, {1}, device);
@@ -210,12 +272,25 @@ int run_training(const Flags& flags, Device device, const std::string& data_dir,
   if (root) fs::create_directories(out + "/checkpoints");
   if (!resume.empty()) {
     load_checkpoint(resume, params, opt_state.get(), &state);
+    const std::string written_by = state.args;
+    state.args = flags.summary_line();  // later checkpoints record this run's flags
     // Each rank keeps its own seed; the draw count is the same on every rank.
     sampler.rng().counter = state.rng_counter;
-    if (root)
+    if (root) {
       std::printf("resumed from %s at step %lld\n", resume.c_str(), static_cast<long long>(state.step));
-    if (root) truncate_metrics(out + "/metrics.jsonl", state.step);
+      warn_if_schedule_differs(written_by, flags);
+      // What came after the checkpoint in this folder belongs to a future this run replaces.
+      truncate_metrics(out + "/metrics.jsonl", state.step);
+      remove_checkpoints_after(out + "/checkpoints", state.step);
+    }
   } else if (root) {
+    if (has_checkpoints(out + "/checkpoints")) {
+      TT_CHECK(flags.boolean("overwrite"),
+               out +
+                   "/checkpoints already holds checkpoints of another run; pass --resume "
+                   "to continue it, a new --out, or --overwrite to replace them");
+      remove_checkpoints_after(out + "/checkpoints", -1);
+    }
     std::remove((out + "/metrics.jsonl").c_str());
   }
   TT_CHECK(state.step < steps, "nothing to do: the checkpoint is at step " + std::to_string(state.step) +
@@ -259,7 +334,7 @@ int run_training(const Flags& flags, Device device, const std::string& data_dir,
     state.rng_counter = sampler.rng().counter;
     const std::string path = checkpoint_path(out, step);
     save_checkpoint(path, config, params, opt_state.get(), state, root);
-    if (root) prune_checkpoints(out + "/checkpoints", keep);
+    if (root) prune_checkpoints(out + "/checkpoints", keep, step);
     last_checkpoint = path;
   };
   if (resume.empty()) save(0);
@@ -357,7 +432,12 @@ int run_training(const Flags& flags, Device device, const std::string& data_dir,
   std::printf("done: final validation loss %.4f (unigram entropy %.4f); checkpoint %s\n", last_val, entropy,
               last_checkpoint.c_str());
   const int64_t sample_tokens = flags.integer("sample-tokens");
-  if (sample_tokens > 0) {
+  if (sample_tokens > 0 && read_tokenizer(data_dir) != "bytes") {
+    std::printf(
+        "no text sample: %s was not made by the byte-level tokenizer (prepare_data), so ids cannot be "
+        "decoded\n",
+        data_dir.c_str());
+  } else if (sample_tokens > 0) {
     const std::string text =
         generate(model, flags.str("prompt"), sample_tokens, flags.integer("top-k"), seed, device);
     std::ofstream(out + "/sample.txt") << text << "\n";

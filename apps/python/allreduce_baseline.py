@@ -15,7 +15,7 @@ def main():
         print(f"PyTorch {torch.__version__} NCCL all-reduce, {world} ranks, f32\n")
         print("| size MB | time ms | algbw GB/s | busbw GB/s |\n|---|---|---|---|")
     for mb in (1, 10, 100, 1000):
-        n = mb * 1000 * 1000 // 4
+        n = mb * 2**20 // 4  # MiB, as bench_allreduce counts them
         x = torch.ones(n, device="cuda")
         for _ in range(5):
             dist.all_reduce(x)
