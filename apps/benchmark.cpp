@@ -115,8 +115,9 @@ Row measure(const Flags& flags, Device device, Bundle* bundle, const nn::ModelCo
     if (graph) {
       // Warm up eagerly (cuBLASLt plans, allocator cache), capture one whole iteration, then time replays.
       TT_CHECK(device.is_cuda(), "--graph on needs a CUDA device");
-      for (int64_t i = 0; i < std::max<int64_t>(1, warmup); ++i) {
-        optimizer.prepare_step();
+      // The graph holds the update but not the step's scalars, which prepare_step() uploads before each
+      // launch.
+      auto iteration_body = [&] {
         for (const Phase& p : phases) {
           if (p.name == "optimizer") {
             optimizer.apply();
@@ -125,19 +126,14 @@ Row measure(const Flags& flags, Device device, Bundle* bundle, const nn::ModelCo
             p.run();
           }
         }
+      };
+      for (int64_t i = 0; i < std::max<int64_t>(1, warmup); ++i) {
+        optimizer.prepare_step();
+        iteration_body();
       }
       synchronize(device);
       cuda_graph = std::make_unique<CudaGraph>(device);
-      cuda_graph->capture([&] {
-        for (const Phase& p : phases) {
-          if (p.name == "optimizer") {
-            optimizer.apply();
-            params.zero_grad();
-          } else {
-            p.run();
-          }
-        }
-      });
+      cuda_graph->capture(iteration_body);
       const bool has_optimizer = mode == "step";
       phases = {{"graph", [&, has_optimizer] {
                    if (has_optimizer) optimizer.prepare_step();
