@@ -66,27 +66,40 @@ void record_memory_timeline(const std::string& path_prefix, Device device, const
   }
   // Shade each phase and each owner change along the x axis.
   std::map<std::string, std::string> colors;
-  const char* palette[] = {"#1f77b4", "#ff7f0e", "#2ca02c", "#d62728",
-                           "#9467bd", "#8c564b", "#e377c2", "#17becf"};
+  const char* palette[] = {"#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b",
+                           "#e377c2", "#17becf", "#bcbd22", "#7f7f7f", "#393b79", "#ad494a",
+                           "#637939", "#e7969c", "#6baed6", "#fd8d3c"};
   svg << "<polyline fill='none' stroke='#333' stroke-width='1.2' points='";
   for (size_t i = 0; i < events.size(); ++i)
     svg << x_of(static_cast<double>(i)) << "," << y_of(events[i].current_bytes) << " ";
   svg << "'/>\n";
   for (size_t i = 0; i < events.size(); ++i) {
     const std::string& owner = events[i].tag;
-    if (!colors.count(owner)) colors[owner] = palette[colors.size() % 8];
+    if (!colors.count(owner)) colors[owner] = palette[colors.size() % 16];
     svg << "<rect x='" << x_of(static_cast<double>(i)) << "' y='" << height - bottom + 2 << "' width='"
         << std::max(1.0, (width - left - right) / n) << "' height='8' fill='" << colors[owner] << "'/>\n";
   }
-  double legend_x = left;
+  // Legend rows below the plot, wrapped to the width; the picture grows to hold them.
+  double legend_x = left, legend_y = height - 24;
   for (const auto& [owner, color] : colors) {
-    svg << "<rect x='" << legend_x << "' y='" << height - 24 << "' width='10' height='10' fill='" << color
-        << "'/><text x='" << legend_x + 14 << "' y='" << height - 15 << "'>"
-        << (owner.empty() ? "(untagged)" : owner) << "</text>\n";
-    legend_x += 20 + 7.0 * static_cast<double>(std::max<size_t>(owner.size(), 10));
+    const std::string label = owner.empty() ? "(untagged)" : owner;
+    const double item_width = 24 + 7.0 * static_cast<double>(label.size());
+    if (legend_x + item_width > width - right) {
+      legend_x = left;
+      legend_y += 16;
+    }
+    svg << "<rect x='" << legend_x << "' y='" << legend_y << "' width='10' height='10' fill='" << color
+        << "'/><text x='" << legend_x + 14 << "' y='" << legend_y + 9 << "'>" << label << "</text>\n";
+    legend_x += item_width;
   }
   svg << "</svg>\n";
-  std::ofstream(path_prefix + ".svg") << svg.str();
+  // The height was written before the legend's extent was known.
+  std::string text = svg.str();
+  const std::string old_height = "height='" + format_fixed(height, 0) + "'";
+  const size_t at = text.find(old_height);
+  if (at != std::string::npos)
+    text.replace(at, old_height.size(), "height='" + format_fixed(legend_y + 20, 0) + "'");
+  std::ofstream(path_prefix + ".svg") << text;
   std::fprintf(stderr, "  memory timeline: %s.svg, %s.json (%zu events)\n", path_prefix.c_str(),
                path_prefix.c_str(), events.size());
 }

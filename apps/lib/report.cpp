@@ -56,7 +56,8 @@ std::string JsonlWriter::quote(const std::string& s) {
 }
 
 void write_loss_svg(const std::string& path, const std::vector<LossPoint>& train,
-                    const std::vector<LossPoint>& val, const std::string& title) {
+                    const std::vector<LossPoint>& val, const std::string& title, double baseline,
+                    const std::string& baseline_label) {
   const double width = 720, height = 420, left = 64, right = 20, top = 40, bottom = 50;
   double max_step = 1, lo = 1e300, hi = -1e300;
   for (const auto* series : {&train, &val}) {
@@ -66,6 +67,10 @@ void write_loss_svg(const std::string& path, const std::vector<LossPoint>& train
       lo = std::min(lo, p.loss);
       hi = std::max(hi, p.loss);
     }
+  }
+  if (std::isfinite(baseline)) {
+    lo = std::min(lo, baseline);
+    hi = std::max(hi, baseline);
   }
   if (lo > hi) lo = 0, hi = 1;
   if (hi - lo < 1e-9) hi = lo + 1;
@@ -94,6 +99,11 @@ void write_loss_svg(const std::string& path, const std::vector<LossPoint>& train
     }
     svg << "'/>\n";
   };
+  if (std::isfinite(baseline)) {
+    svg << "<line x1='" << left << "' x2='" << width - right << "' y1='" << y_of(baseline) << "' y2='"
+        << y_of(baseline) << "' stroke='#555' stroke-dasharray='6 4'/><text x='" << left + 6 << "' y='"
+        << y_of(baseline) - 4 << "' fill='#555'>" << baseline_label << "</text>\n";
+  }
   polyline(train, "#1f77b4");
   polyline(val, "#d62728");
   for (const LossPoint& p : val) {

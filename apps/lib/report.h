@@ -2,6 +2,7 @@
 // on terminals (plain lines otherwise), and the GPU peak used for MFU.
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 #include <fstream>
 #include <map>
@@ -28,8 +29,11 @@ struct LossPoint {
   double loss;
 };
 // A self-contained SVG with train and validation loss against step.
+// `baseline` (if finite) is drawn as a dashed horizontal line labelled `baseline_label` (e.g. the unigram
+// entropy a model has to beat).
 void write_loss_svg(const std::string& path, const std::vector<LossPoint>& train,
-                    const std::vector<LossPoint>& val, const std::string& title);
+                    const std::vector<LossPoint>& val, const std::string& title, double baseline = NAN,
+                    const std::string& baseline_label = "");
 
 // Reads back the (step, loss, val_loss) pairs of an existing metrics.jsonl (for resumed runs' plots).
 void read_metrics(const std::string& path, int64_t up_to_step, std::vector<LossPoint>& train,

@@ -182,6 +182,12 @@ void remove_checkpoints_after(const std::string& dir, int64_t step) {
   }
 }
 
+std::string format_entropy(double nats) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "%.3f", nats);
+  return buf;
+}
+
 std::string checkpoint_path(const std::string& out, int64_t step) {
   return out + "/checkpoints/step_" + std::to_string(step) + ".h5";
 }
@@ -422,7 +428,8 @@ int run_training(const Flags& flags, Device device, const std::string& data_dir,
         if (progress.interactive()) std::printf("\n");
         write_loss_svg(
             out + "/loss.svg", train_curve, val_curve,
-            "train " + flags.str("preset") + " (" + std::to_string(params.numel()) + " parameters)");
+            "train " + flags.str("preset") + " (" + std::to_string(params.numel()) + " parameters)", entropy,
+            "unigram entropy " + format_entropy(entropy));
       }
     }
     if ((ckpt_every > 0 && step % ckpt_every == 0) || step == steps) save(step);
