@@ -29,12 +29,12 @@ namespace {
 
 // One model per size, reused by all its rows (initialising a billion-parameter model takes seconds).
 struct Bundle {
-  explicit Bundle(const nn::ModelConfig& c, Device device)
-      : config(c), model(c), params(model, device, 1), optimizer({params.flat_params()}) {}
+  explicit Bundle(const nn::ModelConfig& c, Device device) : config(c), model(c), params(model, device, 1) {}
   nn::ModelConfig config;
   nn::TransformerLM model;
   nn::FlatParameters params;
-  optim::AdamW optimizer;
+  // Made by the first row that steps: forward-only rows do not count AdamW's state in their memory.
+  std::unique_ptr<optim::AdamW> optimizer;
 };
 
 struct Row {
@@ -81,7 +81,10 @@ Row measure(const Flags& flags, Device device, Bundle* bundle, const nn::ModelCo
     if (!bundle) throw OutOfMemory("model does not fit");
     nn::TransformerLM& model = bundle->model;
     nn::FlatParameters& params = bundle->params;
-    optim::AdamW& optimizer = bundle->optimizer;
+    if (mode == "step" && !bundle->optimizer) {
+      bundle->optimizer = std::make_unique<optim::AdamW>(std::vector<Tensor>{params.flat_params()});
+    }
+    optim::AdamW* optimizer = mode == "step" ? bundle->optimizer.get() : nullptr;
     params.zero_grad();
     CounterRng rng{7, 0};
     std::vector<int32_t> ids(static_cast<size_t>(batch * ctx)), targets(ids.size());
@@ -105,7 +108,7 @@ Row measure(const Flags& flags, Device device, Bundle* bundle, const nn::ModelCo
                         }});
       if (mode == "step") {
         phases.push_back({"optimizer", [&] {
-                            optimizer.step();
+                            optimizer->step();
                             params.zero_grad();
                           }});
       }
@@ -120,7 +123,7 @@ Row measure(const Flags& flags, Device device, Bundle* bundle, const nn::ModelCo
       auto iteration_body = [&] {
         for (const Phase& p : phases) {
           if (p.name == "optimizer") {
-            optimizer.apply();
+            optimizer->apply();
             params.zero_grad();
           } else {
             p.run();
@@ -128,7 +131,7 @@ Row measure(const Flags& flags, Device device, Bundle* bundle, const nn::ModelCo
         }
       };
       for (int64_t i = 0; i < std::max<int64_t>(1, warmup); ++i) {
-        optimizer.prepare_step();
+        if (optimizer) optimizer->prepare_step();
         iteration_body();
       }
       synchronize(device);
@@ -136,7 +139,7 @@ Row measure(const Flags& flags, Device device, Bundle* bundle, const nn::ModelCo
       cuda_graph->capture(iteration_body);
       const bool has_optimizer = mode == "step";
       phases = {{"graph", [&, has_optimizer] {
-                   if (has_optimizer) optimizer.prepare_step();
+                   if (has_optimizer) optimizer->prepare_step();
                    cuda_graph->replay();
                  }}};
     }
