@@ -204,10 +204,10 @@ int main(int argc, char** argv) {
           // ZeRO paper's accounting for this setup: f32 parameters (4 bytes) and gradients (4) on every rank,
           // Adam's two f32 moments (8) divided by the world size with stage 1.
           const double formula = 4 * psi + 4 * psi + 8 * psi / (c.zero ? world : 1);
-          memory_rows.push_back({preset, c.label, gib(r.memory.params), gib(r.memory.grads),
-                                 gib(r.memory.optimizer_state), format_fixed(formula / (1 << 30), 2),
-                                 gib(r.memory.after_init), gib(r.memory.before_step),
-                                 gib(r.memory.after_step), gib(r.memory.peak)});
+          memory_rows.push_back(
+              {preset, c.label, gib(r.memory.params), gib(r.memory.grads), gib(r.memory.optimizer_state),
+               format_fixed(formula / (1 << 30), 2), gib(r.memory.after_init), gib(r.memory.before_step),
+               gib(r.memory.after_step), gib(r.memory.peak), gib(r.memory.peak - r.memory.after_init)});
         }
         if (!r.oom && c.label == "single") single_ms = r.step_ms.mean;
         const bool bucketed = c.strategy == dist::DdpStrategy::bucketed;
@@ -259,9 +259,10 @@ int main(int argc, char** argv) {
                                        rows)
                             .c_str());
       std::printf("\nmemory per rank (GiB; rank 0's allocator): measured, and the ZeRO paper's formula\n\n%s",
-                  markdown_table({"preset", "row", "params", "grads", "optimizer state", "formula (P+G+O)",
-                                  "after init", "before step", "after step", "peak"},
-                                 memory_rows)
+                  markdown_table(
+                      {"preset", "row", "params", "grads", "optimizer state", "formula (P+G+O)", "after init",
+                       "before step", "after step", "peak", "activations (peak - after init)"},
+                      memory_rows)
                       .c_str());
     }
     comm.reset();
