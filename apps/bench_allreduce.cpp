@@ -35,12 +35,6 @@ Tensor filled(int64_t numel, double value, DType dtype, Device device) {
 }
 
 // The slowest rank's time is the collective's time.
-double max_over_ranks(double value) {
-  double result = value;
-  TT_MPI_CHECK(MPI_Allreduce(&value, &result, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD));
-  return result;
-}
-
 Measurement measure(dist::Communicator& comm, double mb, DType dtype, int64_t warmup, int64_t iters) {
   const int64_t numel = static_cast<int64_t>(mb * kBytesPerMb) / static_cast<int64_t>(dtype_size(dtype));
   TT_CHECK(numel > 0, "--sizes-mb: " + std::to_string(mb) + " MB holds no element");
@@ -59,7 +53,7 @@ Measurement measure(dist::Communicator& comm, double mb, DType dtype, int64_t wa
   std::unique_ptr<dist::StreamTimer> timer = comm.start_timer();
   for (int64_t i = 0; i < iters; ++i) comm.all_reduce(buffer, dist::ReduceOp::sum);
   timer->stop();
-  m.ms = max_over_ranks(timer->elapsed_ms() / static_cast<double>(iters));
+  m.ms = dist::max_over_ranks(timer->elapsed_ms() / static_cast<double>(iters));
   m.bytes = static_cast<double>(numel) * static_cast<double>(dtype_size(dtype));
   const int world = comm.world_size();
   m.algorithm_gbps = m.bytes / (m.ms * 1e-3) / 1e9;

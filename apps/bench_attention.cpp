@@ -12,9 +12,6 @@
 #include "core/cuda_context.h"
 #include "core/ops.h"
 #include "core/rng.h"
-#ifdef TT_WITH_CUDA
-#include "kernels/cuda/cuda_kernels.h"
-#endif
 
 using namespace tt;
 using namespace tt::app;
@@ -130,11 +127,8 @@ int main(int argc, char** argv) {
     std::unique_ptr<JsonlWriter> json;
     if (!flags.str("json").empty()) json = std::make_unique<JsonlWriter>(flags.str("json"), false);
     const int64_t warmup = flags.integer("warmup"), iters = flags.integer("iters");
-    std::string device_name = "cpu";
-#ifdef TT_WITH_CUDA
-    if (device.is_cuda()) device_name = cuda::device_name(device.index);
-#endif
-    std::printf("device: %s; %lld warm-up and %lld timed iterations per row\n\n", device_name.c_str(),
+    const std::string device_label = device_name(device);
+    std::printf("device: %s; %lld warm-up and %lld timed iterations per row\n\n", device_label.c_str(),
                 static_cast<long long>(warmup), static_cast<long long>(iters));
     for (const std::string& suite : flags.list("suite")) {
       std::vector<Config> configs;
@@ -187,7 +181,7 @@ int main(int argc, char** argv) {
                        {"forward_tflops", JsonlWriter::number(f / (r.forward_ms * 1e-3) / 1e12)},
                        {"forward_backward_tflops", JsonlWriter::number(3.5 * f / (r.total_ms * 1e-3) / 1e12)},
                        {"memory_before_backward_mib", JsonlWriter::number(r.memory_before_backward_mib)},
-                       {"device", JsonlWriter::quote(device_name)}});
+                       {"device", JsonlWriter::quote(device_label)}});
         }
         std::fprintf(stderr, "  %s %s done\n", rows.back()[0].c_str(), rows.back()[1].c_str());
       }

@@ -46,12 +46,6 @@ struct Result {
   Memory memory;
 };
 
-double max_over_ranks(double value) {
-  double result = value;
-  TT_MPI_CHECK(MPI_Allreduce(&value, &result, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD));
-  return result;
-}
-
 // One model per preset, reused by all its rows (initialising a billion-parameter model takes seconds).
 struct Bundle {
   Bundle(const nn::ModelConfig& c, Device device, int rank, int world, int64_t batch)
@@ -123,8 +117,8 @@ Result measure(Bundle& b, dist::Communicator& comm, const Config& config, int64_
   }
   empty_cache(device);
   // A row is OOM when any rank ran out (they should agree; the table must).
-  result.oom = max_over_ranks(result.oom ? 1.0 : 0.0) > 0;
-  if (!result.oom) result.step_ms.mean = max_over_ranks(result.step_ms.mean);
+  result.oom = dist::max_over_ranks(result.oom ? 1.0 : 0.0) > 0;
+  if (!result.oom) result.step_ms.mean = dist::max_over_ranks(result.step_ms.mean);
   return result;
 }
 
@@ -194,7 +188,7 @@ int main(int argc, char** argv) {
       } catch (const OutOfMemory&) {
         oom = true;
       }
-      oom = max_over_ranks(oom ? 1.0 : 0.0) > 0;
+      oom = dist::max_over_ranks(oom ? 1.0 : 0.0) > 0;
       double single_ms = 0;
       for (const Config& c : configs) {
         const Result r = oom ? Result{true, {}, {}, {}} : measure(*bundle, *comm, c, warmup, steps);

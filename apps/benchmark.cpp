@@ -18,9 +18,6 @@
 #include "core/profile.h"
 #include "core/rng.h"
 #include "optim/optimizer.h"
-#ifdef TT_WITH_CUDA
-#include "kernels/cuda/cuda_kernels.h"
-#endif
 
 using namespace tt;
 using namespace tt::app;
@@ -42,22 +39,13 @@ struct Row {
   std::string json;
 };
 
-std::string device_name(Device device) {
-#ifdef TT_WITH_CUDA
-  if (device.is_cuda()) return cuda::device_name(device.index);
-#endif
-  return "cpu";
-}
-
 nn::ModelConfig bench_config(const Flags& flags, Device device, const std::string& size, int64_t max_ctx,
                              const std::string& precision, const std::string& attention) {
   nn::ModelConfig config = nn::preset(size);
   config.vocab_size = flags.integer("vocab") > 0 ? flags.integer("vocab") : 10000;
   config.context_length = max_ctx;
   config.precision = nn::parse_precision(precision);
-  config.attention = attention == "auto"
-                         ? (device.is_cuda() ? nn::AttentionKind::flash : nn::AttentionKind::naive)
-                         : nn::parse_attention(attention);
+  config.attention = resolve_attention(attention, device);
   return config;
 }
 

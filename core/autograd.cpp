@@ -133,8 +133,7 @@ void run_backward(const Tensor& root, const Tensor& grad) {
     }
     node_grad = Tensor();
     node->release_saved();
-    // Leaf accumulators are reused by every graph that touches the leaf; only op nodes are spent.
-    if (!dynamic_cast<AccumulateGrad*>(node.get())) node->released = true;
+    node->released = !node->reusable();
     for (size_t i = 0; i < node->next.size(); ++i) {
       const std::shared_ptr<Node>& child = node->next[i];
       if (!child) continue;
@@ -153,7 +152,7 @@ void run_backward(const Tensor& root, const Tensor& grad) {
             Node* s = skip.back();
             skip.pop_back();
             s->release_saved();
-            if (!dynamic_cast<AccumulateGrad*>(s)) s->released = true;
+            s->released = !s->reusable();
             for (const auto& grandchild : s->next) {
               if (grandchild && --dependencies[grandchild.get()] == 0) {
                 if (pending.count(grandchild.get()))

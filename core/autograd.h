@@ -21,6 +21,8 @@ class Node {
   virtual std::vector<Tensor> apply(const Tensor& grad_output) = 0;
   // Frees saved tensors once the node has run (a graph is used for one backward pass).
   virtual void release_saved() {}
+  // Whether the node may run in later backward passes (leaf accumulators are shared by every graph).
+  virtual bool reusable() const { return false; }
 
   std::vector<std::shared_ptr<Node>> next;  // nullptr for inputs that need no gradient
   uint64_t sequence = 0;                    // creation order; later nodes run first
@@ -33,6 +35,7 @@ class AccumulateGrad : public Node {
   explicit AccumulateGrad(Tensor leaf) : leaf_(std::move(leaf)) {}
   const char* name() const override { return "AccumulateGrad"; }
   std::vector<Tensor> apply(const Tensor& grad_output) override;
+  bool reusable() const override { return true; }
 
  private:
   Tensor leaf_;

@@ -62,7 +62,8 @@ struct FlashAttentionNode : Node {
   bool causal = true, deterministic = false;
   const char* name() const override { return "FlashAttention"; }
   std::vector<Tensor> apply(const Tensor& grad) override {
-    const Tensor d_o = grad.dtype() == o.dtype() ? grad.clone() : cast(grad, o.dtype());
+    // O is dense, and dO takes its layout.
+    const Tensor d_o = grad.dtype() == o.dtype() ? detail::dense(grad) : cast(grad, o.dtype());
     Tensor dq = empty_with_layout(q, q.dtype()), dk = empty_with_layout(k, k.dtype());
     Tensor dv = empty_with_layout(v, v.dtype());
     const AttentionProblem p = make_problem(q, k, v, o, causal, deterministic);

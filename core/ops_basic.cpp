@@ -12,8 +12,8 @@ Tensor add_raw(const Tensor& a, const Tensor& b, double alpha) {
   require_same_device(a, b, "add");
   TT_CHECK(a.shape() == b.shape(), "add: shapes differ: " + a.describe() + " and " + b.describe());
   TT_CHECK(a.dtype() == b.dtype(), "add: dtypes differ: " + a.describe() + " and " + b.describe());
-  const Tensor ac = a.is_contiguous() ? a : a.clone();
-  const Tensor bc = b.is_contiguous() ? b : b.clone();
+  const Tensor ac = detail::dense(a);
+  const Tensor bc = detail::dense(b);
   Tensor out = Tensor::empty(a.shape(), a.dtype(), a.device());
   if (a.device().is_cuda()) {
     detail::require_cuda_f32(a, "add");
@@ -29,7 +29,7 @@ Tensor add_raw(const Tensor& a, const Tensor& b, double alpha) {
 }
 
 Tensor scale_raw(const Tensor& a, double s) {
-  const Tensor ac = a.is_contiguous() ? a : a.clone();
+  const Tensor ac = detail::dense(a);
   Tensor out = Tensor::empty(a.shape(), a.dtype(), a.device());
   if (a.device().is_cuda()) {
     detail::require_cuda_f32(a, "scale");
@@ -44,7 +44,7 @@ Tensor scale_raw(const Tensor& a, double s) {
 }
 
 Tensor cast_raw(const Tensor& a, DType dtype) {
-  const Tensor ac = a.is_contiguous() ? a : a.clone();
+  const Tensor ac = detail::dense(a);
   Tensor out = Tensor::empty(a.shape(), dtype, a.device());
   if (a.device().is_cuda()) {
     TT_CUDA_ONLY(
@@ -80,7 +80,7 @@ struct ReshapeNode : Node {
   Shape input_shape;
   const char* name() const override { return "Reshape"; }
   std::vector<Tensor> apply(const Tensor& g) override {
-    const Tensor gc = g.is_contiguous() ? g : g.clone();
+    const Tensor gc = detail::dense(g);
     return {gc.view(input_shape)};
   }
 };
@@ -157,7 +157,7 @@ Tensor contiguous(const Tensor& a) {
 }
 
 Tensor reshape(const Tensor& a, const Shape& shape) {
-  const Tensor src = a.is_contiguous() ? a : a.clone();
+  const Tensor src = detail::dense(a);
   Tensor out = src.view(shape);
   if (needs_grad({&a})) {
     auto node = std::make_shared<ReshapeNode>();
@@ -179,7 +179,7 @@ Tensor transpose(const Tensor& a, int64_t d0, int64_t d1) {
 }
 
 Tensor sum(const Tensor& a) {
-  const Tensor ac = a.is_contiguous() ? a : a.clone();
+  const Tensor ac = detail::dense(a);
   Tensor out = Tensor::empty({1}, a.dtype(), a.device());
   if (a.device().is_cuda()) {
     detail::require_cuda_f32(a, "sum");
@@ -201,8 +201,8 @@ Tensor sum(const Tensor& a) {
 Tensor mul(const Tensor& a, const Tensor& b) {
   TT_CHECK(a.device().is_cpu() && b.device().is_cpu(), "mul is implemented on the CPU only");
   TT_CHECK(a.shape() == b.shape() && a.dtype() == b.dtype(), "mul: inputs must match in shape and dtype");
-  const Tensor ac = a.is_contiguous() ? a : a.clone();
-  const Tensor bc = b.is_contiguous() ? b : b.clone();
+  const Tensor ac = detail::dense(a);
+  const Tensor bc = detail::dense(b);
   Tensor out = Tensor::empty(a.shape(), a.dtype(), a.device());
   dispatch_float(a.dtype(), "mul", [&](auto t) {
     using T = decltype(t);
@@ -222,8 +222,7 @@ void add_into(Tensor& dst, const Tensor& src) {
   TT_CHECK(dst.shape() == src.shape(),
            "add_into: shapes differ: " + dst.describe() + " and " + src.describe());
   TT_CHECK(dst.is_contiguous(), "add_into: destination must be contiguous");
-  const Tensor s =
-      src.dtype() == dst.dtype() ? (src.is_contiguous() ? src : src.clone()) : cast_raw(src, dst.dtype());
+  const Tensor s = src.dtype() == dst.dtype() ? detail::dense(src) : cast_raw(src, dst.dtype());
   if (dst.device().is_cuda()) {
     detail::require_cuda_f32(dst, "add_into");
     TT_CUDA_ONLY(cuda::add(dst.data<float>(), s.data<float>(), dst.data<float>(), dst.numel(), 1.0,
@@ -250,7 +249,7 @@ void scale_(Tensor& t, double s) {
 }
 
 double sum_squares(const Tensor& t) {
-  const Tensor tc = t.is_contiguous() ? t : t.clone();
+  const Tensor tc = detail::dense(t);
   if (t.device().is_cuda()) {
     detail::require_cuda_f32(t, "sum_squares");
     Tensor out = Tensor::empty({1}, DType::f32, t.device());

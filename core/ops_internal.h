@@ -19,6 +19,11 @@ inline cudaStream_t stream_of(const Tensor& t) {
 }
 #endif
 
+// The kernels take dense buffers: `t` itself when it already is one, else a dense copy.
+inline Tensor dense(const Tensor& t) {
+  return t.is_contiguous() ? t : t.clone();
+}
+
 // Calls fn(T{}) with T = float or double for f32/f64 tensors on the CPU.
 template <class Fn>
 void dispatch_float(DType dtype, const char* op, Fn&& fn) {

@@ -32,8 +32,8 @@ Tensor matmul_raw(const Tensor& a_in, const Tensor& b_in, bool trans_a, bool tra
   detail::require_same_device(a_in, b_in, "matmul");
   TT_CHECK(a_in.dtype() == b_in.dtype(),
            "matmul: input dtypes differ: " + a_in.describe() + " and " + b_in.describe());
-  const Tensor a = a_in.is_contiguous() ? a_in : a_in.clone();
-  const Tensor b = b_in.is_contiguous() ? b_in : b_in.clone();
+  const Tensor a = detail::dense(a_in);
+  const Tensor b = detail::dense(b_in);
   const GemmArgs g = gemm_args(a, b, trans_a, trans_b);
   Shape out_shape(a.shape().begin(), a.shape().end() - 2);
   out_shape.push_back(g.m);

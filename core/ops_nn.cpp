@@ -9,10 +9,6 @@ using detail::dispatch_float;
 
 namespace {
 
-Tensor contig(const Tensor& t) {
-  return t.is_contiguous() ? t : t.clone();
-}
-
 // ---------------------------------------------------------------------------------------------- embedding
 struct EmbeddingNode : Node {
   Tensor ids;
@@ -20,7 +16,7 @@ struct EmbeddingNode : Node {
   DType dtype = DType::f32;
   const char* name() const override { return "Embedding"; }
   std::vector<Tensor> apply(const Tensor& grad) override {
-    const Tensor g = contig(grad);
+    const Tensor g = detail::dense(grad);
     Tensor dw = Tensor::zeros(weight_shape, dtype, g.device());
     const int64_t n = ids.numel(), dim = weight_shape[1];
     if (g.device().is_cuda()) {
@@ -42,7 +38,7 @@ struct RmsNormNode : Node {
   Tensor x, weight, inv_rms;
   const char* name() const override { return "RMSNorm"; }
   std::vector<Tensor> apply(const Tensor& grad) override {
-    const Tensor g = contig(grad);
+    const Tensor g = detail::dense(grad);
     const int64_t dim = x.size(-1), rows = x.numel() / dim;
     Tensor dx = Tensor::empty(x.shape(), x.dtype(), x.device());
     Tensor dw = Tensor::empty(weight.shape(), weight.dtype(), weight.device());
@@ -68,7 +64,7 @@ Tensor rope_raw(const Tensor& x, int64_t d_head, double theta, bool inverse) {
   TT_CHECK(d_head % 2 == 0 && x.size(2) % d_head == 0, "rope: feature dim " + std::to_string(x.size(2)) +
                                                            " is not a multiple of an even d_head " +
                                                            std::to_string(d_head));
-  const Tensor xc = contig(x);
+  const Tensor xc = detail::dense(x);
   Tensor y = Tensor::empty(x.shape(), x.dtype(), x.device());
   if (x.device().is_cuda()) {
     detail::require_cuda_f32(x, "rope");
@@ -96,7 +92,7 @@ struct SwiGluNode : Node {
   Tensor a, b;
   const char* name() const override { return "SwiGLU"; }
   std::vector<Tensor> apply(const Tensor& grad) override {
-    const Tensor g = contig(grad);
+    const Tensor g = detail::dense(grad);
     Tensor da = Tensor::empty(a.shape(), a.dtype(), a.device());
     Tensor db = Tensor::empty(b.shape(), b.dtype(), b.device());
     if (a.device().is_cuda()) {
@@ -119,7 +115,7 @@ struct SoftmaxNode : Node {
   double scale = 1.0;
   const char* name() const override { return "Softmax"; }
   std::vector<Tensor> apply(const Tensor& grad) override {
-    const Tensor g = contig(grad);
+    const Tensor g = detail::dense(grad);
     Tensor ds = Tensor::empty(p.shape(), p.dtype(), p.device());
     const int64_t cols = p.size(-1), rows = p.size(-2), batch = p.numel() / (rows * cols);
     if (p.device().is_cuda()) {
@@ -143,7 +139,7 @@ struct CrossEntropyNode : Node {
   std::vector<Tensor> apply(const Tensor& grad) override {
     const int64_t n = logits.size(0), vocab = logits.size(1);
     Tensor dlogits = Tensor::empty(logits.shape(), logits.dtype(), logits.device());
-    const Tensor g = contig(grad);
+    const Tensor g = detail::dense(grad);
     const double inv_n = 1.0 / static_cast<double>(n);
     if (logits.device().is_cuda()) {
       TT_CUDA_ONLY(cuda::cross_entropy_backward(logits.data<float>(), targets.data<int32_t>(),
@@ -167,8 +163,8 @@ Tensor embedding(const Tensor& weight, const Tensor& ids_in) {
   TT_CHECK(weight.dim() == 2, "embedding: weight must be 2-D, got " + weight.describe());
   TT_CHECK(ids_in.dtype() == DType::i32, "embedding: ids must be i32, got " + ids_in.describe());
   detail::require_same_device(weight, ids_in, "embedding");
-  const Tensor ids = contig(ids_in);
-  const Tensor w = contig(weight);
+  const Tensor ids = detail::dense(ids_in);
+  const Tensor w = detail::dense(weight);
   Shape out_shape = ids.shape();
   out_shape.push_back(weight.size(1));
   Tensor out = Tensor::empty(out_shape, weight.dtype(), weight.device());
@@ -204,7 +200,7 @@ Tensor rms_norm(const Tensor& x_in, const Tensor& weight, double eps) {
   TT_CHECK(weight.dim() == 1 && x_in.size(-1) == weight.size(0),
            "rms_norm: weight " + weight.describe() + " does not match input " + x_in.describe());
   TT_CHECK(x_in.dtype() == weight.dtype(), "rms_norm: dtypes of input and weight differ");
-  const Tensor x = contig(x_in);
+  const Tensor x = detail::dense(x_in);
   const int64_t dim = x.size(-1), rows = x.numel() / dim;
   Tensor y = Tensor::empty(x.shape(), x.dtype(), x.device());
   Tensor inv_rms = Tensor::empty({rows}, x.dtype(), x.device());
@@ -242,7 +238,7 @@ Tensor rope(const Tensor& x, int64_t d_head, double theta) {
 Tensor swiglu(const Tensor& a_in, const Tensor& b_in) {
   detail::require_same_device(a_in, b_in, "swiglu");
   TT_CHECK(a_in.shape() == b_in.shape() && a_in.dtype() == b_in.dtype(), "swiglu: inputs must match");
-  const Tensor a = contig(a_in), b = contig(b_in);
+  const Tensor a = detail::dense(a_in), b = detail::dense(b_in);
   Tensor out = Tensor::empty(a.shape(), a.dtype(), a.device());
   if (a.device().is_cuda()) {
     detail::require_cuda_f32(a, "swiglu");
@@ -265,7 +261,7 @@ Tensor swiglu(const Tensor& a_in, const Tensor& b_in) {
 
 Tensor softmax(const Tensor& s_in, double scale, bool causal) {
   TT_CHECK(s_in.dim() >= 2, "softmax needs at least 2 dims");
-  const Tensor s = contig(s_in);
+  const Tensor s = detail::dense(s_in);
   const int64_t cols = s.size(-1), rows = s.size(-2), batch = s.numel() / std::max<int64_t>(1, rows * cols);
   TT_CHECK(!causal || rows == cols, "causal softmax needs square score matrices, got " + s.describe());
   Tensor p = Tensor::empty(s.shape(), s.dtype(), s.device());
@@ -294,7 +290,7 @@ Tensor cross_entropy(const Tensor& logits_in, const Tensor& targets_in) {
   TT_CHECK(targets_in.dtype() == DType::i32 && targets_in.numel() == logits_in.size(0),
            "cross_entropy: targets must be i32 with one entry per row, got " + targets_in.describe());
   detail::require_same_device(logits_in, targets_in, "cross_entropy");
-  const Tensor logits = contig(logits_in), targets = contig(targets_in);
+  const Tensor logits = detail::dense(logits_in), targets = detail::dense(targets_in);
   const int64_t n = logits.size(0), vocab = logits.size(1);
   Tensor losses = Tensor::empty({n}, logits.dtype(), logits.device());
   Tensor lse = Tensor::empty({n}, logits.dtype(), logits.device());

@@ -72,4 +72,10 @@ void abort_job(const std::string& why) {
   std::_Exit(1);
 }
 
+double max_over_ranks(double value) {
+  double result = value;
+  TT_MPI_CHECK(MPI_Allreduce(&value, &result, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD));
+  return result;
+}
+
 }  // namespace tt::dist

@@ -41,4 +41,7 @@ class DistRuntime {
 // leave the others blocked in a collective until the scheduler's time limit.
 [[noreturn]] void abort_job(const std::string& why);
 
+// The largest `value` over all ranks (collective): benchmarks report the slowest rank.
+double max_over_ranks(double value);
+
 }  // namespace tt::dist

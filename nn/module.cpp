@@ -79,9 +79,10 @@ FlatParameters::FlatParameters(Module& module, Device device, uint64_t seed, DTy
       });
     }
     for (std::thread& w : workers) w.join();
-    Tensor staged = Tensor::from_doubles(host, {chunk_end - chunk_begin});
-    if (dtype == DType::f32)
-      staged = Tensor::from_floats(std::vector<float>(host.begin(), host.end()), staged.shape());
+    const Shape chunk_shape{chunk_end - chunk_begin};
+    const Tensor staged = dtype == DType::f32
+                              ? Tensor::from_floats(std::vector<float>(host.begin(), host.end()), chunk_shape)
+                              : Tensor::from_doubles(host, chunk_shape);
     flat_params_.narrow_view(0, chunk_begin, chunk_end - chunk_begin).copy_(staged);
   }
   flat_grads_ = Tensor::zeros({padded}, dtype, device);

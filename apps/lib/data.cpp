@@ -130,27 +130,26 @@ std::string decode_bytes(const std::vector<int32_t>& ids) {
   return text;
 }
 
-int64_t read_vocab_size(const std::string& data_dir) {
-  std::ifstream in(data_dir + "/meta.json");
-  if (!in) return 0;
-  std::stringstream buffer;
-  buffer << in.rdbuf();
-  std::smatch match;
-  const std::string text = buffer.str();
-  if (std::regex_search(text, match, std::regex("\"vocab_size\"\\s*:\\s*([0-9]+)")))
-    return std::stoll(match[1]);
-  return 0;
-}
-
-std::string read_tokenizer(const std::string& data_dir) {
+namespace {
+// The first capture of `pattern` in DIR/meta.json (written by prepare_data), or "" when absent.
+std::string meta_field(const std::string& data_dir, const std::string& pattern) {
   std::ifstream in(data_dir + "/meta.json");
   if (!in) return "";
   std::stringstream buffer;
   buffer << in.rdbuf();
-  std::smatch match;
   const std::string text = buffer.str();
-  if (std::regex_search(text, match, std::regex("\"tokenizer\"\\s*:\\s*\"([^\"]*)\""))) return match[1];
-  return "";
+  std::smatch match;
+  return std::regex_search(text, match, std::regex(pattern)) ? std::string(match[1]) : "";
+}
+}  // namespace
+
+int64_t read_vocab_size(const std::string& data_dir) {
+  const std::string value = meta_field(data_dir, "\"vocab_size\"\\s*:\\s*([0-9]+)");
+  return value.empty() ? 0 : std::stoll(value);
+}
+
+std::string read_tokenizer(const std::string& data_dir) {
+  return meta_field(data_dir, "\"tokenizer\"\\s*:\\s*\"([^\"]*)\"");
 }
 
 namespace {

@@ -1,6 +1,9 @@
 #include "apps/lib/run_setup.h"
 
 #include "core/cuda_context.h"
+#ifdef TT_WITH_CUDA
+#include "kernels/cuda/cuda_kernels.h"
+#endif
 
 namespace tt::app {
 
@@ -34,13 +37,22 @@ Device pick_device(const std::string& text, int local_rank) {
   return device;
 }
 
+std::string device_name(Device device) {
+#ifdef TT_WITH_CUDA
+  if (device.is_cuda()) return cuda::device_name(device.index);
+#endif
+  return "cpu";
+}
+
+nn::AttentionKind resolve_attention(const std::string& text, Device device) {
+  if (text == "auto") return device.is_cuda() ? nn::AttentionKind::flash : nn::AttentionKind::naive;
+  return nn::parse_attention(text);
+}
+
 void apply_runtime_model_flags(const Flags& flags, nn::ModelConfig& config, Device device) {
   config.precision = nn::parse_precision(flags.str("precision"));
   config.deterministic = flags.declared("deterministic") && flags.boolean("deterministic");
-  const std::string attention = flags.str("attention");
-  config.attention = attention == "auto"
-                         ? (device.is_cuda() ? nn::AttentionKind::flash : nn::AttentionKind::naive)
-                         : nn::parse_attention(attention);
+  config.attention = resolve_attention(flags.str("attention"), device);
 }
 
 nn::ModelConfig model_config_from_flags(const Flags& flags, Device device, int64_t data_vocab) {

@@ -14,6 +14,10 @@ Device pick_device(const std::string& text, int local_rank = 0);
 // The model of --preset with --d-model/--layers/--heads/--d-ff/--ctx/--vocab overrides, precision and
 // attention resolved for `device`. vocab 0 means "ask the data folder".
 nn::ModelConfig model_config_from_flags(const Flags& flags, Device device, int64_t data_vocab);
+// The device's name ("NVIDIA H100 80GB HBM3", or "cpu"): tables, JSON rows and the MFU peak use it.
+std::string device_name(Device device);
+// naive | flash | auto (flash on CUDA, naive on the CPU).
+nn::AttentionKind resolve_attention(const std::string& text, Device device);
 // Only the settings that may differ between runs of one checkpoint (precision, attention).
 void apply_runtime_model_flags(const Flags& flags, nn::ModelConfig& config, Device device);
 

@@ -16,9 +16,6 @@
 #include "dist/data_parallel.h"
 #include "dist/shard_collectives.h"
 #include "optim/optimizer.h"
-#ifdef TT_WITH_CUDA
-#include "kernels/cuda/cuda_kernels.h"
-#endif
 
 namespace tt::app {
 
@@ -207,13 +204,6 @@ void truncate_metrics(const std::string& path, int64_t step) {
   for (const std::string& l : kept) out << l << "\n";
 }
 
-std::string device_description(Device device) {
-#ifdef TT_WITH_CUDA
-  if (device.is_cuda()) return cuda::device_name(device.index);
-#endif
-  return "cpu";
-}
-
 }  // namespace
 
 int run_training(const Flags& flags, Device device, const std::string& data_dir, dist::DistRuntime* runtime) {
@@ -303,8 +293,7 @@ int run_training(const Flags& flags, Device device, const std::string& data_dir,
                                    " and --steps is " + std::to_string(steps));
 
   const double entropy = unigram_entropy(train_file, config.vocab_size);
-  const PeakFlops peak =
-      device_peak_flops(device_description(device), config.precision == nn::Precision::bf16);
+  const PeakFlops peak = device_peak_flops(device_name(device), config.precision == nn::Precision::bf16);
   if (root) {
     std::printf(
         "model %s: %lld parameters (d_model %lld, %lld layers, %lld heads, d_ff %lld, vocab %lld, ctx "
@@ -314,8 +303,8 @@ int run_training(const Flags& flags, Device device, const std::string& data_dir,
         static_cast<long long>(config.num_heads), static_cast<long long>(config.d_ff),
         static_cast<long long>(config.vocab_size), static_cast<long long>(ctx));
     std::printf("device %s (%s), precision %s, attention %s; data %s: %lld train / %lld val tokens\n",
-                device.str().c_str(), device_description(device).c_str(),
-                nn::precision_name(config.precision), nn::attention_name(config.attention), data_dir.c_str(),
+                device.str().c_str(), device_name(device).c_str(), nn::precision_name(config.precision),
+                nn::attention_name(config.attention), data_dir.c_str(),
                 static_cast<long long>(train_file.size()), static_cast<long long>(val_file.size()));
     if (world > 1) {
       std::printf("data parallel: %d ranks, %s, global batch %lld sequences\n", world,
