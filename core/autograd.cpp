@@ -63,7 +63,29 @@ void attach_node(const Tensor& output, const std::shared_ptr<Node>& node,
   output.impl()->requires_grad = true;
 }
 
+Tensor AccumulateGrad::claim(const Shape& shape, DType dtype) {
+  const Tensor existing = leaf_.grad();
+  if (!existing.defined() || !existing.is_contiguous() || existing.shape() != shape ||
+      existing.dtype() != dtype || existing.device() != leaf_.device()) {
+    return Tensor();
+  }
+  direct_ = true;
+  return existing;
+}
+
+Tensor claim_grad_buffer(const std::shared_ptr<Node>& edge, const Shape& shape, DType dtype) {
+  auto* accumulator = dynamic_cast<AccumulateGrad*>(edge.get());
+  return accumulator ? accumulator->claim(shape, dtype) : Tensor();
+}
+
 std::vector<Tensor> AccumulateGrad::apply(const Tensor& grad_output) {
+  direct_ = false;
+  if (grad_output.defined()) accumulate_tensor(grad_output);
+  for (GradHook& hook : leaf_.impl()->grad_ready_hooks) hook(leaf_);
+  return {};
+}
+
+void AccumulateGrad::accumulate_tensor(const Tensor& grad_output) {
   Tensor g = grad_output.dtype() == leaf_.dtype() ? grad_output : ops::cast(grad_output, leaf_.dtype());
   TT_CHECK(g.shape() == leaf_.shape(),
            "gradient shape " + shape_str(g.shape()) + " does not match parameter " + leaf_.describe());
@@ -78,8 +100,6 @@ std::vector<Tensor> AccumulateGrad::apply(const Tensor& grad_output) {
   } else {
     ops::add_into(existing, g);
   }
-  for (GradHook& hook : leaf_.impl()->grad_ready_hooks) hook(leaf_);
-  return {};
 }
 
 void run_backward(const Tensor& root, const Tensor& grad) {
@@ -114,6 +134,8 @@ void run_backward(const Tensor& root, const Tensor& grad) {
       later_first);
   std::unordered_map<Node*, Tensor> pending;
   pending[root_node.get()] = root_grad;
+  // A node runs when a gradient reached it or a producer added into its buffer directly.
+  auto has_work = [&pending](Node* n) { return pending.count(n) > 0 || n->has_direct_contribution(); };
   ready.push(root_node);
   while (!ready.empty()) {
     std::shared_ptr<Node> node = ready.top();
@@ -122,8 +144,11 @@ void run_backward(const Tensor& root, const Tensor& grad) {
       throw Error(std::string("backward() through a graph that was already used (") + node->name() +
                   "); run the forward pass again");
     }
-    Tensor node_grad = std::move(pending[node.get()]);
-    pending.erase(node.get());
+    Tensor node_grad;
+    if (auto it = pending.find(node.get()); it != pending.end()) {
+      node_grad = std::move(it->second);
+      pending.erase(it);
+    }
     std::vector<Tensor> input_grads;
     {
       // Allocations of a backward node are attributed to it in memory timelines.
@@ -142,7 +167,7 @@ void run_backward(const Tensor& root, const Tensor& grad) {
         slot = slot.defined() ? accumulate(slot, input_grads[i]) : input_grads[i];
       }
       if (--dependencies[child.get()] == 0) {
-        if (pending.count(child.get())) {
+        if (has_work(child.get())) {
           ready.push(child);
         } else {
           // No gradient reached this node (all inputs were undefined): still visit it so its own
@@ -155,7 +180,7 @@ void run_backward(const Tensor& root, const Tensor& grad) {
             s->released = !s->reusable();
             for (const auto& grandchild : s->next) {
               if (grandchild && --dependencies[grandchild.get()] == 0) {
-                if (pending.count(grandchild.get()))
+                if (has_work(grandchild.get()))
                   ready.push(grandchild);
                 else
                   skip.push_back(grandchild.get());

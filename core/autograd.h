@@ -23,6 +23,9 @@ class Node {
   virtual void release_saved() {}
   // Whether the node may run in later backward passes (leaf accumulators are shared by every graph).
   virtual bool reusable() const { return false; }
+  // Whether a producer added its gradient straight into this node's buffer (claim_grad_buffer below): the
+  // engine then runs the node even when no gradient tensor reached it.
+  virtual bool has_direct_contribution() const { return false; }
 
   std::vector<std::shared_ptr<Node>> next;  // nullptr for inputs that need no gradient
   uint64_t sequence = 0;                    // creation order; later nodes run first
@@ -34,12 +37,23 @@ class AccumulateGrad : public Node {
  public:
   explicit AccumulateGrad(Tensor leaf) : leaf_(std::move(leaf)) {}
   const char* name() const override { return "AccumulateGrad"; }
+  // grad_output may be undefined when only direct contributions arrived; the hooks run either way.
   std::vector<Tensor> apply(const Tensor& grad_output) override;
   bool reusable() const override { return true; }
+  bool has_direct_contribution() const override { return direct_; }
+  Tensor claim(const Shape& shape, DType dtype);
 
  private:
+  void accumulate_tensor(const Tensor& grad_output);
   Tensor leaf_;
+  bool direct_ = false;
 };
+
+// When `edge` is the accumulator of a leaf whose .grad is a dense buffer of `shape` and `dtype` (as
+// FlatParameters sets up), returns that buffer: the caller adds its gradient into it in place (a GEMM with
+// beta = 1, say) and returns no tensor for that input. Otherwise returns an undefined tensor and the caller
+// returns its gradient as usual.
+Tensor claim_grad_buffer(const std::shared_ptr<Node>& edge, const Shape& shape, DType dtype);
 
 // Whether ops record the graph (thread-local; on by default).
 bool grad_mode_enabled();

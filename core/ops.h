@@ -28,15 +28,24 @@ double sum_squares(const Tensor& t);  // reads the result back to the host
 // dims (or b 2-D, shared by every batch). f32/f64 in -> same out; bf16 in -> f32 out.
 Tensor matmul(const Tensor& a, const Tensor& b, bool trans_a = false, bool trans_b = false,
               double alpha = 1.0);
-// y = x W^T: x (..., in), weight (out, in).
+// y = x W^T: x (..., in), weight (out, in), computed and returned in the weight's dtype.
 Tensor linear(const Tensor& x, const Tensor& weight);
+// Mixed precision: x and the weight are cast to `compute` (the weight's dtype or bf16) inside the op, the
+// product accumulates in f32 and is returned as `out` (f32, or bf16 when the consumer takes bf16 anyway).
+// x's gradient comes back in f32 (f64 for f64); the weight's is added straight into the weight's .grad when
+// it is a leaf with a dense .grad buffer (FlatParameters), else returned as usual.
+Tensor linear(const Tensor& x, const Tensor& weight, DType compute, DType out);
 
 // --- model ops ---
 Tensor embedding(const Tensor& weight, const Tensor& ids);  // ids i32 (...), out (..., dim)
+// RMSNorm over the last dim, computed in f32; `out` may be bf16 (the cast fused into the norm, for a bf16
+// consumer); the gradient of x is f32.
 Tensor rms_norm(const Tensor& x, const Tensor& weight, double eps);
+Tensor rms_norm(const Tensor& x, const Tensor& weight, double eps, DType out);
 // Rotary embedding (interleaved pairs) on x (batch, seq, heads*d_head), positions 0..seq-1.
 Tensor rope(const Tensor& x, int64_t d_head, double theta);
-Tensor swiglu(const Tensor& a, const Tensor& b);  // silu(a) * b
+// silu(a) * b, computed in f32; a and b f32 (or f64), or bf16 with a bf16 result and bf16 gradients.
+Tensor swiglu(const Tensor& a, const Tensor& b);
 // softmax(scale * s) over the last dim of (batch, T, T), causal mask optional.
 Tensor softmax(const Tensor& s, double scale, bool causal);
 // Mean cross-entropy of logits (N, V) against i32 targets (N); returns shape {1}.

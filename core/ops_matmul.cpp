@@ -27,8 +27,50 @@ GemmArgs gemm_args(const Tensor& a, const Tensor& b, bool trans_a, bool trans_b)
   return g;
 }
 
-// out = alpha * op(a) op(b), out allocated here (f32 for bf16 inputs).
-Tensor matmul_raw(const Tensor& a_in, const Tensor& b_in, bool trans_a, bool trans_b, double alpha) {
+// out = alpha * op(a) op(b) + beta * out, for dense a, b of one dtype and a dense `out` of the product's
+// shape: f32/f64 for f32/f64 inputs; f32 or bf16 for bf16 inputs (bf16 only with beta = 0).
+void gemm_into(const Tensor& a, const Tensor& b, bool trans_a, bool trans_b, double alpha, double beta,
+               Tensor& out) {
+  const GemmArgs g = gemm_args(a, b, trans_a, trans_b);
+  TT_CHECK(out.is_contiguous() && out.numel() == g.batch * g.m * g.n,
+           "matmul: output " + out.describe() + " does not fit the product");
+  const int64_t lda = a.size(-1), ldb = b.size(-1), ldc = g.n;
+  const int64_t sa = a.size(-1) * a.size(-2), sb = b.size(-1) * b.size(-2), sc = g.m * g.n;
+  const bool mixed = a.dtype() == DType::bf16;
+  TT_CHECK(out.dtype() == a.dtype() || (mixed && out.dtype() == DType::f32),
+           "matmul: output dtype " + std::string(dtype_name(out.dtype())) + " for " + dtype_name(a.dtype()) +
+               " inputs");
+  TT_CHECK(beta == 0.0 || out.dtype() != DType::bf16, "matmul: a bf16 output cannot be accumulated into");
+  if (a.device().is_cuda()) {
+    TT_CHECK(a.dtype() == DType::f32 || mixed, "matmul on CUDA supports f32 and bf16 inputs");
+    TT_CUDA_ONLY(cuda::gemm(trans_a, trans_b, g.m, g.n, g.k, static_cast<float>(alpha), a.raw_data(), lda, sa,
+                            b.raw_data(), ldb, sb, a.dtype(), static_cast<float>(beta), out.raw_data(),
+                            out.dtype(), ldc, sc, g.batch, detail::stream_of(a)));
+  } else if (mixed) {
+    // The CPU twin of a bf16 output: the f32 product, rounded to bf16 once (as the GPU epilogue does).
+    Tensor wide = out.dtype() == DType::f32 ? out : Tensor::empty(out.shape(), DType::f32, out.device());
+    cpu::gemm_bf16(trans_a, trans_b, g.m, g.n, g.k, static_cast<float>(alpha), a.data<bf16>(), lda, sa,
+                   b.data<bf16>(), ldb, sb, static_cast<float>(beta), wide.data<float>(), ldc, sc, g.batch);
+    if (out.dtype() == DType::bf16)
+      cpu::cast(wide.raw_data(), DType::f32, out.raw_data(), DType::bf16, out.numel());
+  } else {
+    detail::dispatch_float(a.dtype(), "matmul", [&](auto t) {
+      using T = decltype(t);
+      cpu::gemm<T>(trans_a, trans_b, g.m, g.n, g.k, static_cast<T>(alpha), a.data<T>(), lda, sa, b.data<T>(),
+                   ldb, sb, static_cast<T>(beta), out.data<T>(), ldc, sc, g.batch);
+    });
+  }
+}
+
+// The dtype of a product when the caller does not choose: f32 for bf16 inputs (f32 accumulation), else the
+// inputs' own.
+DType wide_dtype(DType in) {
+  return in == DType::bf16 ? DType::f32 : in;
+}
+
+// out = alpha * op(a) op(b), out allocated here.
+Tensor matmul_raw(const Tensor& a_in, const Tensor& b_in, bool trans_a, bool trans_b, double alpha,
+                  DType out_dtype) {
   detail::require_same_device(a_in, b_in, "matmul");
   TT_CHECK(a_in.dtype() == b_in.dtype(),
            "matmul: input dtypes differ: " + a_in.describe() + " and " + b_in.describe());
@@ -38,27 +80,13 @@ Tensor matmul_raw(const Tensor& a_in, const Tensor& b_in, bool trans_a, bool tra
   Shape out_shape(a.shape().begin(), a.shape().end() - 2);
   out_shape.push_back(g.m);
   out_shape.push_back(g.n);
-  const DType out_dtype = a.dtype() == DType::bf16 ? DType::f32 : a.dtype();
   Tensor out = Tensor::empty(out_shape, out_dtype, a.device());
-  const int64_t lda = a.size(-1), ldb = b.size(-1), ldc = g.n;
-  const int64_t sa = a.size(-1) * a.size(-2), sb = b.size(-1) * b.size(-2), sc = g.m * g.n;
-  if (a.device().is_cuda()) {
-    TT_CHECK(a.dtype() == DType::f32 || a.dtype() == DType::bf16,
-             "matmul on CUDA supports f32 and bf16 inputs");
-    TT_CUDA_ONLY(cuda::gemm(trans_a, trans_b, g.m, g.n, g.k, static_cast<float>(alpha), a.raw_data(), lda, sa,
-                            b.raw_data(), ldb, sb, a.dtype(), 0.0f, out.data<float>(), ldc, sc, g.batch,
-                            detail::stream_of(a)));
-  } else if (a.dtype() == DType::bf16) {
-    cpu::gemm_bf16(trans_a, trans_b, g.m, g.n, g.k, static_cast<float>(alpha), a.data<bf16>(), lda, sa,
-                   b.data<bf16>(), ldb, sb, 0.0f, out.data<float>(), ldc, sc, g.batch);
-  } else {
-    detail::dispatch_float(a.dtype(), "matmul", [&](auto t) {
-      using T = decltype(t);
-      cpu::gemm<T>(trans_a, trans_b, g.m, g.n, g.k, static_cast<T>(alpha), a.data<T>(), lda, sa, b.data<T>(),
-                   ldb, sb, T(0), out.data<T>(), ldc, sc, g.batch);
-    });
-  }
+  gemm_into(a, b, trans_a, trans_b, alpha, 0.0, out);
   return out;
+}
+
+Tensor matmul_raw(const Tensor& a, const Tensor& b, bool trans_a, bool trans_b, double alpha) {
+  return matmul_raw(a, b, trans_a, trans_b, alpha, wide_dtype(a.dtype()));
 }
 
 struct MatmulNode : Node {
@@ -81,6 +109,33 @@ struct MatmulNode : Node {
   void release_saved() override { a = b = Tensor(); }
 };
 
+// y = x W^T with the operands saved in the compute dtype. The weight's gradient g^T x goes straight into the
+// weight's .grad buffer (GEMM with beta = 1) when the weight is a leaf that has one, as FlatParameters
+// arranges: no temporary, no separate add; the accumulator still runs, so grad-ready hooks fire as usual.
+struct LinearNode : Node {
+  Tensor x2, w;  // (rows, in) and (out, in)
+  Shape x_shape;
+  DType dx_dtype = DType::f32, dw_dtype = DType::f32;
+  const char* name() const override { return "Linear"; }
+  std::vector<Tensor> apply(const Tensor& grad) override {
+    const int64_t out_features = w.size(0);
+    Tensor g = reshape(detail::dense(grad), {x2.size(0), out_features});
+    if (g.dtype() != w.dtype()) g = cast(g, w.dtype());
+    Tensor dx, dw;
+    if (next[0]) dx = reshape(matmul_raw(g, w, false, false, 1.0, dx_dtype), x_shape);
+    if (next[1]) {
+      Tensor target = claim_grad_buffer(next[1], w.shape(), dw_dtype);
+      if (target.defined()) {
+        gemm_into(g, x2, true, false, 1.0, 1.0, target);
+      } else {
+        dw = matmul_raw(g, x2, true, false, 1.0, dw_dtype);
+      }
+    }
+    return {dx, dw};
+  }
+  void release_saved() override { x2 = w = Tensor(); }
+};
+
 }  // namespace
 
 Tensor matmul(const Tensor& a, const Tensor& b, bool trans_a, bool trans_b, double alpha) {
@@ -98,14 +153,39 @@ Tensor matmul(const Tensor& a, const Tensor& b, bool trans_a, bool trans_b, doub
 }
 
 Tensor linear(const Tensor& x, const Tensor& weight) {
+  return linear(x, weight, weight.dtype(), weight.dtype());
+}
+
+Tensor linear(const Tensor& x, const Tensor& weight, DType compute, DType out) {
   TT_CHECK(weight.dim() == 2, "linear: weight must be 2-D, got " + weight.describe());
   TT_CHECK(x.size(-1) == weight.size(1), "linear: input features " + std::to_string(x.size(-1)) +
                                              " do not match weight " + weight.describe());
-  const Tensor x2 = reshape(x, {-1, x.size(-1)});
-  const Tensor y2 = matmul(x2, weight, false, true);
-  Shape out_shape(x.shape().begin(), x.shape().end() - 1);
-  out_shape.push_back(weight.size(0));
-  return reshape(y2, out_shape);
+  detail::require_same_device(x, weight, "linear");
+  TT_CHECK(compute == weight.dtype() || compute == DType::bf16,
+           "linear: computes in the weight's dtype or in bf16, not " + std::string(dtype_name(compute)));
+  const int64_t in = weight.size(1), out_features = weight.size(0),
+                rows = x.numel() / std::max<int64_t>(1, in);
+  const bool record = needs_grad({&x, &weight});
+  Tensor x2, w, y;
+  {
+    // The operands in the compute dtype; these casts are part of this op, not nodes of their own.
+    NoGradGuard no_grad;
+    x2 = reshape(detail::dense(x.dtype() == compute ? x : cast(x, compute)), {rows, in});
+    w = weight.dtype() == compute ? detail::dense(weight) : cast(weight, compute);
+    Shape out_shape(x.shape().begin(), x.shape().end() - 1);
+    out_shape.push_back(out_features);
+    y = reshape(matmul_raw(x2, w, false, true, 1.0, out), out_shape);
+  }
+  if (record) {
+    auto node = std::make_shared<LinearNode>();
+    node->x2 = x2;
+    node->w = w;
+    node->x_shape = x.shape();
+    node->dx_dtype = wide_dtype(x.dtype());
+    node->dw_dtype = weight.dtype();
+    attach_node(y, node, {&x, &weight});
+  }
+  return y;
 }
 
 }  // namespace tt::ops

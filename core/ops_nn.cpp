@@ -38,7 +38,7 @@ struct RmsNormNode : Node {
   Tensor x, weight, inv_rms;
   const char* name() const override { return "RMSNorm"; }
   std::vector<Tensor> apply(const Tensor& grad) override {
-    const Tensor g = detail::dense(grad);
+    const Tensor g = detail::dense(grad.dtype() == x.dtype() ? grad : cast(grad, x.dtype()));
     const int64_t dim = x.size(-1), rows = x.numel() / dim;
     Tensor dx = Tensor::empty(x.shape(), x.dtype(), x.device());
     Tensor dw = Tensor::empty(weight.shape(), weight.dtype(), weight.device());
@@ -92,13 +92,24 @@ struct SwiGluNode : Node {
   Tensor a, b;
   const char* name() const override { return "SwiGLU"; }
   std::vector<Tensor> apply(const Tensor& grad) override {
-    const Tensor g = detail::dense(grad);
     Tensor da = Tensor::empty(a.shape(), a.dtype(), a.device());
     Tensor db = Tensor::empty(b.shape(), b.dtype(), b.device());
     if (a.device().is_cuda()) {
-      TT_CUDA_ONLY(cuda::swiglu_backward(g.data<float>(), a.data<float>(), b.data<float>(), da.data<float>(),
-                                         db.data<float>(), a.numel(), detail::stream_of(a)));
+      const Tensor g = detail::dense(grad);
+      TT_CUDA_ONLY(cuda::swiglu_backward(g.raw_data(), g.dtype(), a.raw_data(), b.raw_data(), da.raw_data(),
+                                         db.raw_data(), a.dtype(), a.numel(), detail::stream_of(a)));
+    } else if (a.dtype() == DType::bf16) {
+      // CPU twin of the bf16 kernel: f32 arithmetic on the stored values, results rounded once.
+      const Tensor g = detail::dense(grad.dtype() == DType::f32 ? grad : cast(grad, DType::f32));
+      const Tensor af = cast(a, DType::f32), bf = cast(b, DType::f32);
+      Tensor daf = Tensor::empty(a.shape(), DType::f32, a.device());
+      Tensor dbf = Tensor::empty(b.shape(), DType::f32, b.device());
+      cpu::swiglu_backward(g.data<float>(), af.data<float>(), bf.data<float>(), daf.data<float>(),
+                           dbf.data<float>(), a.numel());
+      cpu::cast(daf.raw_data(), DType::f32, da.raw_data(), DType::bf16, a.numel());
+      cpu::cast(dbf.raw_data(), DType::f32, db.raw_data(), DType::bf16, b.numel());
     } else {
+      const Tensor g = detail::dense(grad.dtype() == a.dtype() ? grad : cast(grad, a.dtype()));
       dispatch_float(a.dtype(), "swiglu", [&](auto t) {
         using T = decltype(t);
         cpu::swiglu_backward(g.data<T>(), a.data<T>(), b.data<T>(), da.data<T>(), db.data<T>(), a.numel());
@@ -195,24 +206,33 @@ Tensor embedding(const Tensor& weight, const Tensor& ids_in) {
   return out;
 }
 
-Tensor rms_norm(const Tensor& x_in, const Tensor& weight, double eps) {
+Tensor rms_norm(const Tensor& x, const Tensor& weight, double eps) {
+  return rms_norm(x, weight, eps, x.dtype());
+}
+
+Tensor rms_norm(const Tensor& x_in, const Tensor& weight, double eps, DType out) {
   detail::require_same_device(x_in, weight, "rms_norm");
   TT_CHECK(weight.dim() == 1 && x_in.size(-1) == weight.size(0),
            "rms_norm: weight " + weight.describe() + " does not match input " + x_in.describe());
   TT_CHECK(x_in.dtype() == weight.dtype(), "rms_norm: dtypes of input and weight differ");
+  TT_CHECK(out == x_in.dtype() || out == DType::bf16,
+           "rms_norm: the output is in the input's dtype or bf16, not " + std::string(dtype_name(out)));
   const Tensor x = detail::dense(x_in);
   const int64_t dim = x.size(-1), rows = x.numel() / dim;
-  Tensor y = Tensor::empty(x.shape(), x.dtype(), x.device());
+  Tensor y = Tensor::empty(x.shape(), out, x.device());
   Tensor inv_rms = Tensor::empty({rows}, x.dtype(), x.device());
   if (x.device().is_cuda()) {
     detail::require_cuda_f32(x, "rms_norm");
-    TT_CUDA_ONLY(cuda::rms_norm_forward(x.data<float>(), weight.data<float>(), y.data<float>(),
+    TT_CUDA_ONLY(cuda::rms_norm_forward(x.data<float>(), weight.data<float>(), y.raw_data(), out,
                                         inv_rms.data<float>(), rows, dim, eps, detail::stream_of(x)));
   } else {
+    // A bf16 output is the wide result rounded once, as on the GPU.
+    Tensor wide = out == x.dtype() ? y : Tensor::empty(x.shape(), x.dtype(), x.device());
     dispatch_float(x.dtype(), "rms_norm", [&](auto t) {
       using T = decltype(t);
-      cpu::rms_norm_forward(x.data<T>(), weight.data<T>(), y.data<T>(), inv_rms.data<T>(), rows, dim, eps);
+      cpu::rms_norm_forward(x.data<T>(), weight.data<T>(), wide.data<T>(), inv_rms.data<T>(), rows, dim, eps);
     });
+    if (out != x.dtype()) cpu::cast(wide.raw_data(), x.dtype(), y.raw_data(), out, y.numel());
   }
   if (needs_grad({&x_in, &weight})) {
     auto node = std::make_shared<RmsNormNode>();
@@ -241,9 +261,14 @@ Tensor swiglu(const Tensor& a_in, const Tensor& b_in) {
   const Tensor a = detail::dense(a_in), b = detail::dense(b_in);
   Tensor out = Tensor::empty(a.shape(), a.dtype(), a.device());
   if (a.device().is_cuda()) {
-    detail::require_cuda_f32(a, "swiglu");
-    TT_CUDA_ONLY(cuda::swiglu_forward(a.data<float>(), b.data<float>(), out.data<float>(), a.numel(),
+    TT_CUDA_ONLY(cuda::swiglu_forward(a.raw_data(), b.raw_data(), out.raw_data(), a.dtype(), a.numel(),
                                       detail::stream_of(a)));
+  } else if (a.dtype() == DType::bf16) {
+    NoGradGuard no_grad;
+    const Tensor af = cast(a, DType::f32), bf = cast(b, DType::f32);
+    Tensor wide = Tensor::empty(a.shape(), DType::f32, a.device());
+    cpu::swiglu_forward(af.data<float>(), bf.data<float>(), wide.data<float>(), a.numel());
+    cpu::cast(wide.raw_data(), DType::f32, out.raw_data(), DType::bf16, out.numel());
   } else {
     dispatch_float(a.dtype(), "swiglu", [&](auto t) {
       using T = decltype(t);

@@ -95,10 +95,11 @@ Linear::Linear(int64_t in_features, int64_t out_features)
     : weight_(register_parameter("weight", {out_features, in_features},
                                  linear_init(in_features, out_features))) {}
 
-Tensor Linear::forward(const Tensor& x, Precision precision) const {
+Tensor Linear::forward(const Tensor& x, Precision precision, bool narrow_output) const {
   if (precision == Precision::bf16) {
-    // Mixed precision: bf16 operands, f32 accumulation and f32 output; the f32 weight stays the master copy.
-    return ops::linear(ops::cast(x, DType::bf16), ops::cast(weight_, DType::bf16));
+    // Mixed precision: bf16 operands, f32 accumulation; the f32 weight stays the master copy (its gradient
+    // is accumulated in f32 straight into the flat gradient buffer).
+    return ops::linear(x, weight_, DType::bf16, narrow_output ? DType::bf16 : DType::f32);
   }
   return ops::linear(x, weight_);
 }
@@ -112,8 +113,8 @@ Tensor Embedding::forward(const Tensor& ids) const {
 
 RMSNorm::RMSNorm(int64_t dim, double eps) : weight_(register_parameter("weight", {dim}, {})), eps_(eps) {}
 
-Tensor RMSNorm::forward(const Tensor& x) const {
-  return ops::rms_norm(x, weight_, eps_);
+Tensor RMSNorm::forward(const Tensor& x, Precision precision) const {
+  return ops::rms_norm(x, weight_, eps_, precision == Precision::bf16 ? DType::bf16 : x.dtype());
 }
 
 CausalSelfAttention::CausalSelfAttention(const ModelConfig& config)
@@ -130,11 +131,11 @@ Tensor CausalSelfAttention::forward(const Tensor& x) const {
   const Precision precision = config_.precision;
   Tensor q = ops::rope(q_proj_.forward(x, precision), d_head, config_.rope_theta);
   Tensor k = ops::rope(k_proj_.forward(x, precision), d_head, config_.rope_theta);
-  Tensor v = v_proj_.forward(x, precision);
+  // In bf16 V goes to attention as it leaves the matmul (rounded once); Q and K are rotated in f32 first.
+  const Tensor v = v_proj_.forward(x, precision, true);
   if (precision == Precision::bf16) {
     q = ops::cast(q, DType::bf16);
     k = ops::cast(k, DType::bf16);
-    v = ops::cast(v, DType::bf16);
   }
   // (batch, seq, heads*d_head) seen as (batch, heads, seq, d_head) without copying.
   auto split_heads = [&](const Tensor& t) {
@@ -159,7 +160,9 @@ SwiGLU::SwiGLU(int64_t d_model, int64_t d_ff)
 
 Tensor SwiGLU::forward(const Tensor& x, Precision precision) const {
   const NvtxRange range("ffn");
-  return w2_.forward(ops::swiglu(w1_.forward(x, precision), w3_.forward(x, precision)), precision);
+  // In bf16 the gate runs on bf16 matmul outputs and hands w2 a bf16 input: no casts of d_ff-wide tensors.
+  return w2_.forward(ops::swiglu(w1_.forward(x, precision, true), w3_.forward(x, precision, true)),
+                     precision);
 }
 
 TransformerBlock::TransformerBlock(const ModelConfig& config)
@@ -170,8 +173,8 @@ TransformerBlock::TransformerBlock(const ModelConfig& config)
       ffn_(register_module("ffn", std::make_unique<SwiGLU>(config.d_model, config.d_ff))) {}
 
 Tensor TransformerBlock::forward(const Tensor& x) const {
-  const Tensor h = ops::add(x, attn_.forward(ln1_.forward(x)));
-  return ops::add(h, ffn_.forward(ln2_.forward(h), config_.precision));
+  const Tensor h = ops::add(x, attn_.forward(ln1_.forward(x, config_.precision)));
+  return ops::add(h, ffn_.forward(ln2_.forward(h, config_.precision), config_.precision));
 }
 
 TransformerLM::TransformerLM(const ModelConfig& config) : config_(config) {
@@ -198,7 +201,7 @@ Tensor TransformerLM::forward(const Tensor& ids) const {
     x = layers_[i]->forward(x);
   }
   const NvtxRange range("lm_head");
-  return lm_head_->forward(ln_final_->forward(x), config_.precision);
+  return lm_head_->forward(ln_final_->forward(x, config_.precision), config_.precision);
 }
 
 Tensor TransformerLM::loss(const Tensor& ids, const Tensor& targets) const {

@@ -47,7 +47,8 @@ std::vector<std::string> preset_names();
 class Linear : public Module {
  public:
   Linear(int64_t in_features, int64_t out_features);
-  Tensor forward(const Tensor& x, Precision precision) const;
+  // bf16: bf16 operands, f32 accumulation, f32 output (bf16 with narrow_output, for a bf16 consumer).
+  Tensor forward(const Tensor& x, Precision precision, bool narrow_output = false) const;
   Tensor& weight() { return weight_; }
 
  private:
@@ -78,7 +79,8 @@ class ModuleList : public Module {
 class RMSNorm : public Module {
  public:
   RMSNorm(int64_t dim, double eps);
-  Tensor forward(const Tensor& x) const;
+  // bf16: the normalised output is rounded to bf16 in the norm (its consumers are bf16 matmuls).
+  Tensor forward(const Tensor& x, Precision precision = Precision::f32) const;
 
  private:
   Tensor& weight_;
@@ -88,7 +90,8 @@ class RMSNorm : public Module {
 class CausalSelfAttention : public Module {
  public:
   explicit CausalSelfAttention(const ModelConfig& config);
-  Tensor forward(const Tensor& x) const;  // (batch, seq, d_model) f32 -> same
+  // x: the normalised input (f32, or bf16 in bf16 mode) (batch, seq, d_model) -> f32
+  Tensor forward(const Tensor& x) const;
 
  private:
   const ModelConfig config_;

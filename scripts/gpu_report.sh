@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
 # Measurements on a GPU machine, each section bounded in time, results (Markdown + JSON) under $OUT.
-# Usage: scripts/gpu_report.sh SECTION...   sections: build tests gputests attention model quickmodel ours torch ddp
+# Usage: scripts/gpu_report.sh SECTION...   sections: build tests gputests attention model quickmodel ours grid
+#        torch ddp
 #   build      configure + build into build-gpu
 #   tests      ctest (GPU suites included; the 2-rank NCCL suite needs 2 GPUs)
 #   attention  bench_attention leaderboard + course sweep, and PyTorch's SDPA on the same cases
 #   model      benchmark sizes small..2.7b (bf16 graph on/off, f32) and the PyTorch reference (eager, compile)
 #   ddp        bench_allreduce and bench_ddp on all visible GPUs (mpirun), and PyTorch/NCCL all-reduce
 #   gputests   only the GPU-labelled tests (CUDA ops, flash attention, NCCL suites, resume on CUDA)
-#   ours       the step benchmark's acceptance table (all sizes, bf16 and f32) and the course grid
+#   ours       the step benchmark's acceptance table (all sizes, bf16 and f32, context 256, graph on)
+#   grid       the course grid: sizes x contexts, warm-up x graph x attention, 2.7b peak memory
 #   torch      the PyTorch reference for all sizes (eager f32, torch.compile bf16); run after `ours`
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -73,13 +75,20 @@ for s in "$@"; do
       timeout 120 python3 apps/python/model_baseline.py --sizes small,xl --ctx 256 --variants eager-f32,compile-bf16 \
         --json "$out/torch_model.jsonl" 2>&1 | tee "$out/torch_model.md" | tail -6 ;;
     ours)
-      # The full acceptance table of the step benchmark (bf16 and f32, all sizes, graph on) and the grid.
+      # The acceptance table of the step benchmark: all sizes, bf16 and f32, context 256, graph on.
       section ours
-      timeout 240 $b/benchmark --sizes small,medium,large,xl,2.7b --ctx 256 --batch 4 --precision bf16,f32 \
-        --graph on --json "$out/ours_all.jsonl" 2>/dev/null | tee "$out/ours_all.md" | tail -12
-      timeout 300 $b/benchmark --sizes small,medium --ctx 128,256,512,1024 --precision bf16 --attention naive,flash \
-        --warmup 0,1,2,5 --graph both --json "$out/ours_grid.jsonl" >"$out/ours_grid.md" 2>/dev/null
-      tail -5 "$out/ours_grid.md" ;;
+      timeout 150 $b/benchmark --sizes small,medium,large,xl,2.7b --ctx 256 --batch 4 --precision bf16,f32 \
+        --graph on --json "$out/ours_all.jsonl" 2>/dev/null | tee "$out/ours_all.md" | tail -12 ;;
+    grid)
+      # The course's experiments: sizes x contexts, warm-up 0/1/2/5 x graph x attention, 2.7b peak memory.
+      section grid
+      timeout 200 $b/benchmark --sizes small,medium,large,xl,2.7b --ctx 128,256,512,1024 --precision bf16 \
+        --graph on --json "$out/grid_sizes.jsonl" 2>/dev/null | tee "$out/grid_sizes.md" | tail -22
+      timeout 200 $b/benchmark --sizes small,medium --ctx 256 --precision bf16,f32 --attention naive,flash \
+        --warmup 0,1,2,5 --graph both --json "$out/grid_warmup.jsonl" >"$out/grid_warmup.md" 2>/dev/null
+      tail -3 "$out/grid_warmup.md"
+      timeout 150 $b/benchmark --sizes 2.7b --ctx 128,256,512 --precision f32,bf16 --mode forward,step \
+        --graph off --steps 3 --json "$out/grid_memory.jsonl" 2>/dev/null | tee "$out/grid_memory.md" | tail -13 ;;
     torch)
       section torch
       timeout 580 python3 apps/python/model_baseline.py --sizes small,medium,large,xl,2.7b --ctx 256 \

@@ -172,3 +172,120 @@ TEST_CASE("cast rounds to bf16 like the hardware and its gradient flows back") {
   ops::sum(ops::cast(ops::cast(a, DType::bf16), DType::f32)).backward();
   for (float g : a.grad().to_floats()) CHECK(g == 1.0f);
 }
+
+TEST_CASE("linear gradients, and the weight gradient added straight into a pre-assigned .grad") {
+  CHECK(gradient_error([](const Inputs& in) { return ops::linear(in[0], in[1]); },
+                       {leaf({2, 3, 5}, 90), leaf({4, 5}, 91)}) < kTol);
+  // With a .grad buffer already in place (what FlatParameters arranges) the product g^T x is added into it
+  // in place; the result must be the old contents plus the hand-computed gradient, and the grad-ready hook
+  // must still fire exactly once per backward.
+  const int64_t rows = 6, in = 5, out = 4;
+  Tensor x = leaf({2, 3, in}, 92), w = leaf({out, in}, 93);
+  const Tensor initial = testing::random_tensor({out, in}, 94);
+  w.set_grad(initial.clone());
+  int hook_calls = 0;
+  w.register_grad_ready_hook([&](Tensor&) { ++hook_calls; });
+  const Tensor r = testing::random_tensor({2, 3, out}, 95);
+  ops::sum(ops::mul(ops::linear(x, w), r)).backward();
+  CHECK(hook_calls == 1);
+  const std::vector<double> xv = x.to_doubles(), wv = w.to_doubles(), rv = r.to_doubles(),
+                            g0 = initial.to_doubles(), gw = w.grad().to_doubles(), gx = x.grad().to_doubles();
+  double worst_w = 0, worst_x = 0;
+  for (int64_t o = 0; o < out; ++o) {
+    for (int64_t i = 0; i < in; ++i) {
+      double expect = g0[o * in + i];
+      for (int64_t row = 0; row < rows; ++row) expect += rv[row * out + o] * xv[row * in + i];
+      worst_w = std::max(worst_w, std::abs(gw[o * in + i] - expect));
+    }
+  }
+  for (int64_t row = 0; row < rows; ++row) {
+    for (int64_t i = 0; i < in; ++i) {
+      double expect = 0;
+      for (int64_t o = 0; o < out; ++o) expect += rv[row * out + o] * wv[o * in + i];
+      worst_x = std::max(worst_x, std::abs(gx[row * in + i] - expect));
+    }
+  }
+  CHECK(worst_w < 1e-12);
+  CHECK(worst_x < 1e-12);
+  // A second backward through a fresh graph accumulates again.
+  ops::sum(ops::mul(ops::linear(x, w), r)).backward();
+  CHECK(hook_calls == 2);
+  const std::vector<double> gw2 = w.grad().to_doubles();
+  for (size_t i = 0; i < gw2.size(); ++i) CHECK(gw2[i] - g0[i] == doctest::Approx(2 * (gw[i] - g0[i])));
+}
+
+TEST_CASE("mixed-precision linear: bf16 operands, f32 or bf16 output, f32 gradients") {
+  Tensor x = testing::random_tensor({3, 7, 16}, 100, DType::f32),
+         w = testing::random_tensor({9, 16}, 101, DType::f32);
+  x.set_requires_grad(true);
+  w.set_requires_grad(true);
+  const Tensor y32 = ops::linear(x, w, DType::bf16, DType::f32);
+  const Tensor y16 = ops::linear(x, w, DType::bf16, DType::bf16);
+  CHECK(y16.dtype() == DType::bf16);
+  // The bf16 output is the f32 product rounded once.
+  CHECK(y16.to_floats() == ops::cast(y32, DType::bf16).to_floats());
+  // Against an independent double-precision product of the bf16-rounded operands.
+  const std::vector<double> xb = ops::cast(ops::cast(x, DType::bf16), DType::f32).to_doubles(),
+                            wb = ops::cast(ops::cast(w, DType::bf16), DType::f32).to_doubles(),
+                            y = y32.to_doubles();
+  double worst = 0;
+  for (int64_t row = 0; row < 21; ++row) {
+    for (int64_t o = 0; o < 9; ++o) {
+      double expect = 0;
+      for (int64_t i = 0; i < 16; ++i) expect += xb[row * 16 + i] * wb[o * 16 + i];
+      worst = std::max(worst, std::abs(y[row * 9 + o] - expect));
+    }
+  }
+  CHECK(worst < 1e-5);
+  // Gradients arrive in f32 for the f32 leaves, pre-assigned .grad or not.
+  ops::sum(ops::cast(y16, DType::f32)).backward();
+  CHECK(x.grad().dtype() == DType::f32);
+  CHECK(w.grad().dtype() == DType::f32);
+  Tensor w2 = w.clone();
+  w2.set_requires_grad(true);
+  w2.set_grad(Tensor::zeros({9, 16}, DType::f32, Device::cpu()));
+  ops::sum(ops::cast(ops::linear(x.clone(), w2, DType::bf16, DType::bf16), DType::f32)).backward();
+  CHECK(testing::relative_error(w2.grad().to_doubles(), w.grad().to_doubles()) < 1e-6);
+}
+
+TEST_CASE("rms_norm with a bf16 output: the f32 result rounded once, the same f32 gradients") {
+  Tensor x = testing::random_tensor({4, 33}, 110, DType::f32),
+         w = testing::random_tensor({33}, 111, DType::f32);
+  x.set_requires_grad(true);
+  w.set_requires_grad(true);
+  Tensor x2 = x.clone(), w2 = w.clone();
+  x2.set_requires_grad(true);
+  w2.set_requires_grad(true);
+  const Tensor narrow = ops::rms_norm(x, w, 1e-5, DType::bf16);
+  const Tensor wide = ops::rms_norm(x2, w2, 1e-5);
+  CHECK(narrow.dtype() == DType::bf16);
+  CHECK(narrow.to_floats() == ops::cast(wide, DType::bf16).to_floats());
+  // The same incoming gradient (bf16-representable) gives the same f32 gradients.
+  const Tensor r = ops::cast(testing::random_tensor({4, 33}, 112, DType::f32), DType::bf16);
+  narrow.backward(r);
+  wide.backward(ops::cast(r, DType::f32));
+  CHECK(x.grad().to_floats() == x2.grad().to_floats());
+  CHECK(w.grad().to_floats() == w2.grad().to_floats());
+}
+
+TEST_CASE("swiglu on bf16 inputs: f32 arithmetic, bf16 result and gradients") {
+  Tensor a = ops::cast(testing::random_tensor({5, 40}, 120, DType::f32, 2.0), DType::bf16),
+         b = ops::cast(testing::random_tensor({5, 40}, 121, DType::f32), DType::bf16);
+  a.set_requires_grad(true);
+  b.set_requires_grad(true);
+  const Tensor y = ops::swiglu(a, b);
+  CHECK(y.dtype() == DType::bf16);
+  const Tensor g = testing::random_tensor({5, 40}, 122, DType::f32);
+  y.backward(g);
+  CHECK(a.grad().dtype() == DType::bf16);
+  const std::vector<double> av = a.to_doubles(), bv = b.to_doubles(), yv = y.to_doubles(),
+                            gv = g.to_doubles(), da = a.grad().to_doubles(), db = b.grad().to_doubles();
+  // Independent double-precision formulas; bf16 keeps 8 significant bits (relative error <= 2^-8).
+  auto close = [](double got, double want) { return std::abs(got - want) <= std::abs(want) / 256 + 1e-30; };
+  for (size_t i = 0; i < av.size(); ++i) {
+    const double sig = 1 / (1 + std::exp(-av[i]));
+    CHECK(close(yv[i], av[i] * sig * bv[i]));
+    CHECK(close(db[i], gv[i] * av[i] * sig));
+    CHECK(close(da[i], gv[i] * bv[i] * sig * (1 + av[i] * (1 - sig))));
+  }
+}

@@ -31,28 +31,32 @@ int device_count();
 // The device's marketing name ("NVIDIA H100 80GB HBM3").
 std::string device_name(int device);
 
-// Batched row-major GEMM through cuBLASLt, same contract as cpu::gemm. a/b/c types: a_type = b_type in
-// {f32, bf16}; c is f32 (f32 accumulation). Layouts and the algorithm are cached per shape.
+// Batched row-major GEMM through cuBLASLt, c = alpha op(a) op(b) + beta c, same contract as cpu::gemm.
+// a_type = b_type in {f32, bf16}; f32 accumulation; c is f32, or bf16 for bf16 inputs (rounded once at the
+// end). beta = 1 adds into c (gradients accumulated in place). Layouts and the algorithm are cached.
 void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const void* a,
           int64_t lda, int64_t stride_a, const void* b, int64_t ldb, int64_t stride_b, DType ab_type,
-          float beta, float* c, int64_t ldc, int64_t stride_c, int64_t batch, cudaStream_t stream);
+          float beta, void* c, DType c_type, int64_t ldc, int64_t stride_c, int64_t batch,
+          cudaStream_t stream);
 
 void embedding_forward(const float* weight, const int32_t* ids, float* out, int64_t n, int64_t dim,
                        cudaStream_t stream);
 void embedding_backward(const float* grad_out, const int32_t* ids, float* grad_weight, int64_t n, int64_t dim,
                         cudaStream_t stream);
 
-void rms_norm_forward(const float* x, const float* w, float* y, float* inv_rms, int64_t rows, int64_t dim,
-                      double eps, cudaStream_t stream);
+// y is f32 or bf16 (y_type): a bf16 y is the f32 result rounded once, for a bf16 consumer.
+void rms_norm_forward(const float* x, const float* w, void* y, DType y_type, float* inv_rms, int64_t rows,
+                      int64_t dim, double eps, cudaStream_t stream);
 void rms_norm_backward(const float* dy, const float* x, const float* w, const float* inv_rms, float* dx,
                        float* dw, int64_t rows, int64_t dim, cudaStream_t stream);
 
 void rope(const float* x, float* y, int64_t batch, int64_t seq, int64_t dim, int64_t d_head, double theta,
           bool inverse, cudaStream_t stream);
 
-void swiglu_forward(const float* a, const float* b, float* out, int64_t n, cudaStream_t stream);
-void swiglu_backward(const float* dout, const float* a, const float* b, float* da, float* db, int64_t n,
-                     cudaStream_t stream);
+// a, b, out (and da, db) of one `type`, f32 or bf16, computed in f32; dout f32 or bf16.
+void swiglu_forward(const void* a, const void* b, void* out, DType type, int64_t n, cudaStream_t stream);
+void swiglu_backward(const void* dout, DType dout_type, const void* a, const void* b, void* da, void* db,
+                     DType type, int64_t n, cudaStream_t stream);
 
 void softmax_forward(const float* s, float* p, int64_t batch, int64_t rows, int64_t cols, double scale,
                      bool causal, cudaStream_t stream);

@@ -31,7 +31,7 @@ struct DeviceState {
 };
 
 using PlanKey = std::tuple<bool, bool, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t,
-                           int64_t, int64_t, int, int, int>;
+                           int64_t, int64_t, int, int, int, int>;
 
 // Everything cuBLASLt needs for one problem; owned for the life of the process.
 struct Plan {
@@ -79,9 +79,12 @@ cublasLtMatrixLayout_t make_layout(cudaDataType_t type, int64_t rows, int64_t co
 
 void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const void* a,
           int64_t lda, int64_t stride_a, const void* b, int64_t ldb, int64_t stride_b, DType ab_type,
-          float beta, float* c, int64_t ldc, int64_t stride_c, int64_t batch, cudaStream_t stream) {
+          float beta, void* c, DType c_type, int64_t ldc, int64_t stride_c, int64_t batch,
+          cudaStream_t stream) {
   if (m == 0 || n == 0 || batch == 0) return;
   TT_CHECK(ab_type == DType::f32 || ab_type == DType::bf16, "cuda::gemm: inputs must be f32 or bf16");
+  TT_CHECK(c_type == DType::f32 || (c_type == DType::bf16 && ab_type == DType::bf16),
+           "cuda::gemm: the output must be f32, or bf16 for bf16 inputs");
   int device = 0;
   TT_CUDA_CHECK(cudaGetDevice(&device));
   std::lock_guard<std::mutex> lock(g_mutex);
@@ -101,6 +104,7 @@ void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alp
                     stride_c,
                     batch,
                     static_cast<int>(ab_type),
+                    static_cast<int>(c_type),
                     align_ab,
                     align_c};
   auto found = g_plans[device].find(key);
@@ -117,7 +121,8 @@ void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alp
                                                      sizeof(op_second)));
     plan.layout_a = make_layout(in_type, trans_b ? k : n, trans_b ? n : k, ldb, batch, stride_b);
     plan.layout_b = make_layout(in_type, trans_a ? m : k, trans_a ? k : m, lda, batch, stride_a);
-    plan.layout_c = make_layout(CUDA_R_32F, n, m, ldc, batch, stride_c);
+    // f32 accumulation either way; a bf16 output is rounded once in the epilogue.
+    plan.layout_c = make_layout(c_type == DType::bf16 ? CUDA_R_16BF : CUDA_R_32F, n, m, ldc, batch, stride_c);
 
     cublasLtMatmulPreference_t pref = nullptr;
     TT_CUBLASLT_CHECK(cublasLtMatmulPreferenceCreate(&pref));

@@ -1,4 +1,5 @@
 // Embedding gather/scatter, RMSNorm and rotary embedding on the GPU: the twins of kernels/cpu/norm_rope.cpp.
+#include <cuda_bf16.h>
 #include <cuda_runtime.h>
 #include <cub/device/device_radix_sort.cuh>
 
@@ -334,8 +335,16 @@ __global__ void __launch_bounds__(32 * kEmbJoinWarps)
 }
 
 // IEEE 1/sqrt rather than rsqrtf, and w * (x * inv) in that order, to stay on the CPU twin's rounding.
-__global__ void rms_norm_forward_kernel(const float* x, const float* w, float* y, float* inv_rms,
-                                        int64_t rows, int64_t dim, float eps) {
+__device__ void store(float* p, int64_t i, float v) {
+  p[i] = v;
+}
+__device__ void store(__nv_bfloat16* p, int64_t i, float v) {
+  p[i] = __float2bfloat16_rn(v);
+}
+
+template <class Y>
+__global__ void rms_norm_forward_kernel(const float* x, const float* w, Y* y, float* inv_rms, int64_t rows,
+                                        int64_t dim, float eps) {
   for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
     const float* xr = x + row * dim;
     float sum_sq = 0;
@@ -343,8 +352,8 @@ __global__ void rms_norm_forward_kernel(const float* x, const float* w, float* y
     const float mean_sq = block_sum(sum_sq) / static_cast<float>(dim);
     const float inv = 1.0f / sqrtf(mean_sq + eps);
     if (threadIdx.x == 0) inv_rms[row] = inv;
-    float* yr = y + row * dim;
-    for (int64_t j = threadIdx.x; j < dim; j += blockDim.x) yr[j] = w[j] * (xr[j] * inv);
+    Y* yr = y + row * dim;
+    for (int64_t j = threadIdx.x; j < dim; j += blockDim.x) store(yr, j, w[j] * (xr[j] * inv));
   }
 }
 
@@ -525,11 +534,18 @@ void embedding_backward(const float* grad_out, const int32_t* ids, float* grad_w
   TT_CUDA_CHECK(cudaFreeAsync(scratch, stream));
 }
 
-void rms_norm_forward(const float* x, const float* w, float* y, float* inv_rms, int64_t rows, int64_t dim,
-                      double eps, cudaStream_t stream) {
+void rms_norm_forward(const float* x, const float* w, void* y, DType y_type, float* inv_rms, int64_t rows,
+                      int64_t dim, double eps, cudaStream_t stream) {
   if (rows == 0) return;
-  rms_norm_forward_kernel<<<row_blocks(rows), kRowThreads, 0, stream>>>(x, w, y, inv_rms, rows, dim,
-                                                                        static_cast<float>(eps));
+  const float e = static_cast<float>(eps);
+  if (y_type == DType::bf16) {
+    rms_norm_forward_kernel<<<row_blocks(rows), kRowThreads, 0, stream>>>(
+        x, w, static_cast<__nv_bfloat16*>(y), inv_rms, rows, dim, e);
+  } else {
+    TT_CHECK(y_type == DType::f32, "cuda::rms_norm_forward: the output is f32 or bf16");
+    rms_norm_forward_kernel<<<row_blocks(rows), kRowThreads, 0, stream>>>(x, w, static_cast<float*>(y),
+                                                                          inv_rms, rows, dim, e);
+  }
   TT_CUDA_LAUNCH_CHECK();
 }
 
