@@ -84,11 +84,14 @@ for s in "$@"; do
       section grid
       timeout 200 $b/benchmark --sizes small,medium,large,xl,2.7b --ctx 128,256,512,1024 --precision bf16 \
         --graph on --json "$out/grid_sizes.jsonl" 2>/dev/null | tee "$out/grid_sizes.md" | tail -22
-      timeout 200 $b/benchmark --sizes small,medium --ctx 256 --precision bf16,f32 --attention naive,flash \
+      timeout 200 $b/benchmark --sizes small --ctx 256 --precision bf16,f32 --attention naive,flash \
         --warmup 0,1,2,5 --graph both --json "$out/grid_warmup.jsonl" >"$out/grid_warmup.md" 2>/dev/null
       tail -3 "$out/grid_warmup.md"
       timeout 150 $b/benchmark --sizes 2.7b --ctx 128,256,512 --precision f32,bf16 --mode forward,step \
-        --graph off --steps 3 --json "$out/grid_memory.jsonl" 2>/dev/null | tee "$out/grid_memory.md" | tail -13 ;;
+        --graph off --steps 3 --json "$out/grid_memory.jsonl" 2>/dev/null | tee "$out/grid_memory.md" | tail -13
+      # Forward+backward with naive and with flash attention in every size.
+      timeout 200 $b/benchmark --sizes small,medium,large,xl,2.7b --ctx 256 --precision bf16 --attention naive,flash \
+        --mode backward --graph on --json "$out/grid_attention.jsonl" 2>/dev/null | tee "$out/grid_attention.md" | tail -11 ;;
     torch)
       section torch
       timeout 580 python3 apps/python/model_baseline.py --sizes small,medium,large,xl,2.7b --ctx 256 \
