@@ -69,6 +69,9 @@ Row measure(const Flags& flags, Device device, Bundle* bundle, const nn::ModelCo
     if (!bundle) throw OutOfMemory("model does not fit");
     nn::TransformerLM& model = bundle->model;
     nn::FlatParameters& params = bundle->params;
+    // Rows share the model of a size; only a step row keeps AdamW state, so a forward or forward+backward row
+    // measured after one does not count the optimizer's memory.
+    if (mode != "step") bundle->optimizer.reset();
     if (mode == "step" && !bundle->optimizer) {
       bundle->optimizer = std::make_unique<optim::AdamW>(std::vector<Tensor>{params.flat_params()});
     }
