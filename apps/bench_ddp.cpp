@@ -4,6 +4,7 @@
 // that backward did not hide (host time on CPU, compute-stream stall on CUDA). An OOM is a row.
 #include <mpi.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <memory>
 #include <optional>
@@ -31,7 +32,9 @@ struct Config {
   std::string label;  // "single", the strategy name, or "zero1"
   std::optional<dist::DdpStrategy> strategy;
   double bucket_mb = 0;
-  bool zero = false;  // ZeRO-1: reduce-scatter, sharded AdamW, all-gather (no DDP all-reduce)
+  // ZeRO-1: sharded AdamW and an all-gather; gradients averaged by a reduce-scatter after backward, or, when
+  // a strategy is set too, by that strategy's all-reduce (overlapped with backward for bucketed).
+  bool zero = false;
 };
 
 // Bytes per rank, measured from the allocator and the tensors.
@@ -77,6 +80,8 @@ Result measure(Bundle& b, dist::Communicator& comm, const Config& config, int64_
       collectives = dist::shard_collectives(comm);
       sharded = std::make_unique<optim::ShardedAdamW>(b.params, *collectives);
       result.memory.optimizer_state = sharded->state_bytes();
+      if (config.strategy)
+        ddp = std::make_unique<dist::DataParallel>(b.params, comm, *config.strategy, config.bucket_mb);
     } else {
       if (!b.optimizer)
         b.optimizer = std::make_unique<optim::AdamW>(std::vector<Tensor>{b.params.flat_params()});
@@ -99,7 +104,7 @@ Result measure(Bundle& b, dist::Communicator& comm, const Config& config, int64_
                                           if (ddp) ddp->finish_backward();
                                           result.memory.before_step = memory_stats(device).current_bytes;
                                           if (sharded) {
-                                            sharded->step(0.0);
+                                            sharded->step(0.0, ddp != nullptr);
                                           } else {
                                             b.optimizer->step();
                                           }
@@ -145,7 +150,11 @@ int main(int argc, char** argv) {
   flags.add("device", "auto", "cpu | cuda | auto (rank i uses GPU local rank i)");
   flags.add("single-gpu-baseline", "1",
             "1: also time the 'single' row: every rank alone, no communication (the scaling baseline)");
-  flags.add("zero", "0", "1: add a ZeRO-1 row (sharded AdamW state; reduce-scatter + all-gather)");
+  flags.add(
+      "zero", "0",
+      "1: add ZeRO-1 rows (sharded AdamW state + all-gather): gradients reduce-scattered after backward "
+      "('zero1'), and, with bucketed among the strategies, averaged by the bucketed all-reduce during "
+      "backward ('zero1+bucketed')");
   flags.add("json", "", "also write one JSON object per row to this file (rank 0)");
   if (!flags.parse(argc, argv)) return 0;
   std::unique_ptr<dist::DistRuntime> runtime;
@@ -165,7 +174,15 @@ int main(int argc, char** argv) {
       }
       for (double mb : flags.number_list("bucket-mb")) configs.push_back({name, strategy, mb});
     }
-    if (flags.integer("zero") == 1) configs.push_back({"zero1", std::nullopt, 0, true});
+    if (flags.integer("zero") == 1) {
+      configs.push_back({"zero1", std::nullopt, 0, true});
+      // ZeRO-1 fed by the bucketed all-reduce, for each bucket size asked for.
+      const std::vector<std::string> names = flags.list("strategy");
+      if (std::find(names.begin(), names.end(), "bucketed") != names.end()) {
+        for (double mb : flags.number_list("bucket-mb"))
+          configs.push_back({"zero1+bucketed", dist::DdpStrategy::bucketed, mb, true});
+      }
+    }
     std::unique_ptr<dist::Communicator> comm = dist::make_communicator(device, *runtime);
     const bool root = runtime->is_root();
     const int world = runtime->world_size();

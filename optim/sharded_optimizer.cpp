@@ -25,8 +25,8 @@ ShardedAdamW::ShardedAdamW(nn::FlatParameters& params, ShardCollectives& comm, c
   inner_ = std::make_unique<AdamW>(std::vector<Tensor>{shard_params_}, options);
 }
 
-double ShardedAdamW::step(double max_norm) {
-  comm_.reduce_scatter_avg(params_.flat_grads(), shard_grads_);
+double ShardedAdamW::step(double max_norm, bool gradients_averaged) {
+  if (!gradients_averaged) comm_.reduce_scatter_avg(params_.flat_grads(), shard_grads_);
   // The global norm is the root of the sum over ranks of each slice's squared norm.
   const double local = ops::sum_squares(shard_grads_);
   Tensor total = shard_grads_.device().is_cpu()

@@ -31,10 +31,12 @@ class ShardedAdamW {
   // pad_multiple), so that every slice has the same length.
   ShardedAdamW(nn::FlatParameters& params, ShardCollectives& comm, const AdamWOptions& options = {});
 
-  // Averages gradients across ranks into this rank's slice (call after backward, instead of a DDP
-  // all-reduce), clips by the global norm when max_norm > 0 (returns the norm), updates the slice and
-  // gathers the parameters.
-  double step(double max_norm);
+  // Averages gradients across ranks into this rank's slice (a reduce-scatter after backward, instead of a
+  // DDP all-reduce), clips by the global norm when max_norm > 0 (returns the norm), updates the slice and
+  // gathers the parameters. gradients_averaged: a data-parallel all-reduce (dist::DataParallel, which can
+  // overlap it with backward) has already left the average in the whole gradient buffer, so the
+  // reduce-scatter is skipped and the slice is read where it lies.
+  double step(double max_norm, bool gradients_averaged = false);
   void set_lr(double lr) { inner_->set_lr(lr); }
   double lr() const { return inner_->lr(); }
   int64_t step_count() const { return inner_->step_count(); }

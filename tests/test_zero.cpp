@@ -12,9 +12,10 @@ using namespace tt::testing;
 namespace {
 
 // Trains 10 AdamW steps, each rank on its own batch, either through ZeRO-1 or through a flat DDP all-reduce
-// followed by ordinary AdamW; returns the parameters (without padding).
+// followed by ordinary AdamW; returns the parameters (without padding). zero_over_ddp_mb > 0: ZeRO-1 whose
+// gradients are averaged by bucketed DDP (buckets of that many MiB) instead of a reduce-scatter.
 std::vector<double> train_adamw(ModelKind kind, Device device, DType dtype, bool sharded,
-                                int64_t* state_bytes) {
+                                int64_t* state_bytes, double zero_over_ddp_mb = 0) {
   dist::DistRuntime& rt = runtime();
   dist::Communicator& comm = communicator(device);
   std::unique_ptr<TestModel> model = make_test_model(kind);
@@ -31,6 +32,8 @@ std::vector<double> train_adamw(ModelKind kind, Device device, DType dtype, bool
   std::unique_ptr<dist::DataParallel> ddp;
   if (sharded) {
     comm.broadcast(params.flat_params(), 0);
+    if (zero_over_ddp_mb > 0)
+      ddp = std::make_unique<dist::DataParallel>(params, comm, dist::DdpStrategy::bucketed, zero_over_ddp_mb);
     zero = std::make_unique<optim::ShardedAdamW>(params, *collectives, options);
     *state_bytes = zero->state_bytes();
   } else {
@@ -46,7 +49,7 @@ std::vector<double> train_adamw(ModelKind kind, Device device, DType dtype, bool
     loss.backward();
     if (ddp) ddp->finish_backward();
     if (zero) {
-      zero->step(0.0);
+      zero->step(0.0, ddp != nullptr);
     } else {
       adamw->step();
     }
@@ -77,6 +80,25 @@ TEST_CASE("ZeRO-1 AdamW equals unsharded AdamW after 10 steps (MLP with a frozen
       const int64_t elem = static_cast<int64_t>(dtype_size(dtype));
       CHECK(sharded_bytes * world >= whole_bytes);
       CHECK(sharded_bytes * world <= whole_bytes + 2 * elem * world * world);
+    }
+  }
+}
+
+TEST_CASE("ZeRO-1 over bucketed DDP (all-reduce overlapped with backward) equals unsharded AdamW") {
+  // Bucket caps giving one tensor per bucket, a few buckets, and one bucket.
+  for (double mb : {1e-6, 0.01, 1000.0}) {
+    for (ModelKind kind : {ModelKind::mlp, ModelKind::transformer}) {
+      CAPTURE(model_kind_name(kind));
+      CAPTURE(mb);
+      int64_t sharded_bytes = 0, whole_bytes = 0;
+      const std::vector<double> sharded =
+          train_adamw(kind, Device::cpu(), DType::f64, true, &sharded_bytes, mb);
+      const std::vector<double> whole = train_adamw(kind, Device::cpu(), DType::f64, false, &whole_bytes);
+      std::string why;
+      CHECK_MESSAGE(allclose(sharded, whole, 1e-7, 0.0, &why), why);
+      CHECK(same_on_all_ranks(sharded));
+      CHECK(sharded_bytes * runtime().world_size() >= whole_bytes);
+      if (runtime().world_size() > 1) CHECK(sharded_bytes < whole_bytes);
     }
   }
 }

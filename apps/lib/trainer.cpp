@@ -48,6 +48,9 @@ void declare_train_flags(Flags& f) {
   f.add("ddp", "bucketed", "data-parallel strategy under mpirun: naive | flat | overlap | bucketed");
   f.add("bucket-mb", "25", "gradient bucket capacity in MiB (2^20 bytes) for --ddp bucketed");
   f.add("zero", "0", "1: shard the AdamW state across ranks (ZeRO-1); checkpoints load at any world size");
+  f.add("zero-grads", "reduce-scatter",
+        "with --zero 1, how gradients are averaged: reduce-scatter (after backward, half the bytes of an "
+        "all-reduce) | ddp (the --ddp strategy's all-reduce, overlapped with backward when bucketed)");
   f.add_switch("overwrite", "replace the checkpoints of an earlier run in --out (otherwise refused)");
   f.add("resume", "", "checkpoint to resume from (or, with --eval-only, to evaluate)");
   f.add_switch("eval-only", "evaluate --resume on val.bin and exit (prints and writes the mean loss)");
@@ -218,6 +221,9 @@ int run_training(const Flags& flags, Device device, const std::string& data_dir,
   TT_CHECK(steps > 0, "--steps must be positive");
   TT_CHECK(batch > 0 && accum > 0, "--batch and --grad-accum must be positive");
   TT_CHECK(zero == 0 || zero == 1, "--zero must be 0 or 1");
+  const std::string zero_grads = flags.str("zero-grads");
+  TT_CHECK(zero_grads == "reduce-scatter" || zero_grads == "ddp",
+           "--zero-grads must be reduce-scatter or ddp, got '" + zero_grads + "'");
   const TokenFile train_file(data_dir + "/train.bin", config.vocab_size);
   const TokenFile val_file(data_dir + "/val.bin", config.vocab_size);
   const Sampling sampling = parse_sampling(flags.str("sampling"));
@@ -242,6 +248,10 @@ int run_training(const Flags& flags, Device device, const std::string& data_dir,
     collectives = comm ? dist::shard_collectives(*comm) : dist::single_process_collectives();
     if (comm) comm->broadcast(params.flat_params(), 0);
     sharded = std::make_unique<optim::ShardedAdamW>(params, *collectives, adam);
+    if (comm && zero_grads == "ddp") {
+      ddp = std::make_unique<dist::DataParallel>(params, *comm, dist::parse_ddp_strategy(flags.str("ddp")),
+                                                 flags.number("bucket-mb"));
+    }
   } else {
     adamw = std::make_unique<optim::AdamW>(std::vector<Tensor>{params.flat_params()}, adam);
     if (comm) {
@@ -373,7 +383,7 @@ int run_training(const Flags& flags, Device device, const std::string& data_dir,
     }
     double grad_norm = 0;
     if (zero) {
-      grad_norm = sharded->step(clip);
+      grad_norm = sharded->step(clip, ddp != nullptr);
     } else {
       grad_norm = optim::clip_grad_norm({params.flat_grads()}, clip);
       adamw->step();
