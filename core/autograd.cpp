@@ -63,19 +63,26 @@ void attach_node(const Tensor& output, const std::shared_ptr<Node>& node,
   output.impl()->requires_grad = true;
 }
 
-Tensor AccumulateGrad::claim(const Shape& shape, DType dtype) {
+Tensor AccumulateGrad::grad_buffer(const Shape& shape, DType dtype) const {
   const Tensor existing = leaf_.grad();
-  if (!existing.defined() || !existing.is_contiguous() || existing.shape() != shape ||
+  // Only wide buffers: in-place accumulation rounds once per addition, which bf16 could not afford.
+  const bool wide = dtype == DType::f32 || dtype == DType::f64;
+  if (!wide || !existing.defined() || !existing.is_contiguous() || existing.shape() != shape ||
       existing.dtype() != dtype || existing.device() != leaf_.device()) {
     return Tensor();
   }
-  direct_ = true;
   return existing;
 }
 
-Tensor claim_grad_buffer(const std::shared_ptr<Node>& edge, const Shape& shape, DType dtype) {
+Tensor direct_grad_buffer(const std::shared_ptr<Node>& edge, const Shape& shape, DType dtype) {
+  const auto* accumulator = dynamic_cast<const AccumulateGrad*>(edge.get());
+  return accumulator ? accumulator->grad_buffer(shape, dtype) : Tensor();
+}
+
+void note_direct_contribution(const std::shared_ptr<Node>& edge) {
   auto* accumulator = dynamic_cast<AccumulateGrad*>(edge.get());
-  return accumulator ? accumulator->claim(shape, dtype) : Tensor();
+  TT_CHECK(accumulator != nullptr, "note_direct_contribution: not a leaf accumulator");
+  accumulator->note_direct_contribution();
 }
 
 std::vector<Tensor> AccumulateGrad::apply(const Tensor& grad_output) {

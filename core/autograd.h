@@ -41,7 +41,8 @@ class AccumulateGrad : public Node {
   std::vector<Tensor> apply(const Tensor& grad_output) override;
   bool reusable() const override { return true; }
   bool has_direct_contribution() const override { return direct_; }
-  Tensor claim(const Shape& shape, DType dtype);
+  Tensor grad_buffer(const Shape& shape, DType dtype) const;
+  void note_direct_contribution() { direct_ = true; }
 
  private:
   void accumulate_tensor(const Tensor& grad_output);
@@ -49,11 +50,12 @@ class AccumulateGrad : public Node {
   bool direct_ = false;
 };
 
-// When `edge` is the accumulator of a leaf whose .grad is a dense buffer of `shape` and `dtype` (as
-// FlatParameters sets up), returns that buffer: the caller adds its gradient into it in place (a GEMM with
-// beta = 1, say) and returns no tensor for that input. Otherwise returns an undefined tensor and the caller
-// returns its gradient as usual.
-Tensor claim_grad_buffer(const std::shared_ptr<Node>& edge, const Shape& shape, DType dtype);
+// When `edge` is the accumulator of a leaf whose .grad is a dense f32 or f64 buffer of `shape` and `dtype`
+// (as FlatParameters sets up), returns that buffer, else an undefined tensor. A producer that adds its
+// gradient into it in place (a GEMM with beta = 1, say) then calls note_direct_contribution(edge) and returns
+// no tensor for that input; the engine still runs the accumulator, so the leaf's grad-ready hooks fire.
+Tensor direct_grad_buffer(const std::shared_ptr<Node>& edge, const Shape& shape, DType dtype);
+void note_direct_contribution(const std::shared_ptr<Node>& edge);
 
 // Whether ops record the graph (thread-local; on by default).
 bool grad_mode_enabled();

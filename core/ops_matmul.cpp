@@ -122,11 +122,17 @@ struct LinearNode : Node {
     Tensor g = reshape(detail::dense(grad), {x2.size(0), out_features});
     if (g.dtype() != w.dtype()) g = cast(g, w.dtype());
     Tensor dx, dw;
-    if (next[0]) dx = reshape(matmul_raw(g, w, false, false, 1.0, dx_dtype), x_shape);
+    if (next[0]) {
+      // The product's own wide dtype, then x's if x came in another (an f64 x against f32 weights).
+      dx = matmul_raw(g, w, false, false, 1.0, wide_dtype(w.dtype()));
+      if (dx.dtype() != dx_dtype) dx = cast(dx, dx_dtype);
+      dx = reshape(dx, x_shape);
+    }
     if (next[1]) {
-      Tensor target = claim_grad_buffer(next[1], w.shape(), dw_dtype);
+      Tensor target = direct_grad_buffer(next[1], w.shape(), dw_dtype);
       if (target.defined()) {
         gemm_into(g, x2, true, false, 1.0, 1.0, target);
+        note_direct_contribution(next[1]);  // only once the addition is queued, so a failure leaves no trace
       } else {
         dw = matmul_raw(g, x2, true, false, 1.0, dw_dtype);
       }
@@ -153,7 +159,8 @@ Tensor matmul(const Tensor& a, const Tensor& b, bool trans_a, bool trans_b, doub
 }
 
 Tensor linear(const Tensor& x, const Tensor& weight) {
-  return linear(x, weight, weight.dtype(), weight.dtype());
+  // Like matmul: bf16 operands give an f32 result.
+  return linear(x, weight, weight.dtype(), wide_dtype(weight.dtype()));
 }
 
 Tensor linear(const Tensor& x, const Tensor& weight, DType compute, DType out) {

@@ -2,6 +2,7 @@
 // backward, and a whole model's forward+backward on CUDA against the CPU.
 #include <doctest/doctest.h>
 
+#include <cmath>
 #include <functional>
 
 #include "core/allocator.h"
@@ -129,6 +130,27 @@ TEST_CASE("CUDA fused-precision ops equal their CPU twins: bf16 outputs of matmu
   for (DType out : {DType::f32, DType::bf16}) {
     CHECK(cuda_vs_cpu([&](const auto& in) { return ops::linear(in[0], in[1], DType::bf16, out); },
                       {randn({4, 16, 96}, 54), randn({80, 96}, 55)}) < kBf16);
+  }
+  // The model's path: bf16 SwiGLU receiving an f32 gradient (from the f32 product of the next matmul).
+  {
+    const Tensor a = bf(randn({33, 257}, 59)), b = bf(randn({33, 257}, 60)), g = randn({33, 257}, 61);
+    Tensor ac = a.clone(), bc = b.clone(), ag = a.to(Device::cuda(0)), bg = b.to(Device::cuda(0));
+    for (Tensor* t : {&ac, &bc, &ag, &bg}) t->set_requires_grad(true);
+    ops::swiglu(ac, bc).backward(g);
+    ops::swiglu(ag, bg).backward(g.to(Device::cuda(0)));
+    CHECK(relative_error(ag.grad().to_doubles(), ac.grad().to_doubles()) < kBf16);
+    CHECK(relative_error(bg.grad().to_doubles(), bc.grad().to_doubles()) < kBf16);
+  }
+  // A bf16 output with a long inner dimension (where split-K is likely) is the f32 product rounded once:
+  // within half a bf16 unit (2^-9 relative) of the f32 result, where partial sums meeting in bf16 would not
+  // be.
+  {
+    const Tensor x = bf(randn({8, 8192}, 62)), w = bf(randn({16, 8192}, 63));
+    const Tensor xg = x.to(Device::cuda(0)), wg = w.to(Device::cuda(0));
+    const std::vector<double> narrow = ops::linear(xg, wg, DType::bf16, DType::bf16).to_doubles();
+    const std::vector<double> wide = ops::linear(xg, wg, DType::bf16, DType::f32).to_doubles();
+    for (size_t i = 0; i < wide.size(); ++i)
+      CHECK(std::abs(narrow[i] - wide[i]) <= std::abs(wide[i]) / 256 + 1e-6);
   }
   // The weight gradient added in place into a pre-assigned .grad (beta = 1 in cuBLASLt) on both devices.
   for (DType compute : {DType::f32, DType::bf16}) {

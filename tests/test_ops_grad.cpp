@@ -289,3 +289,41 @@ TEST_CASE("swiglu on bf16 inputs: f32 arithmetic, bf16 result and gradients") {
     CHECK(close(da[i], gv[i] * bv[i] * sig * (1 + av[i] * (1 - sig))));
   }
 }
+
+TEST_CASE(
+    "linear with mixed input dtypes: x's gradient comes back in x's dtype; bf16 weights keep bf16 grads") {
+  // An f64 input against f32 weights: computed in f32, dx returned in f64.
+  Tensor x = testing::random_tensor({3, 8}, 130, DType::f64),
+         w = testing::random_tensor({5, 8}, 131, DType::f32);
+  x.set_requires_grad(true);
+  w.set_requires_grad(true);
+  const Tensor y = ops::linear(x, w);
+  CHECK(y.dtype() == DType::f32);
+  ops::sum(y).backward();
+  REQUIRE(x.grad().dtype() == DType::f64);
+  const std::vector<double> gx = x.grad().to_doubles(), wv = w.to_doubles();
+  for (int64_t row = 0; row < 3; ++row) {
+    for (int64_t i = 0; i < 8; ++i) {
+      double expect = 0;
+      for (int64_t o = 0; o < 5; ++o) expect += wv[o * 8 + i];
+      CHECK(gx[row * 8 + i] == doctest::Approx(expect).epsilon(1e-6));
+    }
+  }
+  // bf16 operands and weight: an f32 product (as matmul gives), a bf16 weight gradient, and a pre-assigned
+  // bf16 .grad is added to the ordinary way, not in place (in-place accumulation is for f32/f64 buffers).
+  Tensor xb = ops::cast(testing::random_tensor({4, 8}, 132, DType::f32), DType::bf16),
+         wb = ops::cast(testing::random_tensor({6, 8}, 133, DType::f32), DType::bf16);
+  wb.set_requires_grad(true);
+  const Tensor yb = ops::linear(xb, wb);
+  CHECK(yb.dtype() == DType::f32);
+  ops::sum(yb).backward();
+  REQUIRE(wb.grad().dtype() == DType::bf16);
+  const std::vector<double> gw = wb.grad().to_doubles(), xv = xb.to_doubles();
+  for (int64_t o = 0; o < 6; ++o) {
+    for (int64_t i = 0; i < 8; ++i) {
+      double expect = 0;
+      for (int64_t row = 0; row < 4; ++row) expect += xv[row * 8 + i];
+      CHECK(gw[o * 8 + i] == doctest::Approx(expect).epsilon(1.0 / 128));
+    }
+  }
+}

@@ -138,6 +138,13 @@ void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alp
                                                            &align_c_u, sizeof(align_c_u)));
     TT_CUBLASLT_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES,
                                                            &align_c_u, sizeof(align_c_u)));
+    if (c_type == DType::bf16) {
+      // Split-K partial sums must meet in f32 (workspace), not in the bf16 output, so that a bf16 result is
+      // the f32 product rounded once, as the CPU twin computes it.
+      const uint32_t schemes = CUBLASLT_REDUCTION_SCHEME_NONE | CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE;
+      TT_CUBLASLT_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK,
+                                                             &schemes, sizeof(schemes)));
+    }
     cublasLtMatmulHeuristicResult_t result{};
     int found_count = 0;
     TT_CUBLASLT_CHECK(cublasLtMatmulAlgoGetHeuristic(state.handle, plan.desc, plan.layout_a, plan.layout_b,
