@@ -35,6 +35,7 @@ struct Config {
   // ZeRO-1: sharded AdamW and an all-gather; gradients averaged by a reduce-scatter after backward, or, when
   // a strategy is set too, by that strategy's all-reduce (overlapped with backward for bucketed).
   bool zero = false;
+  int sm_margin = 0;  // SMs kept free of GEMMs for the communication kernels (cuBLASLt SM count target)
 };
 
 // Bytes per rank, measured from the allocator and the tensors.
@@ -70,6 +71,7 @@ struct Bundle {
 Result measure(Bundle& b, dist::Communicator& comm, const Config& config, int64_t warmup, int64_t steps) {
   Result result;
   const Device device = comm.device();
+  set_matmul_sm_margin(config.sm_margin);
   try {
     std::unique_ptr<dist::DataParallel> ddp;
     std::unique_ptr<optim::ShardCollectives> collectives;
@@ -155,6 +157,9 @@ int main(int argc, char** argv) {
       "1: add ZeRO-1 rows (sharded AdamW state + all-gather): gradients reduce-scattered after backward "
       "('zero1'), and, with bucketed among the strategies, averaged by the bucketed all-reduce during "
       "backward ('zero1+bucketed')");
+  flags.add("gemm-sm-margin", "0",
+            "comma-separated SM counts to keep free of matmuls in the communicating rows (cuBLASLt plans "
+            "for fewer SMs), so NCCL's kernels overlap backward without waiting for SMs; 0: all SMs");
   flags.add("json", "", "also write one JSON object per row to this file (rank 0)");
   if (!flags.parse(argc, argv)) return 0;
   std::unique_ptr<dist::DistRuntime> runtime;
@@ -182,6 +187,25 @@ int main(int argc, char** argv) {
         for (double mb : flags.number_list("bucket-mb"))
           configs.push_back({"zero1+bucketed", dist::DdpStrategy::bucketed, mb, true});
       }
+    }
+    // Every communicating row again for each SM margin asked for (the single-GPU baseline uses the whole
+    // GPU).
+    {
+      const std::vector<double> margins = flags.number_list("gemm-sm-margin");
+      std::vector<Config> expanded;
+      for (const Config& c : configs) {
+        if (c.label == "single") {
+          expanded.push_back(c);
+          continue;
+        }
+        for (double m : margins) {
+          TT_CHECK(m >= 0 && m == static_cast<int>(m), "--gemm-sm-margin takes whole numbers >= 0");
+          Config with = c;
+          with.sm_margin = static_cast<int>(m);
+          expanded.push_back(with);
+        }
+      }
+      configs = expanded;
     }
     std::unique_ptr<dist::Communicator> comm = dist::make_communicator(device, *runtime);
     const bool root = runtime->is_root();
@@ -228,7 +252,9 @@ int main(int argc, char** argv) {
         const double efficiency = single_ms > 0 && !r.oom ? single_ms / r.step_ms.mean : 0;
         const double tokens_per_s =
             r.oom ? 0 : static_cast<double>(world * batch * ctx) / (r.step_ms.mean * 1e-3);
-        std::vector<std::string> cells = {preset, c.label,
+        const std::string shown =
+            c.sm_margin > 0 ? c.label + " (" + std::to_string(c.sm_margin) + " SMs free)" : c.label;
+        std::vector<std::string> cells = {preset, shown,
                                           bucketed ? format_fixed(c.bucket_mb, c.bucket_mb < 1 ? 3 : 0) : "-",
                                           std::to_string(world)};
         if (r.oom) {
@@ -244,6 +270,7 @@ int main(int argc, char** argv) {
           json->write({{"preset", JsonlWriter::quote(preset)},
                        {"strategy", JsonlWriter::quote(c.label)},
                        {"bucket_mb", bucketed ? JsonlWriter::number(c.bucket_mb) : "null"},
+                       {"gemm_sm_margin", std::to_string(c.sm_margin)},
                        {"ranks", std::to_string(world)},
                        {"batch_per_rank", std::to_string(batch)},
                        {"ctx", std::to_string(ctx)},
@@ -263,7 +290,7 @@ int main(int argc, char** argv) {
                        {"bytes_after_step", std::to_string(r.memory.after_step)},
                        {"peak_bytes", std::to_string(r.memory.peak)}});
         }
-        if (root) std::fprintf(stderr, "  measured %s %s\n", preset.c_str(), c.label.c_str());
+        if (root) std::fprintf(stderr, "  measured %s %s\n", preset.c_str(), shown.c_str());
       }
     }
     if (root) {

@@ -78,4 +78,11 @@ void synchronize(Device device) {
 #endif
 }
 
+void set_matmul_sm_margin(int sms) {
+  TT_CHECK(sms >= 0, "the matmul SM margin must be >= 0, got " + std::to_string(sms));
+#ifdef TT_WITH_CUDA
+  cuda::set_gemm_sm_margin(sms);
+#endif
+}
+
 }  // namespace tt

@@ -12,5 +12,9 @@ void set_current_device(int device);
 int current_device();
 // Waits for all work on the compute stream of `device`.
 void synchronize(Device device);
+// Leaves `sms` multiprocessors free of matmuls from now on (cuBLASLt's SM count target), so that
+// communication kernels overlapping the compute stream can start at once; 0 restores the default.
+// No effect without CUDA.
+void set_matmul_sm_margin(int sms);
 
 }  // namespace tt

@@ -61,7 +61,11 @@ for s in "$@"; do
       timeout 120 python3 -m torch.distributed.run --nproc_per_node "$np" apps/python/allreduce_baseline.py 2>&1 | tail -8
       timeout 240 "${mpi[@]}" $b/bench_ddp --preset xl --precision bf16 --ctx 512 --batch 4 --zero 1 \
         --strategy naive,flat,overlap,bucketed --bucket-mb 1,10,100,1000 --json "$out/ddp_xl.jsonl" 2>"$out/ddp_xl.err" | tee "$out/ddp_xl.md" | tail -24
-      # NCCL's kernels compete with the backward's matmuls for SMs; fewer CTAs per collective may scale better.
+      # NCCL's kernels compete with the backward's matmuls for SMs: matmuls planned for fewer SMs leave room
+      # for them (cuBLASLt SM count target), and fewer CTAs per collective take less.
+      timeout 200 "${mpi[@]}" $b/bench_ddp --preset xl --precision bf16 --ctx 512 --batch 4 --strategy bucketed \
+        --bucket-mb 25 --zero 1 --gemm-sm-margin 0,8,16,32 --json "$out/ddp_xl_margin.jsonl" 2>/dev/null |
+        tee "$out/ddp_xl_margin.md" | grep -E "^\| xl"
       for ctas in 4 8; do
         timeout 120 "${mpi[@]}" -x NCCL_MAX_CTAS=$ctas $b/bench_ddp --preset xl --precision bf16 --ctx 512 --batch 4 \
           --strategy bucketed --bucket-mb 25,100 --zero 1 --json "$out/ddp_xl_ctas$ctas.jsonl" 2>/dev/null | grep -E "^\| xl" | head -4

@@ -96,6 +96,13 @@ TEST_CASE("CUDA matmul (cuBLASLt) equals the CPU: f32 and bf16, every transpose,
   }
   CHECK(cuda_vs_cpu([](const auto& in) { return ops::linear(in[0], in[1]); },
                     {randn({4, 16, 96}, 14), randn({80, 96}, 15)}) < kF32);
+  // Matmuls planned for fewer SMs (room for communication kernels) give the same results.
+  set_matmul_sm_margin(16);
+  CHECK(cuda_vs_cpu([](const auto& in) { return ops::linear(in[0], in[1]); },
+                    {randn({4, 160, 512}, 16), randn({384, 512}, 17)}) < kF32);
+  CHECK(cuda_vs_cpu([](const auto& in) { return ops::linear(in[0], in[1], DType::bf16, DType::f32); },
+                    {randn({4, 160, 512}, 18), randn({384, 512}, 19)}) < 1e-2);
+  set_matmul_sm_margin(0);
 }
 
 TEST_CASE("CUDA model ops equal the CPU") {

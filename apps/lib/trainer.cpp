@@ -48,6 +48,9 @@ void declare_train_flags(Flags& f) {
   f.add("ddp", "bucketed", "data-parallel strategy under mpirun: naive | flat | overlap | bucketed");
   f.add("bucket-mb", "25", "gradient bucket capacity in MiB (2^20 bytes) for --ddp bucketed");
   f.add("zero", "0", "1: shard the AdamW state across ranks (ZeRO-1); checkpoints load at any world size");
+  f.add("gemm-sm-margin", "0",
+        "SMs to keep free of matmuls (CUDA), so the gradient all-reduce's kernels overlap backward without "
+        "waiting for SMs; 0: matmuls use the whole GPU");
   f.add("zero-grads", "reduce-scatter",
         "with --zero 1, how gradients are averaged: reduce-scatter (after backward, half the bytes of an "
         "all-reduce) | ddp (the --ddp strategy's all-reduce, overlapped with backward when bucketed)");
@@ -242,6 +245,9 @@ int run_training(const Flags& flags, Device device, const std::string& data_dir,
   std::unique_ptr<optim::ShardCollectives> collectives;
   std::unique_ptr<optim::AdamW> adamw;
   std::unique_ptr<optim::ShardedAdamW> sharded;
+  const int64_t sm_margin = flags.integer("gemm-sm-margin");
+  TT_CHECK(sm_margin >= 0, "--gemm-sm-margin must be >= 0");
+  set_matmul_sm_margin(static_cast<int>(sm_margin));
   if (world > 1) comm = dist::make_communicator(device, *runtime);
   if (zero) {
     TT_CHECK(comm != nullptr || world == 1, "--zero 1 needs a communicator");

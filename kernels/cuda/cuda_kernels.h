@@ -39,6 +39,11 @@ void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alp
           float beta, void* c, DType c_type, int64_t ldc, int64_t stride_c, int64_t batch,
           cudaStream_t stream);
 
+// Plans later GEMMs for all SMs but `sms` (0: all), so that a kernel on another stream (an NCCL all-reduce
+// overlapping backward) finds SMs free instead of waiting behind a GEMM that fills the device.
+void set_gemm_sm_margin(int sms);
+int gemm_sm_margin();
+
 void embedding_forward(const float* weight, const int32_t* ids, float* out, int64_t n, int64_t dim,
                        cudaStream_t stream);
 void embedding_backward(const float* grad_out, const int32_t* ids, float* grad_weight, int64_t n, int64_t dim,

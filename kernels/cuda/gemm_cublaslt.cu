@@ -5,6 +5,7 @@
 // shapes never calls the heuristic again.
 #include <cublasLt.h>
 
+#include <algorithm>
 #include <map>
 #include <mutex>
 #include <tuple>
@@ -31,7 +32,7 @@ struct DeviceState {
 };
 
 using PlanKey = std::tuple<bool, bool, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t,
-                           int64_t, int64_t, int, int, int, int>;
+                           int64_t, int64_t, int, int, int, int, int>;
 
 // Everything cuBLASLt needs for one problem; owned for the life of the process.
 struct Plan {
@@ -42,6 +43,8 @@ struct Plan {
 
 std::mutex g_mutex;
 DeviceState g_devices[kMaxDevices];
+int g_sm_margin = 0;          // SMs to leave to concurrent kernels (set_gemm_sm_margin)
+int g_sm_count[kMaxDevices];  // multiprocessors per device, read once
 std::map<PlanKey, Plan> g_plans[kMaxDevices];
 
 DeviceState& device_state(int device) {
@@ -49,6 +52,7 @@ DeviceState& device_state(int device) {
   if (!state.handle) {
     TT_CUBLASLT_CHECK(cublasLtCreate(&state.handle));
     TT_CUDA_CHECK(cudaMalloc(&state.workspace, kWorkspaceBytes));
+    TT_CUDA_CHECK(cudaDeviceGetAttribute(&g_sm_count[device], cudaDevAttrMultiProcessorCount, device));
   }
   return state;
 }
@@ -77,6 +81,17 @@ cublasLtMatrixLayout_t make_layout(cudaDataType_t type, int64_t rows, int64_t co
 
 }  // namespace
 
+void set_gemm_sm_margin(int sms) {
+  TT_CHECK(sms >= 0, "the GEMM SM margin must be >= 0, got " + std::to_string(sms));
+  std::lock_guard<std::mutex> lock(g_mutex);
+  g_sm_margin = sms;
+}
+
+int gemm_sm_margin() {
+  std::lock_guard<std::mutex> lock(g_mutex);
+  return g_sm_margin;
+}
+
 void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const void* a,
           int64_t lda, int64_t stride_a, const void* b, int64_t ldb, int64_t stride_b, DType ab_type,
           float beta, void* c, DType c_type, int64_t ldc, int64_t stride_c, int64_t batch,
@@ -91,6 +106,8 @@ void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alp
   DeviceState& state = device_state(device);
   const int align_ab = std::min(alignment_of(a), alignment_of(b));
   const int align_c = alignment_of(c);
+  // 0: the whole device; else plan for that many SMs, leaving the margin to a concurrent stream (NCCL).
+  const int sm_target = g_sm_margin > 0 ? std::max(1, g_sm_count[device] - g_sm_margin) : 0;
   const PlanKey key{trans_a,
                     trans_b,
                     m,
@@ -106,12 +123,18 @@ void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alp
                     static_cast<int>(ab_type),
                     static_cast<int>(c_type),
                     align_ab,
-                    align_c};
+                    align_c,
+                    sm_target};
   auto found = g_plans[device].find(key);
   if (found == g_plans[device].end()) {
     Plan plan;
     const cudaDataType_t in_type = ab_type == DType::bf16 ? CUDA_R_16BF : CUDA_R_32F;
     TT_CUBLASLT_CHECK(cublasLtMatmulDescCreate(&plan.desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    if (sm_target > 0) {
+      const int32_t target = sm_target;
+      TT_CUBLASLT_CHECK(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_SM_COUNT_TARGET,
+                                                       &target, sizeof(target)));
+    }
     // Column-major view: Lt's first operand is our B, its second our A (see the file comment).
     const cublasOperation_t op_first = trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
     const cublasOperation_t op_second = trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
