@@ -18,6 +18,7 @@
 #include "core/profile.h"
 #include "core/rng.h"
 #include "optim/optimizer.h"
+#include "optim/update_in_backward.h"
 
 using namespace tt;
 using namespace tt::app;
@@ -71,11 +72,15 @@ Row measure(const Flags& flags, Device device, Bundle* bundle, const nn::ModelCo
     nn::FlatParameters& params = bundle->params;
     // Rows share the model of a size; only a step row keeps AdamW state, so a forward or forward+backward row
     // measured after one does not count the optimizer's memory.
-    if (mode != "step") bundle->optimizer.reset();
-    if (mode == "step" && !bundle->optimizer) {
+    const bool fused = mode == "step-fused", with_optimizer = mode == "step" || fused;
+    if (!with_optimizer) bundle->optimizer.reset();
+    if (with_optimizer && !bundle->optimizer) {
       bundle->optimizer = std::make_unique<optim::AdamW>(std::vector<Tensor>{params.flat_params()});
     }
-    optim::AdamW* optimizer = mode == "step" ? bundle->optimizer.get() : nullptr;
+    optim::AdamW* optimizer = with_optimizer ? bundle->optimizer.get() : nullptr;
+    // step-fused: each parameter's AdamW update runs as soon as backward has finished its gradient.
+    std::unique_ptr<optim::UpdateInBackward> update_in_backward;
+    if (fused) update_in_backward = std::make_unique<optim::UpdateInBackward>(params, *optimizer);
     params.zero_grad();
     CounterRng rng{7, 0};
     std::vector<int32_t> ids(static_cast<size_t>(batch * ctx)), targets(ids.size());
@@ -94,8 +99,14 @@ Row measure(const Flags& flags, Device device, Bundle* bundle, const nn::ModelCo
     } else {
       phases.push_back({"forward", [&] { loss = model.loss(x, y); }});
       phases.push_back({"backward", [&] {
+                          if (fused) {
+                            // A graph replay gets its step's scalars uploaded before the launch instead.
+                            if (!graph) optimizer->prepare_step();
+                            update_in_backward->begin();
+                          }
                           loss.backward();
                           loss = Tensor();
+                          if (fused) update_in_backward->finish();
                         }});
       if (mode == "step") {
         phases.push_back({"optimizer", [&] {
@@ -136,7 +147,7 @@ Row measure(const Flags& flags, Device device, Bundle* bundle, const nn::ModelCo
       reset_peak_memory(device);
       cuda_graph->capture(iteration_body);
       capture_peak = memory_stats(device).peak_bytes;
-      const bool has_optimizer = mode == "step";
+      const bool has_optimizer = with_optimizer;
       phases = {{"graph", [&, has_optimizer] {
                    if (has_optimizer) optimizer->prepare_step();
                    cuda_graph->replay();
@@ -246,7 +257,12 @@ int main(int argc, char** argv) {
     flags.add("vocab", "10000", "vocabulary size");
     flags.add("precision", "f32", "comma-separated: f32 | bf16");
     flags.add("attention", "auto", "comma-separated: naive | flash | auto (flash on CUDA)");
-    flags.add("mode", "step", "comma-separated: forward | backward (forward+backward) | step (+ AdamW)");
+    flags.add(
+        "mode", "step",
+        "comma-separated: forward | backward (forward+backward) | step (+ AdamW) | step-fused (AdamW "
+        "fused into backward: each parameter updated on a side stream as soon as its gradient is final)");
+    flags.add("gemm-sm-margin", "0",
+              "SMs to keep free of matmuls (cuBLASLt plans for the rest), e.g. for step-fused's side stream");
     flags.add("warmup", "5", "comma-separated untimed warm-up iteration counts (e.g. 0,1,2,5)");
     flags.add("steps", "10", "timed iterations");
     flags.add("device", "auto", "cpu | cuda | cuda:N | auto");
@@ -259,6 +275,9 @@ int main(int argc, char** argv) {
     flags.add("memory-timeline", "", "record every allocation of one step into FILE.svg and FILE.json");
     if (!flags.parse(argc, argv)) return 0;
     const Device device = pick_device(flags.str("device"));
+    const int64_t sm_margin = flags.integer("gemm-sm-margin");
+    TT_CHECK(sm_margin >= 0, "--gemm-sm-margin must be >= 0");
+    set_matmul_sm_margin(static_cast<int>(sm_margin));
     std::vector<Row> rows;
     std::printf("device: %s, batch %lld, warm-up %s, timed steps %lld\n\n", device_name(device).c_str(),
                 static_cast<long long>(flags.integer("batch")), flags.str("warmup").c_str(),
@@ -294,7 +313,7 @@ int main(int argc, char** argv) {
           }
           for (int64_t ctx : contexts) {
             for (const std::string& mode : flags.list("mode")) {
-              TT_CHECK(mode == "forward" || mode == "backward" || mode == "step",
+              TT_CHECK(mode == "forward" || mode == "backward" || mode == "step" || mode == "step-fused",
                        "unknown --mode '" + mode + "' (expected forward, backward or step)");
               for (int64_t warmup : warmups) {
                 for (bool graph : graph_modes) {

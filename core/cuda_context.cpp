@@ -13,6 +13,7 @@ namespace {
 #ifdef TT_WITH_CUDA
 constexpr int kMaxDevices = 16;
 cudaStream_t g_streams[kMaxDevices] = {};
+cudaStream_t g_side_streams[kMaxDevices] = {};
 std::mutex g_stream_mutex;
 #endif
 thread_local int g_device = 0;
@@ -67,6 +68,54 @@ void* compute_stream(int device) {
   return g_streams[device];
 #else
   return nullptr;
+#endif
+}
+
+void* side_stream(int device) {
+#ifdef TT_WITH_CUDA
+  std::lock_guard<std::mutex> lock(g_stream_mutex);
+  TT_CHECK(device >= 0 && device < kMaxDevices, "bad CUDA device index " + std::to_string(device));
+  if (!g_side_streams[device]) {
+    int previous = 0;
+    TT_CUDA_CHECK(cudaGetDevice(&previous));
+    TT_CUDA_CHECK(cudaSetDevice(device));
+    TT_CUDA_CHECK(cudaStreamCreateWithFlags(&g_side_streams[device], cudaStreamNonBlocking));
+    TT_CUDA_CHECK(cudaSetDevice(previous));
+  }
+  return g_side_streams[device];
+#else
+  (void)device;
+  return nullptr;
+#endif
+}
+
+StreamEvent::StreamEvent() {
+#ifdef TT_WITH_CUDA
+  cudaEvent_t event = nullptr;
+  TT_CUDA_CHECK(cudaEventCreateWithFlags(&event, cudaEventDisableTiming));
+  event_ = event;
+#endif
+}
+
+StreamEvent::~StreamEvent() {
+#ifdef TT_WITH_CUDA
+  if (event_) cudaEventDestroy(static_cast<cudaEvent_t>(event_));
+#endif
+}
+
+void StreamEvent::record(void* stream) {
+#ifdef TT_WITH_CUDA
+  TT_CUDA_CHECK(cudaEventRecord(static_cast<cudaEvent_t>(event_), static_cast<cudaStream_t>(stream)));
+#else
+  (void)stream;
+#endif
+}
+
+void StreamEvent::block(void* waiter) {
+#ifdef TT_WITH_CUDA
+  TT_CUDA_CHECK(cudaStreamWaitEvent(static_cast<cudaStream_t>(waiter), static_cast<cudaEvent_t>(event_), 0));
+#else
+  (void)waiter;
 #endif
 }
 

@@ -8,6 +8,23 @@ namespace tt {
 
 // The compute stream of the device as an opaque handle (cudaStream_t); nullptr on CPU-only builds.
 void* compute_stream(int device);
+// A second stream of the device for work that overlaps the compute stream (optimizer updates during
+// backward); created on first use. nullptr on CPU-only builds.
+void* side_stream(int device);
+// A CUDA event for ordering two streams without blocking the host; created up front, so recording and
+// waiting also work inside a CUDA graph capture (they become the graph's edges). Inert without CUDA.
+class StreamEvent {
+ public:
+  StreamEvent();
+  ~StreamEvent();
+  StreamEvent(const StreamEvent&) = delete;
+  StreamEvent& operator=(const StreamEvent&) = delete;
+  void record(void* stream);  // marks everything queued on `stream` so far
+  void block(void* waiter);   // work queued on `waiter` from now on waits for the mark
+
+ private:
+  void* event_ = nullptr;
+};
 void set_current_device(int device);
 int current_device();
 // Waits for all work on the compute stream of `device`.

@@ -58,33 +58,41 @@ void AdamW::prepare_step() {
 
 void AdamW::apply() {
   for (size_t i = 0; i < params_.size(); ++i) {
-    Tensor& p = params_[i];
-    const Tensor g = p.grad();
-    if (!g.defined()) continue;
-    TT_CHECK(p.is_contiguous() && g.is_contiguous(), "AdamW needs contiguous parameters and gradients");
-    const int64_t n = p.numel();
-    if (p.device().is_cuda()) {
+    if (params_[i].grad().defined()) apply_range(i, 0, params_[i].numel());
+  }
+}
+
+void AdamW::apply_range(size_t index, int64_t begin, int64_t count, void* stream) {
+  TT_CHECK(index < params_.size(), "AdamW::apply_range: no parameter " + std::to_string(index));
+  Tensor& p = params_[index];
+  const Tensor g = p.grad();
+  TT_CHECK(g.defined(), "AdamW::apply_range: parameter " + std::to_string(index) + " has no gradient");
+  TT_CHECK(p.is_contiguous() && g.is_contiguous(), "AdamW needs contiguous parameters and gradients");
+  TT_CHECK(begin >= 0 && count >= 0 && begin + count <= p.numel(), "AdamW::apply_range: range out of bounds");
+  if (count == 0) return;
+  if (p.device().is_cuda()) {
 #ifdef TT_WITH_CUDA
-      TT_CHECK(p.dtype() == DType::f32, "AdamW on CUDA needs f32 parameters");
-      TT_CHECK(device_factors_.defined(), "AdamW::apply() before prepare_step()");
-      cuda::adamw_apply(p.data<float>(), g.data<float>(), exp_avg_[i].data<float>(),
-                        exp_avg_sq_[i].data<float>(), n, device_factors_.data<float>(),
-                        grad_scale_.defined() ? grad_scale_.data<float>() : nullptr, options_.beta1,
-                        options_.beta2, options_.eps,
-                        static_cast<cudaStream_t>(compute_stream(p.device().index)));
+    TT_CHECK(p.dtype() == DType::f32, "AdamW on CUDA needs f32 parameters");
+    TT_CHECK(device_factors_.defined(), "AdamW::apply() before prepare_step()");
+    cudaStream_t s = static_cast<cudaStream_t>(stream ? stream : compute_stream(p.device().index));
+    cuda::adamw_apply(p.data<float>() + begin, g.data<float>() + begin, exp_avg_[index].data<float>() + begin,
+                      exp_avg_sq_[index].data<float>() + begin, count, device_factors_.data<float>(),
+                      grad_scale_.defined() ? grad_scale_.data<float>() : nullptr, options_.beta1,
+                      options_.beta2, options_.eps, s);
 #endif
-    } else {
-      TT_CHECK(!grad_scale_.defined(), "AdamW: device gradient scaling is for CUDA parameters");
-      auto update = [&](auto tag) {
-        using T = decltype(tag);
-        cpu::adamw(p.data<T>(), g.data<T>(), exp_avg_[i].data<T>(), exp_avg_sq_[i].data<T>(), n, lr_,
-                   options_.beta1, options_.beta2, options_.eps, options_.weight_decay, step_);
-      };
-      if (p.dtype() == DType::f64)
-        update(double{});
-      else
-        update(float{});
-    }
+  } else {
+    TT_CHECK(!grad_scale_.defined(), "AdamW: device gradient scaling is for CUDA parameters");
+    TT_CHECK(step_ >= 1, "AdamW::apply() before prepare_step()");
+    auto update = [&](auto tag) {
+      using T = decltype(tag);
+      cpu::adamw(p.data<T>() + begin, g.data<T>() + begin, exp_avg_[index].data<T>() + begin,
+                 exp_avg_sq_[index].data<T>() + begin, count, lr_, options_.beta1, options_.beta2,
+                 options_.eps, options_.weight_decay, step_);
+    };
+    if (p.dtype() == DType::f64)
+      update(double{});
+    else
+      update(float{});
   }
 }
 

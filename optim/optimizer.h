@@ -46,6 +46,10 @@ class AdamW : public Optimizer {
   // (outside a capture); apply() launches the update (may be captured, then replayed every step).
   void prepare_step();
   void apply();
+  // The update of elements [begin, begin + count) of parameter `index` only (after prepare_step()), on
+  // `stream` (a cudaStream_t; nullptr: the compute stream). Updating every range once equals apply().
+  void apply_range(size_t index, int64_t begin, int64_t count, void* stream = nullptr);
+  size_t parameter_count() const { return params_.size(); }
   // Multiplies gradients by this device scalar (CUDA clipping without a host round trip); undefined = 1.
   void set_grad_scale(const Tensor& scale) { grad_scale_ = scale; }
   int64_t step_count() const { return step_; }

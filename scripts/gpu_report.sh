@@ -82,7 +82,14 @@ for s in "$@"; do
       # The acceptance table of the step benchmark: all sizes, bf16 and f32, context 256, graph on.
       section ours
       timeout 150 $b/benchmark --sizes small,medium,large,xl,2.7b --ctx 256 --batch 4 --precision bf16,f32 \
-        --graph on --json "$out/ours_all.jsonl" 2>/dev/null | tee "$out/ours_all.md" | tail -12 ;;
+        --graph on --json "$out/ours_all.jsonl" 2>/dev/null | tee "$out/ours_all.md" | tail -12
+      # The same bf16 step with AdamW fused into backward (updates overlap the rest of backward).
+      timeout 150 $b/benchmark --sizes small,medium,large,xl,2.7b --ctx 256 --batch 4 --precision bf16 \
+        --mode step-fused --graph on --json "$out/ours_fused.jsonl" 2>/dev/null | tee "$out/ours_fused.md" | tail -6
+      for margin in 8 16 32; do
+        timeout 100 $b/benchmark --sizes xl,2.7b --ctx 256 --batch 4 --precision bf16 --mode step-fused --graph on \
+          --gemm-sm-margin $margin 2>/dev/null | grep -E "^\| (xl|2.7b) " | sed "s/^/margin $margin: /"
+      done ;;
     grid)
       # The course's experiments: sizes x contexts, warm-up 0/1/2/5 x graph x attention, 2.7b peak memory.
       section grid

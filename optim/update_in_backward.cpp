@@ -1,0 +1,112 @@
+#include "optim/update_in_backward.h"
+
+#include <cstring>
+#include <vector>
+
+#include "core/cuda_context.h"
+#include "kernels/common.h"
+#ifdef TT_WITH_CUDA
+#include "kernels/cuda/cuda_kernels.h"
+#endif
+
+namespace tt::optim {
+
+struct UpdateInBackward::State {
+  State(nn::FlatParameters& p, AdamW& o) : params(p), optimizer(o) {}
+  nn::FlatParameters& params;
+  AdamW& optimizer;
+  Device device;
+  bool armed = false;
+  int64_t hook_updates = 0;
+  std::vector<bool> done;                           // per parameter, this pass
+  std::vector<std::unique_ptr<StreamEvent>> ready;  // per parameter: its gradient is complete
+  StreamEvent updates_done;                         // join of the side stream into the compute stream
+
+  // Updates elements [begin, begin + count) of the flat buffer and zeroes their gradients.
+  void update(int64_t begin, int64_t count) {
+    if (count == 0) return;
+    Tensor& grads = params.flat_grads();
+    if (device.is_cuda()) {
+      void* side = side_stream(device.index);
+      optimizer.apply_range(0, begin, count, side);
+#ifdef TT_WITH_CUDA
+      cuda::fill(grads.data<float>() + begin, count, 0.0, static_cast<cudaStream_t>(side));
+#endif
+    } else {
+      optimizer.apply_range(0, begin, count);
+      std::memset(
+          static_cast<char*>(grads.raw_data()) + begin * static_cast<int64_t>(dtype_size(grads.dtype())), 0,
+          static_cast<size_t>(count) * dtype_size(grads.dtype()));
+    }
+  }
+
+  void on_gradient_ready(size_t index) {
+    if (!armed) return;
+    TT_CHECK(!done[index],
+             "UpdateInBackward: parameter " + params.parameters()[index].name +
+                 " got its gradient twice in one pass (gradient accumulation is not supported)");
+    done[index] = true;
+    ++hook_updates;
+    if (device.is_cuda()) {
+      // The side stream starts this update only once the compute stream has finished the gradient.
+      ready[index]->record(compute_stream(device.index));
+      ready[index]->block(side_stream(device.index));
+    }
+    update(params.offsets()[index], params.parameters()[index].tensor->numel());
+  }
+};
+
+UpdateInBackward::UpdateInBackward(nn::FlatParameters& params, AdamW& optimizer)
+    : state_(std::make_shared<State>(params, optimizer)) {
+  TT_CHECK(optimizer.parameter_count() == 1 && optimizer.exp_avg()[0].numel() == params.flat_params().numel(),
+           "UpdateInBackward needs an AdamW over the flat parameter buffer");
+  State& s = *state_;
+  s.device = params.flat_params().device();
+  const size_t n = params.parameters().size();
+  s.done.assign(n, false);
+  for (size_t i = 0; i < n; ++i) {
+    s.ready.push_back(std::make_unique<StreamEvent>());
+    std::weak_ptr<State> weak = state_;
+    params.parameters()[i].tensor->register_grad_ready_hook([weak, i](Tensor&) {
+      if (auto state = weak.lock()) state->on_gradient_ready(i);
+    });
+  }
+}
+
+UpdateInBackward::~UpdateInBackward() = default;
+
+int64_t UpdateInBackward::updated_in_backward() const {
+  return state_->hook_updates;
+}
+
+void UpdateInBackward::begin() {
+  State& s = *state_;
+  TT_CHECK(!s.armed, "UpdateInBackward::begin() twice without finish()");
+  TT_CHECK(s.optimizer.step_count() >= 1, "UpdateInBackward::begin() before the optimizer's prepare_step()");
+  s.done.assign(s.done.size(), false);
+  s.hook_updates = 0;
+  s.armed = true;
+}
+
+void UpdateInBackward::finish() {
+  State& s = *state_;
+  TT_CHECK(s.armed, "UpdateInBackward::finish() without begin()");
+  s.armed = false;
+  const auto& offsets = s.params.offsets();
+  if (s.device.is_cuda()) {
+    // What no hook reached goes after everything backward queued.
+    s.updates_done.record(compute_stream(s.device.index));
+    s.updates_done.block(side_stream(s.device.index));
+  }
+  for (size_t i = 0; i < s.done.size(); ++i) {
+    if (!s.done[i]) s.update(offsets[i], s.params.parameters()[i].tensor->numel());
+  }
+  const int64_t total = s.params.flat_params().numel();
+  s.update(s.params.numel(), total - s.params.numel());  // padding (ZeRO layouts): zeros stay zeros
+  if (s.device.is_cuda()) {
+    s.updates_done.record(side_stream(s.device.index));
+    s.updates_done.block(compute_stream(s.device.index));
+  }
+}
+
+}  // namespace tt::optim

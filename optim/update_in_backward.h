@@ -1,0 +1,41 @@
+// AdamW fused into backward. Each parameter is updated the moment backward has finished its gradient (its
+// grad-ready hook), and that gradient slice is zeroed right after, so the optimizer's memory traffic runs
+// while the rest of backward computes instead of after it. On CUDA the updates go to a side stream, each
+// ordered after its gradient by an event, and finish() orders the compute stream after all of them (both
+// work inside a CUDA graph capture). The result is exactly that of
+//     loss.backward();  optimizer.step();  params.zero_grad();
+// whenever nothing rescales the gradients between backward and the step: no clipping, no accumulation over
+// micro-batches, no data-parallel averaging. Parameters that receive no gradient (frozen ones, or unused
+// in this pass) and the flat buffer's padding are updated in finish(), as a whole-buffer step would.
+#pragma once
+
+#include <memory>
+
+#include "nn/module.h"
+#include "optim/optimizer.h"
+
+namespace tt::optim {
+
+class UpdateInBackward {
+ public:
+  // `optimizer` must be an AdamW over exactly {params.flat_params()}. Registers a grad-ready hook on every
+  // parameter; the hooks do nothing outside begin()/finish() and after this object is gone.
+  UpdateInBackward(nn::FlatParameters& params, AdamW& optimizer);
+  ~UpdateInBackward();
+  UpdateInBackward(const UpdateInBackward&) = delete;
+  UpdateInBackward& operator=(const UpdateInBackward&) = delete;
+
+  // Before backward, after optimizer.prepare_step() (which counts the step and uploads its scalars).
+  void begin();
+  // After backward: updates the ranges no hook reached and, on CUDA, makes the compute stream wait for
+  // every update. The gradients are zero afterwards.
+  void finish();
+  // Parameters the hooks updated during the last backward (the rest were updated by finish()).
+  int64_t updated_in_backward() const;
+
+ private:
+  struct State;
+  std::shared_ptr<State> state_;
+};
+
+}  // namespace tt::optim
