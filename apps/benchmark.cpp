@@ -314,7 +314,7 @@ int main(int argc, char** argv) {
           for (int64_t ctx : contexts) {
             for (const std::string& mode : flags.list("mode")) {
               TT_CHECK(mode == "forward" || mode == "backward" || mode == "step" || mode == "step-fused",
-                       "unknown --mode '" + mode + "' (expected forward, backward or step)");
+                       "unknown --mode '" + mode + "' (expected forward, backward, step or step-fused)");
               for (int64_t warmup : warmups) {
                 for (bool graph : graph_modes) {
                   rows.push_back(

@@ -89,11 +89,18 @@ void* side_stream(int device) {
 #endif
 }
 
-StreamEvent::StreamEvent() {
+StreamEvent::StreamEvent(int device) {
 #ifdef TT_WITH_CUDA
+  int previous = 0;
+  TT_CUDA_CHECK(cudaGetDevice(&previous));
+  if (device >= 0) TT_CUDA_CHECK(cudaSetDevice(device));
   cudaEvent_t event = nullptr;
-  TT_CUDA_CHECK(cudaEventCreateWithFlags(&event, cudaEventDisableTiming));
+  const cudaError_t created = cudaEventCreateWithFlags(&event, cudaEventDisableTiming);
+  if (device >= 0) TT_CUDA_CHECK(cudaSetDevice(previous));
+  TT_CUDA_CHECK(created);
   event_ = event;
+#else
+  (void)device;
 #endif
 }
 

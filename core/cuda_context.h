@@ -15,7 +15,7 @@ void* side_stream(int device);
 // waiting also work inside a CUDA graph capture (they become the graph's edges). Inert without CUDA.
 class StreamEvent {
  public:
-  StreamEvent();
+  explicit StreamEvent(int device = -1);  // on `device` (-1: the current one)
   ~StreamEvent();
   StreamEvent(const StreamEvent&) = delete;
   StreamEvent& operator=(const StreamEvent&) = delete;

@@ -52,6 +52,7 @@ class AdamW : public Optimizer {
   size_t parameter_count() const { return params_.size(); }
   // Multiplies gradients by this device scalar (CUDA clipping without a host round trip); undefined = 1.
   void set_grad_scale(const Tensor& scale) { grad_scale_ = scale; }
+  bool has_grad_scale() const { return grad_scale_.defined(); }
   int64_t step_count() const { return step_; }
   void set_step_count(int64_t step) { step_ = step; }
   std::vector<Tensor>& exp_avg() { return exp_avg_; }

@@ -20,7 +20,7 @@ struct UpdateInBackward::State {
   int64_t hook_updates = 0;
   std::vector<bool> done;                           // per parameter, this pass
   std::vector<std::unique_ptr<StreamEvent>> ready;  // per parameter: its gradient is complete
-  StreamEvent updates_done;                         // join of the side stream into the compute stream
+  std::unique_ptr<StreamEvent> updates_done;        // join of the side stream into the compute stream
 
   // Updates elements [begin, begin + count) of the flat buffer and zeroes their gradients.
   void update(int64_t begin, int64_t count) {
@@ -38,6 +38,12 @@ struct UpdateInBackward::State {
           static_cast<char*>(grads.raw_data()) + begin * static_cast<int64_t>(dtype_size(grads.dtype())), 0,
           static_cast<size_t>(count) * dtype_size(grads.dtype()));
     }
+  }
+
+  // The compute stream waits for everything queued on the side stream.
+  void join() {
+    updates_done->record(side_stream(device.index));
+    updates_done->block(compute_stream(device.index));
   }
 
   void on_gradient_ready(size_t index) {
@@ -58,14 +64,16 @@ struct UpdateInBackward::State {
 
 UpdateInBackward::UpdateInBackward(nn::FlatParameters& params, AdamW& optimizer)
     : state_(std::make_shared<State>(params, optimizer)) {
-  TT_CHECK(optimizer.parameter_count() == 1 && optimizer.exp_avg()[0].numel() == params.flat_params().numel(),
+  TT_CHECK(optimizer.parameter_count() == 1 && optimizer.params()[0].impl() == params.flat_params().impl(),
            "UpdateInBackward needs an AdamW over the flat parameter buffer");
   State& s = *state_;
   s.device = params.flat_params().device();
+  const int event_device = s.device.is_cuda() ? s.device.index : -1;
+  s.updates_done = std::make_unique<StreamEvent>(event_device);
   const size_t n = params.parameters().size();
   s.done.assign(n, false);
   for (size_t i = 0; i < n; ++i) {
-    s.ready.push_back(std::make_unique<StreamEvent>());
+    s.ready.push_back(std::make_unique<StreamEvent>(event_device));
     std::weak_ptr<State> weak = state_;
     params.parameters()[i].tensor->register_grad_ready_hook([weak, i](Tensor&) {
       if (auto state = weak.lock()) state->on_gradient_ready(i);
@@ -73,7 +81,17 @@ UpdateInBackward::UpdateInBackward(nn::FlatParameters& params, AdamW& optimizer)
   }
 }
 
-UpdateInBackward::~UpdateInBackward() = default;
+UpdateInBackward::~UpdateInBackward() {
+  // A backward that threw left updates queued on the side stream: order later work after them anyway.
+  State& s = *state_;
+  if (s.armed && s.device.is_cuda()) {
+    try {
+      s.join();
+    } catch (...) {
+    }
+  }
+  s.armed = false;
+}
 
 int64_t UpdateInBackward::updated_in_backward() const {
   return state_->hook_updates;
@@ -83,6 +101,9 @@ void UpdateInBackward::begin() {
   State& s = *state_;
   TT_CHECK(!s.armed, "UpdateInBackward::begin() twice without finish()");
   TT_CHECK(s.optimizer.step_count() >= 1, "UpdateInBackward::begin() before the optimizer's prepare_step()");
+  TT_CHECK(
+      !s.optimizer.has_grad_scale(),
+      "UpdateInBackward: gradients are scaled (clipping); a fused update cannot wait for the global norm");
   s.done.assign(s.done.size(), false);
   s.hook_updates = 0;
   s.armed = true;
@@ -95,8 +116,8 @@ void UpdateInBackward::finish() {
   const auto& offsets = s.params.offsets();
   if (s.device.is_cuda()) {
     // What no hook reached goes after everything backward queued.
-    s.updates_done.record(compute_stream(s.device.index));
-    s.updates_done.block(side_stream(s.device.index));
+    s.updates_done->record(compute_stream(s.device.index));
+    s.updates_done->block(side_stream(s.device.index));
   }
   for (size_t i = 0; i < s.done.size(); ++i) {
     if (!s.done[i]) s.update(offsets[i], s.params.parameters()[i].tensor->numel());
@@ -104,8 +125,7 @@ void UpdateInBackward::finish() {
   const int64_t total = s.params.flat_params().numel();
   s.update(s.params.numel(), total - s.params.numel());  // padding (ZeRO layouts): zeros stay zeros
   if (s.device.is_cuda()) {
-    s.updates_done.record(side_stream(s.device.index));
-    s.updates_done.block(compute_stream(s.device.index));
+    s.join();
   }
 }
 

@@ -7,6 +7,9 @@
 // whenever nothing rescales the gradients between backward and the step: no clipping, no accumulation over
 // micro-batches, no data-parallel averaging. Parameters that receive no gradient (frozen ones, or unused
 // in this pass) and the flat buffer's padding are updated in finish(), as a whole-buffer step would.
+// begin() refuses an AdamW with a gradient scale (clipping needs the global norm first) and a parameter whose
+// gradient arrives twice in one pass (accumulation); do not combine it with dist::DataParallel, whose hooks
+// communicate the very gradients these updates consume and zero.
 #pragma once
 
 #include <memory>

@@ -107,7 +107,10 @@ void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alp
   const int align_ab = std::min(alignment_of(a), alignment_of(b));
   const int align_c = alignment_of(c);
   // 0: the whole device; else plan for that many SMs, leaving the margin to a concurrent stream (NCCL).
-  const int sm_target = g_sm_margin > 0 ? std::max(1, g_sm_count[device] - g_sm_margin) : 0;
+  TT_CHECK(g_sm_margin < g_sm_count[device], "the GEMM SM margin (" + std::to_string(g_sm_margin) +
+                                                 ") leaves no SM of the device's " +
+                                                 std::to_string(g_sm_count[device]) + " for matmuls");
+  const int sm_target = g_sm_margin > 0 ? g_sm_count[device] - g_sm_margin : 0;
   const PlanKey key{trans_a,
                     trans_b,
                     m,
