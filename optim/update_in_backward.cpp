@@ -68,12 +68,13 @@ UpdateInBackward::UpdateInBackward(nn::FlatParameters& params, AdamW& optimizer)
            "UpdateInBackward needs an AdamW over the flat parameter buffer");
   State& s = *state_;
   s.device = params.flat_params().device();
-  const int event_device = s.device.is_cuda() ? s.device.index : -1;
-  s.updates_done = std::make_unique<StreamEvent>(event_device);
+  // Events only for CUDA parameters (a CUDA build on a machine without a GPU must not touch the driver).
+  const bool cuda = s.device.is_cuda();
+  if (cuda) s.updates_done = std::make_unique<StreamEvent>(s.device.index);
   const size_t n = params.parameters().size();
   s.done.assign(n, false);
   for (size_t i = 0; i < n; ++i) {
-    s.ready.push_back(std::make_unique<StreamEvent>(event_device));
+    s.ready.push_back(cuda ? std::make_unique<StreamEvent>(s.device.index) : nullptr);
     std::weak_ptr<State> weak = state_;
     params.parameters()[i].tensor->register_grad_ready_hook([weak, i](Tensor&) {
       if (auto state = weak.lock()) state->on_gradient_ready(i);
