@@ -88,7 +88,7 @@ void note_direct_contribution(const std::shared_ptr<Node>& edge) {
 std::vector<Tensor> AccumulateGrad::apply(const Tensor& grad_output) {
   direct_ = false;
   if (grad_output.defined()) accumulate_tensor(grad_output);
-  for (GradHook& hook : leaf_.impl()->grad_ready_hooks) hook(leaf_);
+  for (auto& entry : leaf_.impl()->grad_ready_hooks) entry.second(leaf_);
   return {};
 }
 

@@ -1,5 +1,7 @@
 #include "core/tensor.h"
 
+#include <algorithm>
+
 #include <cstring>
 #include <sstream>
 
@@ -343,8 +345,16 @@ const std::shared_ptr<Node>& Tensor::grad_fn() const {
 void Tensor::set_grad_fn(std::shared_ptr<Node> node) const {
   impl_->grad_fn = std::move(node);
 }
-void Tensor::register_grad_ready_hook(GradHook hook) const {
-  impl_->grad_ready_hooks.push_back(std::move(hook));
+uint64_t Tensor::register_grad_ready_hook(GradHook hook) const {
+  const uint64_t handle = impl_->next_hook_handle++;
+  impl_->grad_ready_hooks.emplace_back(handle, std::move(hook));
+  return handle;
+}
+void Tensor::remove_grad_ready_hook(uint64_t handle) const {
+  auto& hooks = impl_->grad_ready_hooks;
+  hooks.erase(
+      std::remove_if(hooks.begin(), hooks.end(), [handle](const auto& h) { return h.first == handle; }),
+      hooks.end());
 }
 const std::string& Tensor::name() const {
   return impl_->name;

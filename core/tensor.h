@@ -100,8 +100,10 @@ class Tensor {
   bool is_leaf() const { return grad_fn() == nullptr; }
   // Runs backward from this tensor; a scalar gets gradient 1 when `grad` is undefined.
   void backward(const Tensor& grad = Tensor()) const;
-  // Called once per backward pass when this leaf's gradient for that pass is complete.
-  void register_grad_ready_hook(GradHook hook) const;
+  // Called once per backward pass when this leaf's gradient for that pass is complete. Returns a handle for
+  // remove_grad_ready_hook (objects that install hooks take them out again when they go away).
+  uint64_t register_grad_ready_hook(GradHook hook) const;
+  void remove_grad_ready_hook(uint64_t handle) const;
   const std::string& name() const;
   Tensor& set_name(const std::string& name);
 
@@ -125,8 +127,9 @@ struct TensorImpl {
   bool requires_grad = false;
   Tensor grad;
   std::shared_ptr<Node> grad_fn;
-  std::weak_ptr<Node> grad_accumulator;  // the unique AccumulateGrad node of a leaf
-  std::vector<GradHook> grad_ready_hooks;
+  std::weak_ptr<Node> grad_accumulator;                         // the unique AccumulateGrad node of a leaf
+  std::vector<std::pair<uint64_t, GradHook>> grad_ready_hooks;  // (handle, hook) in registration order
+  uint64_t next_hook_handle = 1;
   std::string name;
 };
 

@@ -38,7 +38,8 @@ struct DataParallel::State {
   std::vector<bool> trainable;     // per parameter, fixed at construction
   std::vector<Tensor> grad_views;  // per parameter: its range of the flat gradient buffer, 1-D
   std::vector<GradientBucket> buckets;
-  std::vector<int64_t> bucket_of;  // per parameter; -1 when frozen
+  std::vector<int64_t> bucket_of;                  // per parameter; -1 when frozen
+  std::vector<std::pair<size_t, uint64_t>> hooks;  // (parameter, hook handle), removed with this object
 
   // Per backward pass.
   bool sync = true;
@@ -171,9 +172,9 @@ DataParallel::DataParallel(nn::FlatParameters& params, Communicator& comm, DdpSt
   const std::weak_ptr<State> weak = state_;
   for (size_t i = 0; i < list.size(); ++i) {
     if (!s.trainable[i]) continue;
-    list[i].tensor->register_grad_ready_hook([weak, i](Tensor&) {
+    s.hooks.emplace_back(i, list[i].tensor->register_grad_ready_hook([weak, i](Tensor&) {
       if (const std::shared_ptr<State> state = weak.lock()) state->on_grad_ready(i);
-    });
+    }));
   }
 }
 
@@ -184,6 +185,8 @@ DataParallel::~DataParallel() {
   } catch (const std::exception& e) {
     abort_job(std::string("DataParallel: ") + e.what());
   }
+  for (const auto& [index, handle] : state_->hooks)
+    state_->params.parameters()[index].tensor->remove_grad_ready_hook(handle);
 }
 
 void DataParallel::set_sync(bool sync) {

@@ -21,6 +21,7 @@ struct UpdateInBackward::State {
   std::vector<bool> done;                           // per parameter, this pass
   std::vector<std::unique_ptr<StreamEvent>> ready;  // per parameter: its gradient is complete
   std::unique_ptr<StreamEvent> updates_done;        // join of the side stream into the compute stream
+  std::vector<uint64_t> hooks;                      // per parameter: its hook's handle
 
   // Updates elements [begin, begin + count) of the flat buffer and zeroes their gradients.
   void update(int64_t begin, int64_t count) {
@@ -76,9 +77,9 @@ UpdateInBackward::UpdateInBackward(nn::FlatParameters& params, AdamW& optimizer)
   for (size_t i = 0; i < n; ++i) {
     s.ready.push_back(cuda ? std::make_unique<StreamEvent>(s.device.index) : nullptr);
     std::weak_ptr<State> weak = state_;
-    params.parameters()[i].tensor->register_grad_ready_hook([weak, i](Tensor&) {
+    s.hooks.push_back(params.parameters()[i].tensor->register_grad_ready_hook([weak, i](Tensor&) {
       if (auto state = weak.lock()) state->on_gradient_ready(i);
-    });
+    }));
   }
 }
 
@@ -92,6 +93,8 @@ UpdateInBackward::~UpdateInBackward() {
     }
   }
   s.armed = false;
+  for (size_t i = 0; i < s.hooks.size(); ++i)
+    s.params.parameters()[i].tensor->remove_grad_ready_hook(s.hooks[i]);
 }
 
 int64_t UpdateInBackward::updated_in_backward() const {

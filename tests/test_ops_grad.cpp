@@ -184,7 +184,7 @@ TEST_CASE("linear gradients, and the weight gradient added straight into a pre-a
   const Tensor initial = testing::random_tensor({out, in}, 94);
   w.set_grad(initial.clone());
   int hook_calls = 0;
-  w.register_grad_ready_hook([&](Tensor&) { ++hook_calls; });
+  const uint64_t hook = w.register_grad_ready_hook([&](Tensor&) { ++hook_calls; });
   const Tensor r = testing::random_tensor({2, 3, out}, 95);
   ops::sum(ops::mul(ops::linear(x, w), r)).backward();
   CHECK(hook_calls == 1);
@@ -212,6 +212,10 @@ TEST_CASE("linear gradients, and the weight gradient added straight into a pre-a
   CHECK(hook_calls == 2);
   const std::vector<double> gw2 = w.grad().to_doubles();
   for (size_t i = 0; i < gw2.size(); ++i) CHECK(gw2[i] - g0[i] == doctest::Approx(2 * (gw[i] - g0[i])));
+  // A removed hook is not called again.
+  w.remove_grad_ready_hook(hook);
+  ops::sum(ops::mul(ops::linear(x, w), r)).backward();
+  CHECK(hook_calls == 2);
 }
 
 TEST_CASE("mixed-precision linear: bf16 operands, f32 or bf16 output, f32 gradients") {
