@@ -54,35 +54,36 @@ int current_device() {
   return g_device;
 }
 
-void* compute_stream(int device) {
 #ifdef TT_WITH_CUDA
+namespace {
+// The stream of `device` in `table`, created (non-blocking, on that device) on first use.
+cudaStream_t lazy_stream(cudaStream_t (&table)[kMaxDevices], int device) {
   std::lock_guard<std::mutex> lock(g_stream_mutex);
   TT_CHECK(device >= 0 && device < kMaxDevices, "bad CUDA device index " + std::to_string(device));
-  if (!g_streams[device]) {
+  if (!table[device]) {
     int previous = 0;
     TT_CUDA_CHECK(cudaGetDevice(&previous));
     TT_CUDA_CHECK(cudaSetDevice(device));
-    TT_CUDA_CHECK(cudaStreamCreateWithFlags(&g_streams[device], cudaStreamNonBlocking));
+    TT_CUDA_CHECK(cudaStreamCreateWithFlags(&table[device], cudaStreamNonBlocking));
     TT_CUDA_CHECK(cudaSetDevice(previous));
   }
-  return g_streams[device];
+  return table[device];
+}
+}  // namespace
+#endif
+
+void* compute_stream(int device) {
+#ifdef TT_WITH_CUDA
+  return lazy_stream(g_streams, device);
 #else
+  (void)device;
   return nullptr;
 #endif
 }
 
 void* side_stream(int device) {
 #ifdef TT_WITH_CUDA
-  std::lock_guard<std::mutex> lock(g_stream_mutex);
-  TT_CHECK(device >= 0 && device < kMaxDevices, "bad CUDA device index " + std::to_string(device));
-  if (!g_side_streams[device]) {
-    int previous = 0;
-    TT_CUDA_CHECK(cudaGetDevice(&previous));
-    TT_CUDA_CHECK(cudaSetDevice(device));
-    TT_CUDA_CHECK(cudaStreamCreateWithFlags(&g_side_streams[device], cudaStreamNonBlocking));
-    TT_CUDA_CHECK(cudaSetDevice(previous));
-  }
-  return g_side_streams[device];
+  return lazy_stream(g_side_streams, device);
 #else
   (void)device;
   return nullptr;
