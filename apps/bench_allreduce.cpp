@@ -64,8 +64,7 @@ Measurement measure(dist::Communicator& comm, double mb, DType dtype, int64_t wa
 }  // namespace
 
 int main(int argc, char** argv) {
-  // One table row per line as it is measured, also into a pipe: a sweep cut short keeps its rows.
-  std::setvbuf(stdout, nullptr, _IOLBF, 0);
+  stream_rows_to_stdout();
   Flags flags(
       "bench_allreduce",
       "All-reduce (sum) time, algorithm and bus bandwidth per message size; run under mpirun, one rank\n"

@@ -109,8 +109,7 @@ std::string tflops(double flops, double ms) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  // One table row per line as it is measured, also into a pipe: a sweep cut short keeps its rows.
-  std::setvbuf(stdout, nullptr, _IOLBF, 0);
+  stream_rows_to_stdout();
   try {
     Flags flags(
         "bench_attention",

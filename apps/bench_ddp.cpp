@@ -132,8 +132,7 @@ Result measure(Bundle& b, dist::Communicator& comm, const Config& config, int64_
 }  // namespace
 
 int main(int argc, char** argv) {
-  // One table row per line as it is measured, also into a pipe: a sweep cut short keeps its rows.
-  std::setvbuf(stdout, nullptr, _IOLBF, 0);
+  stream_rows_to_stdout();
   Flags flags(
       "bench_ddp",
       "DDP step time per strategy under mpirun (one rank per GPU), weak scaling: the per-rank batch is\n"

@@ -245,8 +245,7 @@ Row measure(const Flags& flags, Device device, Bundle* bundle, const nn::ModelCo
 }  // namespace
 
 int main(int argc, char** argv) {
-  // One table row per line as it is measured, also into a pipe: a sweep cut short keeps its rows.
-  std::setvbuf(stdout, nullptr, _IOLBF, 0);
+  stream_rows_to_stdout();
   try {
     Flags flags("benchmark",
                 "Time forward / backward / optimizer of the Transformer LM over sizes and context lengths.\n"

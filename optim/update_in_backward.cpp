@@ -1,6 +1,5 @@
 #include "optim/update_in_backward.h"
 
-#include <cstring>
 #include <vector>
 
 #include "core/cuda_context.h"
@@ -35,9 +34,7 @@ struct UpdateInBackward::State {
 #endif
     } else {
       optimizer.apply_range(0, begin, count);
-      std::memset(
-          static_cast<char*>(grads.raw_data()) + begin * static_cast<int64_t>(dtype_size(grads.dtype())), 0,
-          static_cast<size_t>(count) * dtype_size(grads.dtype()));
+      grads.narrow_view(0, begin, count).zero_();
     }
   }
 

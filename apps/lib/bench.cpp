@@ -48,6 +48,10 @@ StepTimings time_phases(int64_t warmup, int64_t steps, const std::vector<Phase>&
   return out;
 }
 
+void stream_rows_to_stdout() {
+  std::setvbuf(stdout, nullptr, _IOLBF, 0);
+}
+
 std::string markdown_table(const std::vector<std::string>& header,
                            const std::vector<std::vector<std::string>>& rows) {
   std::ostringstream out;

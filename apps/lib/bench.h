@@ -33,6 +33,10 @@ StepTimings time_phases(int64_t warmup, int64_t steps, const std::vector<Phase>&
                         const std::function<void()>& sync,
                         const std::function<void(size_t)>& on_phase_end = nullptr);
 
+// Line-buffers stdout, so that table rows reach a pipe as they are measured and a sweep cut short (a time
+// limit, an abort) keeps the rows it finished. Call first thing in a benchmark's main.
+void stream_rows_to_stdout();
+
 // Markdown table helper: header, separator and rows of already formatted cells.
 std::string markdown_table(const std::vector<std::string>& header,
                            const std::vector<std::vector<std::string>>& rows);

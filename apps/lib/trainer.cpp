@@ -254,16 +254,13 @@ int run_training(const Flags& flags, Device device, const std::string& data_dir,
     collectives = comm ? dist::shard_collectives(*comm) : dist::single_process_collectives();
     if (comm) comm->broadcast(params.flat_params(), 0);
     sharded = std::make_unique<optim::ShardedAdamW>(params, *collectives, adam);
-    if (comm && zero_grads == "ddp") {
-      ddp = std::make_unique<dist::DataParallel>(params, *comm, dist::parse_ddp_strategy(flags.str("ddp")),
-                                                 flags.number("bucket-mb"));
-    }
   } else {
     adamw = std::make_unique<optim::AdamW>(std::vector<Tensor>{params.flat_params()}, adam);
-    if (comm) {
-      ddp = std::make_unique<dist::DataParallel>(params, *comm, dist::parse_ddp_strategy(flags.str("ddp")),
-                                                 flags.number("bucket-mb"));
-    }
+  }
+  // Gradients are averaged by a DDP strategy, unless ZeRO reduce-scatters them itself.
+  if (comm && (!zero || zero_grads == "ddp")) {
+    ddp = std::make_unique<dist::DataParallel>(params, *comm, dist::parse_ddp_strategy(flags.str("ddp")),
+                                               flags.number("bucket-mb"));
   }
   std::unique_ptr<OptimizerState> opt_state = zero ? optimizer_state(*sharded) : optimizer_state(*adamw);
   auto set_lr = [&](double lr) { zero ? sharded->set_lr(lr) : adamw->set_lr(lr); };

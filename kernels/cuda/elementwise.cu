@@ -8,6 +8,7 @@
 #include <string>
 #include <type_traits>
 
+#include "kernels/cuda/convert.cuh"
 #include "kernels/cuda/cuda_kernels.h"
 
 namespace tt::cuda {
@@ -187,37 +188,24 @@ __device__ float sigmoid(float a) {
   return 1.0f / (1.0f + expf(-a));
 }
 
-// Values are loaded as f32 whatever their storage (f32 or bf16) and results rounded once on the store, so a
+// Values are read as f32 whatever their storage (f32 or bf16) and results rounded once on the store, so a
 // bf16 SwiGLU equals the f32 one on bf16-rounded inputs, rounded to bf16.
-__device__ float load(const float* p, int64_t i) {
-  return p[i];
-}
-__device__ float load(const __nv_bfloat16* p, int64_t i) {
-  return __bfloat162float(p[i]);
-}
-__device__ void store(float* p, int64_t i, float v) {
-  p[i] = v;
-}
-__device__ void store(__nv_bfloat16* p, int64_t i, float v) {
-  p[i] = __float2bfloat16_rn(v);
-}
-
 template <class T>
 __global__ void swiglu_forward_kernel(const T* a, const T* b, T* out, int64_t n) {
   for (int64_t i = thread_index(); i < n; i += grid_threads()) {
-    const float ai = load(a, i);
-    store(out, i, ai * sigmoid(ai) * load(b, i));
+    const float ai = to_float(a[i]);
+    out[i] = from_float<T>(ai * sigmoid(ai) * to_float(b[i]));
   }
 }
 
 template <class T, class G>
 __global__ void swiglu_backward_kernel(const G* dout, const T* a, const T* b, T* da, T* db, int64_t n) {
   for (int64_t i = thread_index(); i < n; i += grid_threads()) {
-    const float ai = load(a, i), gi = load(dout, i);
+    const float ai = to_float(a[i]), gi = to_float(dout[i]);
     const float sig = sigmoid(ai);
-    store(db, i, gi * (ai * sig));
+    db[i] = from_float<T>(gi * (ai * sig));
     // d silu / da = sig * (1 + a * (1 - sig))
-    store(da, i, gi * load(b, i) * sig * (1.0f + ai * (1.0f - sig)));
+    da[i] = from_float<T>(gi * to_float(b[i]) * sig * (1.0f + ai * (1.0f - sig)));
   }
 }
 

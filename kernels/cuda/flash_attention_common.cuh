@@ -23,6 +23,7 @@
 #include <string>
 #include <type_traits>
 
+#include "kernels/cuda/convert.cuh"
 #include "kernels/cuda/cuda_kernels.h"
 #include "kernels/flash_attention.h"
 
@@ -59,23 +60,6 @@ __host__ __device__ inline int64_t head_offset(const AttentionStrides& s, int64_
 
 __host__ __device__ constexpr int ceil_div(int64_t a, int64_t b) {
   return static_cast<int>((a + b - 1) / b);
-}
-
-__device__ inline float to_float(float x) {
-  return x;
-}
-__device__ inline float to_float(__nv_bfloat16 x) {
-  return __bfloat162float(x);
-}
-template <class T>
-__device__ inline T from_float(float x);
-template <>
-__device__ inline float from_float<float>(float x) {
-  return x;
-}
-template <>
-__device__ inline __nv_bfloat16 from_float<__nv_bfloat16>(float x) {
-  return __float2bfloat16_rn(x);
 }
 
 // ---- Host-side dispatch ----------------------------------------------------------------------------------

@@ -8,6 +8,7 @@
 #include <limits>
 #include <string>
 
+#include "kernels/cuda/convert.cuh"
 #include "kernels/cuda/cuda_kernels.h"
 
 namespace tt::cuda {
@@ -334,14 +335,8 @@ __global__ void __launch_bounds__(32 * kEmbJoinWarps)
   }
 }
 
-// IEEE 1/sqrt rather than rsqrtf, and w * (x * inv) in that order, to stay on the CPU twin's rounding.
-__device__ void store(float* p, int64_t i, float v) {
-  p[i] = v;
-}
-__device__ void store(__nv_bfloat16* p, int64_t i, float v) {
-  p[i] = __float2bfloat16_rn(v);
-}
-
+// IEEE 1/sqrt rather than rsqrtf, and w * (x * inv) in that order, to stay on the CPU twin's rounding; a bf16
+// y is that f32 value rounded once.
 template <class Y>
 __global__ void rms_norm_forward_kernel(const float* x, const float* w, Y* y, float* inv_rms, int64_t rows,
                                         int64_t dim, float eps) {
@@ -353,7 +348,7 @@ __global__ void rms_norm_forward_kernel(const float* x, const float* w, Y* y, fl
     const float inv = 1.0f / sqrtf(mean_sq + eps);
     if (threadIdx.x == 0) inv_rms[row] = inv;
     Y* yr = y + row * dim;
-    for (int64_t j = threadIdx.x; j < dim; j += blockDim.x) store(yr, j, w[j] * (xr[j] * inv));
+    for (int64_t j = threadIdx.x; j < dim; j += blockDim.x) yr[j] = from_float<Y>(w[j] * (xr[j] * inv));
   }
 }
 
