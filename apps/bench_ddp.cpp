@@ -36,6 +36,7 @@ struct Config {
   // a strategy is set too, by that strategy's all-reduce (overlapped with backward for bucketed).
   bool zero = false;
   int sm_margin = 0;  // SMs kept free of GEMMs for the communication kernels (cuBLASLt SM count target)
+  double zero_chunk_mb = 0;  // MB of parameters per pipelined update + all-gather chunk of ZeRO-1; 0: default
 };
 
 // Bytes per rank, measured from the allocator and the tensors.
@@ -81,6 +82,11 @@ Result measure(Bundle& b, dist::Communicator& comm, const Config& config, int64_
       empty_cache(device);
       collectives = dist::shard_collectives(comm);
       sharded = std::make_unique<optim::ShardedAdamW>(b.params, *collectives);
+      if (config.zero_chunk_mb > 0) {
+        const double bytes = config.zero_chunk_mb * 1024.0 * 1024.0;
+        const auto element = static_cast<double>(dtype_size(b.params.flat_params().dtype()));
+        sharded->set_gather_chunk(std::max<int64_t>(1, static_cast<int64_t>(bytes / element)));
+      }
       result.memory.optimizer_state = sharded->state_bytes();
       if (config.strategy)
         ddp = std::make_unique<dist::DataParallel>(b.params, comm, *config.strategy, config.bucket_mb);
@@ -106,7 +112,7 @@ Result measure(Bundle& b, dist::Communicator& comm, const Config& config, int64_
                                           if (ddp) ddp->finish_backward();
                                           result.memory.before_step = memory_stats(device).current_bytes;
                                           if (sharded) {
-                                            sharded->step(0.0, ddp != nullptr);
+                                            sharded->step(0.0, ddp != nullptr, false);
                                           } else {
                                             b.optimizer->step();
                                           }
@@ -159,6 +165,9 @@ int main(int argc, char** argv) {
   flags.add("gemm-sm-margin", "0",
             "comma-separated SM counts to keep free of matmuls in the communicating rows (cuBLASLt plans "
             "for fewer SMs), so NCCL's kernels overlap backward without waiting for SMs; 0: all SMs");
+  flags.add("zero-chunk-mb", "128",
+            "ZeRO-1 updates its slice and all-gathers it in chunks of this many MB of parameters per rank, "
+            "each chunk's gather overlapping the next chunk's update");
   flags.add("json", "", "also write one JSON object per row to this file (rank 0)");
   if (!flags.parse(argc, argv)) return 0;
   std::unique_ptr<dist::DistRuntime> runtime;
@@ -206,6 +215,9 @@ int main(int argc, char** argv) {
       }
       configs = expanded;
     }
+    const double chunk_mb = flags.number("zero-chunk-mb");
+    TT_CHECK(chunk_mb > 0, "--zero-chunk-mb must be positive");
+    for (Config& c : configs) c.zero_chunk_mb = chunk_mb;
     std::unique_ptr<dist::Communicator> comm = dist::make_communicator(device, *runtime);
     const bool root = runtime->is_root();
     const int world = runtime->world_size();

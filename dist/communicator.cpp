@@ -43,6 +43,18 @@ bool Communicator::is_rank_block(const Tensor& whole, const Tensor& part) const 
          part.offset() == whole.offset() + static_cast<int64_t>(rank_) * part.numel();
 }
 
+void Communicator::check_gather_blocks(const Tensor& buffer, int64_t offset, int64_t count,
+                                       int64_t stride) const {
+  check_tensor(buffer, "all_gather_blocks", false);
+  const std::string where = std::string(backend()) + " all_gather_blocks: ";
+  TT_CHECK(offset >= 0 && count >= 0 && stride >= count,
+           where + "needs offset >= 0 and stride >= count >= 0 (offset " + std::to_string(offset) +
+               ", count " + std::to_string(count) + ", stride " + std::to_string(stride) + ")");
+  const int64_t end = offset + static_cast<int64_t>(world_size_ - 1) * stride + count;
+  TT_CHECK(end <= buffer.numel(), where + "the last block ends at element " + std::to_string(end) +
+                                      ", past the buffer's " + std::to_string(buffer.numel()));
+}
+
 std::unique_ptr<Communicator> make_communicator(Device device, DistRuntime& runtime) {
   if (device.is_cpu()) return make_mpi_communicator(runtime);
 #ifdef TT_WITH_CUDA

@@ -65,6 +65,12 @@ class Communicator {
   // block r of output itself (in place).
   virtual void all_gather(const Tensor& input, Tensor& output);
   virtual std::unique_ptr<Work> all_gather_async(const Tensor& input, Tensor& output) = 0;
+  // An in-place all-gather of blocks that need not be adjacent: in the contiguous `buffer`, rank r's block
+  // is the `count` elements from offset + r * stride (stride >= count). Every rank contributes its own block
+  // and ends with every rank's. ZeRO gathers its slices chunk by chunk this way, each chunk as soon as it has
+  // been updated.
+  virtual std::unique_ptr<Work> all_gather_blocks_async(Tensor& buffer, int64_t offset, int64_t count,
+                                                        int64_t stride) = 0;
 
   // Host-level rendezvous of all ranks, after every collective issued so far has completed.
   virtual void barrier() = 0;
@@ -81,6 +87,8 @@ class Communicator {
   void check_root(int root) const;
   // Block `rank` of `whole` (world_size equal blocks) is exactly `part`: the in-place layout.
   bool is_rank_block(const Tensor& whole, const Tensor& part) const;
+  // Throws unless the blocks of all_gather_blocks_async lie inside `buffer` without overlapping.
+  void check_gather_blocks(const Tensor& buffer, int64_t offset, int64_t count, int64_t stride) const;
   virtual bool supports(DType dtype, bool reduces) const = 0;
 
  private:

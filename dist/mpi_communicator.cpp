@@ -5,6 +5,7 @@
 #include <chrono>
 #include <climits>
 #include <functional>
+#include <memory>
 #include <vector>
 
 #include "dist/backends.h"
@@ -213,6 +214,23 @@ class MpiCommunicator : public Communicator {
           MPI_Iallgather(input.raw_data(), count, type, output.raw_data(), count, type, comm_, &requests[0]));
     }
     return std::make_unique<MpiWork>(std::move(requests), [input, output] {});
+  }
+
+  std::unique_ptr<Work> all_gather_blocks_async(Tensor& buffer, int64_t offset, int64_t count,
+                                                int64_t stride) override {
+    check_gather_blocks(buffer, offset, count, stride);
+    const int n = checked_count(count, "all_gather_blocks");
+    // MPI_Allgatherv places each rank's block at its own displacement (in elements of the type).
+    std::vector<int> counts(static_cast<size_t>(world_size()), n), displacements;
+    for (int r = 0; r < world_size(); ++r)
+      displacements.push_back(checked_count(offset + static_cast<int64_t>(r) * stride, "all_gather_blocks"));
+    std::vector<MPI_Request> requests(1, MPI_REQUEST_NULL);
+    TT_MPI_CHECK(MPI_Iallgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, buffer.raw_data(), counts.data(),
+                                 displacements.data(), mpi_type(buffer.dtype()), comm_, &requests[0]));
+    // The count and displacement arrays must live until the collective completes.
+    auto arrays = std::make_shared<std::pair<std::vector<int>, std::vector<int>>>(std::move(counts),
+                                                                                  std::move(displacements));
+    return std::make_unique<MpiWork>(std::move(requests), [buffer, arrays] {});
   }
 
   void barrier() override { TT_MPI_CHECK(MPI_Barrier(comm_)); }

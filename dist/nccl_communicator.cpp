@@ -310,6 +310,24 @@ class NcclCommunicator : public Communicator {
     });
   }
 
+  std::unique_ptr<Work> all_gather_blocks_async(Tensor& buffer, int64_t offset, int64_t count,
+                                                int64_t stride) override {
+    check_gather_blocks(buffer, offset, count, stride);
+    // One broadcast per rank, rooted at that rank's block, fused by the group into one launch that moves
+    // the blocks in both directions at once (what ncclAllGather does for adjacent blocks).
+    return launch("all_gather_blocks", {buffer}, [&](cudaStream_t s) {
+      const size_t bytes = dtype_size(buffer.dtype());
+      char* base = static_cast<char*>(buffer.raw_data());
+      TT_NCCL_CHECK(ncclGroupStart());
+      for (int r = 0; r < world_size(); ++r) {
+        char* block = base + static_cast<size_t>(offset + static_cast<int64_t>(r) * stride) * bytes;
+        TT_NCCL_CHECK(ncclBroadcast(block, block, static_cast<size_t>(count), nccl_type(buffer.dtype()), r,
+                                    comm_.get(), s));
+      }
+      TT_NCCL_CHECK(ncclGroupEnd());
+    });
+  }
+
   void barrier() override {
     synchronize();
     TT_MPI_CHECK(MPI_Barrier(MPI_COMM_WORLD));

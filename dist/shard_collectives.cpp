@@ -4,6 +4,20 @@ namespace tt::dist {
 
 namespace {
 
+class PendingWork : public optim::ShardCollectives::Pending {
+ public:
+  explicit PendingWork(std::unique_ptr<Work> work) : work_(std::move(work)) {}
+  void wait() override { work_->wait(); }
+
+ private:
+  std::unique_ptr<Work> work_;
+};
+
+class Done : public optim::ShardCollectives::Pending {
+ public:
+  void wait() override {}
+};
+
 class CommunicatorCollectives : public optim::ShardCollectives {
  public:
   explicit CommunicatorCollectives(Communicator& comm) : comm_(comm) {}
@@ -14,6 +28,10 @@ class CommunicatorCollectives : public optim::ShardCollectives {
   }
   void all_gather(const Tensor& input, Tensor& output) override { comm_.all_gather(input, output); }
   void all_reduce_sum(Tensor& tensor) override { comm_.all_reduce(tensor, ReduceOp::sum); }
+  std::unique_ptr<Pending> all_gather_blocks_async(Tensor& buffer, int64_t offset, int64_t count,
+                                                   int64_t stride) override {
+    return std::make_unique<PendingWork>(comm_.all_gather_blocks_async(buffer, offset, count, stride));
+  }
 
  private:
   Communicator& comm_;
@@ -28,6 +46,9 @@ class SingleProcess : public optim::ShardCollectives {
   }
   void all_gather(const Tensor& input, Tensor& output) override { output.copy_(input.view(output.shape())); }
   void all_reduce_sum(Tensor&) override {}
+  std::unique_ptr<Pending> all_gather_blocks_async(Tensor&, int64_t, int64_t, int64_t) override {
+    return std::make_unique<Done>();
+  }
 };
 
 }  // namespace

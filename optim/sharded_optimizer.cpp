@@ -1,6 +1,8 @@
 #include "optim/sharded_optimizer.h"
 
+#include <algorithm>
 #include <cmath>
+#include <vector>
 
 #include "core/ops.h"
 
@@ -25,8 +27,17 @@ ShardedAdamW::ShardedAdamW(nn::FlatParameters& params, ShardCollectives& comm, c
   inner_ = std::make_unique<AdamW>(std::vector<Tensor>{shard_params_}, options);
 }
 
-double ShardedAdamW::step(double max_norm, bool gradients_averaged) {
+void ShardedAdamW::set_gather_chunk(int64_t elements) {
+  TT_CHECK(elements > 0, "ShardedAdamW: the gather chunk must be positive, got " + std::to_string(elements));
+  gather_chunk_ = elements;
+}
+
+double ShardedAdamW::step(double max_norm, bool gradients_averaged, bool measure_norm) {
   if (!gradients_averaged) comm_.reduce_scatter_avg(params_.flat_grads(), shard_grads_);
+  if (max_norm <= 0 && !measure_norm) {
+    update_and_gather();
+    return std::nan("");
+  }
   // The global norm is the root of the sum over ranks of each slice's squared norm.
   const double local = ops::sum_squares(shard_grads_);
   Tensor total = shard_grads_.device().is_cpu()
@@ -38,9 +49,20 @@ double ShardedAdamW::step(double max_norm, bool gradients_averaged) {
     const double scale = std::min(1.0, max_norm / (norm + 1e-6));
     if (scale < 1.0) ops::scale_(shard_grads_, scale);
   }
-  inner_->step();
-  comm_.all_gather(shard_params_, params_.flat_params());
+  update_and_gather();
   return norm;
+}
+
+void ShardedAdamW::update_and_gather() {
+  inner_->prepare_step();
+  std::vector<std::unique_ptr<ShardCollectives::Pending>> gathers;
+  for (int64_t begin = 0; begin < shard_size_; begin += gather_chunk_) {
+    const int64_t count = std::min(gather_chunk_, shard_size_ - begin);
+    inner_->apply_range(0, begin, count);
+    // Every rank's chunk at the same position of its slice: rank r's lies at r * shard_size + begin.
+    gathers.push_back(comm_.all_gather_blocks_async(params_.flat_params(), begin, count, shard_size_));
+  }
+  for (auto& gather : gathers) gather->wait();
 }
 
 int64_t ShardedAdamW::state_bytes() const {

@@ -3,6 +3,10 @@
 // A step reduce-scatters the gradients (averaged) so each rank receives only its slice, updates that slice
 // of the parameters, and all-gathers the updated slices so every rank again holds the full model. Optimizer
 // memory per rank falls by the world size; the result equals unsharded AdamW.
+//
+// The update and the gather are pipelined: the slice is updated in chunks, and each chunk's all-gather
+// starts as soon as the chunk is written, so the gather of chunk k runs while chunk k+1 is updated (on
+// CUDA the update runs on the compute stream, the gathers on the communication stream).
 #pragma once
 
 #include <memory>
@@ -15,6 +19,13 @@ namespace tt::optim {
 // The collectives ZeRO needs, implemented by dist/ over its communicators (optim does not depend on dist).
 class ShardCollectives {
  public:
+  // A collective in flight; wait() orders later work after it (CUDA) or blocks until it is done (CPU).
+  class Pending {
+   public:
+    virtual ~Pending() = default;
+    virtual void wait() = 0;
+  };
+
   virtual ~ShardCollectives() = default;
   virtual int rank() const = 0;
   virtual int world_size() const = 0;
@@ -23,6 +34,10 @@ class ShardCollectives {
   // output (world * n) = concatenation of every rank's input (n); input may be output's own block.
   virtual void all_gather(const Tensor& input, Tensor& output) = 0;
   virtual void all_reduce_sum(Tensor& tensor) = 0;
+  // In place in the contiguous `buffer`: rank r's block is the `count` elements from offset + r * stride;
+  // afterwards every rank holds every rank's block.
+  virtual std::unique_ptr<Pending> all_gather_blocks_async(Tensor& buffer, int64_t offset, int64_t count,
+                                                           int64_t stride) = 0;
 };
 
 class ShardedAdamW {
@@ -36,7 +51,11 @@ class ShardedAdamW {
   // gathers the parameters. gradients_averaged: a data-parallel all-reduce (dist::DataParallel, which can
   // overlap it with backward) has already left the average in the whole gradient buffer, so the
   // reduce-scatter is skipped and the slice is read where it lies.
-  double step(double max_norm, bool gradients_averaged = false);
+  // measure_norm = false with max_norm <= 0 skips the norm (and its read-back to the host); returns NaN.
+  double step(double max_norm, bool gradients_averaged = false, bool measure_norm = true);
+  // Elements per pipelined chunk of the update + all-gather (default 2^25 = 128 MiB of f32 per rank).
+  void set_gather_chunk(int64_t elements);
+  int64_t gather_chunk() const { return gather_chunk_; }
   void set_lr(double lr) { inner_->set_lr(lr); }
   double lr() const { return inner_->lr(); }
   int64_t step_count() const { return inner_->step_count(); }
@@ -52,9 +71,12 @@ class ShardedAdamW {
   ShardCollectives& collectives() { return comm_; }
 
  private:
+  void update_and_gather();
+
   nn::FlatParameters& params_;
   ShardCollectives& comm_;
   int64_t shard_begin_ = 0, shard_size_ = 0;
+  int64_t gather_chunk_ = int64_t{1} << 25;
   Tensor shard_params_, shard_grads_;
   std::unique_ptr<AdamW> inner_;
 };

@@ -60,16 +60,16 @@ for s in "$@"; do
       mpi=(mpirun --allow-run-as-root -np "$np" -x NCCL_NVLS_ENABLE=0 -x PATH -x LD_LIBRARY_PATH)
       timeout 120 "${mpi[@]}" $b/bench_allreduce --sizes-mb 1,10,100,1000 --json "$out/allreduce.jsonl" 2>&1 | tee "$out/allreduce.md" | tail -8
       timeout 120 python3 -m torch.distributed.run --nproc_per_node "$np" apps/python/allreduce_baseline.py 2>&1 | tail -8
-      timeout 240 "${mpi[@]}" $b/bench_ddp --preset xl --precision bf16 --ctx 512 --batch 4 --zero 1 \
-        --strategy naive,flat,overlap,bucketed --bucket-mb 1,10,100,1000 --json "$out/ddp_xl.jsonl" 2>"$out/ddp_xl.err" | tee "$out/ddp_xl.md" | tail -24
-      # NCCL's kernels compete with the backward's matmuls for SMs: matmuls planned for fewer SMs leave room
-      # for them (cuBLASLt SM count target), and fewer CTAs per collective take less.
-      timeout 200 "${mpi[@]}" $b/bench_ddp --preset xl --precision bf16 --ctx 512 --batch 4 --strategy bucketed \
-        --bucket-mb 25 --zero 1 --gemm-sm-margin 0,8,16,32 --json "$out/ddp_xl_margin.jsonl" 2>/dev/null |
-        tee "$out/ddp_xl_margin.md" | grep -E "^\| xl"
-      for ctas in 4 8; do
-        timeout 120 "${mpi[@]}" -x NCCL_MAX_CTAS=$ctas $b/bench_ddp --preset xl --precision bf16 --ctx 512 --batch 4 \
-          --strategy bucketed --bucket-mb 25,100 --zero 1 --json "$out/ddp_xl_ctas$ctas.jsonl" 2>/dev/null | grep -E "^\| xl" | head -4
+      # Every strategy, ZeRO-1 both ways, and each communicating row again with matmuls planned for 16 fewer
+      # SMs (room for NCCL's kernels). About 4 minutes: each xl row builds, warms up and times 13 steps.
+      timeout 330 "${mpi[@]}" $b/bench_ddp --preset xl --precision bf16 --ctx 512 --batch 4 --zero 1 \
+        --strategy naive,flat,overlap,bucketed --bucket-mb 1,10,25,100,1000 --gemm-sm-margin 0,16 \
+        --json "$out/ddp_xl.jsonl" 2>"$out/ddp_xl.err" | tee "$out/ddp_xl.md" | grep -E "^\| xl" | head -30
+      # NCCL's own knobs for compute/communication overlap (one process start each: ~2 minutes).
+      for env in NCCL_CTA_POLICY=1 NCCL_MAX_NCHANNELS=8; do
+        echo "$env:"
+        timeout 180 "${mpi[@]}" -x $env $b/bench_ddp --preset xl --precision bf16 --ctx 512 --batch 4 \
+          --strategy bucketed --bucket-mb 100 --single-gpu-baseline 0 2>/dev/null | grep -E "^\| xl" | head -1
       done ;;
     quickmodel)
       section quickmodel

@@ -3,6 +3,7 @@
 #include <doctest/doctest.h>
 
 #include <numeric>
+#include <tuple>
 
 #include "core/ops.h"
 #include "dist_test_util.h"
@@ -132,6 +133,34 @@ TEST_CASE("mpi reduce_scatter and all_gather with rank-specific content, in and 
   }
   CHECK(gathered.to_floats() == expect);
   CHECK(in_place.to_floats() == expect);
+  comm.barrier();
+}
+
+TEST_CASE("mpi all_gather_blocks: strided blocks in place, gaps untouched") {
+  dist::Communicator& comm = communicator(Device::cpu());
+  const int world = comm.world_size(), rank = comm.rank();
+  // (offset, count, stride): adjacent blocks, blocks with gaps, empty blocks.
+  for (const auto& [offset, count, stride] :
+       std::vector<std::tuple<int64_t, int64_t, int64_t>>{{0, 8, 8}, {3, 5, 11}, {2, 0, 4}}) {
+    CAPTURE(offset);
+    CAPTURE(count);
+    CAPTURE(stride);
+    const int64_t n = offset + (world - 1) * stride + count + 3;
+    std::vector<float> start(static_cast<size_t>(n), -1.0f), expect = start;
+    for (int r = 0; r < world; ++r) {
+      const std::vector<float> block = rank_floats(r, count);
+      for (int64_t j = 0; j < count; ++j) {
+        expect[offset + r * stride + j] = block[j];
+        if (r == rank) start[offset + r * stride + j] = block[j];
+      }
+    }
+    Tensor buffer = Tensor::from_floats(start, {n});
+    comm.all_gather_blocks_async(buffer, offset, count, stride)->wait();
+    CHECK(buffer.to_floats() == expect);
+  }
+  Tensor small = Tensor::zeros({10}, DType::f32);
+  CHECK_THROWS_AS(comm.all_gather_blocks_async(small, 0, 4, 3), Error);       // stride < count
+  CHECK_THROWS_AS(comm.all_gather_blocks_async(small, 5, 4, 4 + 10), Error);  // past the end
   comm.barrier();
 }
 

@@ -81,6 +81,20 @@ TEST_CASE("nccl all_reduce, broadcast, reduce_scatter and all_gather") {
   }
   CHECK(gathered.to_floats() == expect);
 
+  // Strided blocks, gathered in place; the gaps between them keep their values.
+  const int64_t offset = 5, count = 77, stride = 100, total = offset + (world - 1) * stride + count + 4;
+  std::vector<float> start(static_cast<size_t>(total), -1.0f), expect_blocks = start;
+  for (int r = 0; r < world; ++r) {
+    const std::vector<float> part = rank_floats(r, count);
+    for (int64_t j = 0; j < count; ++j) {
+      expect_blocks[offset + r * stride + j] = part[j];
+      if (r == rank) start[offset + r * stride + j] = part[j];
+    }
+  }
+  Tensor strided = Tensor::from_floats(start, {total}, gpu);
+  comm.all_gather_blocks_async(strided, offset, count, stride)->wait();
+  CHECK(strided.to_floats() == expect_blocks);
+
   auto timer = comm.start_timer();
   comm.all_reduce(a);
   timer->stop();

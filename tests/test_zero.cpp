@@ -15,7 +15,7 @@ namespace {
 // followed by ordinary AdamW; returns the parameters (without padding). zero_over_ddp_mb > 0: ZeRO-1 whose
 // gradients are averaged by bucketed DDP (buckets of that many MiB) instead of a reduce-scatter.
 std::vector<double> train_adamw(ModelKind kind, Device device, DType dtype, bool sharded,
-                                int64_t* state_bytes, double zero_over_ddp_mb = 0) {
+                                int64_t* state_bytes, double zero_over_ddp_mb = 0, int64_t gather_chunk = 0) {
   dist::DistRuntime& rt = runtime();
   dist::Communicator& comm = communicator(device);
   std::unique_ptr<TestModel> model = make_test_model(kind);
@@ -35,6 +35,7 @@ std::vector<double> train_adamw(ModelKind kind, Device device, DType dtype, bool
     if (zero_over_ddp_mb > 0)
       ddp = std::make_unique<dist::DataParallel>(params, comm, dist::DdpStrategy::bucketed, zero_over_ddp_mb);
     zero = std::make_unique<optim::ShardedAdamW>(params, *collectives, options);
+    if (gather_chunk > 0) zero->set_gather_chunk(gather_chunk);
     *state_bytes = zero->state_bytes();
   } else {
     ddp = std::make_unique<dist::DataParallel>(params, comm, dist::DdpStrategy::flat);
@@ -99,6 +100,27 @@ TEST_CASE("ZeRO-1 over bucketed DDP (all-reduce overlapped with backward) equals
       CHECK(same_on_all_ranks(sharded));
       CHECK(sharded_bytes * runtime().world_size() >= whole_bytes);
       if (runtime().world_size() > 1) CHECK(sharded_bytes < whole_bytes);
+    }
+  }
+}
+
+TEST_CASE("ZeRO-1 with the update and all-gather pipelined in chunks equals unsharded AdamW") {
+  // Small chunks, chunks that leave a partial last one, and one chunk for the whole slice; with
+  // the reduce-scatter and with bucketed DDP feeding the gradients.
+  for (int64_t chunk : {int64_t{5}, int64_t{257}, int64_t{1} << 30}) {
+    for (double mb : {0.0, 0.01}) {
+      for (ModelKind kind : {ModelKind::mlp, ModelKind::transformer}) {
+        CAPTURE(model_kind_name(kind));
+        CAPTURE(chunk);
+        CAPTURE(mb);
+        int64_t sharded_bytes = 0, whole_bytes = 0;
+        const std::vector<double> sharded =
+            train_adamw(kind, Device::cpu(), DType::f64, true, &sharded_bytes, mb, chunk);
+        const std::vector<double> whole = train_adamw(kind, Device::cpu(), DType::f64, false, &whole_bytes);
+        std::string why;
+        CHECK_MESSAGE(allclose(sharded, whole, 1e-7, 0.0, &why), why);
+        CHECK(same_on_all_ranks(sharded));
+      }
     }
   }
 }
