@@ -76,12 +76,12 @@ Result measure(Bundle& b, dist::Communicator& comm, const Config& config, int64_
   try {
     std::unique_ptr<dist::DataParallel> ddp;
     std::unique_ptr<optim::ShardCollectives> collectives;
-    std::unique_ptr<optim::ShardedAdamW> sharded;
+    std::unique_ptr<optim::ShardedOptimizer> sharded;
     if (config.zero) {
       b.optimizer.reset();  // the whole AdamW state must not count against the sharded one
       empty_cache(device);
       collectives = dist::shard_collectives(comm);
-      sharded = std::make_unique<optim::ShardedAdamW>(b.params, *collectives);
+      sharded = std::make_unique<optim::ShardedOptimizer>(b.params, *collectives);
       if (config.zero_chunk_mb > 0) {
         const double bytes = config.zero_chunk_mb * 1024.0 * 1024.0;
         const auto element = static_cast<double>(dtype_size(b.params.flat_params().dtype()));

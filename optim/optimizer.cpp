@@ -23,12 +23,28 @@ SGD::SGD(std::vector<Tensor> params, double lr) : Optimizer(std::move(params)) {
 }
 
 void SGD::step() {
-  for (Tensor& p : params_) {
-    const Tensor g = p.grad();
-    if (!g.defined()) continue;
-    Tensor scaled = ops::scale(g, -lr_);
-    ops::add_into(p, scaled);
+  for (size_t i = 0; i < params_.size(); ++i) {
+    if (params_[i].grad().defined()) apply_range(i, 0, params_[i].numel());
   }
+}
+
+void SGD::apply_range(size_t index, int64_t begin, int64_t count, void* stream) {
+  TT_CHECK(index < params_.size(), "SGD::apply_range: no parameter " + std::to_string(index));
+  TT_CHECK(stream == nullptr, "SGD::apply_range runs on the compute stream only");
+  Tensor& p = params_[index];
+  const Tensor g = p.grad();
+  TT_CHECK(g.defined(), "SGD::apply_range: parameter " + std::to_string(index) + " has no gradient");
+  TT_CHECK(begin >= 0 && count >= 0 && begin + count <= p.numel(), "SGD::apply_range: range out of bounds");
+  if (count == 0) return;
+  if (begin == 0 && count == p.numel()) {
+    ops::add_into(p, ops::scale(g, -lr_));
+    return;
+  }
+  TT_CHECK(p.is_contiguous() && g.is_contiguous(),
+           "SGD::apply_range needs contiguous parameters and gradients");
+  Tensor p_range = p.view({-1}).narrow_view(0, begin, count);
+  const Tensor g_range = g.view({-1}).narrow_view(0, begin, count);
+  ops::add_into(p_range, ops::scale(g_range, -lr_));
 }
 
 AdamW::AdamW(std::vector<Tensor> params, const AdamWOptions& options)

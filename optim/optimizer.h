@@ -14,6 +14,12 @@ class Optimizer {
   explicit Optimizer(std::vector<Tensor> params) : params_(std::move(params)) {}
   virtual ~Optimizer() = default;
   virtual void step() = 0;
+  // A step in pieces (ZeRO-1 updates its slice chunk by chunk): prepare_step() once, then apply_range() on
+  // ranges that cover every parameter with a gradient exactly once, equals step(). apply_range updates
+  // elements [begin, begin + count) of parameter `index` on `stream` (a cudaStream_t; nullptr: the compute
+  // stream).
+  virtual void prepare_step() {}
+  virtual void apply_range(size_t index, int64_t begin, int64_t count, void* stream = nullptr) = 0;
   void zero_grad();
   void set_lr(double lr) { lr_ = lr; }
   double lr() const { return lr_; }
@@ -28,6 +34,7 @@ class SGD : public Optimizer {
  public:
   SGD(std::vector<Tensor> params, double lr);
   void step() override;
+  void apply_range(size_t index, int64_t begin, int64_t count, void* stream = nullptr) override;
 };
 
 struct AdamWOptions {
@@ -44,11 +51,11 @@ class AdamW : public Optimizer {
   void step() override;  // prepare_step() then apply()
   // The two halves of a step, for CUDA graphs: prepare_step() counts the step and uploads its scalars
   // (outside a capture); apply() launches the update (may be captured, then replayed every step).
-  void prepare_step();
+  void prepare_step() override;
   void apply();
   // The update of elements [begin, begin + count) of parameter `index` only (after prepare_step()), on
   // `stream` (a cudaStream_t; nullptr: the compute stream). Updating every range once equals apply().
-  void apply_range(size_t index, int64_t begin, int64_t count, void* stream = nullptr);
+  void apply_range(size_t index, int64_t begin, int64_t count, void* stream = nullptr) override;
   size_t parameter_count() const { return params_.size(); }
   // Multiplies gradients by this device scalar (CUDA clipping without a host round trip); undefined = 1.
   void set_grad_scale(const Tensor& scale) { grad_scale_ = scale; }

@@ -8,31 +8,63 @@
 
 namespace tt::optim {
 
-ShardedAdamW::ShardedAdamW(nn::FlatParameters& params, ShardCollectives& comm, const AdamWOptions& options)
+ShardedOptimizer::ShardedOptimizer(nn::FlatParameters& params, ShardCollectives& comm,
+                                   const AdamWOptions& options)
     : params_(params), comm_(comm) {
+  slice(params);
+  auto adamw = std::make_unique<AdamW>(std::vector<Tensor>{shard_params_}, options);
+  adamw_ = adamw.get();
+  inner_ = std::move(adamw);
+}
+
+ShardedOptimizer::ShardedOptimizer(nn::FlatParameters& params, ShardCollectives& comm,
+                                   const SgdOptions& options)
+    : params_(params), comm_(comm) {
+  slice(params);
+  inner_ = std::make_unique<SGD>(std::vector<Tensor>{shard_params_}, options.lr);
+}
+
+void ShardedOptimizer::slice(nn::FlatParameters& params) {
   const int64_t total = params.flat_params().numel();
-  const int world = comm.world_size();
-  TT_CHECK(total % world == 0, "ShardedAdamW: the flat buffer (" + std::to_string(total) +
+  const int world = comm_.world_size();
+  TT_CHECK(total % world == 0, "ShardedOptimizer: the flat buffer (" + std::to_string(total) +
                                    " elements) must be padded to a multiple of the world size " +
                                    std::to_string(world) + " (FlatParameters pad_multiple)");
   shard_size_ = total / world;
-  shard_begin_ = shard_size_ * comm.rank();
+  shard_begin_ = shard_size_ * comm_.rank();
   // The slice of the parameters this rank updates and its gradient are views of the flat buffers: the
   // reduce-scatter and the all-gather work in place, so ZeRO adds no buffer of the model's size. The inner
-  // AdamW holds state for the slice only.
+  // optimizer holds state for the slice only.
   shard_params_ = params.flat_params().narrow_view(0, shard_begin_, shard_size_);
   shard_params_.set_requires_grad(true);
   shard_grads_ = params.flat_grads().narrow_view(0, shard_begin_, shard_size_);
   shard_params_.set_grad(shard_grads_);
-  inner_ = std::make_unique<AdamW>(std::vector<Tensor>{shard_params_}, options);
 }
 
-void ShardedAdamW::set_gather_chunk(int64_t elements) {
-  TT_CHECK(elements > 0, "ShardedAdamW: the gather chunk must be positive, got " + std::to_string(elements));
+AdamW& ShardedOptimizer::adamw() const {
+  TT_CHECK(adamw_ != nullptr, "ShardedOptimizer: this shards SGD, which has no AdamW state");
+  return *adamw_;
+}
+
+const AdamWOptions& ShardedOptimizer::options() const {
+  return adamw().options();
+}
+
+void ShardedOptimizer::set_step_count(int64_t step) {
+  if (adamw_) {
+    adamw_->set_step_count(step);
+  } else {
+    steps_ = step;
+  }
+}
+
+void ShardedOptimizer::set_gather_chunk(int64_t elements) {
+  TT_CHECK(elements > 0,
+           "ShardedOptimizer: the gather chunk must be positive, got " + std::to_string(elements));
   gather_chunk_ = elements;
 }
 
-double ShardedAdamW::step(double max_norm, bool gradients_averaged, bool measure_norm) {
+double ShardedOptimizer::step(double max_norm, bool gradients_averaged, bool measure_norm) {
   if (!gradients_averaged) comm_.reduce_scatter_avg(params_.flat_grads(), shard_grads_);
   if (max_norm <= 0 && !measure_norm) {
     update_and_gather();
@@ -53,8 +85,9 @@ double ShardedAdamW::step(double max_norm, bool gradients_averaged, bool measure
   return norm;
 }
 
-void ShardedAdamW::update_and_gather() {
+void ShardedOptimizer::update_and_gather() {
   inner_->prepare_step();
+  if (!adamw_) ++steps_;
   std::vector<std::unique_ptr<ShardCollectives::Pending>> gathers;
   for (int64_t begin = 0; begin < shard_size_; begin += gather_chunk_) {
     const int64_t count = std::min(gather_chunk_, shard_size_ - begin);
@@ -65,8 +98,9 @@ void ShardedAdamW::update_and_gather() {
   for (auto& gather : gathers) gather->wait();
 }
 
-int64_t ShardedAdamW::state_bytes() const {
-  return static_cast<int64_t>(inner_->exp_avg()[0].nbytes() + inner_->exp_avg_sq()[0].nbytes());
+int64_t ShardedOptimizer::state_bytes() const {
+  if (!adamw_) return 0;
+  return static_cast<int64_t>(adamw_->exp_avg()[0].nbytes() + adamw_->exp_avg_sq()[0].nbytes());
 }
 
 }  // namespace tt::optim

@@ -1,8 +1,9 @@
 // ZeRO stage 1: the optimizer state is sharded across data-parallel ranks. The flat parameter buffer (padded
-// to a multiple of the world size) is cut into equal contiguous slices; rank r owns slice r's AdamW state.
+// to a multiple of the world size) is cut into equal contiguous slices; rank r owns slice r's optimizer
+// state (AdamW's moments; SGD has none, so only its update is sharded).
 // A step reduce-scatters the gradients (averaged) so each rank receives only its slice, updates that slice
 // of the parameters, and all-gathers the updated slices so every rank again holds the full model. Optimizer
-// memory per rank falls by the world size; the result equals unsharded AdamW.
+// memory per rank falls by the world size; the result equals the unsharded optimizer's.
 //
 // The update and the gather are pipelined: the slice is updated in chunks, and each chunk's all-gather
 // starts as soon as the chunk is written, so the gather of chunk k runs while chunk k+1 is updated (on
@@ -40,11 +41,18 @@ class ShardCollectives {
                                                            int64_t stride) = 0;
 };
 
-class ShardedAdamW {
+struct SgdOptions {
+  double lr = 1e-2;
+};
+
+// ZeRO-1 around AdamW (the state that matters: two moments per parameter) or SGD (stateless: only the
+// update is sharded).
+class ShardedOptimizer {
  public:
   // `params` must have been built with padding to a multiple of the world size (FlatParameters'
   // pad_multiple), so that every slice has the same length.
-  ShardedAdamW(nn::FlatParameters& params, ShardCollectives& comm, const AdamWOptions& options = {});
+  ShardedOptimizer(nn::FlatParameters& params, ShardCollectives& comm, const AdamWOptions& options = {});
+  ShardedOptimizer(nn::FlatParameters& params, ShardCollectives& comm, const SgdOptions& options);
 
   // Averages gradients across ranks into this rank's slice (a reduce-scatter after backward, instead of a
   // DDP all-reduce), clips by the global norm when max_norm > 0 (returns the norm), updates the slice and
@@ -58,27 +66,33 @@ class ShardedAdamW {
   int64_t gather_chunk() const { return gather_chunk_; }
   void set_lr(double lr) { inner_->set_lr(lr); }
   double lr() const { return inner_->lr(); }
-  int64_t step_count() const { return inner_->step_count(); }
-  void set_step_count(int64_t step) { inner_->set_step_count(step); }
+  int64_t step_count() const { return adamw_ ? adamw_->step_count() : steps_; }
+  void set_step_count(int64_t step);
 
   int64_t shard_begin() const { return shard_begin_; }  // element range of this rank's slice
   int64_t shard_size() const { return shard_size_; }
-  Tensor& shard_exp_avg() { return inner_->exp_avg()[0]; }
-  Tensor& shard_exp_avg_sq() { return inner_->exp_avg_sq()[0]; }
-  const AdamWOptions& options() const { return inner_->options(); }
+  bool is_adamw() const { return adamw_ != nullptr; }
+  // The AdamW state of this rank's slice (throws for SGD).
+  Tensor& shard_exp_avg() { return adamw().exp_avg()[0]; }
+  Tensor& shard_exp_avg_sq() { return adamw().exp_avg_sq()[0]; }
+  const AdamWOptions& options() const;
   // Bytes of optimizer state held by this rank (measured from the tensors, not computed from a formula).
   int64_t state_bytes() const;
   ShardCollectives& collectives() { return comm_; }
 
  private:
+  void slice(nn::FlatParameters& params);
+  AdamW& adamw() const;
   void update_and_gather();
 
   nn::FlatParameters& params_;
   ShardCollectives& comm_;
   int64_t shard_begin_ = 0, shard_size_ = 0;
   int64_t gather_chunk_ = int64_t{1} << 25;
+  int64_t steps_ = 0;  // SGD's step count (AdamW keeps its own)
   Tensor shard_params_, shard_grads_;
-  std::unique_ptr<AdamW> inner_;
+  std::unique_ptr<Optimizer> inner_;
+  AdamW* adamw_ = nullptr;  // inner_ when it is AdamW
 };
 
 }  // namespace tt::optim

@@ -27,14 +27,14 @@ std::vector<double> train_adamw(ModelKind kind, Device device, DType dtype, bool
   // where they nearly cancel AdamW's default eps turns that into a visible step; eps = lr bounds it.
   if (dtype == DType::f32) options.eps = options.lr;
   std::unique_ptr<optim::ShardCollectives> collectives = dist::shard_collectives(comm);
-  std::unique_ptr<optim::ShardedAdamW> zero;
+  std::unique_ptr<optim::ShardedOptimizer> zero;
   std::unique_ptr<optim::AdamW> adamw;
   std::unique_ptr<dist::DataParallel> ddp;
   if (sharded) {
     comm.broadcast(params.flat_params(), 0);
     if (zero_over_ddp_mb > 0)
       ddp = std::make_unique<dist::DataParallel>(params, comm, dist::DdpStrategy::bucketed, zero_over_ddp_mb);
-    zero = std::make_unique<optim::ShardedAdamW>(params, *collectives, options);
+    zero = std::make_unique<optim::ShardedOptimizer>(params, *collectives, options);
     if (gather_chunk > 0) zero->set_gather_chunk(gather_chunk);
     *state_bytes = zero->state_bytes();
   } else {
@@ -121,6 +121,57 @@ TEST_CASE("ZeRO-1 with the update and all-gather pipelined in chunks equals unsh
         CHECK_MESSAGE(allclose(sharded, whole, 1e-7, 0.0, &why), why);
         CHECK(same_on_all_ranks(sharded));
       }
+    }
+  }
+}
+
+TEST_CASE("ZeRO-1 around SGD (sharded update, no state) equals unsharded SGD") {
+  dist::DistRuntime& rt = runtime();
+  dist::Communicator& comm = communicator(Device::cpu());
+  for (int64_t chunk : {int64_t{3}, int64_t{1} << 30}) {
+    for (ModelKind kind : {ModelKind::mlp, ModelKind::transformer}) {
+      CAPTURE(model_kind_name(kind));
+      CAPTURE(chunk);
+      std::vector<double> result[2];
+      for (int sharded = 0; sharded < 2; ++sharded) {
+        std::unique_ptr<TestModel> model = make_test_model(kind);
+        nn::FlatParameters params(model->module(), Device::cpu(), 5, DType::f64,
+                                  sharded ? rt.world_size() : 1);
+        model->freeze();
+        std::unique_ptr<optim::ShardCollectives> collectives = dist::shard_collectives(comm);
+        std::unique_ptr<optim::ShardedOptimizer> zero;
+        std::unique_ptr<optim::SGD> sgd;
+        std::unique_ptr<dist::DataParallel> ddp;
+        if (sharded) {
+          comm.broadcast(params.flat_params(), 0);
+          zero = std::make_unique<optim::ShardedOptimizer>(params, *collectives, optim::SgdOptions{0.05});
+          zero->set_gather_chunk(chunk);
+          CHECK(zero->state_bytes() == 0);
+          CHECK_THROWS_AS(zero->shard_exp_avg(), Error);
+        } else {
+          ddp = std::make_unique<dist::DataParallel>(params, comm, dist::DdpStrategy::flat);
+          sgd = std::make_unique<optim::SGD>(std::vector<Tensor>{params.flat_params()}, 0.05);
+        }
+        for (int step = 0; step < 10; ++step) {
+          params.zero_grad();
+          const uint64_t id = static_cast<uint64_t>(step * rt.world_size() + rt.rank());
+          const Tensor loss = model->loss({id}, Device::cpu());
+          if (ddp) ddp->begin_backward();
+          loss.backward();
+          if (ddp) ddp->finish_backward();
+          if (zero) {
+            zero->step(0.0);
+          } else {
+            sgd->step();
+          }
+        }
+        if (zero) CHECK(zero->step_count() == 10);
+        result[sharded] = params.flat_params().to_doubles();
+        result[sharded].resize(static_cast<size_t>(params.numel()));
+      }
+      std::string why;
+      CHECK_MESSAGE(allclose(result[1], result[0], 1e-7, 0.0, &why), why);
+      CHECK(same_on_all_ranks(result[1]));
     }
   }
 }

@@ -38,7 +38,7 @@ class WholeAdamW : public OptimizerState {
 
 class ShardedState : public OptimizerState {
  public:
-  explicit ShardedState(optim::ShardedAdamW& sharded) : sharded_(sharded) {}
+  explicit ShardedState(optim::ShardedOptimizer& sharded) : sharded_(sharded) {}
   int64_t step_count() const override { return sharded_.step_count(); }
   void set_step_count(int64_t step) override { sharded_.set_step_count(step); }
   double lr() const override { return sharded_.lr(); }
@@ -69,7 +69,7 @@ class ShardedState : public OptimizerState {
   }
 
  private:
-  optim::ShardedAdamW& sharded_;
+  optim::ShardedOptimizer& sharded_;
 };
 
 void write_model_attributes(io::H5File& file, const nn::ModelConfig& config) {
@@ -125,7 +125,8 @@ void write_contents(io::H5File* file, const nn::ModelConfig& config, nn::FlatPar
 std::unique_ptr<OptimizerState> optimizer_state(optim::AdamW& adamw) {
   return std::make_unique<WholeAdamW>(adamw);
 }
-std::unique_ptr<OptimizerState> optimizer_state(optim::ShardedAdamW& sharded) {
+std::unique_ptr<OptimizerState> optimizer_state(optim::ShardedOptimizer& sharded) {
+  TT_CHECK(sharded.is_adamw(), "checkpoints hold AdamW state; this sharded optimizer is SGD");
   return std::make_unique<ShardedState>(sharded);
 }
 

@@ -42,7 +42,7 @@ class OptimizerState {
   virtual void scatter(int which, int64_t offset, const Tensor& full) = 0;
 };
 std::unique_ptr<OptimizerState> optimizer_state(optim::AdamW& adamw);
-std::unique_ptr<OptimizerState> optimizer_state(optim::ShardedAdamW& sharded);
+std::unique_ptr<OptimizerState> optimizer_state(optim::ShardedOptimizer& sharded);
 
 // Every rank calls it (sharded state is gathered parameter by parameter, never whole on one rank); only the
 // rank with `writer` set writes the file.

@@ -244,7 +244,7 @@ int run_training(const Flags& flags, Device device, const std::string& data_dir,
   std::unique_ptr<dist::DataParallel> ddp;
   std::unique_ptr<optim::ShardCollectives> collectives;
   std::unique_ptr<optim::AdamW> adamw;
-  std::unique_ptr<optim::ShardedAdamW> sharded;
+  std::unique_ptr<optim::ShardedOptimizer> sharded;
   const int64_t sm_margin = flags.integer("gemm-sm-margin");
   TT_CHECK(sm_margin >= 0, "--gemm-sm-margin must be >= 0");
   set_matmul_sm_margin(static_cast<int>(sm_margin));
@@ -253,7 +253,7 @@ int run_training(const Flags& flags, Device device, const std::string& data_dir,
     TT_CHECK(comm != nullptr || world == 1, "--zero 1 needs a communicator");
     collectives = comm ? dist::shard_collectives(*comm) : dist::single_process_collectives();
     if (comm) comm->broadcast(params.flat_params(), 0);
-    sharded = std::make_unique<optim::ShardedAdamW>(params, *collectives, adam);
+    sharded = std::make_unique<optim::ShardedOptimizer>(params, *collectives, adam);
   } else {
     adamw = std::make_unique<optim::AdamW>(std::vector<Tensor>{params.flat_params()}, adam);
   }
