@@ -237,15 +237,23 @@ int main(int argc, char** argv) {
       apply_runtime_model_flags(flags, config, device);
       std::unique_ptr<Bundle> bundle;
       bool oom = false;
+      const double build_start = now_seconds();
       try {
         bundle = std::make_unique<Bundle>(config, device, runtime->rank(), runtime->world_size(), batch);
       } catch (const OutOfMemory&) {
         oom = true;
       }
+      if (root) {
+        std::fprintf(stderr, "  built %s (%s) in %.1f s\n", preset.c_str(),
+                     oom ? "out of memory" : (std::to_string(bundle->params.numel()) + " parameters").c_str(),
+                     now_seconds() - build_start);
+      }
       oom = dist::max_over_ranks(oom ? 1.0 : 0.0) > 0;
       double single_ms = 0;
       for (const Config& c : configs) {
+        const double row_start = now_seconds();
         const Result r = oom ? Result{true, {}, {}, {}} : measure(*bundle, *comm, c, warmup, steps);
+        const double row_seconds = now_seconds() - row_start;
         if (!r.oom) {
           auto gib = [](int64_t bytes) { return format_fixed(static_cast<double>(bytes) / (1 << 30), 2); };
           const double psi = static_cast<double>(bundle->params.numel());
@@ -301,7 +309,8 @@ int main(int argc, char** argv) {
                        {"bytes_after_step", std::to_string(r.memory.after_step)},
                        {"peak_bytes", std::to_string(r.memory.peak)}});
         }
-        if (root) std::fprintf(stderr, "  measured %s %s\n", preset.c_str(), shown.c_str());
+        if (root)
+          std::fprintf(stderr, "  measured %s %s in %.1f s\n", preset.c_str(), shown.c_str(), row_seconds);
       }
     }
     if (root) {
