@@ -36,7 +36,9 @@ struct Config {
   // a strategy is set too, by that strategy's all-reduce (overlapped with backward for bucketed).
   bool zero = false;
   int sm_margin = 0;  // SMs kept free of GEMMs for the communication kernels (cuBLASLt SM count target)
-  double zero_chunk_mb = 0;  // MB of parameters per pipelined update + all-gather chunk of ZeRO-1; 0: default
+  double zero_chunk_mb = 0;
+  bool bf16_communication = false;  // gradients all-reduced in bf16 (DDP strategies)  // MB of parameters per
+                                    // pipelined update + all-gather chunk of ZeRO-1; 0: default
 };
 
 // Bytes per rank, measured from the allocator and the tensors.
@@ -89,14 +91,16 @@ Result measure(Bundle& b, dist::Communicator& comm, const Config& config, int64_
       }
       result.memory.optimizer_state = sharded->state_bytes();
       if (config.strategy)
-        ddp = std::make_unique<dist::DataParallel>(b.params, comm, *config.strategy, config.bucket_mb);
+        ddp = std::make_unique<dist::DataParallel>(b.params, comm, *config.strategy, config.bucket_mb,
+                                                   config.bf16_communication);
     } else {
       if (!b.optimizer)
         b.optimizer = std::make_unique<optim::AdamW>(std::vector<Tensor>{b.params.flat_params()});
       result.memory.optimizer_state =
           static_cast<int64_t>(b.optimizer->exp_avg()[0].nbytes() + b.optimizer->exp_avg_sq()[0].nbytes());
       if (config.strategy)
-        ddp = std::make_unique<dist::DataParallel>(b.params, comm, *config.strategy, config.bucket_mb);
+        ddp = std::make_unique<dist::DataParallel>(b.params, comm, *config.strategy, config.bucket_mb,
+                                                   config.bf16_communication);
     }
     result.memory.params = static_cast<int64_t>(b.params.flat_params().nbytes());
     result.memory.grads = static_cast<int64_t>(b.params.flat_grads().nbytes());
@@ -165,6 +169,9 @@ int main(int argc, char** argv) {
   flags.add("gemm-sm-margin", "0",
             "comma-separated SM counts to keep free of matmuls in the communicating rows (cuBLASLt plans "
             "for fewer SMs), so NCCL's kernels overlap backward without waiting for SMs; 0: all SMs");
+  flags.add("grad-comm-dtype", "f32",
+            "comma-separated dtypes the DDP strategies' gradients travel in: f32 | bf16 (half the bytes, "
+            "gradients rounded to bf16); each communicating row once per dtype");
   flags.add("zero-chunk-mb", "128",
             "ZeRO-1 updates its slice and all-gathers it in chunks of this many MB of parameters per rank, "
             "each chunk's gather overlapping the next chunk's update");
@@ -210,6 +217,29 @@ int main(int argc, char** argv) {
           TT_CHECK(m >= 0 && m == static_cast<int>(m), "--gemm-sm-margin takes whole numbers >= 0");
           Config with = c;
           with.sm_margin = static_cast<int>(m);
+          expanded.push_back(with);
+        }
+      }
+      configs = expanded;
+    }
+    {
+      // Every row that runs a DDP strategy once per gradient dtype asked for ('single' and 'zero1' have no
+      // DDP all-reduce and stay as they are).
+      const std::vector<std::string> dtypes = flags.list("grad-comm-dtype");
+      for (const std::string& dtype : dtypes) {
+        TT_CHECK(dtype == "f32" || dtype == "bf16",
+                 "--grad-comm-dtype takes f32 and/or bf16, got '" + dtype + "'");
+      }
+      std::vector<Config> expanded;
+      for (const Config& c : configs) {
+        if (!c.strategy) {
+          expanded.push_back(c);
+          continue;
+        }
+        for (const std::string& dtype : dtypes) {
+          Config with = c;
+          with.bf16_communication = dtype == "bf16";
+          if (with.bf16_communication) with.label += " (bf16 grads)";
           expanded.push_back(with);
         }
       }

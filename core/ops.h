@@ -12,7 +12,9 @@ Tensor add(const Tensor& a, const Tensor& b);                       // same shap
 Tensor add_scaled(const Tensor& a, const Tensor& b, double alpha);  // a + alpha * b
 Tensor scale(const Tensor& a, double s);
 Tensor cast(const Tensor& a, DType dtype);  // the gradient is cast back to a's dtype
-Tensor contiguous(const Tensor& a);         // a itself when already contiguous
+// dst = src converted to dst's dtype (same shape, dst contiguous); no autograd.
+void cast_into(Tensor& dst, const Tensor& src);
+Tensor contiguous(const Tensor& a);  // a itself when already contiguous
 Tensor reshape(const Tensor& a, const Shape& shape);
 Tensor transpose(const Tensor& a, int64_t d0, int64_t d1);
 Tensor sum(const Tensor& a);                   // scalar (shape {1}), same dtype

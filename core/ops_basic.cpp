@@ -149,6 +149,20 @@ Tensor cast(const Tensor& a, DType dtype) {
   return out;
 }
 
+void cast_into(Tensor& dst, const Tensor& src) {
+  require_same_device(dst, src, "cast_into");
+  TT_CHECK(dst.shape() == src.shape(),
+           "cast_into: shapes differ: " + dst.describe() + " and " + src.describe());
+  TT_CHECK(dst.is_contiguous(), "cast_into: destination must be contiguous");
+  const Tensor s = detail::dense(src);
+  if (dst.device().is_cuda()) {
+    TT_CUDA_ONLY(
+        cuda::cast(s.raw_data(), s.dtype(), dst.raw_data(), dst.dtype(), s.numel(), detail::stream_of(dst)));
+  } else {
+    cpu::cast(s.raw_data(), s.dtype(), dst.raw_data(), dst.dtype(), s.numel());
+  }
+}
+
 Tensor contiguous(const Tensor& a) {
   if (a.is_contiguous()) return a;
   Tensor out = a.clone();

@@ -43,6 +43,13 @@ bool Communicator::is_rank_block(const Tensor& whole, const Tensor& part) const 
          part.offset() == whole.offset() + static_cast<int64_t>(rank_) * part.numel();
 }
 
+void Communicator::check_widened(const Tensor& tensor, const Tensor& widened) const {
+  check_tensor(widened, "all_reduce_widen", false);
+  TT_CHECK(widened.shape() == tensor.shape(), std::string(backend()) +
+                                                  " all_reduce_widen: " + widened.describe() +
+                                                  " does not have the shape of " + tensor.describe());
+}
+
 void Communicator::check_gather_blocks(const Tensor& buffer, int64_t offset, int64_t count,
                                        int64_t stride) const {
   check_tensor(buffer, "all_gather_blocks", false);

@@ -53,6 +53,10 @@ class Communicator {
   // Every rank ends with the reduction of all ranks' `tensor`.
   virtual void all_reduce(Tensor& tensor, ReduceOp op = ReduceOp::sum);
   virtual std::unique_ptr<Work> all_reduce_async(Tensor& tensor, ReduceOp op = ReduceOp::sum) = 0;
+  // The same, then the result converted to `widened`'s dtype (same shape, contiguous) is written there, on
+  // the communication side (CUDA: the communication stream), so the caller needs no pass of its own.
+  // For gradients sent in bf16 and kept in f32.
+  virtual std::unique_ptr<Work> all_reduce_widen_async(Tensor& tensor, ReduceOp op, Tensor& widened) = 0;
   // Every rank ends with root's `tensor`.
   virtual void broadcast(Tensor& tensor, int root);
   virtual std::unique_ptr<Work> broadcast_async(Tensor& tensor, int root) = 0;
@@ -87,6 +91,7 @@ class Communicator {
   void check_root(int root) const;
   // Block `rank` of `whole` (world_size equal blocks) is exactly `part`: the in-place layout.
   bool is_rank_block(const Tensor& whole, const Tensor& part) const;
+  void check_widened(const Tensor& tensor, const Tensor& widened) const;
   // Throws unless the blocks of all_gather_blocks_async lie inside `buffer` without overlapping.
   void check_gather_blocks(const Tensor& buffer, int64_t offset, int64_t count, int64_t stride) const;
   virtual bool supports(DType dtype, bool reduces) const = 0;

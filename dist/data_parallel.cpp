@@ -2,6 +2,7 @@
 
 #include <cmath>
 
+#include "core/ops.h"
 #include "dist/runtime.h"
 
 namespace tt::dist {
@@ -35,6 +36,7 @@ struct DataParallel::State {
   Communicator& comm;
   DdpStrategy strategy;
   int64_t capacity_bytes = 0;
+  Tensor wire;  // bf16 communication: the staging buffer, laid out like the flat gradient buffer
   std::vector<bool> trainable;     // per parameter, fixed at construction
   std::vector<Tensor> grad_views;  // per parameter: its range of the flat gradient buffer, 1-D
   std::vector<GradientBucket> buckets;
@@ -90,7 +92,7 @@ struct DataParallel::State {
     }
     ready[index] = true;
     if (strategy == DdpStrategy::overlap) {
-      launch(grad_views[index]);
+      launch_parameter(index);
       launched[index] = true;
     } else if (strategy == DdpStrategy::bucketed) {
       const size_t b = static_cast<size_t>(bucket_of[index]);
@@ -112,14 +114,21 @@ struct DataParallel::State {
     }
   }
 
-  void launch_bucket(size_t b) {
-    const GradientBucket& bucket = buckets[b];
-    Tensor range = params.flat_grads().narrow_view(0, bucket.begin, bucket.numel());
-    launch(range);
-  }
+  void launch_bucket(size_t b) { launch(buckets[b].begin, buckets[b].numel()); }
+  void launch_parameter(size_t index) { launch(params.offsets()[index], grad_views[index].numel()); }
 
-  void launch(Tensor& grads) {
-    pending.push_back(comm.all_reduce_async(grads, ReduceOp::avg));
+  // Starts the average of gradient elements [begin, begin + count). With bf16 communication the range is
+  // rounded into the staging buffer (on the compute stream, after the gradients) and the collective widens
+  // its result back into the gradients itself.
+  void launch(int64_t begin, int64_t count) {
+    Tensor grads = params.flat_grads().narrow_view(0, begin, count);
+    if (wire.defined()) {
+      Tensor staged = wire.narrow_view(0, begin, count);
+      ops::cast_into(staged, grads);
+      pending.push_back(comm.all_reduce_widen_async(staged, ReduceOp::avg, grads));
+    } else {
+      pending.push_back(comm.all_reduce_async(grads, ReduceOp::avg));
+    }
     ++collectives;
   }
 
@@ -140,10 +149,12 @@ struct DataParallel::State {
 };
 
 DataParallel::DataParallel(nn::FlatParameters& params, Communicator& comm, DdpStrategy strategy,
-                           double bucket_mb)
+                           double bucket_mb, bool bf16_communication)
     : state_(std::make_shared<State>(params, comm, strategy)) {
   State& s = *state_;
   TT_CHECK(bucket_mb > 0 && std::isfinite(bucket_mb), "DataParallel: bucket_mb must be positive");
+  if (bf16_communication && params.flat_grads().dtype() != DType::bf16)
+    s.wire = Tensor::empty(params.flat_grads().shape(), DType::bf16, params.flat_grads().device());
   TT_CHECK(params.flat_params().device() == comm.device(),
            "DataParallel: parameters on " + params.flat_params().device().str() +
                " but the communicator is on " + comm.device().str());
@@ -213,20 +224,20 @@ void DataParallel::finish_backward() {
   s.wait_timer = s.comm.start_timer();
   switch (s.strategy) {
     case DdpStrategy::naive:
+      // One parameter at a time, each waited for before the next starts.
       for (size_t i = 0; i < s.trainable.size(); ++i) {
         if (!s.trainable[i]) continue;
-        s.comm.all_reduce(s.grad_views[i], ReduceOp::avg);
-        ++s.collectives;
+        s.launch_parameter(i);
+        s.pending.back()->wait();
       }
       break;
     case DdpStrategy::flat:
-      s.comm.all_reduce(s.params.flat_grads(), ReduceOp::avg);
-      ++s.collectives;
+      s.launch(0, s.params.flat_grads().numel());
       break;
     case DdpStrategy::overlap:
       // Parameters that received no gradient in this pass (same on every rank): send them now, in order.
       for (size_t i = 0; i < s.trainable.size(); ++i) {
-        if (s.trainable[i] && !s.launched[i]) s.launch(s.grad_views[i]);
+        if (s.trainable[i] && !s.launched[i]) s.launch_parameter(i);
       }
       break;
     case DdpStrategy::bucketed:
@@ -239,6 +250,10 @@ void DataParallel::finish_backward() {
 
 DdpStrategy DataParallel::strategy() const {
   return state_->strategy;
+}
+
+bool DataParallel::bf16_communication() const {
+  return state_->wire.defined();
 }
 
 double DataParallel::communication_wait_ms() {

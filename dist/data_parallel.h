@@ -9,6 +9,10 @@
 //   bucketed  contiguous ranges of the gradient buffer ("buckets", filled in reverse parameter order up to
 //             bucket_mb MiB) reduced asynchronously as soon as all their parameters' gradients are ready.
 //
+// Gradients travel in their own dtype (f32), or, with bf16 communication, rounded to bf16 into a staging
+// buffer, averaged in bf16 by the collective (each pairwise sum rounded to bf16) and widened back: half the
+// bytes on the wire, gradients exact to about 3 significant digits (PyTorch's bf16 compression hook).
+//
 // Per step (set_sync(false) on all but the last micro-batch when accumulating gradients):
 //   ddp.set_sync(last_micro_batch);  ddp.begin_backward();  loss.backward();  ddp.finish_backward();
 //   optimizer.step();  params.zero_grad();
@@ -41,7 +45,8 @@ class DataParallel {
   // Collective: broadcasts rank 0's whole flat parameter buffer (frozen parameters too) to every rank, and
   // hooks every parameter that requires grad now. Parameters frozen now are never communicated (except as
   // part of the whole buffer by `flat`). `params` and `comm` must outlive this object.
-  DataParallel(nn::FlatParameters& params, Communicator& comm, DdpStrategy strategy, double bucket_mb = 25.0);
+  DataParallel(nn::FlatParameters& params, Communicator& comm, DdpStrategy strategy, double bucket_mb = 25.0,
+               bool bf16_communication = false);
   ~DataParallel();
   DataParallel(const DataParallel&) = delete;
   DataParallel& operator=(const DataParallel&) = delete;
@@ -59,6 +64,7 @@ class DataParallel {
   void finish_backward();
 
   DdpStrategy strategy() const;
+  bool bf16_communication() const;
   // Time the last finish_backward held up the host (CPU) or the compute stream (CUDA): the communication
   // not hidden behind backward. On CUDA, reading it waits for that step's communication.
   double communication_wait_ms();

@@ -11,6 +11,7 @@
 #include "dist/backends.h"
 #include "dist/mpi_check.h"
 #include "dist/runtime.h"
+#include "kernels/cpu/cpu_kernels.h"
 
 namespace tt::dist {
 
@@ -28,14 +29,25 @@ MPI_Datatype mpi_type(DType dtype) {
     case DType::i32:
       return MPI_INT32_T;
     case DType::bf16:
-      return MPI_UINT16_T;  // moved, never added (see supports())
+      return MPI_UINT16_T;  // added by a user-defined operation (bf16_sum)
   }
   throw Error("no MPI type for this dtype");
 }
 
+// bf16 addition for MPI reductions: each pairwise sum is computed in f32 and rounded to bf16, as NCCL does.
+void bf16_sum(void* in, void* inout, int* len, MPI_Datatype*) {
+  const auto* a = static_cast<const bf16*>(in);
+  auto* b = static_cast<bf16*>(inout);
+  for (int i = 0; i < *len; ++i) b[i] = bf16(static_cast<float>(a[i]) + static_cast<float>(b[i]));
+}
+
 void divide_by(const Tensor& t, int divisor) {
   const int64_t n = t.numel();
-  if (t.dtype() == DType::f32) {
+  if (t.dtype() == DType::bf16) {
+    bf16* p = t.data<bf16>();
+    const float d = static_cast<float>(divisor);
+    for (int64_t i = 0; i < n; ++i) p[i] = bf16(static_cast<float>(p[i]) / d);
+  } else if (t.dtype() == DType::f32) {
     float* p = t.data<float>();
     const float d = static_cast<float>(divisor);
     for (int64_t i = 0; i < n; ++i) p[i] /= d;
@@ -104,6 +116,41 @@ class MpiWork : public Work {
   bool done_ = false;
 };
 
+// A collective followed by host work that runs once, as soon as the collective is seen complete.
+class ThenWork : public Work {
+ public:
+  ThenWork(std::unique_ptr<Work> inner, std::function<void()> then)
+      : inner_(std::move(inner)), then_(std::move(then)) {}
+  ~ThenWork() override {
+    if (!then_) return;
+    try {
+      wait();
+    } catch (const std::exception& e) {
+      abort_job(e.what());
+    }
+  }
+  void wait() override {
+    inner_->wait();
+    finish();
+  }
+  bool poll() override {
+    if (!inner_->poll()) return false;
+    finish();
+    return true;
+  }
+
+ private:
+  void finish() {
+    if (!then_) return;
+    std::function<void()> then = std::move(then_);
+    then_ = nullptr;
+    then();
+  }
+
+  std::unique_ptr<Work> inner_;
+  std::function<void()> then_;
+};
+
 class HostTimer : public StreamTimer {
  public:
   HostTimer() : start_(std::chrono::steady_clock::now()), stop_(start_) {}
@@ -120,11 +167,15 @@ class MpiCommunicator : public Communicator {
       : Communicator(Device::cpu(), runtime.rank(), runtime.world_size()) {
     TT_MPI_CHECK(MPI_Comm_dup(MPI_COMM_WORLD, &comm_));
     TT_MPI_CHECK(MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN));
+    TT_MPI_CHECK(MPI_Op_create(&bf16_sum, /*commute=*/1, &bf16_sum_));
   }
   ~MpiCommunicator() override {
     int finalized = 0;
     MPI_Finalized(&finalized);
-    if (!finalized) MPI_Comm_free(&comm_);
+    if (!finalized) {
+      MPI_Op_free(&bf16_sum_);
+      MPI_Comm_free(&comm_);
+    }
   }
   const char* backend() const override { return "mpi"; }
 
@@ -132,8 +183,8 @@ class MpiCommunicator : public Communicator {
     check_reduce(t, "all_reduce", op);
     for (int64_t begin = 0; begin < t.numel(); begin += kMaxChunkElements) {
       const int count = static_cast<int>(std::min(kMaxChunkElements, t.numel() - begin));
-      TT_MPI_CHECK(
-          MPI_Allreduce(MPI_IN_PLACE, element(t, begin), count, mpi_type(t.dtype()), MPI_SUM, comm_));
+      TT_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, element(t, begin), count, mpi_type(t.dtype()),
+                                 sum_op(t.dtype()), comm_));
     }
     if (op == ReduceOp::avg) divide_by(t, world_size());
   }
@@ -144,12 +195,19 @@ class MpiCommunicator : public Communicator {
     for (int64_t begin = 0; begin < t.numel(); begin += kMaxChunkElements) {
       const int count = static_cast<int>(std::min(kMaxChunkElements, t.numel() - begin));
       requests.push_back(MPI_REQUEST_NULL);
-      TT_MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, element(t, begin), count, mpi_type(t.dtype()), MPI_SUM, comm_,
-                                  &requests.back()));
+      TT_MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, element(t, begin), count, mpi_type(t.dtype()),
+                                  sum_op(t.dtype()), comm_, &requests.back()));
     }
     const int world = world_size();
     return std::make_unique<MpiWork>(std::move(requests), [t, op, world] {
       if (op == ReduceOp::avg) divide_by(t, world);
+    });
+  }
+
+  std::unique_ptr<Work> all_reduce_widen_async(Tensor& t, ReduceOp op, Tensor& widened) override {
+    check_widened(t, widened);
+    return std::make_unique<ThenWork>(all_reduce_async(t, op), [t, widened] {
+      cpu::cast(t.raw_data(), t.dtype(), widened.raw_data(), widened.dtype(), t.numel());
     });
   }
 
@@ -187,7 +245,8 @@ class MpiCommunicator : public Communicator {
     Tensor received = in_place ? Tensor::empty(output.shape(), output.dtype()) : output;
     std::vector<MPI_Request> requests(1, MPI_REQUEST_NULL);
     TT_MPI_CHECK(MPI_Ireduce_scatter_block(input.raw_data(), received.raw_data(), count,
-                                           mpi_type(input.dtype()), MPI_SUM, comm_, &requests[0]));
+                                           mpi_type(input.dtype()), sum_op(input.dtype()), comm_,
+                                           &requests[0]));
     const int world = world_size();
     return std::make_unique<MpiWork>(std::move(requests),
                                      [input, output, received, in_place, op, world]() mutable {
@@ -239,11 +298,12 @@ class MpiCommunicator : public Communicator {
 
  protected:
   bool supports(DType dtype, bool reduces) const override {
-    return dtype == DType::f32 || dtype == DType::f64 || dtype == DType::i32 ||
-           (dtype == DType::bf16 && !reduces);
+    return dtype == DType::f32 || dtype == DType::f64 || dtype == DType::i32 || dtype == DType::bf16;
   }
 
  private:
+  MPI_Op sum_op(DType dtype) const { return dtype == DType::bf16 ? bf16_sum_ : MPI_SUM; }
+
   void check_reduce(const Tensor& t, const char* collective, ReduceOp op) const {
     check_tensor(t, collective, true);
     TT_CHECK(op == ReduceOp::sum || t.dtype() != DType::i32,
@@ -262,6 +322,7 @@ class MpiCommunicator : public Communicator {
   }
 
   MPI_Comm comm_ = MPI_COMM_NULL;
+  MPI_Op bf16_sum_ = MPI_OP_NULL;
 };
 
 }  // namespace

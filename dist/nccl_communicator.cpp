@@ -280,6 +280,16 @@ class NcclCommunicator : public Communicator {
     });
   }
 
+  std::unique_ptr<Work> all_reduce_widen_async(Tensor& t, ReduceOp op, Tensor& widened) override {
+    check_tensor(t, "all_reduce", true);
+    check_widened(t, widened);
+    return launch("all_reduce", {t, widened}, [&](cudaStream_t s) {
+      TT_NCCL_CHECK(ncclAllReduce(t.raw_data(), t.raw_data(), static_cast<size_t>(t.numel()),
+                                  nccl_type(t.dtype()), nccl_op(op), comm_.get(), s));
+      cuda::cast(t.raw_data(), t.dtype(), widened.raw_data(), widened.dtype(), t.numel(), s);
+    });
+  }
+
   std::unique_ptr<Work> broadcast_async(Tensor& t, int root) override {
     check_tensor(t, "broadcast", false);
     check_root(root);

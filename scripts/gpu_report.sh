@@ -65,12 +65,13 @@ for s in "$@"; do
       timeout 330 "${mpi[@]}" $b/bench_ddp --preset xl --precision bf16 --ctx 512 --batch 4 --zero 1 \
         --strategy naive,flat,overlap,bucketed --bucket-mb 1,10,25,100,1000 --gemm-sm-margin 0,16 \
         --json "$out/ddp_xl.jsonl" 2>"$out/ddp_xl.err" | tee "$out/ddp_xl.md" | grep -E "^\| xl" | head -30
-      # NCCL's own knobs for compute/communication overlap (one process start each: ~2 minutes).
-      for env in NCCL_CTA_POLICY=1 NCCL_MAX_NCHANNELS=8; do
-        echo "$env:"
-        timeout 180 "${mpi[@]}" -x $env $b/bench_ddp --preset xl --precision bf16 --ctx 512 --batch 4 \
-          --strategy bucketed --bucket-mb 100 --single-gpu-baseline 0 2>/dev/null | grep -E "^\| xl" | head -1
-      done ;;
+      # Gradients communicated in bf16 (half the bytes), and NCCL's CTA policy for overlap; ~2 minutes each.
+      timeout 200 "${mpi[@]}" $b/bench_ddp --preset xl --precision bf16 --ctx 512 --batch 4 --zero 1 \
+        --strategy bucketed --bucket-mb 25,100 --grad-comm-dtype f32,bf16 --json "$out/ddp_xl_bf16.jsonl" \
+        2>/dev/null | tee "$out/ddp_xl_bf16.md" | grep -E "^\| xl" | head -8
+      echo "NCCL_CTA_POLICY=1:"
+      timeout 180 "${mpi[@]}" -x NCCL_CTA_POLICY=1 $b/bench_ddp --preset xl --precision bf16 --ctx 512 --batch 4 \
+        --strategy bucketed --bucket-mb 100 --single-gpu-baseline 0 2>/dev/null | grep -E "^\| xl" | head -1 ;;
     quickmodel)
       section quickmodel
       timeout 150 $b/benchmark --sizes small,medium,large,xl,2.7b --ctx 256 --batch 4 --precision bf16 --graph on \

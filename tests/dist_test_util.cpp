@@ -183,8 +183,9 @@ std::vector<double> train(const TrainSpec& spec, const DdpConfig* ddp) {
   if (ddp != nullptr) {
     // Replicas start different, so only the broadcast can make them equal.
     if (rank != 0) ops::scale_(flat.flat_params(), 1.0 + 0.25 * rank);
-    data_parallel =
-        std::make_unique<dist::DataParallel>(flat, communicator(spec.device), ddp->strategy, ddp->bucket_mb);
+    data_parallel = std::make_unique<dist::DataParallel>(flat, communicator(spec.device), ddp->strategy,
+                                                         ddp->bucket_mb, ddp->bf16_communication);
+    CHECK(data_parallel->bf16_communication() == ddp->bf16_communication);
     std::string why;
     CHECK_MESSAGE(allclose(flat.flat_params().to_doubles(), initial, 0, 0, &why), "after broadcast: " << why);
   }
@@ -286,6 +287,25 @@ void check_strategies_match_single_process(ModelKind model, OptimizerKind optimi
     std::string why;
     CHECK_MESSAGE(allclose(trained, reference, 1e-5, 1e-8, &why), why);
     CHECK(same_on_all_ranks(trained));
+  }
+}
+
+void check_bf16_communication(ModelKind model, Device device) {
+  TrainSpec spec;
+  spec.model = model;
+  spec.optimizer = OptimizerKind::sgd;
+  spec.device = device;
+  const std::vector<double> reference = train(spec, nullptr);
+  for (DdpConfig config : ddp_configs(model)) {
+    CAPTURE(config.label);
+    const std::vector<double> exact = train(spec, &config);
+    config.bf16_communication = true;
+    const std::vector<double> rounded = train(spec, &config);
+    std::string why;
+    // bf16 keeps 8 significant bits: each gradient is off by up to 2^-8 relative, times lr over 3 steps.
+    CHECK_MESSAGE(allclose(rounded, reference, 1e-3, 1e-4, &why), why);
+    CHECK_FALSE(allclose(rounded, exact, 1e-7, 0.0, &why));
+    CHECK(same_on_all_ranks(rounded));
   }
 }
 

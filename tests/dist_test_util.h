@@ -43,6 +43,7 @@ struct DdpConfig {
   dist::DdpStrategy strategy;
   double bucket_mb = 25.0;
   std::string label;
+  bool bf16_communication = false;
 };
 // naive, flat, overlap, and bucketed with one parameter per bucket, a few buckets, and one bucket.
 std::vector<DdpConfig> ddp_configs(ModelKind kind);
@@ -71,5 +72,10 @@ bool same_on_all_ranks(const std::vector<double>& values);
 // all ranks end identical.
 void check_strategies_match_single_process(ModelKind model, OptimizerKind optimizer, Device device,
                                            DType dtype = DType::f32);
+
+// For every strategy with gradients communicated in bf16: close to single-process training (the gradients are
+// rounded to bf16 once before and once after the average), not equal to the f32-communicated result (the
+// rounding did happen), and all ranks end identical.
+void check_bf16_communication(ModelKind model, Device device);
 
 }  // namespace tt::testing

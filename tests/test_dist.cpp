@@ -164,13 +164,38 @@ TEST_CASE("mpi all_gather_blocks: strided blocks in place, gaps untouched") {
   comm.barrier();
 }
 
+TEST_CASE("mpi bf16 all_reduce: pairwise f32 sums rounded to bf16, and avg") {
+  dist::Communicator& comm = communicator(Device::cpu());
+  const int world = comm.world_size(), rank = comm.rank();
+  // Small integers and halves are exact in bf16 and so are their sums: the result is exact.
+  std::vector<float> mine(64), sum(64, 0.0f);
+  for (int64_t i = 0; i < 64; ++i) {
+    mine[i] = static_cast<float>(i % 9) * 0.5f + static_cast<float>(rank);
+    for (int r = 0; r < world; ++r) sum[i] += static_cast<float>(i % 9) * 0.5f + static_cast<float>(r);
+  }
+  Tensor exact = ops::cast(Tensor::from_floats(mine, {64}), DType::bf16);
+  comm.all_reduce(exact, dist::ReduceOp::sum);
+  CHECK(exact.to_floats() == sum);
+  Tensor averaged = ops::cast(Tensor::from_floats(mine, {64}), DType::bf16);
+  comm.all_reduce_async(averaged, dist::ReduceOp::avg)->wait();
+  const std::vector<float> got = averaged.to_floats();
+  for (int64_t i = 0; i < 64; ++i) {
+    // bf16 keeps 8 significant bits: the average is within half an ulp of the exact one.
+    CHECK(got[i] == doctest::Approx(sum[i] / static_cast<float>(world)).epsilon(1.0 / 256));
+  }
+  // 1 + 2^-8 is not a bf16 value: the rounded input sums to world, not world * (1 + 2^-8).
+  Tensor rounded = ops::cast(Tensor::from_floats({1.0f + 1.0f / 256}, {1}), DType::bf16);
+  comm.all_reduce(rounded, dist::ReduceOp::sum);
+  CHECK(rounded.to_floats()[0] == static_cast<float>(world));
+}
+
 TEST_CASE("mpi collectives refuse what they cannot do") {
   dist::Communicator& comm = communicator(Device::cpu());
   Tensor matrix = Tensor::zeros({4, 6}, DType::f32);
   Tensor transposed = matrix.transpose_view(0, 1);
   CHECK_THROWS_AS(comm.all_reduce(transposed), Error);
-  Tensor halves = ops::cast(matrix, DType::bf16);
-  CHECK_THROWS_AS(comm.all_reduce(halves), Error);
+  Tensor counts = Tensor::from_ints({1, 2, 3}, {3});
+  CHECK_THROWS_AS(comm.all_reduce(counts, dist::ReduceOp::avg), Error);
   Tensor wrong = Tensor::zeros({5}, DType::f32);
   CHECK_THROWS_AS(comm.reduce_scatter(matrix, wrong), Error);
   CHECK_THROWS_AS(comm.broadcast(matrix, comm.world_size()), Error);
@@ -248,6 +273,13 @@ TEST_CASE("every strategy equals single-process training on the union of batches
     const std::string dtype_label = dtype_name(dtype);
     CAPTURE(dtype_label);
     check_strategies_match_single_process(ModelKind::transformer, OptimizerKind::adamw, Device::cpu(), dtype);
+  }
+}
+
+TEST_CASE("every strategy with gradients communicated in bf16 stays close to single-process training") {
+  for (ModelKind kind : {ModelKind::mlp, ModelKind::transformer}) {
+    CAPTURE(model_kind_name(kind));
+    check_bf16_communication(kind, Device::cpu());
   }
 }
 

@@ -113,6 +113,13 @@ TEST_CASE("nccl: every strategy equals single-process training on the union of b
   }
 }
 
+TEST_CASE("nccl: every strategy with gradients communicated in bf16 stays close to single-process training") {
+  for (ModelKind kind : {ModelKind::mlp, ModelKind::transformer}) {
+    CAPTURE(model_kind_name(kind));
+    check_bf16_communication(kind, my_gpu());
+  }
+}
+
 TEST_CASE("nccl: gradient accumulation communicates on the last micro-batch only") {
   TrainSpec spec;
   spec.device = my_gpu();

@@ -47,6 +47,9 @@ void declare_train_flags(Flags& f) {
   f.add("log-every", "10", "print a progress line every N steps");
   f.add("ddp", "bucketed", "data-parallel strategy under mpirun: naive | flat | overlap | bucketed");
   f.add("bucket-mb", "25", "gradient bucket capacity in MiB (2^20 bytes) for --ddp bucketed");
+  f.add("grad-comm-dtype", "f32",
+        "dtype gradients travel in under mpirun: f32 (exact average) | bf16 (half the bytes; each gradient "
+        "rounded to bf16 before and after the average)");
   f.add("zero", "0", "1: shard the AdamW state across ranks (ZeRO-1); checkpoints load at any world size");
   f.add("gemm-sm-margin", "0",
         "SMs to keep free of matmuls (CUDA), so the gradient all-reduce's kernels overlap backward without "
@@ -225,6 +228,12 @@ int run_training(const Flags& flags, Device device, const std::string& data_dir,
   TT_CHECK(batch > 0 && accum > 0, "--batch and --grad-accum must be positive");
   TT_CHECK(zero == 0 || zero == 1, "--zero must be 0 or 1");
   const std::string zero_grads = flags.str("zero-grads");
+  const std::string grad_comm = flags.str("grad-comm-dtype");
+  TT_CHECK(grad_comm == "f32" || grad_comm == "bf16",
+           "--grad-comm-dtype must be f32 or bf16, got '" + grad_comm + "'");
+  TT_CHECK(grad_comm == "f32" || !zero || zero_grads == "ddp",
+           "--grad-comm-dtype bf16 applies to the DDP all-reduce; with --zero 1 use --zero-grads ddp");
+  const bool grad_comm_bf16 = grad_comm == "bf16";
   TT_CHECK(zero_grads == "reduce-scatter" || zero_grads == "ddp",
            "--zero-grads must be reduce-scatter or ddp, got '" + zero_grads + "'");
   const TokenFile train_file(data_dir + "/train.bin", config.vocab_size);
@@ -260,7 +269,7 @@ int run_training(const Flags& flags, Device device, const std::string& data_dir,
   // Gradients are averaged by a DDP strategy, unless ZeRO reduce-scatters them itself.
   if (comm && (!zero || zero_grads == "ddp")) {
     ddp = std::make_unique<dist::DataParallel>(params, *comm, dist::parse_ddp_strategy(flags.str("ddp")),
-                                               flags.number("bucket-mb"));
+                                               flags.number("bucket-mb"), grad_comm_bf16);
   }
   std::unique_ptr<OptimizerState> opt_state = zero ? optimizer_state(*sharded) : optimizer_state(*adamw);
   auto set_lr = [&](double lr) { zero ? sharded->set_lr(lr) : adamw->set_lr(lr); };
