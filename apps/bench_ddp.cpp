@@ -36,9 +36,8 @@ struct Config {
   // a strategy is set too, by that strategy's all-reduce (overlapped with backward for bucketed).
   bool zero = false;
   int sm_margin = 0;  // SMs kept free of GEMMs for the communication kernels (cuBLASLt SM count target)
-  double zero_chunk_mb = 0;
-  bool bf16_communication = false;  // gradients all-reduced in bf16 (DDP strategies)  // MB of parameters per
-                                    // pipelined update + all-gather chunk of ZeRO-1; 0: default
+  double zero_chunk_mb = 0;         // MB of parameters per pipelined update + all-gather chunk of ZeRO-1
+  bool bf16_communication = false;  // gradients all-reduced in bf16 (DDP strategies)
 };
 
 // Bytes per rank, measured from the allocator and the tensors.

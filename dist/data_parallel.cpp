@@ -153,8 +153,13 @@ DataParallel::DataParallel(nn::FlatParameters& params, Communicator& comm, DdpSt
     : state_(std::make_shared<State>(params, comm, strategy)) {
   State& s = *state_;
   TT_CHECK(bucket_mb > 0 && std::isfinite(bucket_mb), "DataParallel: bucket_mb must be positive");
-  if (bf16_communication && params.flat_grads().dtype() != DType::bf16)
-    s.wire = Tensor::empty(params.flat_grads().shape(), DType::bf16, params.flat_grads().device());
+  if (bf16_communication) {
+    const Tensor& grads = params.flat_grads();
+    TT_CHECK(grads.dtype() == DType::f32 || (grads.dtype() == DType::f64 && grads.device().is_cpu()),
+             std::string("DataParallel: bf16 communication needs f32 gradients (or f64 on the CPU), got ") +
+                 dtype_name(grads.dtype()));
+    s.wire = Tensor::empty(grads.shape(), DType::bf16, grads.device());
+  }
   TT_CHECK(params.flat_params().device() == comm.device(),
            "DataParallel: parameters on " + params.flat_params().device().str() +
                " but the communicator is on " + comm.device().str());

@@ -89,8 +89,8 @@ class MpiWork : public Work {
   }
   void wait() override {
     if (done_) return;
-    done_ = true;
     TT_MPI_CHECK(MPI_Waitall(static_cast<int>(requests_.size()), requests_.data(), MPI_STATUSES_IGNORE));
+    done_ = true;  // only once the requests really completed: a failed wait must not look finished
     complete();
   }
   bool poll() override {

@@ -283,6 +283,10 @@ class NcclCommunicator : public Communicator {
   std::unique_ptr<Work> all_reduce_widen_async(Tensor& t, ReduceOp op, Tensor& widened) override {
     check_tensor(t, "all_reduce", true);
     check_widened(t, widened);
+    // Checked before anything is queued: the cast runs after the collective, on the communication stream.
+    TT_CHECK(t.dtype() == widened.dtype() || (t.dtype() == DType::bf16 && widened.dtype() == DType::f32),
+             std::string("nccl all_reduce_widen: cannot widen ") + dtype_name(t.dtype()) + " into " +
+                 dtype_name(widened.dtype()) + " (supported: bf16 -> f32)");
     return launch("all_reduce", {t, widened}, [&](cudaStream_t s) {
       TT_NCCL_CHECK(ncclAllReduce(t.raw_data(), t.raw_data(), static_cast<size_t>(t.numel()),
                                   nccl_type(t.dtype()), nccl_op(op), comm_.get(), s));

@@ -8,8 +8,10 @@
 
 #include "core/ops.h"
 #include "core/rng.h"
+#include "dist/shard_collectives.h"
 #include "nn/transformer.h"
 #include "optim/optimizer.h"
+#include "optim/sharded_optimizer.h"
 
 namespace tt::testing {
 
@@ -307,6 +309,52 @@ void check_bf16_communication(ModelKind model, Device device) {
     CHECK_FALSE(allclose(rounded, exact, 1e-7, 0.0, &why));
     CHECK(same_on_all_ranks(rounded));
   }
+}
+
+std::vector<double> train_zero(ModelKind kind, Device device, DType dtype, bool sharded, int64_t* state_bytes,
+                               double zero_over_ddp_mb, int64_t gather_chunk) {
+  dist::DistRuntime& rt = runtime();
+  dist::Communicator& comm = communicator(device);
+  std::unique_ptr<TestModel> model = make_test_model(kind);
+  nn::FlatParameters params(model->module(), device, 5, dtype, sharded ? rt.world_size() : 1);
+  model->freeze();
+  optim::AdamWOptions options;
+  options.lr = 1e-2;
+  // In f32 the order of the cross-rank sum (reduce-scatter vs all-reduce) changes gradients by an ulp, and
+  // where they nearly cancel AdamW's default eps turns that into a visible step; eps = lr bounds it.
+  if (dtype == DType::f32) options.eps = options.lr;
+  std::unique_ptr<optim::ShardCollectives> collectives = dist::shard_collectives(comm);
+  std::unique_ptr<optim::ShardedOptimizer> zero;
+  std::unique_ptr<optim::AdamW> adamw;
+  std::unique_ptr<dist::DataParallel> ddp;
+  if (sharded) {
+    comm.broadcast(params.flat_params(), 0);
+    if (zero_over_ddp_mb > 0)
+      ddp = std::make_unique<dist::DataParallel>(params, comm, dist::DdpStrategy::bucketed, zero_over_ddp_mb);
+    zero = std::make_unique<optim::ShardedOptimizer>(params, *collectives, options);
+    if (gather_chunk > 0) zero->set_gather_chunk(gather_chunk);
+    *state_bytes = zero->state_bytes();
+  } else {
+    ddp = std::make_unique<dist::DataParallel>(params, comm, dist::DdpStrategy::flat);
+    adamw = std::make_unique<optim::AdamW>(std::vector<Tensor>{params.flat_params()}, options);
+    *state_bytes = static_cast<int64_t>(adamw->exp_avg()[0].nbytes() + adamw->exp_avg_sq()[0].nbytes());
+  }
+  for (int step = 0; step < 10; ++step) {
+    params.zero_grad();
+    const uint64_t id = static_cast<uint64_t>(step * rt.world_size() + rt.rank());
+    const Tensor loss = model->loss({id}, device);
+    if (ddp) ddp->begin_backward();
+    loss.backward();
+    if (ddp) ddp->finish_backward();
+    if (zero) {
+      zero->step(0.0, ddp != nullptr);
+    } else {
+      adamw->step();
+    }
+  }
+  std::vector<double> values = params.flat_params().to_doubles();
+  values.resize(static_cast<size_t>(params.numel()));
+  return values;
 }
 
 }  // namespace tt::testing

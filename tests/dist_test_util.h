@@ -78,4 +78,11 @@ void check_strategies_match_single_process(ModelKind model, OptimizerKind optimi
 // rounding did happen), and all ranks end identical.
 void check_bf16_communication(ModelKind model, Device device);
 
+// 10 AdamW steps, each rank on its own batch, either through ZeRO-1 (sharded) or through a flat DDP
+// all-reduce followed by ordinary AdamW; returns the parameters (without padding) and the optimizer state
+// bytes of this rank. zero_over_ddp_mb > 0: ZeRO-1's gradients averaged by bucketed DDP (buckets of that many
+// MiB) instead of a reduce-scatter; gather_chunk > 0: elements per pipelined update + all-gather chunk.
+std::vector<double> train_zero(ModelKind kind, Device device, DType dtype, bool sharded, int64_t* state_bytes,
+                               double zero_over_ddp_mb = 0, int64_t gather_chunk = 0);
+
 }  // namespace tt::testing

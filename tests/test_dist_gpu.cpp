@@ -131,3 +131,26 @@ TEST_CASE("nccl: gradient accumulation communicates on the last micro-batch only
     CHECK_MESSAGE(allclose(train(spec, &config), reference, 1e-5, 1e-8, &why), why);
   }
 }
+
+TEST_CASE("nccl: ZeRO-1 with the update and all-gather pipelined in chunks equals unsharded AdamW") {
+  // Chunks small enough that many gathers run on the communication stream while later chunks are updated on
+  // the compute stream; the reduce-scatter and the bucketed all-reduce as gradient sources.
+  const Device gpu = my_gpu();
+  for (int64_t chunk : {int64_t{257}, int64_t{1} << 30}) {
+    for (double mb : {0.0, 0.01}) {
+      for (ModelKind kind : {ModelKind::mlp, ModelKind::transformer}) {
+        CAPTURE(model_kind_name(kind));
+        CAPTURE(chunk);
+        CAPTURE(mb);
+        int64_t sharded_bytes = 0, whole_bytes = 0;
+        const std::vector<double> sharded =
+            train_zero(kind, gpu, DType::f32, true, &sharded_bytes, mb, chunk);
+        const std::vector<double> whole = train_zero(kind, gpu, DType::f32, false, &whole_bytes);
+        std::string why;
+        CHECK_MESSAGE(allclose(sharded, whole, 1e-5, 1e-8, &why), why);
+        CHECK(same_on_all_ranks(sharded));
+        CHECK(sharded_bytes < whole_bytes);
+      }
+    }
+  }
+}

@@ -9,67 +9,14 @@
 using namespace tt;
 using namespace tt::testing;
 
-namespace {
-
-// Trains 10 AdamW steps, each rank on its own batch, either through ZeRO-1 or through a flat DDP all-reduce
-// followed by ordinary AdamW; returns the parameters (without padding). zero_over_ddp_mb > 0: ZeRO-1 whose
-// gradients are averaged by bucketed DDP (buckets of that many MiB) instead of a reduce-scatter.
-std::vector<double> train_adamw(ModelKind kind, Device device, DType dtype, bool sharded,
-                                int64_t* state_bytes, double zero_over_ddp_mb = 0, int64_t gather_chunk = 0) {
-  dist::DistRuntime& rt = runtime();
-  dist::Communicator& comm = communicator(device);
-  std::unique_ptr<TestModel> model = make_test_model(kind);
-  nn::FlatParameters params(model->module(), device, 5, dtype, sharded ? rt.world_size() : 1);
-  model->freeze();
-  optim::AdamWOptions options;
-  options.lr = 1e-2;
-  // In f32 the order of the cross-rank sum (reduce-scatter vs all-reduce) changes gradients by an ulp, and
-  // where they nearly cancel AdamW's default eps turns that into a visible step; eps = lr bounds it.
-  if (dtype == DType::f32) options.eps = options.lr;
-  std::unique_ptr<optim::ShardCollectives> collectives = dist::shard_collectives(comm);
-  std::unique_ptr<optim::ShardedOptimizer> zero;
-  std::unique_ptr<optim::AdamW> adamw;
-  std::unique_ptr<dist::DataParallel> ddp;
-  if (sharded) {
-    comm.broadcast(params.flat_params(), 0);
-    if (zero_over_ddp_mb > 0)
-      ddp = std::make_unique<dist::DataParallel>(params, comm, dist::DdpStrategy::bucketed, zero_over_ddp_mb);
-    zero = std::make_unique<optim::ShardedOptimizer>(params, *collectives, options);
-    if (gather_chunk > 0) zero->set_gather_chunk(gather_chunk);
-    *state_bytes = zero->state_bytes();
-  } else {
-    ddp = std::make_unique<dist::DataParallel>(params, comm, dist::DdpStrategy::flat);
-    adamw = std::make_unique<optim::AdamW>(std::vector<Tensor>{params.flat_params()}, options);
-    *state_bytes = static_cast<int64_t>(adamw->exp_avg()[0].nbytes() + adamw->exp_avg_sq()[0].nbytes());
-  }
-  for (int step = 0; step < 10; ++step) {
-    params.zero_grad();
-    const uint64_t id = static_cast<uint64_t>(step * rt.world_size() + rt.rank());
-    const Tensor loss = model->loss({id}, device);
-    if (ddp) ddp->begin_backward();
-    loss.backward();
-    if (ddp) ddp->finish_backward();
-    if (zero) {
-      zero->step(0.0, ddp != nullptr);
-    } else {
-      adamw->step();
-    }
-  }
-  std::vector<double> values = params.flat_params().to_doubles();
-  values.resize(static_cast<size_t>(params.numel()));
-  return values;
-}
-
-}  // namespace
-
 TEST_CASE("ZeRO-1 AdamW equals unsharded AdamW after 10 steps (MLP with a frozen parameter, tiny LM)") {
   for (DType dtype : {DType::f64, DType::f32}) {
     for (ModelKind kind : {ModelKind::mlp, ModelKind::transformer}) {
       CAPTURE(model_kind_name(kind));
       CAPTURE(dtype_name(dtype));
       int64_t sharded_bytes = 0, whole_bytes = 0;
-      const std::vector<double> sharded = train_adamw(kind, Device::cpu(), dtype, true, &sharded_bytes);
-      const std::vector<double> whole = train_adamw(kind, Device::cpu(), dtype, false, &whole_bytes);
+      const std::vector<double> sharded = train_zero(kind, Device::cpu(), dtype, true, &sharded_bytes);
+      const std::vector<double> whole = train_zero(kind, Device::cpu(), dtype, false, &whole_bytes);
       std::string why;
       // f64: the acceptance bar (rtol 1e-7). f32: the same result up to float rounding of the reduction.
       CHECK_MESSAGE(
@@ -93,8 +40,8 @@ TEST_CASE("ZeRO-1 over bucketed DDP (all-reduce overlapped with backward) equals
       CAPTURE(mb);
       int64_t sharded_bytes = 0, whole_bytes = 0;
       const std::vector<double> sharded =
-          train_adamw(kind, Device::cpu(), DType::f64, true, &sharded_bytes, mb);
-      const std::vector<double> whole = train_adamw(kind, Device::cpu(), DType::f64, false, &whole_bytes);
+          train_zero(kind, Device::cpu(), DType::f64, true, &sharded_bytes, mb);
+      const std::vector<double> whole = train_zero(kind, Device::cpu(), DType::f64, false, &whole_bytes);
       std::string why;
       CHECK_MESSAGE(allclose(sharded, whole, 1e-7, 0.0, &why), why);
       CHECK(same_on_all_ranks(sharded));
@@ -115,8 +62,8 @@ TEST_CASE("ZeRO-1 with the update and all-gather pipelined in chunks equals unsh
         CAPTURE(mb);
         int64_t sharded_bytes = 0, whole_bytes = 0;
         const std::vector<double> sharded =
-            train_adamw(kind, Device::cpu(), DType::f64, true, &sharded_bytes, mb, chunk);
-        const std::vector<double> whole = train_adamw(kind, Device::cpu(), DType::f64, false, &whole_bytes);
+            train_zero(kind, Device::cpu(), DType::f64, true, &sharded_bytes, mb, chunk);
+        const std::vector<double> whole = train_zero(kind, Device::cpu(), DType::f64, false, &whole_bytes);
         std::string why;
         CHECK_MESSAGE(allclose(sharded, whole, 1e-7, 0.0, &why), why);
         CHECK(same_on_all_ranks(sharded));
