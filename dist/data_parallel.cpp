@@ -37,8 +37,7 @@ struct DataParallel::State {
   DdpStrategy strategy;
   int64_t capacity_bytes = 0;
   Tensor wire;  // bf16 communication: the staging buffer, laid out like the flat gradient buffer
-  std::vector<bool> trainable;     // per parameter, fixed at construction
-  std::vector<Tensor> grad_views;  // per parameter: its range of the flat gradient buffer, 1-D
+  std::vector<bool> trainable;  // per parameter, fixed at construction
   std::vector<GradientBucket> buckets;
   std::vector<int64_t> bucket_of;                  // per parameter; -1 when frozen
   std::vector<std::pair<size_t, uint64_t>> hooks;  // (parameter, hook handle), removed with this object
@@ -115,7 +114,9 @@ struct DataParallel::State {
   }
 
   void launch_bucket(size_t b) { launch(buckets[b].begin, buckets[b].numel()); }
-  void launch_parameter(size_t index) { launch(params.offsets()[index], grad_views[index].numel()); }
+  void launch_parameter(size_t index) {
+    launch(params.offsets()[index], params.parameters()[index].tensor->numel());
+  }
 
   // Starts the average of gradient elements [begin, begin + count). With bf16 communication the range is
   // rounded into the staging buffer (on the compute stream, after the gradients) and the collective widens
@@ -181,7 +182,6 @@ DataParallel::DataParallel(nn::FlatParameters& params, Communicator& comm, DdpSt
   const auto& list = params.parameters();
   for (size_t i = 0; i < list.size(); ++i) {
     s.trainable.push_back(list[i].tensor->requires_grad());
-    s.grad_views.push_back(params.flat_grads().narrow_view(0, params.offsets()[i], list[i].tensor->numel()));
   }
   s.build_buckets();
   s.reset_pass();

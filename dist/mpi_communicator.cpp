@@ -116,41 +116,6 @@ class MpiWork : public Work {
   bool done_ = false;
 };
 
-// A collective followed by host work that runs once, as soon as the collective is seen complete.
-class ThenWork : public Work {
- public:
-  ThenWork(std::unique_ptr<Work> inner, std::function<void()> then)
-      : inner_(std::move(inner)), then_(std::move(then)) {}
-  ~ThenWork() override {
-    if (!then_) return;
-    try {
-      wait();
-    } catch (const std::exception& e) {
-      abort_job(e.what());
-    }
-  }
-  void wait() override {
-    inner_->wait();
-    finish();
-  }
-  bool poll() override {
-    if (!inner_->poll()) return false;
-    finish();
-    return true;
-  }
-
- private:
-  void finish() {
-    if (!then_) return;
-    std::function<void()> then = std::move(then_);
-    then_ = nullptr;
-    then();
-  }
-
-  std::unique_ptr<Work> inner_;
-  std::function<void()> then_;
-};
-
 class HostTimer : public StreamTimer {
  public:
   HostTimer() : start_(std::chrono::steady_clock::now()), stop_(start_) {}
@@ -190,23 +155,12 @@ class MpiCommunicator : public Communicator {
   }
 
   std::unique_ptr<Work> all_reduce_async(Tensor& t, ReduceOp op) override {
-    check_reduce(t, "all_reduce", op);
-    std::vector<MPI_Request> requests;
-    for (int64_t begin = 0; begin < t.numel(); begin += kMaxChunkElements) {
-      const int count = static_cast<int>(std::min(kMaxChunkElements, t.numel() - begin));
-      requests.push_back(MPI_REQUEST_NULL);
-      TT_MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, element(t, begin), count, mpi_type(t.dtype()),
-                                  sum_op(t.dtype()), comm_, &requests.back()));
-    }
-    const int world = world_size();
-    return std::make_unique<MpiWork>(std::move(requests), [t, op, world] {
-      if (op == ReduceOp::avg) divide_by(t, world);
-    });
+    return start_all_reduce(t, op, nullptr);
   }
 
   std::unique_ptr<Work> all_reduce_widen_async(Tensor& t, ReduceOp op, Tensor& widened) override {
     check_widened(t, widened);
-    return std::make_unique<ThenWork>(all_reduce_async(t, op), [t, widened] {
+    return start_all_reduce(t, op, [t, widened] {
       cpu::cast(t.raw_data(), t.dtype(), widened.raw_data(), widened.dtype(), t.numel());
     });
   }
@@ -303,6 +257,23 @@ class MpiCommunicator : public Communicator {
 
  private:
   MPI_Op sum_op(DType dtype) const { return dtype == DType::bf16 ? bf16_sum_ : MPI_SUM; }
+
+  // A non-blocking all-reduce; on completion the average's division, then `then` (when set).
+  std::unique_ptr<Work> start_all_reduce(Tensor& t, ReduceOp op, std::function<void()> then) {
+    check_reduce(t, "all_reduce", op);
+    std::vector<MPI_Request> requests;
+    for (int64_t begin = 0; begin < t.numel(); begin += kMaxChunkElements) {
+      const int count = static_cast<int>(std::min(kMaxChunkElements, t.numel() - begin));
+      requests.push_back(MPI_REQUEST_NULL);
+      TT_MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, element(t, begin), count, mpi_type(t.dtype()),
+                                  sum_op(t.dtype()), comm_, &requests.back()));
+    }
+    const int world = world_size();
+    return std::make_unique<MpiWork>(std::move(requests), [t, op, world, then = std::move(then)] {
+      if (op == ReduceOp::avg) divide_by(t, world);
+      if (then) then();
+    });
+  }
 
   void check_reduce(const Tensor& t, const char* collective, ReduceOp op) const {
     check_tensor(t, collective, true);

@@ -274,10 +274,7 @@ class NcclCommunicator : public Communicator {
 
   std::unique_ptr<Work> all_reduce_async(Tensor& t, ReduceOp op) override {
     check_tensor(t, "all_reduce", true);
-    return launch("all_reduce", {t}, [&](cudaStream_t s) {
-      TT_NCCL_CHECK(ncclAllReduce(t.raw_data(), t.raw_data(), static_cast<size_t>(t.numel()),
-                                  nccl_type(t.dtype()), nccl_op(op), comm_.get(), s));
-    });
+    return launch("all_reduce", {t}, [&](cudaStream_t s) { issue_all_reduce(t, op, s); });
   }
 
   std::unique_ptr<Work> all_reduce_widen_async(Tensor& t, ReduceOp op, Tensor& widened) override {
@@ -288,8 +285,7 @@ class NcclCommunicator : public Communicator {
              std::string("nccl all_reduce_widen: cannot widen ") + dtype_name(t.dtype()) + " into " +
                  dtype_name(widened.dtype()) + " (supported: bf16 -> f32)");
     return launch("all_reduce", {t, widened}, [&](cudaStream_t s) {
-      TT_NCCL_CHECK(ncclAllReduce(t.raw_data(), t.raw_data(), static_cast<size_t>(t.numel()),
-                                  nccl_type(t.dtype()), nccl_op(op), comm_.get(), s));
+      issue_all_reduce(t, op, s);
       cuda::cast(t.raw_data(), t.dtype(), widened.raw_data(), widened.dtype(), t.numel(), s);
     });
   }
@@ -375,6 +371,11 @@ class NcclCommunicator : public Communicator {
     const int64_t whole_end = whole.offset() + whole.numel(), part_end = part.offset() + part.numel();
     const bool disjoint = part_end <= whole.offset() || whole_end <= part.offset();
     TT_CHECK(disjoint || is_rank_block(whole, part), where + "buffers overlap but not as this rank's block");
+  }
+
+  void issue_all_reduce(Tensor& t, ReduceOp op, cudaStream_t s) {
+    TT_NCCL_CHECK(ncclAllReduce(t.raw_data(), t.raw_data(), static_cast<size_t>(t.numel()),
+                                nccl_type(t.dtype()), nccl_op(op), comm_.get(), s));
   }
 
   template <class Issue>

@@ -11,7 +11,7 @@ namespace tt::optim {
 ShardedOptimizer::ShardedOptimizer(nn::FlatParameters& params, ShardCollectives& comm,
                                    const AdamWOptions& options)
     : params_(params), comm_(comm) {
-  slice(params);
+  slice();
   auto adamw = std::make_unique<AdamW>(std::vector<Tensor>{shard_params_}, options);
   adamw_ = adamw.get();
   inner_ = std::move(adamw);
@@ -20,12 +20,12 @@ ShardedOptimizer::ShardedOptimizer(nn::FlatParameters& params, ShardCollectives&
 ShardedOptimizer::ShardedOptimizer(nn::FlatParameters& params, ShardCollectives& comm,
                                    const SgdOptions& options)
     : params_(params), comm_(comm) {
-  slice(params);
+  slice();
   inner_ = std::make_unique<SGD>(std::vector<Tensor>{shard_params_}, options.lr);
 }
 
-void ShardedOptimizer::slice(nn::FlatParameters& params) {
-  const int64_t total = params.flat_params().numel();
+void ShardedOptimizer::slice() {
+  const int64_t total = params_.flat_params().numel();
   const int world = comm_.world_size();
   TT_CHECK(total % world == 0, "ShardedOptimizer: the flat buffer (" + std::to_string(total) +
                                    " elements) must be padded to a multiple of the world size " +
@@ -35,9 +35,9 @@ void ShardedOptimizer::slice(nn::FlatParameters& params) {
   // The slice of the parameters this rank updates and its gradient are views of the flat buffers: the
   // reduce-scatter and the all-gather work in place, so ZeRO adds no buffer of the model's size. The inner
   // optimizer holds state for the slice only.
-  shard_params_ = params.flat_params().narrow_view(0, shard_begin_, shard_size_);
+  shard_params_ = params_.flat_params().narrow_view(0, shard_begin_, shard_size_);
   shard_params_.set_requires_grad(true);
-  shard_grads_ = params.flat_grads().narrow_view(0, shard_begin_, shard_size_);
+  shard_grads_ = params_.flat_grads().narrow_view(0, shard_begin_, shard_size_);
   shard_params_.set_grad(shard_grads_);
 }
 

@@ -81,7 +81,7 @@ class ShardedOptimizer {
   ShardCollectives& collectives() { return comm_; }
 
  private:
-  void slice(nn::FlatParameters& params);
+  void slice();  // this rank's views of the flat parameter and gradient buffers
   AdamW& adamw() const;
   void update_and_gather();
 
