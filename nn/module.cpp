@@ -1,12 +1,30 @@
 #include "nn/module.h"
 
+#include <sched.h>
+
 #include <algorithm>
+#include <cstdio>
 #include <thread>
 #include <vector>
 
 #include "core/rng.h"
 
 namespace tt::nn {
+
+namespace {
+
+// Cores this process may run on. mpirun binds each rank to one core by default (below two ranks per
+// socket), where hardware_concurrency() would still report every core of the machine.
+unsigned usable_cores() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof(set), &set) == 0 && CPU_COUNT(&set) > 0) {
+    return static_cast<unsigned>(CPU_COUNT(&set));
+  }
+  return std::max(1u, std::thread::hardware_concurrency());
+}
+
+}  // namespace
 
 Tensor& Module::register_parameter(const std::string& name, const Shape& shape, Init init) {
   auto param = std::make_unique<Param>();
@@ -55,13 +73,19 @@ FlatParameters::FlatParameters(Module& module, Device device, uint64_t seed, DTy
   flat_params_ = Tensor::empty({padded}, dtype, device);
   if (padded > total) flat_params_.narrow_view(0, total, padded - total).fill_(0.0);
   constexpr int64_t kChunk = int64_t{1} << 24;
+  const unsigned threads = std::min(32u, usable_cores());
+  if (threads == 1 && total > (int64_t{1} << 27) && std::thread::hardware_concurrency() > 1) {
+    std::fprintf(stderr,
+                 "note: initialising %lld parameters on 1 core: this process is bound to a single core "
+                 "(mpirun binds ranks to cores by default; --bind-to none lets it use the others)\n",
+                 static_cast<long long>(total));
+  }
   size_t param_index = 0;
   for (int64_t chunk_begin = 0; chunk_begin < total; chunk_begin += kChunk) {
     const int64_t chunk_end = std::min(total, chunk_begin + kChunk);
     std::vector<double> host(static_cast<size_t>(chunk_end - chunk_begin));
     // Parameters overlapping this chunk, initialised in parallel element ranges.
     while (param_index + 1 < params_.size() && offsets_[param_index + 1] <= chunk_begin) ++param_index;
-    const unsigned threads = std::max(1u, std::min(32u, std::thread::hardware_concurrency()));
     std::vector<std::thread> workers;
     const int64_t per_thread = (chunk_end - chunk_begin + threads - 1) / threads;
     for (unsigned t = 0; t < threads; ++t) {

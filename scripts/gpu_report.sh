@@ -57,7 +57,7 @@ for s in "$@"; do
     ddp)
       section ddp
       np=$gpus
-      mpi=(mpirun --allow-run-as-root -np "$np" -x NCCL_NVLS_ENABLE=0 -x PATH -x LD_LIBRARY_PATH)
+      mpi=(mpirun --allow-run-as-root -np "$np" --bind-to none -x NCCL_NVLS_ENABLE=0 -x PATH -x LD_LIBRARY_PATH)
       timeout 120 "${mpi[@]}" $b/bench_allreduce --sizes-mb 1,10,100,1000 --json "$out/allreduce.jsonl" 2>&1 | tee "$out/allreduce.md" | tail -8
       timeout 120 python3 -m torch.distributed.run --nproc_per_node "$np" apps/python/allreduce_baseline.py 2>&1 | tail -8
       # Every strategy, ZeRO-1 both ways, and each communicating row again with matmuls planned for 16 fewer

@@ -216,11 +216,15 @@ void run_case(const Shape& s, DType dtype) {
   }
 }
 
-// Runs the case on every path that applies: f32 (simple kernels), bf16 on the tensor-core kernels, and
-// bf16 forced onto the simple kernels.
+// Runs the case on every path that applies: f32 (simple kernels), bf16 on the tensor-core kernels (on an
+// sm_90 GPU with d_head 64 or 128 the forward is the wgmma kernel; again with it turned off, so the
+// mma.sync forward is checked too), and bf16 forced onto the simple kernels.
 void run_all_paths(const Shape& s) {
   run_case(s, DType::f32);
   run_case(s, DType::bf16);
+  setenv("TT_FLASH_HOPPER", "0", 1);
+  run_case(s, DType::bf16);
+  unsetenv("TT_FLASH_HOPPER");
   setenv("TT_FLASH_SIMPLE", "1", 1);
   run_case(s, DType::bf16);
   unsetenv("TT_FLASH_SIMPLE");
@@ -255,7 +259,10 @@ TEST_SUITE("gpu") {
     for (const int64_t seq : {1, 77, 200, 1000}) {
       for (const bool causal : {false, true}) run_all_paths({1, 2, seq, 64, causal});
     }
-    for (const bool causal : {false, true}) run_all_paths({1, 3, 333, 128, causal});
+    for (const bool causal : {false, true}) {
+      run_all_paths({1, 3, 333, 128, causal});
+      run_all_paths({1, 2, 1000, 128, causal});
+    }
   }
 
   TEST_CASE("cuda flash attention on strided (fused projection) layouts") {

@@ -135,6 +135,10 @@ void allow_shared_memory(Kernel kernel, size_t bytes) {
   }
 }
 
+// The Hopper (wgmma) bf16 forward, flash_attention_fwd_hopper.cu: launches it and returns true when the
+// device is sm_90, d_head is 64 or 128 and TT_FLASH_HOPPER is not 0; otherwise returns false.
+bool launch_forward_hopper(const Params& params, int64_t d_head, int64_t batch_heads, cudaStream_t stream);
+
 // ---- Warp-level tensor-core and async-copy wrappers (sm_80+) ---------------------------------------------
 
 __device__ inline uint32_t shared_address(const void* ptr) {
