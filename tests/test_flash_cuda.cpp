@@ -217,13 +217,16 @@ void run_case(const Shape& s, DType dtype) {
 }
 
 // Runs the case on every path that applies: f32 (simple kernels), bf16 on the tensor-core kernels (on an
-// sm_90 GPU with d_head 64 or 128 the forward is the wgmma kernel; again with it turned off, so the
-// mma.sync forward is checked too), and bf16 forced onto the simple kernels.
+// sm_90 GPU with d_head 64 or 128 the forward is a wgmma kernel: the TMA-fed one for 64, the cp.async
+// one for 128; then the cp.async one for 64 too, and the mma.sync forward), and bf16 forced onto the
+// simple kernels.
 void run_all_paths(const Shape& s) {
   run_case(s, DType::f32);
   run_case(s, DType::bf16);
-  setenv("TT_FLASH_HOPPER", "0", 1);
-  run_case(s, DType::bf16);
+  for (const char* hopper : {"cpasync", "0"}) {
+    setenv("TT_FLASH_HOPPER", hopper, 1);
+    run_case(s, DType::bf16);
+  }
   unsetenv("TT_FLASH_HOPPER");
   setenv("TT_FLASH_SIMPLE", "1", 1);
   run_case(s, DType::bf16);

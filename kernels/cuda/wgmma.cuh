@@ -75,6 +75,15 @@ __device__ inline void fence_proxy_async() {
 #endif
 }
 
+// Pins registers an asynchronous multiply reads or writes: an empty asm that "modifies" them, which the
+// compiler may not move across the neighbouring fence / wait asms. Call it on accumulators after a
+// wait_group, before they are read, and on them before they are handed to the next multiply.
+template <int N>
+__device__ inline void fence_operands(float (&regs)[N]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) asm volatile("" : "+f"(regs[i])::"memory");
+}
+
 // d (64 x 128, f32) = (accumulate ? d : 0) + A (64 x 16, K-major, shared) * B (16 x 128, K-major, shared).
 __device__ inline void mma_m64n128k16_ss(float (&d)[64], uint64_t desc_a, uint64_t desc_b, int accumulate) {
 #if TT_HAVE_WGMMA
