@@ -301,11 +301,13 @@ __global__ void dq_convert_kernel(const Params p, int d_head, int64_t total) {
 template <int D>
 void launch_backward_bf16(const Params& params, int64_t batch_heads, cudaStream_t stream) {
   using Tile = BackwardTile<D>;
-  const auto kernel = flash_backward_bf16_kernel<D>;
-  allow_shared_memory(kernel, Tile::kSmemBytes);
-  const dim3 grid(ceil_div(params.seq, Tile::kBlockK), static_cast<unsigned>(batch_heads));
-  kernel<<<grid, Tile::kThreads, Tile::kSmemBytes, stream>>>(params);
-  TT_CUDA_LAUNCH_CHECK();
+  if (!launch_backward_hopper(params, D, batch_heads, stream)) {
+    const auto kernel = flash_backward_bf16_kernel<D>;
+    allow_shared_memory(kernel, Tile::kSmemBytes);
+    const dim3 grid(ceil_div(params.seq, Tile::kBlockK), static_cast<unsigned>(batch_heads));
+    kernel<<<grid, Tile::kThreads, Tile::kSmemBytes, stream>>>(params);
+    TT_CUDA_LAUNCH_CHECK();
+  }
   const int64_t total = batch_heads * params.seq * D;
   const int blocks = static_cast<int>(std::min<int64_t>(ceil_div(total, 256), 4096));
   dq_convert_kernel<bf16><<<blocks, 256, 0, stream>>>(params, D, total);

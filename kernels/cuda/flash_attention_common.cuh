@@ -138,6 +138,9 @@ void allow_shared_memory(Kernel kernel, size_t bytes) {
 // The Hopper (wgmma) bf16 forward, flash_attention_fwd_hopper.cu: launches it and returns true when the
 // device is sm_90, d_head is 64 or 128 and TT_FLASH_HOPPER is not 0; otherwise returns false.
 bool launch_forward_hopper(const Params& params, int64_t d_head, int64_t batch_heads, cudaStream_t stream);
+// The Hopper bf16 backward main kernel, flash_attention_bwd_hopper.cu (d_head 64, sm_90, TT_FLASH_HOPPER not
+// 0): adds unscaled dQ into params.dq_accum and writes dK, dV; returns false when it does not apply.
+bool launch_backward_hopper(const Params& params, int64_t d_head, int64_t batch_heads, cudaStream_t stream);
 
 // ---- Warp-level tensor-core and async-copy wrappers (sm_80+) ---------------------------------------------
 

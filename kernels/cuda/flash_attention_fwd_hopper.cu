@@ -26,12 +26,12 @@
 //    one warpgroup's softmax runs while the other's products do.
 //  - d_head 128: the two warpgroups' registers leave no room for a ninth warp, so all 256 threads load
 //    the next tile with cp.async and meet at one block barrier per tile (three stages).
-#include <cuda.h>
 #include <cudaTypedefs.h>
 
 #include <atomic>
 
 #include "kernels/cuda/flash_attention_common.cuh"
+#include "kernels/cuda/hopper.cuh"
 #include "kernels/cuda/wgmma.cuh"
 
 namespace tt::cuda::flash {
@@ -52,57 +52,12 @@ struct HopperTile {
   static constexpr size_t kSmemBytes = kQBytes + 2 * kStages * kKVBytes + 128 + 1024;
 };
 
-// ---- Synchronisation primitives ---------------------------------------------------------------------------
-// (sm_90a only, like the kernels that use them)
+// ---- Loads (sm_90a only, like the kernels that use them) -------------------------------------------------
 #if TT_HAVE_WGMMA
 
 template <int N>
 __device__ inline void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
-}
-
-// Named barriers 1.. among a subset of the block's threads (0 is __syncthreads): sync waits until `count`
-// threads have arrived, arrive only adds this warp's arrival.
-__device__ inline void named_barrier_sync(int id, int count) {
-  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(count) : "memory");
-}
-__device__ inline void named_barrier_arrive(int id, int count) {
-  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(count) : "memory");
-}
-
-// mbarrier: a shared-memory barrier with a phase bit, completed by `count` arrivals plus the bytes an
-// arrival announced (expect_tx) landing from bulk copies.
-__device__ inline void mbarrier_init(uint64_t* bar, int count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(shared_address(bar)), "r"(count) : "memory");
-}
-__device__ inline void mbarrier_arrive(uint64_t* bar) {
-  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(shared_address(bar)) : "memory");
-}
-__device__ inline void mbarrier_arrive_expect_bytes(uint64_t* bar, uint32_t bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(shared_address(bar)),
-               "r"(bytes)
-               : "memory");
-}
-// Blocks until the phase with the given parity (0 for the first completion, 1 for the second, ...) is over.
-__device__ inline void mbarrier_wait(uint64_t* bar, uint32_t parity) {
-  uint32_t done = 0;
-  while (!done) {
-    asm volatile(
-        "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
-        : "=r"(done)
-        : "r"(shared_address(bar)), "r"(parity)
-        : "memory");
-  }
-}
-
-// One TMA bulk copy of a box of a 4-d tensor (d, seq, head, batch) into shared memory, completing on bar.
-__device__ inline void tma_load(void* smem, const CUtensorMap& map, int col, int row, int head, int batch,
-                                uint64_t* bar) {
-  asm volatile(
-      "cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, "
-      "%4, %5}], [%6];\n" ::"r"(shared_address(smem)),
-      "l"(reinterpret_cast<uint64_t>(&map)), "r"(col), "r"(row), "r"(head), "r"(batch), "r"(shared_address(bar))
-      : "memory");
 }
 
 // Cooperative cp.async of a ROWS x D bf16 tile into the swizzled layout; rows >= valid_rows are zero-filled.
@@ -303,7 +258,7 @@ __global__ void __launch_bounds__(kConsumerThreads + 32, 1)
       mbarrier_init(&empty[i], kConsumerThreads);  // every consumer thread, once its products are done
     }
     mbarrier_init(q_full, 1);
-    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    mbarrier_init_fence();
   }
   __syncthreads();
 
@@ -438,61 +393,6 @@ __global__ void __launch_bounds__(kConsumerThreads, 1) flash_forward_hopper_kern
 #endif
 }
 
-// ---- Host side -------------------------------------------------------------------------------------------
-
-// Compute capability major of the current device, looked up once per device.
-int device_major() {
-  static std::atomic<int> majors[64];
-  int device = 0;
-  TT_CUDA_CHECK(cudaGetDevice(&device));
-  if (device < 0 || device >= 64) return 0;
-  if (majors[device].load() == 0) {
-    int major = 0;
-    TT_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
-    majors[device].store(major);
-  }
-  return majors[device].load();
-}
-
-// TT_FLASH_HOPPER=0 keeps the bf16 forward on the mma.sync kernel (for comparisons and tests);
-// TT_FLASH_HOPPER=cpasync uses the cp.async Hopper kernel for d_head 64 too.
-const char* hopper_setting() {
-  const char* env = std::getenv("TT_FLASH_HOPPER");
-  return env != nullptr ? env : "";
-}
-
-// The driver's tensor-map encoder, reached through the runtime (no link against libcuda).
-PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
-  static const PFN_cuTensorMapEncodeTiled_v12000 encoder = [] {
-    void* fn = nullptr;
-    cudaDriverEntryPointQueryResult status{};
-    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &status) !=
-            cudaSuccess ||
-        status != cudaDriverEntryPointSuccess) {
-      (void)cudaGetLastError();
-      return static_cast<PFN_cuTensorMapEncodeTiled_v12000>(nullptr);
-    }
-    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
-  }();
-  return encoder;
-}
-
-// A (d, seq, head, batch) view of one of Q, K, V with boxes of 64 columns x `rows` rows, swizzled 128 B.
-bool make_tensor_map(CUtensorMap* map, const void* base, const AttentionStrides& s, const Params& p,
-                     int64_t d_head, int64_t batch, uint32_t rows) {
-  const PFN_cuTensorMapEncodeTiled_v12000 encode = tensor_map_encoder();
-  if (encode == nullptr) return false;
-  const cuuint64_t dims[4] = {static_cast<cuuint64_t>(d_head), static_cast<cuuint64_t>(p.seq),
-                              static_cast<cuuint64_t>(p.heads), static_cast<cuuint64_t>(batch)};
-  const cuuint64_t strides[3] = {static_cast<cuuint64_t>(s.seq) * 2, static_cast<cuuint64_t>(s.head) * 2,
-                                 static_cast<cuuint64_t>(s.batch) * 2};
-  const cuuint32_t box[4] = {64, rows, 1, 1};
-  const cuuint32_t element_strides[4] = {1, 1, 1, 1};
-  return encode(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 4, const_cast<void*>(base), dims, strides, box,
-                element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-                CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
-}
-
 template <int D>
 bool launch_warp_specialised(const Params& params, int64_t batch_heads, cudaStream_t stream) {
   const int64_t batch = batch_heads / params.heads;
@@ -520,6 +420,61 @@ void launch_cp_async(const Params& params, int64_t batch_heads, cudaStream_t str
 }
 
 }  // namespace
+
+// ---- Host side -------------------------------------------------------------------------------------------
+
+namespace {
+// The driver's tensor-map encoder, reached through the runtime (no link against libcuda).
+PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
+  static const PFN_cuTensorMapEncodeTiled_v12000 encoder = [] {
+    void* fn = nullptr;
+    cudaDriverEntryPointQueryResult status{};
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &status) !=
+            cudaSuccess ||
+        status != cudaDriverEntryPointSuccess) {
+      (void)cudaGetLastError();
+      return static_cast<PFN_cuTensorMapEncodeTiled_v12000>(nullptr);
+    }
+    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
+  }();
+  return encoder;
+}
+
+}  // namespace
+
+int device_major() {
+  static std::atomic<int> majors[64];
+  int device = 0;
+  TT_CUDA_CHECK(cudaGetDevice(&device));
+  if (device < 0 || device >= 64) return 0;
+  if (majors[device].load() == 0) {
+    int major = 0;
+    TT_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+    majors[device].store(major);
+  }
+  return majors[device].load();
+}
+
+const char* hopper_setting() {
+  const char* env = std::getenv("TT_FLASH_HOPPER");
+  return env != nullptr ? env : "";
+}
+
+bool make_tensor_map(CUtensorMap* map, const void* base, const AttentionStrides& s, const Params& p,
+                     int64_t d_head, int64_t batch, uint32_t rows) {
+  const PFN_cuTensorMapEncodeTiled_v12000 encode = tensor_map_encoder();
+  if (encode == nullptr) return false;
+  const cuuint64_t dims[4] = {static_cast<cuuint64_t>(d_head), static_cast<cuuint64_t>(p.seq),
+                              static_cast<cuuint64_t>(p.heads), static_cast<cuuint64_t>(batch)};
+  const cuuint64_t strides[3] = {static_cast<cuuint64_t>(s.seq) * 2, static_cast<cuuint64_t>(s.head) * 2,
+                                 static_cast<cuuint64_t>(s.batch) * 2};
+  const cuuint32_t box[4] = {64, rows, 1, 1};
+  const cuuint32_t element_strides[4] = {1, 1, 1, 1};
+  return encode(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 4, const_cast<void*>(base), dims, strides, box,
+                element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+
 
 bool launch_forward_hopper(const Params& params, int64_t d_head, int64_t batch_heads, cudaStream_t stream) {
   const std::string setting = hopper_setting();

@@ -1,0 +1,98 @@
+// Hopper (sm_90a) synchronisation and bulk-copy primitives shared by the wgmma attention kernels, and the
+// host helpers that decide whether those kernels can run.
+//
+//  - Named barriers (bar.sync / bar.arrive with an id and a thread count) synchronise a subset of a block,
+//    e.g. the consumer warpgroups without the producer warp; id 0 is __syncthreads.
+//  - An mbarrier is a 64-bit shared-memory barrier with a phase bit: a phase completes when `count`
+//    threads have arrived and every byte announced by arrive.expect_tx has landed. Waiters name the phase
+//    by its parity (0 for the first completion, 1 for the second, and so on).
+//  - TMA (cp.async.bulk.tensor) copies a box of a tensor described by a CUtensorMap (made on the host)
+//    into shared memory, applying the 128-byte swizzle, zero-filling what lies outside the tensor, and
+//    signals an mbarrier with the byte count.
+//  - cp.reduce.async.bulk adds a contiguous run of shared memory into global memory (f32 add), one
+//    instruction for a whole tile instead of an atomic per element.
+#pragma once
+
+#include <cuda.h>
+
+#include <cstdint>
+
+#include "kernels/cuda/flash_attention_common.cuh"
+#include "kernels/cuda/wgmma.cuh"
+
+namespace tt::cuda::flash {
+
+#if TT_HAVE_WGMMA
+
+__device__ inline void named_barrier_sync(int id, int count) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(count) : "memory");
+}
+__device__ inline void named_barrier_arrive(int id, int count) {
+  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(count) : "memory");
+}
+
+__device__ inline void mbarrier_init(uint64_t* bar, int count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(shared_address(bar)), "r"(count) : "memory");
+}
+// Makes initialised mbarriers visible to the other threads and to the TMA unit (then __syncthreads).
+__device__ inline void mbarrier_init_fence() {
+  asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+}
+__device__ inline void mbarrier_arrive(uint64_t* bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(shared_address(bar)) : "memory");
+}
+__device__ inline void mbarrier_arrive_expect_bytes(uint64_t* bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(shared_address(bar)),
+               "r"(bytes)
+               : "memory");
+}
+__device__ inline void mbarrier_wait(uint64_t* bar, uint32_t parity) {
+  uint32_t done = 0;
+  while (!done) {
+    asm volatile(
+        "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
+        : "=r"(done)
+        : "r"(shared_address(bar)), "r"(parity)
+        : "memory");
+  }
+}
+
+// One TMA copy of the box at (col, row, head, batch) of a 4-d (d, seq, head, batch) tensor map.
+__device__ inline void tma_load(void* smem, const CUtensorMap& map, int col, int row, int head, int batch,
+                                uint64_t* bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, "
+      "%4, %5}], [%6];\n" ::"r"(shared_address(smem)),
+      "l"(reinterpret_cast<uint64_t>(&map)), "r"(col), "r"(row), "r"(head), "r"(batch), "r"(shared_address(bar))
+      : "memory");
+}
+
+// global[0 .. bytes) += shared[0 .. bytes) in f32 (bytes a multiple of 16, both 16-byte aligned), then
+// closes a bulk group; bulk_wait_read<N> waits until at most N groups still read their shared memory.
+__device__ inline void bulk_reduce_add_f32(float* global, const void* smem, uint32_t bytes) {
+  asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n" ::"l"(global),
+               "r"(shared_address(smem)), "r"(bytes)
+               : "memory");
+  asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
+}
+template <int N>
+__device__ inline void bulk_wait_read() {
+  asm volatile("cp.async.bulk.wait_group.read %0;\n" ::"n"(N) : "memory");
+}
+__device__ inline void bulk_wait_all() {
+  asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
+}
+
+#endif  // TT_HAVE_WGMMA
+
+// Host side (flash_attention_fwd_hopper.cu). Compute capability major of the current device.
+int device_major();
+// TT_FLASH_HOPPER: "0" keeps attention off the wgmma kernels; "cpasync" uses the cp.async forward for
+// d_head 64 too. Anything else (or unset): the wgmma kernels wherever they apply.
+const char* hopper_setting();
+// A 4-d (d, seq, head, batch) bf16 tensor map over one of Q, K, V, O, dO with boxes of 64 columns x
+// `rows` rows, 128-byte swizzle. False when the driver cannot describe it (the caller falls back).
+bool make_tensor_map(CUtensorMap* map, const void* base, const AttentionStrides& s, const Params& p,
+                     int64_t d_head, int64_t batch, uint32_t rows);
+
+}  // namespace tt::cuda::flash
