@@ -138,6 +138,45 @@ __global__ void __launch_bounds__(kConsumerThreads + 32, 1)
   for (int n = 0; n < 32; ++n) dk[n] = dv[n] = 0;
   mbarrier_wait(kv_full, 0);
 
+  // dQ of one query tile = dS K over all 128 keys, into dq: A = dS from the [key][query] buffer (read
+  // transposed), B = K from [key][d] (read transposed); 16 keys per step.
+  float dq[32];
+#pragma unroll
+  for (int n = 0; n < 32; ++n) dq[n] = 0;
+  const auto issue_dq = [&](const unsigned char* s_ds) {
+    const uint32_t ds_address = shared_address(s_ds);
+#pragma unroll
+    for (int kk = 0; kk < kBlockK / 16; ++kk) {
+      wgmma::mma_m64n64k16_ss<1, 1>(dq, wgmma::smem_descriptor(ds_address + kk * 16 * 128, 0),
+                                    wgmma::smem_descriptor(k_address + kk * 16 * 128, 0), kk > 0 ? 1 : 0);
+    }
+    wgmma::commit_group();
+  };
+  // The finished dq of query tile q_tile: staged in this warpgroup's shared buffer (free: its previous
+  // bulk read was waited for before the last barrier), then one thread adds it to global memory.
+  const auto flush_dq = [&](int q_tile) {
+    wgmma::fence_operands(dq);
+    float* s_dq = reinterpret_cast<float*>(smem + L::kDq + warpgroup * L::kDqBytes);
+    const int q_row = (warp % 4) * 16 + lane / 4, q0 = q_tile * kBlockQ;
+#pragma unroll
+    for (int n = 0; n < 32; n += 2) {
+      const int row = q_row + 8 * ((n / 2) % 2), col = (n / 4) * 8 + 2 * (lane % 4);
+      *reinterpret_cast<float2*>(s_dq + row * kD + col) = make_float2(dq[n], dq[n + 1]);
+    }
+    wgmma::fence_proxy_async();
+    named_barrier_sync(2 + warpgroup, 128);
+    if (threadIdx.x % 128 == 0) {
+      const int rows = min(kBlockQ, seq - q0);
+      bulk_reduce_add_f32(p.dq_accum + (bh * seq + q0) * kD, s_dq, static_cast<uint32_t>(rows * kD * 4));
+    }
+  };
+  // Every product is waited for within its step: a wgmma group left in flight across the loop's back edge
+  // makes the compiler serialise all of them (measured: 25% slower). Splitting dQ into per-warpgroup
+  // partials (no block barrier, warpgroups taking turns) was slower too: twice the dQ reduction traffic.
+  uint32_t p_frag[kBlockQ / 16][4], ds_frag[kBlockQ / 16][4];
+  float st[32], dpt[32];
+#pragma unroll
+  for (int n = 0; n < 32; ++n) st[n] = dpt[n] = 0;
   for (int i = 0; i < num_q_tiles; ++i) {
     const int stage = i % kStages, q0 = (q_begin + i) * kBlockQ;
     const uint32_t q_address = shared_address(smem + L::kQ + stage * L::kQBytes);
@@ -145,10 +184,8 @@ __global__ void __launch_bounds__(kConsumerThreads + 32, 1)
     unsigned char* s_ds = smem + L::kDs + (i % 2) * L::kDsBytes;
     mbarrier_wait(&full[stage], (i / kStages) & 1);
 
-    // S^T = K Q^T and dP^T = V dO^T for this warpgroup's 64 keys: 16 columns of d per step.
-    float st[32], dpt[32];
-#pragma unroll
-    for (int n = 0; n < 32; ++n) st[n] = dpt[n] = 0;
+    // S^T = K Q^T and dP^T = V dO^T for this warpgroup's 64 keys: 16 columns of d per step (the first
+    // step overwrites the accumulators).
     wgmma::fence();
 #pragma unroll
     for (int kk = 0; kk < kD / 16; ++kk) {
@@ -163,13 +200,15 @@ __global__ void __launch_bounds__(kConsumerThreads + 32, 1)
     }
     wgmma::commit_group();
 
+    // Everything but dP^T is done: the scores, and the previous tile's dV, dK (and dQ).
+    wgmma::wait_group<1>();
+    wgmma::fence_operands(st);
+
     // P^T = exp2(S^T scale log2 e - L) (L per column = query), masked where needed.
     const float* lse = s_lse + stage * kBlockQ;
     const float* delta = s_delta + stage * kBlockQ;
     const bool need_mask =
         q0 + kBlockQ > seq || k0 + kBlockK > seq || (p.causal && k0 + warpgroup * 64 + 63 > q0);
-    wgmma::wait_group<1>();
-    wgmma::fence_operands(st);
 #pragma unroll
     for (int n = 0; n < 32; ++n) {
       const int col = (n / 4) * 8 + 2 * (lane % 4) + (n % 2);
@@ -188,7 +227,6 @@ __global__ void __launch_bounds__(kConsumerThreads + 32, 1)
       const int col = (n / 4) * 8 + 2 * (lane % 4) + (n % 2);
       dpt[n] = st[n] * (dpt[n] - delta[col]);
     }
-    uint32_t p_frag[kBlockQ / 16][4], ds_frag[kBlockQ / 16][4];
     pack_fragments(p_frag, st);
     pack_fragments(ds_frag, dpt);
 
@@ -213,47 +251,21 @@ __global__ void __launch_bounds__(kConsumerThreads + 32, 1)
     }
     wgmma::commit_group();
 
-    // Both warpgroups' dS^T are written (and this warpgroup's dQ staging buffer is no longer being read
-    // by an earlier bulk reduce-add).
     wgmma::fence_proxy_async();
-    if (threadIdx.x % 128 == 0) bulk_wait_read<0>();
+    if (threadIdx.x % 128 == 0) bulk_wait_read<0>();  // this warpgroup's dQ staging buffer is free
+    // Both warpgroups' dS^T are written; one of them (alternating) multiplies dQ over all 128 keys.
     named_barrier_sync(1, kConsumerThreads);
-
     if (i % 2 == warpgroup) {
-      // dQ of this tile = dS K over all 128 keys: A = dS from [key][query] (transposed), B = K from
-      // [key][d] (transposed); 16 keys per step.
-      float dq[32];
-#pragma unroll
-      for (int n = 0; n < 32; ++n) dq[n] = 0;
-      const uint32_t ds_address = shared_address(s_ds);
-#pragma unroll
-      for (int kk = 0; kk < kBlockK / 16; ++kk) {
-        wgmma::mma_m64n64k16_ss<1, 1>(dq, wgmma::smem_descriptor(ds_address + kk * 16 * 128, 0),
-                                      wgmma::smem_descriptor(k_address + kk * 16 * 128, 0), kk > 0 ? 1 : 0);
-      }
-      wgmma::commit_group();
+      issue_dq(s_ds);
       wgmma::wait_group<0>();
-      wgmma::fence_operands(dq);
-      float* s_dq = reinterpret_cast<float*>(smem + L::kDq + warpgroup * L::kDqBytes);
-      const int q_row = (warp % 4) * 16 + lane / 4;
-#pragma unroll
-      for (int n = 0; n < 32; n += 2) {
-        const int row = q_row + 8 * ((n / 2) % 2), col = (n / 4) * 8 + 2 * (lane % 4);
-        *reinterpret_cast<float2*>(s_dq + row * kD + col) = make_float2(dq[n], dq[n + 1]);
-      }
-      wgmma::fence_proxy_async();
-      named_barrier_sync(2 + warpgroup, 128);
-      if (threadIdx.x % 128 == 0) {
-        const int rows = min(kBlockQ, seq - q0);
-        bulk_reduce_add_f32(p.dq_accum + (bh * seq + q0) * kD, s_dq, static_cast<uint32_t>(rows * kD * 4));
-      }
-    } else {
-      wgmma::wait_group<0>();
+      flush_dq(q_begin + i);
     }
-    wgmma::fence_operands(dk);
-    wgmma::fence_operands(dv);
+    wgmma::wait_group<0>();
     mbarrier_arrive(&empty[stage]);  // Q, dO, L, D of this stage are no longer read
   }
+  wgmma::wait_group<0>();
+  wgmma::fence_operands(dk);
+  wgmma::fence_operands(dv);
   if (threadIdx.x % 128 == 0) bulk_wait_all();
 
   // Epilogue: dK (scaled) and dV in bf16 through the K and V tiles (every warpgroup is done reading K
