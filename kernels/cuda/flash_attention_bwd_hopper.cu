@@ -2,9 +2,11 @@
 // with all five products on warpgroup tensor-core instructions (wgmma.cuh) and the loads on the Tensor
 // Memory Accelerator (hopper.cuh).
 //
-// One thread block per (tile of 128 keys, batch*head): a producer warp and two consumer warpgroups.
+// One thread block per (tile of 128 keys, batch*head): a producer warpgroup (one warp of it works; the
+// group hands most of its registers to the consumers with setmaxnreg) and two consumer warpgroups.
 //  - Warpgroup g owns keys 64g .. 64g+63 of the tile: it accumulates their dK and dV (64 x d each) in
-//    registers over the whole kernel and writes them once at the end.
+//    registers over the whole kernel and writes them once at the end. Its rows of K and V stay in
+//    registers too, as the A operands of S^T and dP^T.
 //  - The producer loads K and V once, then streams query tiles of 64 (Q, dO by TMA; L * log2 e and
 //    D = rowsum(dO * O) by ordinary loads) through three shared-memory stages guarded by "full" / "empty"
 //    mbarriers.
@@ -67,7 +69,7 @@ __device__ inline void pack_fragments(uint32_t (&frag)[kBlockQ / 16][4], const f
 }
 #endif
 
-__global__ void __launch_bounds__(kConsumerThreads + 32, 1)
+__global__ void __launch_bounds__(kConsumerThreads + 128, 1)
     flash_backward_hopper_kernel(const __grid_constant__ CUtensorMap map_q,
                                  const __grid_constant__ CUtensorMap map_k,
                                  const __grid_constant__ CUtensorMap map_v,
@@ -101,7 +103,9 @@ __global__ void __launch_bounds__(kConsumerThreads + 32, 1)
 
   const int warp = __shfl_sync(0xffffffffu, static_cast<int>(threadIdx.x) / 32, 0);
   const int lane = static_cast<int>(threadIdx.x % 32);
-  if (warp == kConsumerThreads / 32) {  // the producer warp
+  if (warp >= kConsumerThreads / 32) {  // the producer warpgroup: one warp works, all give registers back
+    wgmma::release_registers<24>();
+    if (warp > kConsumerThreads / 32) return;
     if (lane == 0) {
       mbarrier_arrive_expect_bytes(kv_full, 2 * L::kKVBytes);
       tma_load(smem + L::kK, map_k, 0, k0, head, batch, kv_full);
@@ -132,11 +136,24 @@ __global__ void __launch_bounds__(kConsumerThreads + 32, 1)
   // columns (queries of S^T, dP^T; d of dK, dV, dQ) are 8j + 2(lane%4) + e for register 4j + 2i + e.
   const int warpgroup = warp / 4;
   const int key_row = warpgroup * 64 + (warp % 4) * 16 + lane / 4;
-  const uint32_t k_address = shared_address(smem + L::kK), v_address = shared_address(smem + L::kV);
+  const uint32_t k_address = shared_address(smem + L::kK);
   float dk[32], dv[32];
 #pragma unroll
   for (int n = 0; n < 32; ++n) dk[n] = dv[n] = 0;
+  wgmma::claim_registers<240>();
   mbarrier_wait(kv_full, 0);
+  // This warpgroup's 64 rows of K and V as A fragments (16 columns of d each), kept in registers: the
+  // products S^T = K Q^T and dP^T = V dO^T then read only Q and dO from shared memory.
+  uint32_t k_frag[kD / 16][4], v_frag[kD / 16][4];
+#pragma unroll
+  for (int kk = 0; kk < kD / 16; ++kk) {
+#pragma unroll
+    for (int r = 0; r < 4; ++r) {
+      const uint32_t offset = wgmma::swizzled_offset(key_row + 8 * (r % 2), kk * 16 + 8 * (r / 2) + 2 * (lane % 4), kBlockK);
+      k_frag[kk][r] = *reinterpret_cast<const uint32_t*>(smem + L::kK + offset);
+      v_frag[kk][r] = *reinterpret_cast<const uint32_t*>(smem + L::kV + offset);
+    }
+  }
 
   // dQ of one query tile = dS K over all 128 keys, into dq: A = dS from the [key][query] buffer (read
   // transposed), B = K from [key][d] (read transposed); 16 keys per step.
@@ -189,14 +206,12 @@ __global__ void __launch_bounds__(kConsumerThreads + 32, 1)
     wgmma::fence();
 #pragma unroll
     for (int kk = 0; kk < kD / 16; ++kk) {
-      wgmma::mma_m64n64k16_ss<0, 0>(st, wgmma::smem_descriptor(k_address + warpgroup * 64 * 128 + kk * 32, 0),
-                                    wgmma::smem_descriptor(q_address + kk * 32, 0), kk > 0 ? 1 : 0);
+      wgmma::mma_m64n64k16_rs<0>(st, k_frag[kk], wgmma::smem_descriptor(q_address + kk * 32, 0), kk > 0 ? 1 : 0);
     }
     wgmma::commit_group();
 #pragma unroll
     for (int kk = 0; kk < kD / 16; ++kk) {
-      wgmma::mma_m64n64k16_ss<0, 0>(dpt, wgmma::smem_descriptor(v_address + warpgroup * 64 * 128 + kk * 32, 0),
-                                    wgmma::smem_descriptor(do_address + kk * 32, 0), kk > 0 ? 1 : 0);
+      wgmma::mma_m64n64k16_rs<0>(dpt, v_frag[kk], wgmma::smem_descriptor(do_address + kk * 32, 0), kk > 0 ? 1 : 0);
     }
     wgmma::commit_group();
 
@@ -244,10 +259,8 @@ __global__ void __launch_bounds__(kConsumerThreads + 32, 1)
     wgmma::fence();
 #pragma unroll
     for (int kq = 0; kq < kBlockQ / 16; ++kq) {
-      wgmma::mma_m64n64k16_rs_transposed_b(dv, p_frag[kq],
-                                           wgmma::smem_descriptor(do_address + kq * 16 * 128, 0));
-      wgmma::mma_m64n64k16_rs_transposed_b(dk, ds_frag[kq],
-                                           wgmma::smem_descriptor(q_address + kq * 16 * 128, 0));
+      wgmma::mma_m64n64k16_rs<1>(dv, p_frag[kq], wgmma::smem_descriptor(do_address + kq * 16 * 128, 0), 1);
+      wgmma::mma_m64n64k16_rs<1>(dk, ds_frag[kq], wgmma::smem_descriptor(q_address + kq * 16 * 128, 0), 1);
     }
     wgmma::commit_group();
 
@@ -311,7 +324,7 @@ bool launch_backward_hopper(const Params& params, int64_t d_head, int64_t batch_
   const auto kernel = flash_backward_hopper_kernel;
   allow_shared_memory(kernel, Layout::kSmemBytes);
   const dim3 grid(ceil_div(params.seq, kBlockK), static_cast<unsigned>(batch_heads));
-  kernel<<<grid, kConsumerThreads + 32, Layout::kSmemBytes, stream>>>(map_q, map_k, map_v, map_do,
+  kernel<<<grid, kConsumerThreads + 128, Layout::kSmemBytes, stream>>>(map_q, map_k, map_v, map_do,
                                                                                 params);
   TT_CUDA_LAUNCH_CHECK();
   return true;

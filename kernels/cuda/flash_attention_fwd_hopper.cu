@@ -123,8 +123,8 @@ struct WarpgroupState {
     for (int kk = 0; kk < kBlockK / 16; ++kk) {
 #pragma unroll
       for (int b = 0; b < D / 64; ++b) {
-        wgmma::mma_m64n64k16_rs_transposed_b(
-            o[b], p[kk], wgmma::smem_descriptor(v_address + b * kBlockK * 128 + kk * 16 * 128, kBlockK * 128));
+        wgmma::mma_m64n64k16_rs<1>(
+            o[b], p[kk], wgmma::smem_descriptor(v_address + b * kBlockK * 128 + kk * 16 * 128, kBlockK * 128), 1);
       }
     }
     wgmma::commit_group();

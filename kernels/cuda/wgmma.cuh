@@ -126,20 +126,37 @@ __device__ inline void mma_m64n64k16_ss(float (&d)[32], uint64_t desc_a, uint64_
 #endif
 }
 
-// d (64 x 64, f32) += A (64 x 16, bf16 registers, 4 per thread) * B (16 x 64, MN-major, shared).
-__device__ inline void mma_m64n64k16_rs_transposed_b(float (&d)[32], const uint32_t (&a)[4], uint64_t desc_b) {
+// d (64 x 64, f32) = (accumulate ? d : 0) + A (64 x 16, bf16 registers, 4 per thread) * B (16 x 64,
+// shared); TransB = 1 reads B MN-major ("transposed"), 0 K-major.
+template <int TransB>
+__device__ inline void mma_m64n64k16_rs(float (&d)[32], const uint32_t (&a)[4], uint64_t desc_b, int accumulate) {
 #if TT_HAVE_WGMMA
   asm volatile(
       "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
       "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
       "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, "
-      "%22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, {%32, %33, %34, %35}, %36, p, 1, 1, 1;\n}\n"
+      "%22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, {%32, %33, %34, %35}, %36, p, 1, 1, %38;\n}\n"
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
         "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
         "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]),
         "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]),
         "+f"(d[30]), "+f"(d[31])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(1));
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(accumulate), "n"(TransB));
+#endif
+}
+
+// Registers per thread: a warpgroup whose role needs fewer (a producer) gives them back, one that needs
+// more takes them; every warp of the warpgroup must execute it. The counts must fit the block's total.
+template <int N>
+__device__ inline void release_registers() {
+#if TT_HAVE_WGMMA
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(N));
+#endif
+}
+template <int N>
+__device__ inline void claim_registers() {
+#if TT_HAVE_WGMMA
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(N));
 #endif
 }
 
