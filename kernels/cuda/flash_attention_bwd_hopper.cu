@@ -5,19 +5,19 @@
 // One thread block per (tile of 128 keys, batch*head): a producer warpgroup (one warp of it works; the
 // group hands most of its registers to the consumers with setmaxnreg) and two consumer warpgroups.
 //  - Warpgroup g owns keys 64g .. 64g+63 of the tile: it accumulates their dK and dV (64 x d each) in
-//    registers over the whole kernel and writes them once at the end. Its rows of K and V stay in
-//    registers too, as the A operands of S^T and dP^T.
-//  - The producer loads K and V once, then streams query tiles of 64 (Q, dO by TMA; L * log2 e and
-//    D = rowsum(dO * O) by ordinary loads) through three shared-memory stages guarded by "full" / "empty"
+//    registers over the whole kernel and writes them once at the end.
+//  - The producer loads K and V once, then streams query tiles of 128 (Q, dO by TMA; L * log2 e and
+//    D = rowsum(dO * O) by ordinary loads) through two shared-memory stages guarded by "full" / "empty"
 //    mbarriers.
-//  - Per query tile, each warpgroup computes S^T = K Q^T and dP^T = V dO^T (64 keys x 64 queries; operands
-//    in shared memory), P^T = exp2(S^T scale log2 e - L) and dS^T = P^T (dP^T - D) in registers, then
-//    dV += P^T dO and dK += dS^T Q with P^T and dS^T as register A operands (the accumulator layout is the
-//    A fragment layout) and dO, Q read "transposed" from shared memory.
+//  - Per query tile, each warpgroup computes S^T = K Q^T and dP^T = V dO^T (64 keys x 128 queries;
+//    operands in shared memory), P^T = exp2(S^T scale log2 e - L) and dS^T = P^T (dP^T - D) in registers,
+//    then dV += P^T dO and dK += dS^T Q with P^T and dS^T as register A operands (the accumulator layout is
+//    the A fragment layout) and dO, Q read "transposed" from shared memory.
 //  - dQ needs dS with queries as rows and all 128 keys: both warpgroups write dS^T to shared memory
-//    (double-buffered, swizzled) and, after a barrier between them, one warpgroup (alternating per tile)
-//    computes dQ_tile = dS K (A and B both read transposed from shared memory), stages it in shared
-//    memory and adds it to the f32 dQ accumulator in global memory with one bulk reduce-add.
+//    (double-buffered, swizzled) and, after a barrier between them, warpgroup g computes the dQ rows of
+//    queries 64g .. 64g+63 of the tile = dS K (A and B both read transposed from shared memory), stages
+//    them in shared memory and adds them to the f32 dQ accumulator in global memory with one bulk
+//    reduce-add.
 //  - Causal: the block starts at the first query tile that sees its keys; masks only where a warpgroup's
 //    keys cross the diagonal or tiles hang past the end of the sequence. Key tiles with the most query
 //    tiles (the first) are scheduled first.
@@ -32,15 +32,15 @@ namespace hopper_backward {
 
 constexpr int kD = 64;  // head dim of this kernel
 constexpr int kBlockK = 128;
-constexpr int kBlockQ = 64;
-constexpr int kStages = 3;
+constexpr int kBlockQ = 128;
+constexpr int kStages = 2;
 constexpr int kConsumerThreads = 256;
 
 struct Layout {
   static constexpr uint32_t kKVBytes = kBlockK * kD * 2;  // K or V tile, bf16 (16 KB)
-  static constexpr uint32_t kQBytes = kBlockQ * kD * 2;   // Q or dO tile (8 KB)
+  static constexpr uint32_t kQBytes = kBlockQ * kD * 2;   // Q or dO tile (16 KB)
   static constexpr uint32_t kDsBytes = kBlockK * kBlockQ * 2;
-  static constexpr uint32_t kDqBytes = kBlockQ * kD * 4;  // f32 staging of one dQ tile
+  static constexpr uint32_t kDqBytes = 64 * kD * 4;  // f32 staging of one warpgroup's 64 dQ rows
   // Byte offsets from the 1024-aligned base.
   static constexpr uint32_t kK = 0, kV = kKVBytes, kQ = 2 * kKVBytes, kDo = kQ + kStages * kQBytes;
   static constexpr uint32_t kDs = kDo + kStages * kQBytes;  // two buffers
@@ -59,8 +59,8 @@ using bf16 = __nv_bfloat16;
 using namespace hopper_backward;
 
 #if TT_HAVE_WGMMA
-// P^T or dS^T (f32 accumulators of 64 keys x 64 queries) as bf16 A fragments of 16 queries each.
-__device__ inline void pack_fragments(uint32_t (&frag)[kBlockQ / 16][4], const float (&acc)[32]) {
+// P^T or dS^T (f32 accumulators of 64 keys x 128 queries) as bf16 A fragments of 16 queries each.
+__device__ inline void pack_fragments(uint32_t (&frag)[kBlockQ / 16][4], const float (&acc)[kBlockQ / 2]) {
 #pragma unroll
   for (int kq = 0; kq < kBlockQ / 16; ++kq) {
 #pragma unroll
@@ -136,32 +136,21 @@ __global__ void __launch_bounds__(kConsumerThreads + 128, 1)
   // columns (queries of S^T, dP^T; d of dK, dV, dQ) are 8j + 2(lane%4) + e for register 4j + 2i + e.
   const int warpgroup = warp / 4;
   const int key_row = warpgroup * 64 + (warp % 4) * 16 + lane / 4;
-  const uint32_t k_address = shared_address(smem + L::kK);
+  const uint32_t k_address = shared_address(smem + L::kK), v_address = shared_address(smem + L::kV);
   float dk[32], dv[32];
 #pragma unroll
   for (int n = 0; n < 32; ++n) dk[n] = dv[n] = 0;
   wgmma::claim_registers<240>();
   mbarrier_wait(kv_full, 0);
-  // This warpgroup's 64 rows of K and V as A fragments (16 columns of d each), kept in registers: the
-  // products S^T = K Q^T and dP^T = V dO^T then read only Q and dO from shared memory.
-  uint32_t k_frag[kD / 16][4], v_frag[kD / 16][4];
-#pragma unroll
-  for (int kk = 0; kk < kD / 16; ++kk) {
-#pragma unroll
-    for (int r = 0; r < 4; ++r) {
-      const uint32_t offset = wgmma::swizzled_offset(key_row + 8 * (r % 2), kk * 16 + 8 * (r / 2) + 2 * (lane % 4), kBlockK);
-      k_frag[kk][r] = *reinterpret_cast<const uint32_t*>(smem + L::kK + offset);
-      v_frag[kk][r] = *reinterpret_cast<const uint32_t*>(smem + L::kV + offset);
-    }
-  }
 
-  // dQ of one query tile = dS K over all 128 keys, into dq: A = dS from the [key][query] buffer (read
-  // transposed), B = K from [key][d] (read transposed); 16 keys per step.
+  // dQ of this warpgroup's 64 queries of the tile = dS K over all 128 keys, into dq: A = dS from the
+  // warpgroup's 64-query column block of the [key][query] buffer (read transposed), B = K from [key][d]
+  // (read transposed); 16 keys per step.
   float dq[32];
 #pragma unroll
   for (int n = 0; n < 32; ++n) dq[n] = 0;
   const auto issue_dq = [&](const unsigned char* s_ds) {
-    const uint32_t ds_address = shared_address(s_ds);
+    const uint32_t ds_address = shared_address(s_ds) + warpgroup * kBlockK * 128;
 #pragma unroll
     for (int kk = 0; kk < kBlockK / 16; ++kk) {
       wgmma::mma_m64n64k16_ss<1, 1>(dq, wgmma::smem_descriptor(ds_address + kk * 16 * 128, 0),
@@ -169,12 +158,12 @@ __global__ void __launch_bounds__(kConsumerThreads + 128, 1)
     }
     wgmma::commit_group();
   };
-  // The finished dq of query tile q_tile: staged in this warpgroup's shared buffer (free: its previous
-  // bulk read was waited for before the last barrier), then one thread adds it to global memory.
-  const auto flush_dq = [&](int q_tile) {
+  // The finished dq rows starting at query q_first: staged in this warpgroup's shared buffer (free: its
+  // previous bulk read was waited for before the last barrier), then one thread adds them to global memory.
+  const auto flush_dq = [&](int q_first) {
     wgmma::fence_operands(dq);
     float* s_dq = reinterpret_cast<float*>(smem + L::kDq + warpgroup * L::kDqBytes);
-    const int q_row = (warp % 4) * 16 + lane / 4, q0 = q_tile * kBlockQ;
+    const int q_row = (warp % 4) * 16 + lane / 4;
 #pragma unroll
     for (int n = 0; n < 32; n += 2) {
       const int row = q_row + 8 * ((n / 2) % 2), col = (n / 4) * 8 + 2 * (lane % 4);
@@ -182,18 +171,18 @@ __global__ void __launch_bounds__(kConsumerThreads + 128, 1)
     }
     wgmma::fence_proxy_async();
     named_barrier_sync(2 + warpgroup, 128);
-    if (threadIdx.x % 128 == 0) {
-      const int rows = min(kBlockQ, seq - q0);
-      bulk_reduce_add_f32(p.dq_accum + (bh * seq + q0) * kD, s_dq, static_cast<uint32_t>(rows * kD * 4));
+    const int rows = min(64, seq - q_first);
+    if (threadIdx.x % 128 == 0 && rows > 0) {
+      bulk_reduce_add_f32(p.dq_accum + (bh * seq + q_first) * kD, s_dq, static_cast<uint32_t>(rows * kD * 4));
     }
   };
   // Every product is waited for within its step: a wgmma group left in flight across the loop's back edge
-  // makes the compiler serialise all of them (measured: 25% slower). Splitting dQ into per-warpgroup
-  // partials (no block barrier, warpgroups taking turns) was slower too: twice the dQ reduction traffic.
+  // makes the compiler serialise all of them (measured: 25% slower). Per-warpgroup dQ partials over its
+  // own keys (no block barrier) were slower too: twice the dQ reduction traffic.
   uint32_t p_frag[kBlockQ / 16][4], ds_frag[kBlockQ / 16][4];
-  float st[32], dpt[32];
+  float st[kBlockQ / 2], dpt[kBlockQ / 2];
 #pragma unroll
-  for (int n = 0; n < 32; ++n) st[n] = dpt[n] = 0;
+  for (int n = 0; n < kBlockQ / 2; ++n) st[n] = dpt[n] = 0;
   for (int i = 0; i < num_q_tiles; ++i) {
     const int stage = i % kStages, q0 = (q_begin + i) * kBlockQ;
     const uint32_t q_address = shared_address(smem + L::kQ + stage * L::kQBytes);
@@ -206,12 +195,14 @@ __global__ void __launch_bounds__(kConsumerThreads + 128, 1)
     wgmma::fence();
 #pragma unroll
     for (int kk = 0; kk < kD / 16; ++kk) {
-      wgmma::mma_m64n64k16_rs<0>(st, k_frag[kk], wgmma::smem_descriptor(q_address + kk * 32, 0), kk > 0 ? 1 : 0);
+      wgmma::mma_m64n128k16_ss(st, wgmma::smem_descriptor(k_address + warpgroup * 64 * 128 + kk * 32, 0),
+                               wgmma::smem_descriptor(q_address + kk * 32, 0), kk > 0 ? 1 : 0);
     }
     wgmma::commit_group();
 #pragma unroll
     for (int kk = 0; kk < kD / 16; ++kk) {
-      wgmma::mma_m64n64k16_rs<0>(dpt, v_frag[kk], wgmma::smem_descriptor(do_address + kk * 32, 0), kk > 0 ? 1 : 0);
+      wgmma::mma_m64n128k16_ss(dpt, wgmma::smem_descriptor(v_address + warpgroup * 64 * 128 + kk * 32, 0),
+                               wgmma::smem_descriptor(do_address + kk * 32, 0), kk > 0 ? 1 : 0);
     }
     wgmma::commit_group();
 
@@ -225,7 +216,7 @@ __global__ void __launch_bounds__(kConsumerThreads + 128, 1)
     const bool need_mask =
         q0 + kBlockQ > seq || k0 + kBlockK > seq || (p.causal && k0 + warpgroup * 64 + 63 > q0);
 #pragma unroll
-    for (int n = 0; n < 32; ++n) {
+    for (int n = 0; n < kBlockQ / 2; ++n) {
       const int col = (n / 4) * 8 + 2 * (lane % 4) + (n % 2);
       float prob = fast_exp2(st[n] * p.scale_log2 - lse[col]);
       if (need_mask) {
@@ -238,7 +229,7 @@ __global__ void __launch_bounds__(kConsumerThreads + 128, 1)
     wgmma::wait_group<0>();
     wgmma::fence_operands(dpt);
 #pragma unroll
-    for (int n = 0; n < 32; ++n) {
+    for (int n = 0; n < kBlockQ / 2; ++n) {
       const int col = (n / 4) * 8 + 2 * (lane % 4) + (n % 2);
       dpt[n] = st[n] * (dpt[n] - delta[col]);
     }
@@ -266,14 +257,11 @@ __global__ void __launch_bounds__(kConsumerThreads + 128, 1)
 
     wgmma::fence_proxy_async();
     if (threadIdx.x % 128 == 0) bulk_wait_read<0>();  // this warpgroup's dQ staging buffer is free
-    // Both warpgroups' dS^T are written; one of them (alternating) multiplies dQ over all 128 keys.
+    // Both warpgroups' dS^T are written; each multiplies dQ for its half of the tile's queries.
     named_barrier_sync(1, kConsumerThreads);
-    if (i % 2 == warpgroup) {
-      issue_dq(s_ds);
-      wgmma::wait_group<0>();
-      flush_dq(q_begin + i);
-    }
+    issue_dq(s_ds);
     wgmma::wait_group<0>();
+    flush_dq(q0 + warpgroup * 64);
     mbarrier_arrive(&empty[stage]);  // Q, dO, L, D of this stage are no longer read
   }
   wgmma::wait_group<0>();
@@ -301,8 +289,10 @@ __global__ void __launch_bounds__(kConsumerThreads + 128, 1)
     const int row = chunk / kChunksPerRow, col = (chunk % kChunksPerRow) * 8;
     if (k0 + row < seq) {
       const uint32_t offset = wgmma::swizzled_offset(row, col, kBlockK);
-      *reinterpret_cast<uint4*>(out_k + row * p.sk.seq + col) = *reinterpret_cast<const uint4*>(smem + L::kK + offset);
-      *reinterpret_cast<uint4*>(out_v + row * p.sv.seq + col) = *reinterpret_cast<const uint4*>(smem + L::kV + offset);
+      *reinterpret_cast<uint4*>(out_k + row * p.sk.seq + col) =
+          *reinterpret_cast<const uint4*>(smem + L::kK + offset);
+      *reinterpret_cast<uint4*>(out_v + row * p.sv.seq + col) =
+          *reinterpret_cast<const uint4*>(smem + L::kV + offset);
     }
   }
 #endif
@@ -324,8 +314,7 @@ bool launch_backward_hopper(const Params& params, int64_t d_head, int64_t batch_
   const auto kernel = flash_backward_hopper_kernel;
   allow_shared_memory(kernel, Layout::kSmemBytes);
   const dim3 grid(ceil_div(params.seq, kBlockK), static_cast<unsigned>(batch_heads));
-  kernel<<<grid, kConsumerThreads + 128, Layout::kSmemBytes, stream>>>(map_q, map_k, map_v, map_do,
-                                                                                params);
+  kernel<<<grid, kConsumerThreads + 128, Layout::kSmemBytes, stream>>>(map_q, map_k, map_v, map_do, params);
   TT_CUDA_LAUNCH_CHECK();
   return true;
 }

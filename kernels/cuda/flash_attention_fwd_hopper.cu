@@ -124,7 +124,8 @@ struct WarpgroupState {
 #pragma unroll
       for (int b = 0; b < D / 64; ++b) {
         wgmma::mma_m64n64k16_rs<1>(
-            o[b], p[kk], wgmma::smem_descriptor(v_address + b * kBlockK * 128 + kk * 16 * 128, kBlockK * 128), 1);
+            o[b], p[kk], wgmma::smem_descriptor(v_address + b * kBlockK * 128 + kk * 16 * 128, kBlockK * 128),
+            1);
       }
     }
     wgmma::commit_group();
@@ -268,7 +269,8 @@ __global__ void __launch_bounds__(kConsumerThreads + 32, 1)
   if (warp == kConsumerThreads / 32) {  // the producer warp: one thread issues every copy
     if (threadIdx.x == kConsumerThreads) {
       mbarrier_arrive_expect_bytes(q_full, Tile::kQBytes);
-      for (int b = 0; b < D / 64; ++b) tma_load(s_q + b * kBlockQ * 128, map_q, b * 64, q0, head, batch, q_full);
+      for (int b = 0; b < D / 64; ++b)
+        tma_load(s_q + b * kBlockQ * 128, map_q, b * 64, q0, head, batch, q_full);
       for (int t = 0; t < num_k_tiles; ++t) {
         const int stage = t % kStages;
         if (t >= kStages) mbarrier_wait(&empty[stage], (t / kStages - 1) & 1);
@@ -474,7 +476,6 @@ bool make_tensor_map(CUtensorMap* map, const void* base, const AttentionStrides&
                 element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
                 CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
-
 
 bool launch_forward_hopper(const Params& params, int64_t d_head, int64_t batch_heads, cudaStream_t stream) {
   const std::string setting = hopper_setting();

@@ -63,7 +63,8 @@ __device__ inline void tma_load(void* smem, const CUtensorMap& map, int col, int
   asm volatile(
       "cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, "
       "%4, %5}], [%6];\n" ::"r"(shared_address(smem)),
-      "l"(reinterpret_cast<uint64_t>(&map)), "r"(col), "r"(row), "r"(head), "r"(batch), "r"(shared_address(bar))
+      "l"(reinterpret_cast<uint64_t>(&map)), "r"(col), "r"(row), "r"(head), "r"(batch),
+      "r"(shared_address(bar))
       : "memory");
 }
 

@@ -129,7 +129,8 @@ __device__ inline void mma_m64n64k16_ss(float (&d)[32], uint64_t desc_a, uint64_
 // d (64 x 64, f32) = (accumulate ? d : 0) + A (64 x 16, bf16 registers, 4 per thread) * B (16 x 64,
 // shared); TransB = 1 reads B MN-major ("transposed"), 0 K-major.
 template <int TransB>
-__device__ inline void mma_m64n64k16_rs(float (&d)[32], const uint32_t (&a)[4], uint64_t desc_b, int accumulate) {
+__device__ inline void mma_m64n64k16_rs(float (&d)[32], const uint32_t (&a)[4], uint64_t desc_b,
+                                        int accumulate) {
 #if TT_HAVE_WGMMA
   asm volatile(
       "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
