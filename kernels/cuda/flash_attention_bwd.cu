@@ -1,5 +1,8 @@
 // FlashAttention-2 backward on the GPU: preprocessing (D = rowsum(dO * O)), the bf16 tensor-core kernel,
 // the dQ conversion, and the entry point that picks them or the simple kernels (flash_attention_simple.cuh).
+// On an sm_90 GPU with d_head 64 the bf16 path runs the Hopper kernel (flash_attention_bwd_hopper.cu) in
+// place of the mma.sync one below, with the same preprocessing and conversion; it adds dQ tiles with bulk
+// reduce-adds instead of atomics.
 //
 // Tensor-core backward, one thread block per (tile of 128 keys, batch*head), 8 warps:
 //  - Work split: warp w owns keys 16w .. 16w+15 of the tile. It accumulates dK and dV for those keys in
@@ -406,7 +409,8 @@ void flash_attention_backward(const AttentionProblem& p, DType dtype, const void
   const int64_t batch_heads = p.batch * p.heads, rows = batch_heads * p.seq;
   const bool fast = dtype == DType::bf16 && !simple_path_forced() && !p.deterministic && p.scale > 0 &&
                     rows_aligned_16(q, p.q) && rows_aligned_16(k, p.k) && rows_aligned_16(v, p.v) &&
-                    rows_aligned_16(d_o, p.o) && rows_aligned_16(dk, p.k) && rows_aligned_16(dv, p.v);
+                    rows_aligned_16(d_o, p.o) && rows_aligned_16(o, p.o) && rows_aligned_16(dq, p.q) &&
+                    rows_aligned_16(dk, p.k) && rows_aligned_16(dv, p.v);
 
   // Scratch: D, then for the fast kernel L * log2(e) and the dQ accumulator. Each part is rounded up to a
   // multiple of 4 floats so that the accumulator stays 16-byte aligned.

@@ -206,7 +206,7 @@ __global__ void __launch_bounds__(kConsumerThreads + 128, 1)
     }
     wgmma::commit_group();
 
-    // Everything but dP^T is done: the scores, and the previous tile's dV, dK (and dQ).
+    // The scores are done (dP^T may still run).
     wgmma::wait_group<1>();
     wgmma::fence_operands(st);
 
@@ -295,14 +295,15 @@ __global__ void __launch_bounds__(kConsumerThreads + 128, 1)
           *reinterpret_cast<const uint4*>(smem + L::kV + offset);
     }
   }
+#else
+  __trap();  // an sm_90 GPU running a build without sm_90a code: fail loudly, never leave outputs unset
 #endif
 }
 
 }  // namespace
 
 bool launch_backward_hopper(const Params& params, int64_t d_head, int64_t batch_heads, cudaStream_t stream) {
-  const std::string setting = hopper_setting();
-  if (d_head != kD || setting == "0" || device_major() != 9) return false;
+  if (d_head != kD || hopper_path_disabled() || device_major() != 9) return false;
   const int64_t batch = batch_heads / params.heads;
   CUtensorMap map_q, map_k, map_v, map_do;
   if (!make_tensor_map(&map_q, params.q, params.sq, params, kD, batch, kBlockQ) ||

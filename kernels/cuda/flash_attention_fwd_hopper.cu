@@ -325,10 +325,13 @@ __global__ void __launch_bounds__(kConsumerThreads + 32, 1)
   state.finish(s_q, p, bh, q0, seq);
   named_barrier_sync(3, kConsumerThreads);  // the whole O tile is in shared memory
   store_output<D>(p, bh, q0, s_q);
+#else
+  __trap();  // an sm_90 GPU running a build without sm_90a code: fail loudly, never leave outputs unset
 #endif
 }
 
-// ---- d_head 128 (and 64 where no tensor map can be made): cp.async by all threads ----------------------
+// ---- d_head 128 (and 64 with TT_FLASH_HOPPER=cpasync or where no tensor map can be made): cp.async
+// ----------------------
 
 template <int D>
 __global__ void __launch_bounds__(kConsumerThreads, 1) flash_forward_hopper_kernel(const Params p) {
@@ -392,6 +395,8 @@ __global__ void __launch_bounds__(kConsumerThreads, 1) flash_forward_hopper_kern
   state.finish(s_q, p, bh, q0, seq);
   __syncthreads();
   store_output<D>(p, bh, q0, s_q);
+#else
+  __trap();  // an sm_90 GPU running a build without sm_90a code: fail loudly, never leave outputs unset
 #endif
 }
 
@@ -462,6 +467,10 @@ const char* hopper_setting() {
   return env != nullptr ? env : "";
 }
 
+bool hopper_path_disabled() {
+  return hopper_setting()[0] == '0';
+}
+
 bool make_tensor_map(CUtensorMap* map, const void* base, const AttentionStrides& s, const Params& p,
                      int64_t d_head, int64_t batch, uint32_t rows) {
   const PFN_cuTensorMapEncodeTiled_v12000 encode = tensor_map_encoder();
@@ -479,7 +488,7 @@ bool make_tensor_map(CUtensorMap* map, const void* base, const AttentionStrides&
 
 bool launch_forward_hopper(const Params& params, int64_t d_head, int64_t batch_heads, cudaStream_t stream) {
   const std::string setting = hopper_setting();
-  if ((d_head != 64 && d_head != 128) || setting == "0" || device_major() != 9) return false;
+  if ((d_head != 64 && d_head != 128) || hopper_path_disabled() || device_major() != 9) return false;
   if (d_head == 64) {
     if (setting != "cpasync" && launch_warp_specialised<64>(params, batch_heads, stream)) return true;
     launch_cp_async<64>(params, batch_heads, stream);
