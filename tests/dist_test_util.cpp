@@ -357,4 +357,40 @@ std::vector<double> train_zero(ModelKind kind, Device device, DType dtype, bool 
   return values;
 }
 
+void check_pipelined_zero(Device device, DType dtype, const std::vector<int64_t>& chunks, double rtol,
+                          double atol, bool check_state_smaller) {
+  for (int64_t chunk : chunks) {
+    for (double mb : {0.0, 0.01}) {
+      for (ModelKind kind : {ModelKind::mlp, ModelKind::transformer}) {
+        CAPTURE(model_kind_name(kind));
+        CAPTURE(chunk);
+        CAPTURE(mb);
+        int64_t sharded_bytes = 0, whole_bytes = 0;
+        const std::vector<double> sharded = train_zero(kind, device, dtype, true, &sharded_bytes, mb, chunk);
+        const std::vector<double> whole = train_zero(kind, device, dtype, false, &whole_bytes);
+        std::string why;
+        CHECK_MESSAGE(allclose(sharded, whole, rtol, atol, &why), why);
+        CHECK(same_on_all_ranks(sharded));
+        if (check_state_smaller) CHECK(sharded_bytes < whole_bytes);
+      }
+    }
+  }
+}
+
+StridedGatherCase strided_gather_case(int world, int rank, int64_t offset, int64_t count, int64_t stride,
+                                      int64_t tail, std::vector<float> (*block)(int, int64_t)) {
+  const int64_t n = offset + (world - 1) * stride + count + tail;
+  StridedGatherCase c;
+  c.start.assign(static_cast<size_t>(n), -1.0f);
+  c.expect = c.start;
+  for (int r = 0; r < world; ++r) {
+    const std::vector<float> values = block(r, count);
+    for (int64_t j = 0; j < count; ++j) {
+      c.expect[offset + r * stride + j] = values[j];
+      if (r == rank) c.start[offset + r * stride + j] = values[j];
+    }
+  }
+  return c;
+}
+
 }  // namespace tt::testing

@@ -85,4 +85,19 @@ void check_bf16_communication(ModelKind model, Device device);
 std::vector<double> train_zero(ModelKind kind, Device device, DType dtype, bool sharded, int64_t* state_bytes,
                                double zero_over_ddp_mb = 0, int64_t gather_chunk = 0);
 
+// ZeRO-1 pipelined in each of `chunks` elements per update + all-gather chunk, with the reduce-scatter and
+// with bucketed DDP as the gradient source, on the MLP and the tiny LM: equals unsharded AdamW (allclose
+// rtol, atol), ranks identical; with check_state_smaller, also less optimizer state than unsharded.
+void check_pipelined_zero(Device device, DType dtype, const std::vector<int64_t>& chunks, double rtol,
+                          double atol, bool check_state_smaller);
+
+// An in-place strided all-gather case: `start` is offset + (world - 1) * stride + count + tail values of -1
+// with this rank's block (block(rank, count)) at offset + rank * stride; `expect` has every rank's block in
+// its place and the gaps still -1.
+struct StridedGatherCase {
+  std::vector<float> start, expect;
+};
+StridedGatherCase strided_gather_case(int world, int rank, int64_t offset, int64_t count, int64_t stride,
+                                      int64_t tail, std::vector<float> (*block)(int, int64_t));
+
 }  // namespace tt::testing

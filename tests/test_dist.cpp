@@ -145,18 +145,10 @@ TEST_CASE("mpi all_gather_blocks: strided blocks in place, gaps untouched") {
     CAPTURE(offset);
     CAPTURE(count);
     CAPTURE(stride);
-    const int64_t n = offset + (world - 1) * stride + count + 3;
-    std::vector<float> start(static_cast<size_t>(n), -1.0f), expect = start;
-    for (int r = 0; r < world; ++r) {
-      const std::vector<float> block = rank_floats(r, count);
-      for (int64_t j = 0; j < count; ++j) {
-        expect[offset + r * stride + j] = block[j];
-        if (r == rank) start[offset + r * stride + j] = block[j];
-      }
-    }
-    Tensor buffer = Tensor::from_floats(start, {n});
+    const StridedGatherCase c = strided_gather_case(world, rank, offset, count, stride, 3, rank_floats);
+    Tensor buffer = Tensor::from_floats(c.start, {static_cast<int64_t>(c.start.size())});
     comm.all_gather_blocks_async(buffer, offset, count, stride)->wait();
-    CHECK(buffer.to_floats() == expect);
+    CHECK(buffer.to_floats() == c.expect);
   }
   Tensor small = Tensor::zeros({10}, DType::f32);
   CHECK_THROWS_AS(comm.all_gather_blocks_async(small, 0, 4, 3), Error);       // stride < count

@@ -82,18 +82,11 @@ TEST_CASE("nccl all_reduce, broadcast, reduce_scatter and all_gather") {
   CHECK(gathered.to_floats() == expect);
 
   // Strided blocks, gathered in place; the gaps between them keep their values.
-  const int64_t offset = 5, count = 77, stride = 100, total = offset + (world - 1) * stride + count + 4;
-  std::vector<float> start(static_cast<size_t>(total), -1.0f), expect_blocks = start;
-  for (int r = 0; r < world; ++r) {
-    const std::vector<float> part = rank_floats(r, count);
-    for (int64_t j = 0; j < count; ++j) {
-      expect_blocks[offset + r * stride + j] = part[j];
-      if (r == rank) start[offset + r * stride + j] = part[j];
-    }
-  }
-  Tensor strided = Tensor::from_floats(start, {total}, gpu);
+  const int64_t offset = 5, count = 77, stride = 100;
+  const StridedGatherCase blocks = strided_gather_case(world, rank, offset, count, stride, 4, rank_floats);
+  Tensor strided = Tensor::from_floats(blocks.start, {static_cast<int64_t>(blocks.start.size())}, gpu);
   comm.all_gather_blocks_async(strided, offset, count, stride)->wait();
-  CHECK(strided.to_floats() == expect_blocks);
+  CHECK(strided.to_floats() == blocks.expect);
 
   auto timer = comm.start_timer();
   comm.all_reduce(a);
@@ -135,22 +128,5 @@ TEST_CASE("nccl: gradient accumulation communicates on the last micro-batch only
 TEST_CASE("nccl: ZeRO-1 with the update and all-gather pipelined in chunks equals unsharded AdamW") {
   // Chunks small enough that many gathers run on the communication stream while later chunks are updated on
   // the compute stream; the reduce-scatter and the bucketed all-reduce as gradient sources.
-  const Device gpu = my_gpu();
-  for (int64_t chunk : {int64_t{257}, int64_t{1} << 30}) {
-    for (double mb : {0.0, 0.01}) {
-      for (ModelKind kind : {ModelKind::mlp, ModelKind::transformer}) {
-        CAPTURE(model_kind_name(kind));
-        CAPTURE(chunk);
-        CAPTURE(mb);
-        int64_t sharded_bytes = 0, whole_bytes = 0;
-        const std::vector<double> sharded =
-            train_zero(kind, gpu, DType::f32, true, &sharded_bytes, mb, chunk);
-        const std::vector<double> whole = train_zero(kind, gpu, DType::f32, false, &whole_bytes);
-        std::string why;
-        CHECK_MESSAGE(allclose(sharded, whole, 1e-5, 1e-8, &why), why);
-        CHECK(same_on_all_ranks(sharded));
-        CHECK(sharded_bytes < whole_bytes);
-      }
-    }
-  }
+  check_pipelined_zero(my_gpu(), DType::f32, {257, int64_t{1} << 30}, 1e-5, 1e-8, true);
 }

@@ -30,6 +30,8 @@ namespace tt::cuda {
 int device_count();
 // The device's marketing name ("NVIDIA H100 80GB HBM3").
 std::string device_name(int device);
+// Compute capability major of the current device (9 for Hopper), looked up once per device.
+int current_device_major();
 
 // Batched row-major GEMM through cuBLASLt, c = alpha op(a) op(b) + beta c, same contract as cpu::gemm.
 // a_type = b_type in {f32, bf16}; f32 accumulation; c is f32, or bf16 for bf16 inputs (rounded once at the

@@ -1,3 +1,5 @@
+#include <atomic>
+
 #include "kernels/cuda/cuda_kernels.h"
 
 namespace tt::cuda {
@@ -15,6 +17,19 @@ std::string device_name(int device) {
   cudaDeviceProp prop{};
   TT_CUDA_CHECK(cudaGetDeviceProperties(&prop, device));
   return prop.name;
+}
+
+int current_device_major() {
+  static std::atomic<int> majors[64];
+  int device = 0;
+  TT_CUDA_CHECK(cudaGetDevice(&device));
+  if (device < 0 || device >= 64) return 0;
+  if (majors[device].load() == 0) {
+    int major = 0;
+    TT_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+    majors[device].store(major);
+  }
+  return majors[device].load();
 }
 
 }  // namespace tt::cuda

@@ -20,6 +20,7 @@
 
 #include <cstdint>
 #include <cstdlib>
+#include <cstring>
 #include <string>
 #include <type_traits>
 
@@ -101,10 +102,25 @@ inline void check_problem(const AttentionProblem& p, DType dtype) {
   TT_CHECK(p.seq <= (int64_t{1} << 30), "flash_attention (cuda): seq must be below 2^30");
 }
 
+// A TT_FLASH_* environment setting, "" when unset.
+inline const char* flash_setting(const char* name) {
+  const char* env = std::getenv(name);
+  return env != nullptr ? env : "";
+}
+
 // TT_FLASH_SIMPLE=1 forces the plain FMA kernels (the obviously-correct fallback) for every dtype.
 inline bool simple_path_forced() {
-  const char* env = std::getenv("TT_FLASH_SIMPLE");
-  return env != nullptr && env[0] != '\0' && env[0] != '0';
+  const char* value = flash_setting("TT_FLASH_SIMPLE");
+  return value[0] != '\0' && value[0] != '0';
+}
+
+// TT_FLASH_HOPPER: a value starting with 0 keeps attention off the wgmma kernels; "cpasync" uses the
+// cp.async forward for d_head 64 too. Anything else (or unset): the wgmma kernels wherever they apply.
+inline bool hopper_path_disabled() {
+  return flash_setting("TT_FLASH_HOPPER")[0] == '0';
+}
+inline bool hopper_cp_async_forced() {
+  return std::strcmp(flash_setting("TT_FLASH_HOPPER"), "cpasync") == 0;
 }
 
 // The tensor-core kernels move 16-byte chunks: every row start must be 16-byte aligned.

@@ -28,8 +28,6 @@
 //    the next tile with cp.async and meet at one block barrier per tile (three stages).
 #include <cudaTypedefs.h>
 
-#include <atomic>
-
 #include "kernels/cuda/flash_attention_common.cuh"
 #include "kernels/cuda/hopper.cuh"
 #include "kernels/cuda/wgmma.cuh"
@@ -449,28 +447,6 @@ PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
 
 }  // namespace
 
-int device_major() {
-  static std::atomic<int> majors[64];
-  int device = 0;
-  TT_CUDA_CHECK(cudaGetDevice(&device));
-  if (device < 0 || device >= 64) return 0;
-  if (majors[device].load() == 0) {
-    int major = 0;
-    TT_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
-    majors[device].store(major);
-  }
-  return majors[device].load();
-}
-
-const char* hopper_setting() {
-  const char* env = std::getenv("TT_FLASH_HOPPER");
-  return env != nullptr ? env : "";
-}
-
-bool hopper_path_disabled() {
-  return hopper_setting()[0] == '0';
-}
-
 bool make_tensor_map(CUtensorMap* map, const void* base, const AttentionStrides& s, const Params& p,
                      int64_t d_head, int64_t batch, uint32_t rows) {
   const PFN_cuTensorMapEncodeTiled_v12000 encode = tensor_map_encoder();
@@ -487,10 +463,9 @@ bool make_tensor_map(CUtensorMap* map, const void* base, const AttentionStrides&
 }
 
 bool launch_forward_hopper(const Params& params, int64_t d_head, int64_t batch_heads, cudaStream_t stream) {
-  const std::string setting = hopper_setting();
-  if ((d_head != 64 && d_head != 128) || hopper_path_disabled() || device_major() != 9) return false;
+  if ((d_head != 64 && d_head != 128) || hopper_path_disabled() || current_device_major() != 9) return false;
   if (d_head == 64) {
-    if (setting != "cpasync" && launch_warp_specialised<64>(params, batch_heads, stream)) return true;
+    if (!hopper_cp_async_forced() && launch_warp_specialised<64>(params, batch_heads, stream)) return true;
     launch_cp_async<64>(params, batch_heads, stream);
   } else {
     launch_cp_async<128>(params, batch_heads, stream);

@@ -86,15 +86,9 @@ __device__ inline void bulk_wait_all() {
 
 #endif  // TT_HAVE_WGMMA
 
-// Host side (flash_attention_fwd_hopper.cu). Compute capability major of the current device.
-int device_major();
-// TT_FLASH_HOPPER: a value starting with 0 keeps attention off the wgmma kernels (as TT_FLASH_SIMPLE=0
-// leaves the simple path off); "cpasync" uses the cp.async forward for d_head 64 too. Anything else (or
-// unset): the wgmma kernels wherever they apply.
-const char* hopper_setting();
-bool hopper_path_disabled();
-// A 4-d (d, seq, head, batch) bf16 tensor map over one of Q, K, V, O, dO with boxes of 64 columns x
-// `rows` rows, 128-byte swizzle. False when the driver cannot describe it (the caller falls back).
+// Host side (flash_attention_fwd_hopper.cu). A 4-d (d, seq, head, batch) bf16 tensor map over one of Q, K, V,
+// O, dO with boxes of 64 columns x `rows` rows, 128-byte swizzle. False when the driver cannot describe it
+// (the caller falls back).
 bool make_tensor_map(CUtensorMap* map, const void* base, const AttentionStrides& s, const Params& p,
                      int64_t d_head, int64_t batch, uint32_t rows);
 
