@@ -35,17 +35,20 @@ Tensor filled(int64_t numel, double value, DType dtype, Device device) {
 }
 
 // The slowest rank's time is the collective's time.
-Measurement measure(dist::Communicator& comm, double mb, DType dtype, int64_t warmup, int64_t iters) {
+Measurement measure(dist::Communicator& comm, double mb, DType dtype, int64_t warmup, int64_t iters,
+                    dist::AllReduceTransport transport) {
   const int64_t numel = static_cast<int64_t>(mb * kBytesPerMb) / static_cast<int64_t>(dtype_size(dtype));
   TT_CHECK(numel > 0, "--sizes-mb: " + std::to_string(mb) + " MB holds no element");
+  comm.set_all_reduce_transport(transport);
   Tensor buffer = filled(numel, 1.0, dtype, comm.device());
+  comm.register_buffer(buffer);
   // One checked reduction first: every element must come back as the world size.
   comm.all_reduce(buffer, dist::ReduceOp::sum);
   Measurement m;
   m.mb = mb;
   m.correct = buffer.narrow_view(0, numel - 1, 1).item() == comm.world_size() &&
               buffer.narrow_view(0, 0, 1).item() == comm.world_size();
-  buffer = filled(numel, 0.0, dtype, comm.device());  // sums of zeros never overflow
+  buffer.zero_();  // sums of zeros never overflow
   for (int64_t i = 0; i < warmup; ++i) comm.all_reduce(buffer, dist::ReduceOp::sum);
   synchronize(comm.device());
   comm.barrier();
@@ -58,6 +61,7 @@ Measurement measure(dist::Communicator& comm, double mb, DType dtype, int64_t wa
   const int world = comm.world_size();
   m.algorithm_gbps = m.bytes / (m.ms * 1e-3) / 1e9;
   m.bus_gbps = m.algorithm_gbps * 2.0 * (world - 1) / world;
+  comm.unregister_buffer(buffer);
   return m;
 }
 
@@ -72,6 +76,9 @@ int main(int argc, char** argv) {
   flags.add("sizes-mb", "1,10,100,1000", "comma-separated message sizes in MB");
   flags.add("dtype", "f32", "f32 | bf16 (bf16 needs CUDA)");
   flags.add("device", "auto", "cpu | cuda | auto (rank i uses GPU local rank i)");
+  flags.add("all-reduce", "library",
+            "comma-separated transports: library (NCCL on GPUs, MPI on CPU) | copy-engine (CUDA, 2 ranks on "
+            "one host: peer DMA copies and one add kernel)");
   flags.add("warmup", "5", "untimed all-reduces per size");
   flags.add("iters", "20", "timed all-reduces per size");
   flags.add("json", "", "also write one JSON object per size to this file (rank 0)");
@@ -98,26 +105,34 @@ int main(int argc, char** argv) {
                   static_cast<long long>(warmup), static_cast<long long>(iters));
     }
     std::vector<std::vector<std::string>> rows;
-    for (double mb : flags.number_list("sizes-mb")) {
-      const Measurement m = measure(*comm, mb, dtype, warmup, iters);
-      rows.push_back({format_fixed(mb, mb < 1 ? 3 : 0), dtype_text, comm->backend(),
-                      std::to_string(comm->world_size()), format_fixed(m.ms, 3),
-                      format_fixed(m.algorithm_gbps, 2), format_fixed(m.bus_gbps, 2),
-                      m.correct ? "yes" : "NO"});
-      if (json) {
-        json->write({{"size_mb", JsonlWriter::number(mb)},
-                     {"bytes", JsonlWriter::number(m.bytes)},
-                     {"dtype", JsonlWriter::quote(dtype_text)},
-                     {"backend", JsonlWriter::quote(comm->backend())},
-                     {"ranks", std::to_string(comm->world_size())},
-                     {"time_ms", JsonlWriter::number(m.ms)},
-                     {"algbw_gbps", JsonlWriter::number(m.algorithm_gbps)},
-                     {"busbw_gbps", JsonlWriter::number(m.bus_gbps)},
-                     {"correct", m.correct ? "true" : "false"}});
+    std::vector<dist::AllReduceTransport> transports;
+    for (const std::string& name : flags.list("all-reduce"))
+      transports.push_back(dist::parse_all_reduce_transport(name));
+    for (dist::AllReduceTransport transport : transports) {
+      for (double mb : flags.number_list("sizes-mb")) {
+        const Measurement m = measure(*comm, mb, dtype, warmup, iters, transport);
+        const std::string how = transport == dist::AllReduceTransport::library
+                                    ? std::string(comm->backend())
+                                    : std::string(dist::all_reduce_transport_name(transport));
+        rows.push_back({format_fixed(mb, mb < 1 ? 3 : 0), dtype_text, how, std::to_string(comm->world_size()),
+                        format_fixed(m.ms, 3), format_fixed(m.algorithm_gbps, 2), format_fixed(m.bus_gbps, 2),
+                        m.correct ? "yes" : "NO"});
+        if (json) {
+          json->write({{"size_mb", JsonlWriter::number(mb)},
+                       {"bytes", JsonlWriter::number(m.bytes)},
+                       {"dtype", JsonlWriter::quote(dtype_text)},
+                       {"backend", JsonlWriter::quote(comm->backend())},
+                       {"all_reduce", JsonlWriter::quote(how)},
+                       {"ranks", std::to_string(comm->world_size())},
+                       {"time_ms", JsonlWriter::number(m.ms)},
+                       {"algbw_gbps", JsonlWriter::number(m.algorithm_gbps)},
+                       {"busbw_gbps", JsonlWriter::number(m.bus_gbps)},
+                       {"correct", m.correct ? "true" : "false"}});
+        }
       }
     }
     if (root) {
-      std::printf("%s", markdown_table({"size MB", "dtype", "backend", "ranks", "time ms", "algbw GB/s",
+      std::printf("%s", markdown_table({"size MB", "dtype", "transport", "ranks", "time ms", "algbw GB/s",
                                         "busbw GB/s", "correct"},
                                        rows)
                             .c_str());

@@ -38,6 +38,7 @@ struct Config {
   int sm_margin = 0;  // SMs kept free of GEMMs for the communication kernels (cuBLASLt SM count target)
   double zero_chunk_mb = 0;         // MB of parameters per pipelined update + all-gather chunk of ZeRO-1
   bool bf16_communication = false;  // gradients all-reduced in bf16 (DDP strategies)
+  dist::AllReduceTransport transport = dist::AllReduceTransport::library;
 };
 
 // Bytes per rank, measured from the allocator and the tensors.
@@ -74,6 +75,7 @@ Result measure(Bundle& b, dist::Communicator& comm, const Config& config, int64_
   Result result;
   const Device device = comm.device();
   set_matmul_sm_margin(config.sm_margin);
+  comm.set_all_reduce_transport(config.transport);
   try {
     std::unique_ptr<dist::DataParallel> ddp;
     std::unique_ptr<optim::ShardCollectives> collectives;
@@ -171,6 +173,9 @@ int main(int argc, char** argv) {
   flags.add("grad-comm-dtype", "f32",
             "comma-separated dtypes the DDP strategies' gradients travel in: f32 | bf16 (half the bytes, "
             "gradients rounded to bf16); each communicating row once per dtype");
+  flags.add("all-reduce", "library",
+            "comma-separated transports of the DDP all-reduce: library (NCCL) | copy-engine (2 ranks on one "
+            "host: peer DMA copies and one add kernel, no NCCL kernels); each DDP row once per transport");
   flags.add("zero-chunk-mb", "128",
             "ZeRO-1 updates its slice and all-gathers it in chunks of this many MB of parameters per rank, "
             "each chunk's gather overlapping the next chunk's update");
@@ -239,6 +244,26 @@ int main(int argc, char** argv) {
           Config with = c;
           with.bf16_communication = dtype == "bf16";
           if (with.bf16_communication) with.label += " (bf16 grads)";
+          expanded.push_back(with);
+        }
+      }
+      configs = expanded;
+    }
+    {
+      // Every row that runs a DDP strategy once per all-reduce transport asked for.
+      std::vector<dist::AllReduceTransport> transports;
+      for (const std::string& name : flags.list("all-reduce"))
+        transports.push_back(dist::parse_all_reduce_transport(name));
+      std::vector<Config> expanded;
+      for (const Config& c : configs) {
+        if (!c.strategy) {
+          expanded.push_back(c);
+          continue;
+        }
+        for (dist::AllReduceTransport t : transports) {
+          Config with = c;
+          with.transport = t;
+          if (t != dist::AllReduceTransport::library) with.label += " (copy engine)";
           expanded.push_back(with);
         }
       }
@@ -319,6 +344,7 @@ int main(int argc, char** argv) {
                        {"strategy", JsonlWriter::quote(c.label)},
                        {"bucket_mb", bucketed ? JsonlWriter::number(c.bucket_mb) : "null"},
                        {"gemm_sm_margin", std::to_string(c.sm_margin)},
+                       {"all_reduce", JsonlWriter::quote(dist::all_reduce_transport_name(c.transport))},
                        {"ranks", std::to_string(world)},
                        {"batch_per_rank", std::to_string(batch)},
                        {"ctx", std::to_string(ctx)},

@@ -9,6 +9,23 @@ const char* reduce_op_name(ReduceOp op) {
   return op == ReduceOp::sum ? "sum" : "avg";
 }
 
+const char* all_reduce_transport_name(AllReduceTransport transport) {
+  return transport == AllReduceTransport::library ? "library" : "copy-engine";
+}
+
+AllReduceTransport parse_all_reduce_transport(const std::string& text) {
+  if (text == "library") return AllReduceTransport::library;
+  if (text == "copy-engine") return AllReduceTransport::copy_engine;
+  throw Error("unknown all-reduce transport '" + text + "' (expected library or copy-engine)");
+}
+
+void Communicator::set_all_reduce_transport(AllReduceTransport transport) {
+  TT_CHECK(transport == AllReduceTransport::library,
+           std::string(
+               "the copy-engine all-reduce needs CUDA tensors and the NCCL backend; this communicator is ") +
+               backend());
+}
+
 void Communicator::all_reduce(Tensor& tensor, ReduceOp op) {
   all_reduce_async(tensor, op)->wait();
 }

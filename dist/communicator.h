@@ -20,6 +20,16 @@ enum class ReduceOp { sum, avg };  // avg = sum / world_size
 
 const char* reduce_op_name(ReduceOp op);
 
+// How all_reduce moves data.
+//   library      the backend's collective library: NCCL for CUDA tensors, MPI for CPU tensors.
+//   copy_engine  NCCL backend, exactly two ranks on one host whose GPUs can map each other's memory: an
+//                all-reduce of a tensor inside a registered buffer pulls the peer's half with the copy
+//                engines and adds it with one short kernel (see dist/peer_all_reduce.h), leaving the SMs to
+//                the backward pass it overlaps; other tensors and collectives still use NCCL.
+enum class AllReduceTransport { library, copy_engine };
+const char* all_reduce_transport_name(AllReduceTransport transport);     // "library", "copy-engine"
+AllReduceTransport parse_all_reduce_transport(const std::string& text);  // throws tt::Error on unknown names
+
 // A collective in flight. wait() is idempotent; destroying an unwaited Work waits.
 class Work {
  public:
@@ -76,6 +86,16 @@ class Communicator {
   virtual std::unique_ptr<Work> all_gather_blocks_async(Tensor& buffer, int64_t offset, int64_t count,
                                                         int64_t stride) = 0;
 
+  // Collective. Throws tt::Error naming the reason when this backend or job cannot use `transport`. Switch
+  // only while no buffer is registered.
+  virtual void set_all_reduce_transport(AllReduceTransport transport);
+  AllReduceTransport all_reduce_transport() const { return transport_; }
+  // Collective: the caller will all-reduce views of `buffer` (the same size on every rank, e.g. the flat
+  // gradient buffer) until it unregisters it; a transport may map it once instead of per collective. No
+  // effect for the library transport.
+  virtual void register_buffer(const Tensor& buffer) {}
+  virtual void unregister_buffer(const Tensor& buffer) {}
+
   // Host-level rendezvous of all ranks, after every collective issued so far has completed.
   virtual void barrier() = 0;
   // Blocks the host until every collective issued so far has completed.
@@ -95,8 +115,10 @@ class Communicator {
   // Throws unless the blocks of all_gather_blocks_async lie inside `buffer` without overlapping.
   void check_gather_blocks(const Tensor& buffer, int64_t offset, int64_t count, int64_t stride) const;
   virtual bool supports(DType dtype, bool reduces) const = 0;
+  void set_transport_field(AllReduceTransport transport) { transport_ = transport; }
 
  private:
+  AllReduceTransport transport_ = AllReduceTransport::library;
   Device device_;
   int rank_ = 0, world_size_ = 1;
 };

@@ -36,7 +36,8 @@ struct DataParallel::State {
   Communicator& comm;
   DdpStrategy strategy;
   int64_t capacity_bytes = 0;
-  Tensor wire;  // bf16 communication: the staging buffer, laid out like the flat gradient buffer
+  Tensor wire;        // bf16 communication: the staging buffer, laid out like the flat gradient buffer
+  Tensor registered;  // the buffer whose views are all-reduced, registered with the communicator
   std::vector<bool> trainable;  // per parameter, fixed at construction
   std::vector<GradientBucket> buckets;
   std::vector<int64_t> bucket_of;                  // per parameter; -1 when frozen
@@ -185,6 +186,9 @@ DataParallel::DataParallel(nn::FlatParameters& params, Communicator& comm, DdpSt
   }
   s.build_buckets();
   s.reset_pass();
+  // Every collective below is on a view of this buffer; a transport may map it once (copy engine).
+  s.registered = s.wire.defined() ? s.wire : params.flat_grads();
+  comm.register_buffer(s.registered);
   const std::weak_ptr<State> weak = state_;
   for (size_t i = 0; i < list.size(); ++i) {
     if (!s.trainable[i]) continue;
@@ -198,6 +202,7 @@ DataParallel::~DataParallel() {
   // Collectives still in flight write into the gradient buffer: finish them before it can go away.
   try {
     state_->wait_pending();
+    state_->comm.unregister_buffer(state_->registered);
   } catch (const std::exception& e) {
     abort_job(std::string("DataParallel: ") + e.what());
   }

@@ -23,6 +23,7 @@
 #include "core/cuda_context.h"
 #include "dist/backends.h"
 #include "dist/mpi_check.h"
+#include "dist/peer_all_reduce.h"
 #include "dist/runtime.h"
 #include "kernels/cuda/cuda_kernels.h"
 
@@ -265,16 +266,49 @@ class NcclCommunicator : public Communicator {
   NcclCommunicator(Device device, DistRuntime& runtime)
       : Communicator(device, runtime.rank(), runtime.world_size()),
         compute_(enter_device(device)),
+        local_size_(runtime.local_size()),
         comm_(runtime.world_size(), runtime.rank()),
         ready_(false),
         watchdog_(comm_.get(), device.index, timeout_from_env(), describe_rank(runtime, device)) {}
-  ~NcclCommunicator() override = default;  // members: watchdog stops, stream drains, comm is destroyed
+  ~NcclCommunicator() override = default;  // members: watchdog stops, peer maps close, stream drains, ...
 
   const char* backend() const override { return "nccl"; }
 
   std::unique_ptr<Work> all_reduce_async(Tensor& t, ReduceOp op) override {
     check_tensor(t, "all_reduce", true);
+    if (by_copy_engine(t)) {
+      return launch("all_reduce (copy engine)", {t}, [&](cudaStream_t) { peer_->issue(t, peer_scale(op)); });
+    }
     return launch("all_reduce", {t}, [&](cudaStream_t s) { issue_all_reduce(t, op, s); });
+  }
+
+  void set_all_reduce_transport(AllReduceTransport transport) override {
+    if (transport == all_reduce_transport()) return;
+    TT_CHECK(registered_ == 0, "set_all_reduce_transport: " + std::to_string(registered_) +
+                                   " buffers are still registered with the current transport");
+    if (transport == AllReduceTransport::copy_engine) {
+      TT_CHECK(world_size() == 2 && local_size_ == 2,
+               "the copy-engine all-reduce needs exactly 2 ranks on one host; this job has " +
+                   std::to_string(world_size()) + " ranks, " + std::to_string(local_size_) + " on this host");
+      synchronize();
+      peer_ = std::make_unique<PeerAllReduce>(rank(), device().index, comm_stream_.get());
+    } else {
+      synchronize();
+      peer_.reset();
+    }
+    set_transport_field(transport);
+  }
+
+  void register_buffer(const Tensor& buffer) override {
+    if (!peer_) return;
+    check_tensor(buffer, "register_buffer", false);
+    peer_->register_buffer(buffer);
+    ++registered_;
+  }
+  void unregister_buffer(const Tensor& buffer) override {
+    if (!peer_) return;
+    peer_->unregister_buffer(buffer);
+    --registered_;
   }
 
   std::unique_ptr<Work> all_reduce_widen_async(Tensor& t, ReduceOp op, Tensor& widened) override {
@@ -284,8 +318,13 @@ class NcclCommunicator : public Communicator {
     TT_CHECK(t.dtype() == widened.dtype() || (t.dtype() == DType::bf16 && widened.dtype() == DType::f32),
              std::string("nccl all_reduce_widen: cannot widen ") + dtype_name(t.dtype()) + " into " +
                  dtype_name(widened.dtype()) + " (supported: bf16 -> f32)");
-    return launch("all_reduce", {t, widened}, [&](cudaStream_t s) {
-      issue_all_reduce(t, op, s);
+    const bool peer = by_copy_engine(t);
+    return launch(peer ? "all_reduce (copy engine)" : "all_reduce", {t, widened}, [&](cudaStream_t s) {
+      if (peer) {
+        peer_->issue(t, peer_scale(op));
+      } else {
+        issue_all_reduce(t, op, s);
+      }
       cuda::cast(t.raw_data(), t.dtype(), widened.raw_data(), widened.dtype(), t.numel(), s);
     });
   }
@@ -373,6 +412,18 @@ class NcclCommunicator : public Communicator {
     TT_CHECK(disjoint || is_rank_block(whole, part), where + "buffers overlap but not as this rank's block");
   }
 
+  // The copy-engine transport takes tensors inside its registered buffers, outside CUDA graph capture (its
+  // signals carry sequence numbers fixed when issued, which a replay would repeat).
+  bool by_copy_engine(const Tensor& t) const {
+    if (!peer_ || !peer_->covers(t)) return false;
+    cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+    TT_CUDA_CHECK(cudaStreamIsCapturing(compute_, &capture));
+    TT_CHECK(capture == cudaStreamCaptureStatusNone,
+             "the copy-engine all-reduce cannot be captured in a CUDA graph; use the library transport");
+    return true;
+  }
+  float peer_scale(ReduceOp op) const { return op == ReduceOp::avg ? 0.5f : 1.0f; }
+
   void issue_all_reduce(Tensor& t, ReduceOp op, cudaStream_t s) {
     TT_NCCL_CHECK(ncclAllReduce(t.raw_data(), t.raw_data(), static_cast<size_t>(t.numel()),
                                 nccl_type(t.dtype()), nccl_op(op), comm_.get(), s));
@@ -391,10 +442,13 @@ class NcclCommunicator : public Communicator {
   }
 
   cudaStream_t compute_;
+  int local_size_;
   NcclComm comm_;
   CommStream comm_stream_;
   Event ready_;  // re-recorded per collective: a stream wait captures the event's state when issued
   Watchdog watchdog_;
+  std::unique_ptr<PeerAllReduce> peer_;  // the copy-engine transport, when chosen
+  int registered_ = 0;
 };
 
 }  // namespace

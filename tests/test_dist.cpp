@@ -33,6 +33,19 @@ TEST_CASE("strategy names parse and print") {
   CHECK_THROWS_AS(dist::parse_ddp_strategy("ring"), Error);
 }
 
+TEST_CASE("all-reduce transports: names parse and print; the MPI backend refuses the copy engine") {
+  CHECK(dist::parse_all_reduce_transport("library") == dist::AllReduceTransport::library);
+  CHECK(dist::parse_all_reduce_transport("copy-engine") == dist::AllReduceTransport::copy_engine);
+  CHECK(std::string(dist::all_reduce_transport_name(dist::AllReduceTransport::copy_engine)) == "copy-engine");
+  CHECK_THROWS_WITH_AS(dist::parse_all_reduce_transport("ce"),
+                       doctest::Contains("expected library or copy-engine"), Error);
+  dist::Communicator& comm = communicator(Device::cpu());
+  CHECK_THROWS_WITH_AS(comm.set_all_reduce_transport(dist::AllReduceTransport::copy_engine),
+                       doctest::Contains("needs CUDA tensors and the NCCL backend"), Error);
+  CHECK(comm.all_reduce_transport() == dist::AllReduceTransport::library);
+  comm.set_all_reduce_transport(dist::AllReduceTransport::library);  // the one it has: accepted
+}
+
 TEST_CASE("mpi all_reduce: sum and avg, f32 and f64, blocking and asynchronous") {
   dist::Communicator& comm = communicator(Device::cpu());
   const int world = comm.world_size();

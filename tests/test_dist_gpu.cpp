@@ -130,3 +130,122 @@ TEST_CASE("nccl: ZeRO-1 with the update and all-gather pipelined in chunks equal
   // the compute stream; the reduce-scatter and the bucketed all-reduce as gradient sources.
   check_pipelined_zero(my_gpu(), DType::f32, {257, int64_t{1} << 30}, 1e-5, 1e-8, true);
 }
+
+namespace {
+
+// Switches the shared communicator to the copy-engine transport for one test case and back afterwards.
+class CopyEngineTransport {
+ public:
+  explicit CopyEngineTransport(dist::Communicator& comm) : comm_(comm) {
+    comm_.set_all_reduce_transport(dist::AllReduceTransport::copy_engine);
+  }
+  ~CopyEngineTransport() { comm_.set_all_reduce_transport(dist::AllReduceTransport::library); }
+  CopyEngineTransport(const CopyEngineTransport&) = delete;
+  CopyEngineTransport& operator=(const CopyEngineTransport&) = delete;
+
+ private:
+  dist::Communicator& comm_;
+};
+
+bool two_ranks_on_one_host() {
+  if (runtime().world_size() == 2 && runtime().local_size() == 2) return true;
+  MESSAGE("the copy-engine all-reduce needs exactly 2 ranks on one host; skipped");
+  return false;
+}
+
+}  // namespace
+
+TEST_CASE("copy-engine all-reduce: sums and averages of views of a registered buffer, f32 and bf16") {
+  if (!two_ranks_on_one_host()) return;
+  const Device gpu = my_gpu();
+  dist::Communicator& comm = communicator(gpu);
+  const CopyEngineTransport transport(comm);
+  CHECK(comm.all_reduce_transport() == dist::AllReduceTransport::copy_engine);
+  const int rank = comm.rank();
+  // Multiples of 1/4 below 16: every sum is exact in f32 and in bf16, so results must match exactly.
+  auto expect_sum = [](int64_t i) {
+    return static_cast<float>(0.25 * static_cast<double>(i % 13) * 2 + 5.0);
+  };
+
+  // 40 M f32 elements: each rank's half (80 MB) is more than the 64 MiB scratch, so it is reduced in chunks.
+  const int64_t n = 40'000'003;
+  Tensor big = Tensor::from_floats(rank_floats(rank, n), {n}, gpu);
+  comm.register_buffer(big);
+  comm.all_reduce(big, dist::ReduceOp::sum);
+  {
+    const std::vector<float> got = big.to_floats();
+    int64_t wrong = 0;
+    for (int64_t i = 0; i < n; ++i) wrong += got[i] != expect_sum(i);
+    CHECK(wrong == 0);
+    // Rank 1 owns the upper half: look at both sides of the split and the ends.
+    CHECK(got[0] == expect_sum(0));
+    CHECK(got[n / 2] == expect_sum(n / 2));
+    CHECK(got[n - 1] == expect_sum(n - 1));
+    CHECK(same_on_all_ranks({got[0], got[n / 2 - 1], got[n / 2], got[n - 1]}));
+  }
+  comm.unregister_buffer(big);
+  big = Tensor();
+
+  // Views at odd offsets and of odd lengths (1, 7, 129, 100003 elements), queued back to back without
+  // waiting, averaged, each then doubled on the compute stream.
+  const int64_t m = 300'001;
+  Tensor buffer = Tensor::from_floats(rank_floats(rank, m), {m}, gpu);
+  comm.register_buffer(buffer);
+  const std::vector<std::pair<int64_t, int64_t>> views = {
+      {0, 1}, {3, 7}, {11, 129}, {1001, 100'003}, {200'000, 100'001}};
+  std::vector<std::unique_ptr<dist::Work>> works;
+  std::vector<Tensor> parts;
+  for (const auto& [offset, count] : views) {
+    parts.push_back(buffer.narrow_view(0, offset, count));
+    works.push_back(comm.all_reduce_async(parts.back(), dist::ReduceOp::avg));
+  }
+  for (auto& w : works) w->wait();
+  std::vector<float> got = buffer.to_floats();
+  const std::vector<float> original = rank_floats(rank, m);
+  std::vector<bool> in_view(static_cast<size_t>(m), false);
+  for (const auto& [offset, count] : views)
+    for (int64_t i = offset; i < offset + count; ++i) in_view[i] = true;
+  int64_t wrong = 0;
+  for (int64_t i = 0; i < m; ++i) wrong += got[i] != (in_view[i] ? expect_sum(i) / 2 : original[i]);
+  CHECK(wrong == 0);
+  CHECK(same_on_all_ranks(std::vector<double>(got.begin(), got.begin() + 2000)));
+
+  // Many small collectives in a row (the signals' sequence numbers advance), then the whole buffer.
+  for (int k = 0; k < 200; ++k) {
+    Tensor slice = buffer.narrow_view(0, 250'000 + k * 7, 5);
+    comm.all_reduce(slice, dist::ReduceOp::sum);
+  }
+  comm.all_reduce(buffer, dist::ReduceOp::sum);
+  got = buffer.to_floats();
+  CHECK(same_on_all_ranks(std::vector<double>(got.begin(), got.end())));
+  CHECK(got[250'000] == 2 * expect_sum(250'000));
+  comm.unregister_buffer(buffer);
+
+  // bf16, and a tensor outside every registered buffer (NCCL carries it).
+  Tensor halves = ops::cast(Tensor::from_floats(rank_floats(rank, 4099), {4099}, gpu), DType::bf16);
+  comm.register_buffer(halves);
+  comm.all_reduce(halves, dist::ReduceOp::sum);
+  const std::vector<float> got_bf16 = halves.to_floats();
+  wrong = 0;
+  for (int64_t i = 0; i < 4099; ++i) wrong += got_bf16[i] != expect_sum(i);
+  CHECK(wrong == 0);
+  comm.unregister_buffer(halves);
+  Tensor outside = Tensor::from_floats(rank_floats(rank, 1000), {1000}, gpu);
+  comm.all_reduce(outside, dist::ReduceOp::sum);
+  const std::vector<float> got_outside = outside.to_floats();
+  for (int64_t i = 0; i < 1000; ++i) CHECK(got_outside[i] == expect_sum(i));
+}
+
+TEST_CASE("copy-engine all-reduce: every strategy equals single-process training, also with bf16 gradients") {
+  if (!two_ranks_on_one_host()) return;
+  const Device gpu = my_gpu();
+  const CopyEngineTransport transport(communicator(gpu));
+  for (ModelKind model : {ModelKind::mlp, ModelKind::transformer}) {
+    for (OptimizerKind optimizer : {OptimizerKind::sgd, OptimizerKind::adamw}) {
+      CAPTURE(model_kind_name(model));
+      CAPTURE(optimizer_kind_name(optimizer));
+      check_strategies_match_single_process(model, optimizer, gpu);
+    }
+    check_bf16_communication(model, gpu);
+  }
+}

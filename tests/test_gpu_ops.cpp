@@ -11,6 +11,8 @@
 #include "core/cuda_graph.h"
 #include "core/rng.h"
 #include "gradcheck.h"
+#include "kernels/cpu/cpu_kernels.h"
+#include "kernels/cuda/cuda_kernels.h"
 #include "nn/transformer.h"
 #include "optim/optimizer.h"
 #include "optim/update_in_backward.h"
@@ -79,6 +81,33 @@ TEST_CASE("CUDA casts round exactly like the CPU") {
     const int64_t len = 10007 - start - 2;
     CHECK(ops::cast(gx.narrow_view(0, start, len), DType::bf16).to_floats() ==
           ops::cast(x.narrow_view(0, start, len), DType::bf16).to_floats());
+  }
+}
+
+TEST_CASE("CUDA add_pair_scaled (the copy-engine all-reduce's reduction) equals its CPU twin bit for bit") {
+  for (DType type : {DType::f32, DType::bf16}) {
+    for (int64_t start : {0, 1, 3, 8}) {
+      CAPTURE(dtype_name(type));
+      CAPTURE(start);
+      const int64_t n = 10007 - start;
+      const Tensor a = ops::cast(randn({10007}, 21), type), b = ops::cast(randn({10007}, 22), type);
+      Tensor cpu_dst = a.clone();
+      const Tensor cpu_src = b.clone();
+      Tensor gpu_dst = a.to(Device::cuda(0));
+      const Tensor gpu_src = b.to(Device::cuda(0));
+      // Unaligned starts (and src and dst misaligned differently) take the scalar path.
+      Tensor gd = gpu_dst.narrow_view(0, start, n);
+      const Tensor gs = gpu_src.narrow_view(0, (start * 2) % 9, n);
+      Tensor cd = cpu_dst.narrow_view(0, start, n);
+      const Tensor cs = cpu_src.narrow_view(0, (start * 2) % 9, n);
+      for (float scale : {1.0f, 0.5f}) {
+        cuda::add_pair_scaled(gd.raw_data(), gs.raw_data(), type, n, scale,
+                              static_cast<cudaStream_t>(compute_stream(0)));
+        cpu::add_pair_scaled(cd.raw_data(), cs.raw_data(), type, n, scale);
+      }
+      CHECK(gpu_dst.to_floats() == cpu_dst.to_floats());
+      CHECK(gpu_dst.to_floats() != a.to_floats());
+    }
   }
 }
 

@@ -50,6 +50,9 @@ void declare_train_flags(Flags& f) {
   f.add("grad-comm-dtype", "f32",
         "dtype gradients travel in under mpirun: f32 (exact average) | bf16 (half the bytes; each gradient "
         "rounded to bf16 before and after the average)");
+  f.add("all-reduce", "library",
+        "how the DDP all-reduce moves gradients: library (NCCL on GPUs, MPI on CPU) | copy-engine (2 ranks "
+        "on one host with peer-to-peer GPUs: DMA copies and one add kernel instead of NCCL's kernels)");
   f.add("zero", "0", "1: shard the AdamW state across ranks (ZeRO-1); checkpoints load at any world size");
   f.add("gemm-sm-margin", "0",
         "SMs to keep free of matmuls (CUDA), so the gradient all-reduce's kernels overlap backward without "
@@ -257,7 +260,11 @@ int run_training(const Flags& flags, Device device, const std::string& data_dir,
   const int64_t sm_margin = flags.integer("gemm-sm-margin");
   TT_CHECK(sm_margin >= 0, "--gemm-sm-margin must be >= 0");
   set_matmul_sm_margin(static_cast<int>(sm_margin));
-  if (world > 1) comm = dist::make_communicator(device, *runtime);
+  const dist::AllReduceTransport transport = dist::parse_all_reduce_transport(flags.str("all-reduce"));
+  if (world > 1) {
+    comm = dist::make_communicator(device, *runtime);
+    comm->set_all_reduce_transport(transport);
+  }
   if (zero) {
     TT_CHECK(comm != nullptr || world == 1, "--zero 1 needs a communicator");
     collectives = comm ? dist::shard_collectives(*comm) : dist::single_process_collectives();

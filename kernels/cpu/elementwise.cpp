@@ -37,6 +37,26 @@ double sum_squares(const T* x, int64_t n) {
   return acc;
 }
 
+void add_pair_scaled(void* dst, const void* src, DType type, int64_t n, float scale) {
+  TT_CHECK(type == DType::f32 || type == DType::bf16,
+           std::string("add_pair_scaled: f32 or bf16 only, got ") + dtype_name(type));
+  if (type == DType::f32) {
+    float* d = static_cast<float*>(dst);
+    const float* s = static_cast<const float*>(src);
+    for (int64_t i = 0; i < n; ++i) {
+      const float sum = d[i] + s[i];
+      d[i] = sum * scale;
+    }
+    return;
+  }
+  bf16* d = static_cast<bf16*>(dst);
+  const bf16* s = static_cast<const bf16*>(src);
+  for (int64_t i = 0; i < n; ++i) {
+    const float sum = static_cast<float>(d[i]) + static_cast<float>(s[i]);
+    d[i] = bf16(sum * scale);
+  }
+}
+
 namespace {
 double load_as_double(const void* p, DType t, int64_t i) {
   switch (t) {

@@ -85,6 +85,9 @@ void sum(const float* x, int64_t n, bool squares, float* out, cudaStream_t strea
 void cast(const void* in, DType in_type, void* out, DType out_type, int64_t n, cudaStream_t stream);
 void strided_copy(const void* in, void* out, int64_t elem_bytes, int ndim, const int64_t* shape,
                   const int64_t* in_strides, cudaStream_t stream);
+// dst = (dst + src) * scale, f32 or bf16 (added and scaled in f32, rounded once): the reduction step of the
+// two-rank copy-engine all-reduce, where src holds the peer's values.
+void add_pair_scaled(void* dst, const void* src, DType type, int64_t n, float scale, cudaStream_t stream);
 
 // AdamW in two parts so a CUDA graph can hold the update: the step's factors (lr / (1 - beta1^t),
 // sqrt(1 - beta2^t), 1 - lr * wd) are uploaded to 3 floats of device memory outside any capture, and the

@@ -39,6 +39,30 @@ __global__ void scale_kernel(const float* a, float* out, int64_t n, float s) {
   for (int64_t i = thread_index(); i < n; i += grid_threads()) out[i] = a[i] * s;
 }
 
+// dst = (dst + src) * scale. Sixteen bytes per thread and step when both pointers allow it (the gradient
+// buckets of the copy-engine all-reduce are large and aligned), one element at a time otherwise.
+template <class T>
+__global__ void add_pair_scaled_kernel(T* dst, const T* src, int64_t n, float scale, bool vectorised) {
+  constexpr int kPack = 16 / sizeof(T);
+  int64_t done = 0;
+  if (vectorised) {
+    const int64_t packs = n / kPack;
+    for (int64_t p = thread_index(); p < packs; p += grid_threads()) {
+      uint4 dv = reinterpret_cast<const uint4*>(dst)[p];
+      const uint4 sv = reinterpret_cast<const uint4*>(src)[p];
+      T* d = reinterpret_cast<T*>(&dv);
+      const T* s = reinterpret_cast<const T*>(&sv);
+#pragma unroll
+      for (int k = 0; k < kPack; ++k)
+        d[k] = from_float<T>(__fmul_rn(__fadd_rn(to_float(d[k]), to_float(s[k])), scale));
+      reinterpret_cast<uint4*>(dst)[p] = dv;
+    }
+    done = packs * kPack;
+  }
+  for (int64_t i = done + thread_index(); i < n; i += grid_threads())
+    dst[i] = from_float<T>(__fmul_rn(__fadd_rn(to_float(dst[i]), to_float(src[i])), scale));
+}
+
 template <class T>
 __global__ void fill_kernel(T* x, int64_t n, T value) {
   for (int64_t i = thread_index(); i < n; i += grid_threads()) x[i] = value;
@@ -276,6 +300,24 @@ void cast(const void* in, DType in_type, void* out, DType out_type, int64_t n, c
     return launch_cast<float, int32_t, FloatToInt>(in, out, n, stream);
   throw Error(std::string("cuda::cast: unsupported conversion ") + dtype_name(in_type) + " -> " +
               dtype_name(out_type) + " (supported: f32<->bf16, i32<->f32)");
+}
+
+void add_pair_scaled(void* dst, const void* src, DType type, int64_t n, float scale, cudaStream_t stream) {
+  TT_CHECK(type == DType::f32 || type == DType::bf16,
+           std::string("cuda::add_pair_scaled: f32 or bf16 only, got ") + dtype_name(type));
+  if (n == 0) return;
+  const bool vectorised =
+      reinterpret_cast<uintptr_t>(dst) % 16 == 0 && reinterpret_cast<uintptr_t>(src) % 16 == 0;
+  const int64_t pack = 16 / static_cast<int64_t>(dtype_size(type));
+  const unsigned int blocks = blocks_for(vectorised ? std::max<int64_t>(1, n / pack) : n);
+  if (type == DType::f32) {
+    add_pair_scaled_kernel<float><<<blocks, kThreads, 0, stream>>>(
+        static_cast<float*>(dst), static_cast<const float*>(src), n, scale, vectorised);
+  } else {
+    add_pair_scaled_kernel<__nv_bfloat16><<<blocks, kThreads, 0, stream>>>(
+        static_cast<__nv_bfloat16*>(dst), static_cast<const __nv_bfloat16*>(src), n, scale, vectorised);
+  }
+  TT_CUDA_LAUNCH_CHECK();
 }
 
 void strided_copy(const void* in, void* out, int64_t elem_bytes, int ndim, const int64_t* shape,
