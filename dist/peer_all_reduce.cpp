@@ -92,7 +92,9 @@ PeerAllReduce::PeerAllReduce(int rank, int device, cudaStream_t stream)
 PeerAllReduce::~PeerAllReduce() {
   set_current_device(device_);
   cudaStreamSynchronize(stream_);
-  for (const Mapping& m : mappings_) cudaIpcCloseMemHandle(m.base);
+  for (const Mapping& m : mappings_) {
+    if (m.base != nullptr) cudaIpcCloseMemHandle(m.base);
+  }
   if (peer_flags_ != nullptr) cudaIpcCloseMemHandle(peer_flags_);
   cudaFree(scratch_);
   cudaFree(flags_);
@@ -118,8 +120,15 @@ void PeerAllReduce::register_buffer(const Tensor& buffer) {
   static_assert(sizeof(theirs.handle) <= sizeof(key));
   std::memcpy(key.data(), &theirs.handle, sizeof(theirs.handle));
   size_t index = 0;
-  while (index < mappings_.size() && mappings_[index].handle != key) ++index;
-  if (index == mappings_.size()) mappings_.push_back({key, open_peer(theirs.handle, rank_), 0});
+  while (index < mappings_.size() && !(mappings_[index].base != nullptr && mappings_[index].handle == key))
+    ++index;
+  if (index == mappings_.size()) {
+    // A new mapping, in a slot freed by unregister_buffer when there is one.
+    index = 0;
+    while (index < mappings_.size() && mappings_[index].base != nullptr) ++index;
+    if (index == mappings_.size()) mappings_.emplace_back();
+    mappings_[index] = {key, open_peer(theirs.handle, rank_), 0};
+  }
   ++mappings_[index].users;
 
   // Grow the scratch to the largest half a tensor of this buffer can have (up to the cap).
@@ -148,8 +157,7 @@ void PeerAllReduce::unregister_buffer(const Tensor& buffer) {
   Mapping& m = mappings_[it->mapping];
   if (--m.users == 0) {
     TT_CUDA_CHECK(cudaIpcCloseMemHandle(m.base));
-    m.base = nullptr;
-    m.handle.fill(0);  // a free slot: no real handle is all zeros
+    m.base = nullptr;  // a free slot
   }
   registrations_.erase(it);
 }

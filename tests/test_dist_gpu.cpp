@@ -208,7 +208,7 @@ TEST_CASE("copy-engine all-reduce: sums and averages of views of a registered bu
   int64_t wrong = 0;
   for (int64_t i = 0; i < m; ++i) wrong += got[i] != (in_view[i] ? expect_sum(i) / 2 : original[i]);
   CHECK(wrong == 0);
-  CHECK(same_on_all_ranks(std::vector<double>(got.begin(), got.begin() + 2000)));
+  CHECK(same_on_all_ranks(std::vector<double>(got.begin() + 1001, got.begin() + 101'004)));
 
   // Many small collectives in a row (the signals' sequence numbers advance), then the whole buffer.
   for (int k = 0; k < 200; ++k) {
@@ -217,6 +217,7 @@ TEST_CASE("copy-engine all-reduce: sums and averages of views of a registered bu
   }
   comm.all_reduce(buffer, dist::ReduceOp::sum);
   got = buffer.to_floats();
+  // Now every element is a sum over the ranks, so the whole buffer must agree.
   CHECK(same_on_all_ranks(std::vector<double>(got.begin(), got.end())));
   CHECK(got[250'000] == 2 * expect_sum(250'000));
   comm.unregister_buffer(buffer);
