@@ -4,6 +4,7 @@
 #include <mpi.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 
@@ -65,6 +66,11 @@ void* open_peer(const cudaIpcMemHandle_t& handle, int rank) {
   return ptr;
 }
 
+std::string env_or(const char* name, const char* fallback) {
+  const char* text = std::getenv(name);
+  return text == nullptr || *text == '\0' ? fallback : text;
+}
+
 }  // namespace
 
 struct PeerAllReduce::Driver {
@@ -73,10 +79,22 @@ struct PeerAllReduce::Driver {
   StreamValue32 write_value = driver_function<StreamValue32>("cuStreamWriteValue32");
 };
 
-PeerAllReduce::PeerAllReduce(int rank, int device, cudaStream_t stream)
-    : rank_(rank), device_(device), stream_(stream) {
+PeerAllReduce::PeerAllReduce(int rank, int device, cudaStream_t comm_stream)
+    : rank_(rank), device_(device), comm_stream_(comm_stream) {
   set_current_device(device_);
   driver_ = std::make_unique<Driver>();
+  const std::string priority = env_or("TT_COPY_ENGINE_PRIORITY", "low");
+  TT_CHECK(priority == "low" || priority == "high",
+           "TT_COPY_ENGINE_PRIORITY must be low or high, got '" + priority + "'");
+  int least = 0, greatest = 0;
+  TT_CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&least, &greatest));
+  TT_CUDA_CHECK(
+      cudaStreamCreateWithPriority(&stream_, cudaStreamNonBlocking, priority == "low" ? least : greatest));
+  TT_CUDA_CHECK(cudaEventCreateWithFlags(&begin_, cudaEventDisableTiming));
+  TT_CUDA_CHECK(cudaEventCreateWithFlags(&end_, cudaEventDisableTiming));
+  const std::string blocks = env_or("TT_COPY_ENGINE_ADD_BLOCKS", "0");
+  add_blocks_ = std::atoi(blocks.c_str());
+  TT_CHECK(add_blocks_ >= 0, "TT_COPY_ENGINE_ADD_BLOCKS must be >= 0");
   TT_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&flags_), kFlagWords * sizeof(uint32_t)));
   TT_CUDA_CHECK(cudaMemset(flags_, 0, kFlagWords * sizeof(uint32_t)));
   TT_CUDA_CHECK(cudaDeviceSynchronize());
@@ -98,6 +116,9 @@ PeerAllReduce::~PeerAllReduce() {
   if (peer_flags_ != nullptr) cudaIpcCloseMemHandle(peer_flags_);
   cudaFree(scratch_);
   cudaFree(flags_);
+  cudaEventDestroy(begin_);
+  cudaEventDestroy(end_);
+  cudaStreamDestroy(stream_);
 }
 
 void PeerAllReduce::register_buffer(const Tensor& buffer) {
@@ -207,13 +228,16 @@ void PeerAllReduce::issue(Tensor& t, float scale) {
       kSplitElements, static_cast<int64_t>(scratch_bytes_ / element) / kSplitElements * kSplitElements);
   const uint32_t sequence = ++sequence_;
 
+  // On this transport's own stream, ordered after everything queued on the communication stream so far.
+  TT_CUDA_CHECK(cudaEventRecord(begin_, comm_stream_));
+  TT_CUDA_CHECK(cudaStreamWaitEvent(stream_, begin_, 0));
   signal(ready, sequence);
   wait(ready, sequence);
   for (int64_t begin = own_begin; begin < own_end; begin += chunk) {
     const int64_t count = std::min(chunk, own_end - begin);
     const size_t offset = static_cast<size_t>(begin) * element, bytes = static_cast<size_t>(count) * element;
     TT_CUDA_CHECK(cudaMemcpyAsync(scratch_, peer + offset, bytes, cudaMemcpyDefault, stream_));
-    cuda::add_pair_scaled(local + offset, scratch_, t.dtype(), count, scale, stream_);
+    cuda::add_pair_scaled(local + offset, scratch_, t.dtype(), count, scale, stream_, add_blocks_);
   }
   signal(reduced, sequence);
   wait(reduced, sequence);
@@ -225,6 +249,8 @@ void PeerAllReduce::issue(Tensor& t, float scale) {
   }
   signal(done, sequence);
   wait(done, sequence);
+  TT_CUDA_CHECK(cudaEventRecord(end_, stream_));
+  TT_CUDA_CHECK(cudaStreamWaitEvent(comm_stream_, end_, 0));
 }
 
 }  // namespace tt::dist

@@ -36,10 +36,12 @@ namespace tt::dist {
 
 class PeerAllReduce {
  public:
-  // Collective over MPI_COMM_WORLD, which must hold exactly two ranks on one host. `stream` is the
-  // communication stream every transfer is queued on. Throws tt::Error saying why when the peer's memory
-  // cannot be reached.
-  PeerAllReduce(int rank, int device, cudaStream_t stream);
+  // Collective over MPI_COMM_WORLD, which must hold exactly two ranks on one host. Each all-reduce is
+  // ordered after the work queued on `comm_stream` and the work queued there afterwards after it; in
+  // between it runs on a stream of its own (low priority unless TT_COPY_ENGINE_PRIORITY=high, so its add
+  // kernels fill SMs the computation leaves idle instead of pre-empting it). Throws tt::Error saying why when
+  // the peer's memory cannot be reached.
+  PeerAllReduce(int rank, int device, cudaStream_t comm_stream);
   ~PeerAllReduce();
   PeerAllReduce(const PeerAllReduce&) = delete;
   PeerAllReduce& operator=(const PeerAllReduce&) = delete;
@@ -74,7 +76,10 @@ class PeerAllReduce {
   const Registration* find(const Tensor& t) const;
 
   int rank_, device_;
-  cudaStream_t stream_;
+  cudaStream_t comm_stream_;
+  cudaStream_t stream_ = nullptr;
+  cudaEvent_t begin_ = nullptr, end_ = nullptr;
+  int add_blocks_ = 0;  // grid of the add kernel; 0: sized by the tensor (TT_COPY_ENGINE_ADD_BLOCKS)
   uint32_t sequence_ = 0;
   // Three inbox words (written by the peer) and three staging words (read by the copy to the peer).
   uint32_t* flags_ = nullptr;
