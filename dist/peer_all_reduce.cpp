@@ -92,9 +92,6 @@ PeerAllReduce::PeerAllReduce(int rank, int device, cudaStream_t comm_stream)
       cudaStreamCreateWithPriority(&stream_, cudaStreamNonBlocking, priority == "low" ? least : greatest));
   TT_CUDA_CHECK(cudaEventCreateWithFlags(&begin_, cudaEventDisableTiming));
   TT_CUDA_CHECK(cudaEventCreateWithFlags(&end_, cudaEventDisableTiming));
-  const std::string blocks = env_or("TT_COPY_ENGINE_ADD_BLOCKS", "0");
-  add_blocks_ = std::atoi(blocks.c_str());
-  TT_CHECK(add_blocks_ >= 0, "TT_COPY_ENGINE_ADD_BLOCKS must be >= 0");
   TT_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&flags_), kFlagWords * sizeof(uint32_t)));
   TT_CUDA_CHECK(cudaMemset(flags_, 0, kFlagWords * sizeof(uint32_t)));
   TT_CUDA_CHECK(cudaDeviceSynchronize());
@@ -237,7 +234,7 @@ void PeerAllReduce::issue(Tensor& t, float scale) {
     const int64_t count = std::min(chunk, own_end - begin);
     const size_t offset = static_cast<size_t>(begin) * element, bytes = static_cast<size_t>(count) * element;
     TT_CUDA_CHECK(cudaMemcpyAsync(scratch_, peer + offset, bytes, cudaMemcpyDefault, stream_));
-    cuda::add_pair_scaled(local + offset, scratch_, t.dtype(), count, scale, stream_, add_blocks_);
+    cuda::add_pair_scaled(local + offset, scratch_, t.dtype(), count, scale, stream_);
   }
   signal(reduced, sequence);
   wait(reduced, sequence);

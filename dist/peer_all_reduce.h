@@ -79,7 +79,6 @@ class PeerAllReduce {
   cudaStream_t comm_stream_;
   cudaStream_t stream_ = nullptr;
   cudaEvent_t begin_ = nullptr, end_ = nullptr;
-  int add_blocks_ = 0;  // grid of the add kernel; 0: sized by the tensor (TT_COPY_ENGINE_ADD_BLOCKS)
   uint32_t sequence_ = 0;
   // Three inbox words (written by the peer) and three staging words (read by the copy to the peer).
   uint32_t* flags_ = nullptr;

@@ -101,9 +101,8 @@ TEST_CASE("CUDA add_pair_scaled (the copy-engine all-reduce's reduction) equals 
       Tensor cd = cpu_dst.narrow_view(0, start, n);
       const Tensor cs = cpu_src.narrow_view(0, (start * 2) % 9, n);
       for (float scale : {1.0f, 0.5f}) {
-        // The second pass with a grid of 3 blocks: every element is still visited once.
         cuda::add_pair_scaled(gd.raw_data(), gs.raw_data(), type, n, scale,
-                              static_cast<cudaStream_t>(compute_stream(0)), scale == 1.0f ? 0 : 3);
+                              static_cast<cudaStream_t>(compute_stream(0)));
         cpu::add_pair_scaled(cd.raw_data(), cs.raw_data(), type, n, scale);
       }
       CHECK(gpu_dst.to_floats() == cpu_dst.to_floats());

@@ -87,9 +87,7 @@ void strided_copy(const void* in, void* out, int64_t elem_bytes, int ndim, const
                   const int64_t* in_strides, cudaStream_t stream);
 // dst = (dst + src) * scale, f32 or bf16 (added and scaled in f32, rounded once): the reduction step of the
 // two-rank copy-engine all-reduce, where src holds the peer's values.
-// max_blocks > 0 bounds the grid (the kernel loops), so it occupies at most that many SMs' worth of blocks.
-void add_pair_scaled(void* dst, const void* src, DType type, int64_t n, float scale, cudaStream_t stream,
-                     int max_blocks = 0);
+void add_pair_scaled(void* dst, const void* src, DType type, int64_t n, float scale, cudaStream_t stream);
 
 // AdamW in two parts so a CUDA graph can hold the update: the step's factors (lr / (1 - beta1^t),
 // sqrt(1 - beta2^t), 1 - lr * wd) are uploaded to 3 floats of device memory outside any capture, and the

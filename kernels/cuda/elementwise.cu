@@ -302,16 +302,14 @@ void cast(const void* in, DType in_type, void* out, DType out_type, int64_t n, c
               dtype_name(out_type) + " (supported: f32<->bf16, i32<->f32)");
 }
 
-void add_pair_scaled(void* dst, const void* src, DType type, int64_t n, float scale, cudaStream_t stream,
-                     int max_blocks) {
+void add_pair_scaled(void* dst, const void* src, DType type, int64_t n, float scale, cudaStream_t stream) {
   TT_CHECK(type == DType::f32 || type == DType::bf16,
            std::string("cuda::add_pair_scaled: f32 or bf16 only, got ") + dtype_name(type));
   if (n == 0) return;
   const bool vectorised =
       reinterpret_cast<uintptr_t>(dst) % 16 == 0 && reinterpret_cast<uintptr_t>(src) % 16 == 0;
   const int64_t pack = 16 / static_cast<int64_t>(dtype_size(type));
-  unsigned int blocks = blocks_for(vectorised ? std::max<int64_t>(1, n / pack) : n);
-  if (max_blocks > 0) blocks = std::min(blocks, static_cast<unsigned int>(max_blocks));
+  const unsigned int blocks = blocks_for(vectorised ? std::max<int64_t>(1, n / pack) : n);
   if (type == DType::f32) {
     add_pair_scaled_kernel<float><<<blocks, kThreads, 0, stream>>>(
         static_cast<float*>(dst), static_cast<const float*>(src), n, scale, vectorised);
