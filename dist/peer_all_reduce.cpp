@@ -90,6 +90,10 @@ PeerAllReduce::PeerAllReduce(int rank, int device, cudaStream_t comm_stream)
   TT_CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&least, &greatest));
   TT_CUDA_CHECK(
       cudaStreamCreateWithPriority(&stream_, cudaStreamNonBlocking, priority == "low" ? least : greatest));
+  const std::string wait = env_or("TT_COPY_ENGINE_WAIT", "stream");
+  TT_CHECK(wait == "stream" || wait == "kernel",
+           "TT_COPY_ENGINE_WAIT must be stream or kernel, got '" + wait + "'");
+  kernel_wait_ = wait == "kernel";
   TT_CUDA_CHECK(cudaEventCreateWithFlags(&begin_, cudaEventDisableTiming));
   TT_CUDA_CHECK(cudaEventCreateWithFlags(&end_, cudaEventDisableTiming));
   TT_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&flags_), kFlagWords * sizeof(uint32_t)));
@@ -202,6 +206,10 @@ void PeerAllReduce::signal(Signal kind, uint32_t sequence) {
 }
 
 void PeerAllReduce::wait(Signal kind, uint32_t sequence) {
+  if (kernel_wait_) {
+    cuda::wait_flag_at_least(flags_ + kind, sequence, stream_);
+    return;
+  }
   const CUresult rc =
       driver_->wait_value(reinterpret_cast<CUstream>(stream_), reinterpret_cast<CUdeviceptr>(flags_ + kind),
                           sequence, CU_STREAM_WAIT_VALUE_GEQ);

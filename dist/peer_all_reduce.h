@@ -79,6 +79,8 @@ class PeerAllReduce {
   cudaStream_t comm_stream_;
   cudaStream_t stream_ = nullptr;
   cudaEvent_t begin_ = nullptr, end_ = nullptr;
+  bool kernel_wait_ =
+      false;  // TT_COPY_ENGINE_WAIT=kernel: a one-warp polling kernel instead of the stream wait
   uint32_t sequence_ = 0;
   // Three inbox words (written by the peer) and three staging words (read by the copy to the peer).
   uint32_t* flags_ = nullptr;

@@ -2,6 +2,8 @@
 // synchronisation, and every DDP strategy against single-process training on the union of the batches.
 #include <doctest/doctest.h>
 
+#include <cstdlib>
+
 #include "core/cuda_context.h"
 #include "core/ops.h"
 #include "dist_test_util.h"
@@ -155,8 +157,7 @@ bool two_ranks_on_one_host() {
 
 }  // namespace
 
-TEST_CASE("copy-engine all-reduce: sums and averages of views of a registered buffer, f32 and bf16") {
-  if (!two_ranks_on_one_host()) return;
+static void check_copy_engine_all_reduce() {
   const Device gpu = my_gpu();
   dist::Communicator& comm = communicator(gpu);
   const CopyEngineTransport transport(comm);
@@ -235,6 +236,17 @@ TEST_CASE("copy-engine all-reduce: sums and averages of views of a registered bu
   comm.all_reduce(outside, dist::ReduceOp::sum);
   const std::vector<float> got_outside = outside.to_floats();
   for (int64_t i = 0; i < 1000; ++i) CHECK(got_outside[i] == expect_sum(i));
+}
+
+TEST_CASE("copy-engine all-reduce: sums and averages of views of a registered buffer, f32 and bf16") {
+  if (!two_ranks_on_one_host()) return;
+  // Both ways of waiting for the peer's signals: the stream's own wait and a polling kernel.
+  for (const char* wait : {"stream", "kernel"}) {
+    CAPTURE(wait);
+    setenv("TT_COPY_ENGINE_WAIT", wait, 1);
+    check_copy_engine_all_reduce();
+  }
+  unsetenv("TT_COPY_ENGINE_WAIT");
 }
 
 TEST_CASE("copy-engine all-reduce: every strategy equals single-process training, also with bf16 gradients") {

@@ -63,6 +63,16 @@ __global__ void add_pair_scaled_kernel(T* dst, const T* src, int64_t n, float sc
     dst[i] = from_float<T>(__fmul_rn(__fadd_rn(to_float(dst[i]), to_float(src[i])), scale));
 }
 
+__global__ void wait_flag_kernel(const uint32_t* flag, uint32_t value) {
+  if (threadIdx.x != 0) return;
+  while (true) {
+    uint32_t seen;
+    asm volatile("ld.acquire.sys.global.u32 %0, [%1];" : "=r"(seen) : "l"(flag) : "memory");
+    if (static_cast<int32_t>(seen - value) >= 0) break;
+    __nanosleep(256);
+  }
+}
+
 template <class T>
 __global__ void fill_kernel(T* x, int64_t n, T value) {
   for (int64_t i = thread_index(); i < n; i += grid_threads()) x[i] = value;
@@ -317,6 +327,11 @@ void add_pair_scaled(void* dst, const void* src, DType type, int64_t n, float sc
     add_pair_scaled_kernel<__nv_bfloat16><<<blocks, kThreads, 0, stream>>>(
         static_cast<__nv_bfloat16*>(dst), static_cast<const __nv_bfloat16*>(src), n, scale, vectorised);
   }
+  TT_CUDA_LAUNCH_CHECK();
+}
+
+void wait_flag_at_least(const uint32_t* flag, uint32_t value, cudaStream_t stream) {
+  wait_flag_kernel<<<1, 32, 0, stream>>>(flag, value);
   TT_CUDA_LAUNCH_CHECK();
 }
 
