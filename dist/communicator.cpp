@@ -1,7 +1,11 @@
 #include "dist/communicator.h"
 
 #include "dist/backends.h"
+#include "dist/mpi_check.h"
 #include "dist/runtime.h"
+#ifdef TT_WITH_CUDA
+#include "kernels/cuda/cuda_kernels.h"
+#endif
 
 namespace tt::dist {
 
@@ -17,6 +21,25 @@ AllReduceTransport parse_all_reduce_transport(const std::string& text) {
   if (text == "library") return AllReduceTransport::library;
   if (text == "copy-engine") return AllReduceTransport::copy_engine;
   throw Error("unknown all-reduce transport '" + text + "' (expected library or copy-engine)");
+}
+
+AllReduceTransport choose_all_reduce_transport(const std::string& text, const Communicator& comm,
+                                               const DistRuntime& runtime) {
+  if (text != "auto") return parse_all_reduce_transport(text);
+  int usable = 0;
+#ifdef TT_WITH_CUDA
+  if (comm.device().is_cuda() && runtime.world_size() == 2 && runtime.local_size() == 2) {
+    // Each rank checks that it can map the other rank's GPU; both must agree.
+    const int mine = comm.device().index;
+    int theirs = -1;
+    TT_MPI_CHECK(MPI_Sendrecv(&mine, 1, MPI_INT, 1 - runtime.rank(), 72, &theirs, 1, MPI_INT,
+                              1 - runtime.rank(), 72, MPI_COMM_WORLD, MPI_STATUS_IGNORE));
+    usable = cuda::can_access_peer(mine, theirs) ? 1 : 0;
+  }
+#endif
+  int all = 0;
+  TT_MPI_CHECK(MPI_Allreduce(&usable, &all, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD));
+  return all == 1 ? AllReduceTransport::copy_engine : AllReduceTransport::library;
 }
 
 void Communicator::set_all_reduce_transport(AllReduceTransport transport) {

@@ -15,6 +15,7 @@
 namespace tt::dist {
 
 class DistRuntime;
+class Communicator;
 
 enum class ReduceOp { sum, avg };  // avg = sum / world_size
 
@@ -29,6 +30,12 @@ const char* reduce_op_name(ReduceOp op);
 enum class AllReduceTransport { library, copy_engine };
 const char* all_reduce_transport_name(AllReduceTransport transport);     // "library", "copy-engine"
 AllReduceTransport parse_all_reduce_transport(const std::string& text);  // throws tt::Error on unknown names
+
+// "library" or "copy-engine" as parse_all_reduce_transport reads them; "auto" is copy_engine when every rank
+// agrees it can work (CUDA communicator, exactly 2 ranks on one host, each GPU able to map the other's
+// memory), else library. Collective.
+AllReduceTransport choose_all_reduce_transport(const std::string& text, const Communicator& comm,
+                                               const DistRuntime& runtime);
 
 // A collective in flight. wait() is idempotent; destroying an unwaited Work waits.
 class Work {

@@ -50,9 +50,10 @@ void declare_train_flags(Flags& f) {
   f.add("grad-comm-dtype", "f32",
         "dtype gradients travel in under mpirun: f32 (exact average) | bf16 (half the bytes; each gradient "
         "rounded to bf16 before and after the average)");
-  f.add("all-reduce", "library",
+  f.add("all-reduce", "auto",
         "how the DDP all-reduce moves gradients: library (NCCL on GPUs, MPI on CPU) | copy-engine (2 ranks "
-        "on one host with peer-to-peer GPUs: DMA copies and one add kernel instead of NCCL's kernels)");
+        "on one host with peer-to-peer GPUs: DMA copies and one add kernel instead of NCCL's kernels) | "
+        "auto (copy-engine where it works, else library)");
   f.add("zero", "0", "1: shard the AdamW state across ranks (ZeRO-1); checkpoints load at any world size");
   f.add("gemm-sm-margin", "0",
         "SMs to keep free of matmuls (CUDA), so the gradient all-reduce's kernels overlap backward without "
@@ -260,10 +261,11 @@ int run_training(const Flags& flags, Device device, const std::string& data_dir,
   const int64_t sm_margin = flags.integer("gemm-sm-margin");
   TT_CHECK(sm_margin >= 0, "--gemm-sm-margin must be >= 0");
   set_matmul_sm_margin(static_cast<int>(sm_margin));
-  const dist::AllReduceTransport transport = dist::parse_all_reduce_transport(flags.str("all-reduce"));
+  const std::string transport_text = flags.str("all-reduce");
+  if (transport_text != "auto") dist::parse_all_reduce_transport(transport_text);  // bad names fail early
   if (world > 1) {
     comm = dist::make_communicator(device, *runtime);
-    comm->set_all_reduce_transport(transport);
+    comm->set_all_reduce_transport(dist::choose_all_reduce_transport(transport_text, *comm, *runtime));
   }
   if (zero) {
     TT_CHECK(comm != nullptr || world == 1, "--zero 1 needs a communicator");
@@ -336,8 +338,11 @@ int run_training(const Flags& flags, Device device, const std::string& data_dir,
                 nn::attention_name(config.attention), data_dir.c_str(),
                 static_cast<long long>(train_file.size()), static_cast<long long>(val_file.size()));
     if (world > 1) {
-      std::printf("data parallel: %d ranks, %s, global batch %lld sequences\n", world,
+      std::printf("data parallel: %d ranks, %s, all-reduce by %s, global batch %lld sequences\n", world,
                   zero ? "ZeRO-1 (sharded AdamW state)" : (std::string("DDP ") + flags.str("ddp")).c_str(),
+                  comm->all_reduce_transport() == dist::AllReduceTransport::library
+                      ? comm->backend()
+                      : dist::all_reduce_transport_name(comm->all_reduce_transport()),
                   static_cast<long long>(batch * accum * world));
     }
     std::printf("unigram entropy of the training data: %.4f nats/token (a model must beat this)\n", entropy);

@@ -30,6 +30,8 @@ namespace tt::cuda {
 int device_count();
 // The device's marketing name ("NVIDIA H100 80GB HBM3").
 std::string device_name(int device);
+// Whether `device` can map `peer`'s memory (NVLink or PCIe peer-to-peer); false for invalid indices.
+bool can_access_peer(int device, int peer);
 // Compute capability major of the current device (9 for Hopper), looked up once per device.
 int current_device_major();
 

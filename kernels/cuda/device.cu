@@ -19,6 +19,17 @@ std::string device_name(int device) {
   return prop.name;
 }
 
+bool can_access_peer(int device, int peer) {
+  const int count = device_count();
+  if (device < 0 || peer < 0 || device >= count || peer >= count || device == peer) return false;
+  int can = 0;
+  if (cudaDeviceCanAccessPeer(&can, device, peer) != cudaSuccess) {
+    cudaGetLastError();
+    return false;
+  }
+  return can != 0;
+}
+
 int current_device_major() {
   static std::atomic<int> majors[64];
   int device = 0;
