@@ -51,10 +51,15 @@ nn::ModelConfig bench_config(const Flags& flags, Device device, const std::strin
 }
 
 // `bundle` is null when the model itself did not fit (every row of the size is then an OOM row).
+// mirror (bf16 only): the matmuls read a bf16 copy of the weights that AdamW writes with each update,
+// instead of casting every weight in every forward.
 Row measure(const Flags& flags, Device device, Bundle* bundle, const nn::ModelConfig& config,
-            const std::string& size, int64_t ctx, const std::string& mode, bool graph, int64_t warmup) {
+            const std::string& size, int64_t ctx, const std::string& mode, bool graph, int64_t warmup,
+            bool mirror) {
   const int64_t batch = flags.integer("batch"), steps = flags.integer("steps");
-  const std::string precision = nn::precision_name(config.precision),
+  const bool bf16 = config.precision == nn::Precision::bf16;
+  const std::string precision = std::string(nn::precision_name(config.precision)) +
+                                (bf16 && !mirror ? " (cast)" : ""),
                     attention = nn::attention_name(config.attention);
   Row row;
   row.cells = {
@@ -64,6 +69,10 @@ Row measure(const Flags& flags, Device device, Bundle* bundle, const nn::ModelCo
            ", \"batch\": " + std::to_string(batch) + ", \"precision\": " + JsonlWriter::quote(precision) +
            ", \"attention\": " + JsonlWriter::quote(attention) + ", \"mode\": " + JsonlWriter::quote(mode) +
            ", \"warmup\": " + std::to_string(warmup) + ", \"steps\": " + std::to_string(steps) +
+           ", \"bf16_weights\": " +
+           JsonlWriter::quote(!bf16    ? "-"
+                              : mirror ? "mirror"
+                                       : "cast") +
            ", \"device\": " + JsonlWriter::quote(device_name(device));
   };
   try {
@@ -78,6 +87,13 @@ Row measure(const Flags& flags, Device device, Bundle* bundle, const nn::ModelCo
       bundle->optimizer = std::make_unique<optim::AdamW>(std::vector<Tensor>{params.flat_params()});
     }
     optim::AdamW* optimizer = with_optimizer ? bundle->optimizer.get() : nullptr;
+    if (bf16 && mirror) {
+      params.enable_bf16_mirror();  // (re)filled from the current parameters
+      if (optimizer) optimizer->set_low_precision_copy(params.bf16_mirror());
+    } else {
+      params.disable_bf16_mirror();
+      if (optimizer) optimizer->set_low_precision_copy(Tensor());
+    }
     // step-fused: each parameter's AdamW update runs as soon as backward has finished its gradient.
     std::unique_ptr<optim::UpdateInBackward> update_in_backward;
     if (fused) update_in_backward = std::make_unique<optim::UpdateInBackward>(params, *optimizer);
@@ -268,6 +284,9 @@ int main(int argc, char** argv) {
     flags.add_switch(
         "profile-steps",
         "call cudaProfilerStart/Stop around the measured steps (nsys --capture-range=cudaProfilerApi)");
+    flags.add("bf16-weights", "mirror",
+              "comma-separated, bf16 rows: mirror (matmuls read a bf16 copy of the weights that AdamW writes "
+              "with each update) | cast (every weight cast to bf16 in every forward); one row each");
     flags.add("graph", "auto",
               "on | off | both | auto (on for CUDA): capture the whole iteration in a CUDA graph");
     flags.add("json", "", "also write one JSON object per row to this file");
@@ -293,6 +312,12 @@ int main(int argc, char** argv) {
       graph_modes = {false};
     else
       throw Error("unknown --graph '" + graph_flag + "' (expected on, off, both or auto)");
+    std::vector<bool> weight_modes;
+    for (const std::string& w : flags.list("bf16-weights")) {
+      TT_CHECK(w == "mirror" || w == "cast", "unknown --bf16-weights '" + w + "' (expected mirror or cast)");
+      weight_modes.push_back(w == "mirror");
+    }
+    TT_CHECK(!weight_modes.empty(), "--bf16-weights needs mirror and/or cast");
     const std::vector<int64_t> contexts = flags.int_list("ctx");
     TT_CHECK(!contexts.empty(), "--ctx needs at least one context length");
     const std::vector<int64_t> warmups = flags.int_list("warmup");
@@ -316,13 +341,17 @@ int main(int argc, char** argv) {
                        "unknown --mode '" + mode + "' (expected forward, backward, step or step-fused)");
               for (int64_t warmup : warmups) {
                 for (bool graph : graph_modes) {
-                  rows.push_back(
-                      measure(flags, device, bundle.get(), config, size, ctx, mode, graph, warmup));
-                  if (json) json->write_raw(rows.back().json);
-                  std::fprintf(stderr, "  measured %s %s %s ctx %lld %s warm-up %lld graph %s\n",
-                               size.c_str(), precision.c_str(), attention.c_str(),
-                               static_cast<long long>(ctx), mode.c_str(), static_cast<long long>(warmup),
-                               graph ? "on" : "off");
+                  for (bool mirror : weight_modes) {
+                    // f32 rows once, whatever was asked for the bf16 weights.
+                    if (config.precision != nn::Precision::bf16 && mirror != weight_modes.front()) continue;
+                    rows.push_back(
+                        measure(flags, device, bundle.get(), config, size, ctx, mode, graph, warmup, mirror));
+                    if (json) json->write_raw(rows.back().json);
+                    std::fprintf(stderr, "  measured %s %s %s ctx %lld %s warm-up %lld graph %s\n",
+                                 size.c_str(), precision.c_str(), attention.c_str(),
+                                 static_cast<long long>(ctx), mode.c_str(), static_cast<long long>(warmup),
+                                 graph ? "on" : "off");
+                  }
                 }
               }
             }

@@ -178,7 +178,11 @@ Tensor linear(const Tensor& x, const Tensor& weight, DType compute, DType out) {
     // The operands in the compute dtype; these casts are part of this op, not nodes of their own.
     NoGradGuard no_grad;
     x2 = reshape(detail::dense(x.dtype() == compute ? x : cast(x, compute)), {rows, in});
-    w = weight.dtype() == compute ? detail::dense(weight) : cast(weight, compute);
+    // A kept-current bf16 copy of the weight (FlatParameters' mirror) saves the cast.
+    const Tensor& kept = weight.low_precision_copy();
+    w = weight.dtype() == compute                   ? detail::dense(weight)
+        : kept.defined() && kept.dtype() == compute ? detail::dense(kept)
+                                                    : cast(weight, compute);
     Shape out_shape(x.shape().begin(), x.shape().end() - 1);
     out_shape.push_back(out_features);
     y = reshape(matmul_raw(x2, w, false, true, 1.0, out), out_shape);

@@ -106,6 +106,11 @@ class Tensor {
   void remove_grad_ready_hook(uint64_t handle) const;
   const std::string& name() const;
   Tensor& set_name(const std::string& name);
+  // A bf16 copy of this tensor's values that whoever changes them keeps current (FlatParameters' bf16
+  // mirror, written by AdamW with each update). ops::linear computing in bf16 reads it instead of casting
+  // the weight. Undefined unless set.
+  const Tensor& low_precision_copy() const;
+  void set_low_precision_copy(const Tensor& copy) const;
 
   TensorImpl* impl() const { return impl_.get(); }
   const std::shared_ptr<TensorImpl>& impl_ptr() const { return impl_; }
@@ -131,6 +136,7 @@ struct TensorImpl {
   std::vector<std::pair<uint64_t, GradHook>> grad_ready_hooks;  // (handle, hook) in registration order
   uint64_t next_hook_handle = 1;
   std::string name;
+  Tensor low_precision_copy;
 };
 
 template <class T>

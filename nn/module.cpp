@@ -7,6 +7,8 @@
 #include <thread>
 #include <vector>
 
+#include "core/autograd.h"
+#include "core/ops.h"
 #include "core/rng.h"
 
 namespace tt::nn {
@@ -122,6 +124,34 @@ FlatParameters::FlatParameters(Module& module, Device device, uint64_t seed, DTy
     view.set_grad(flat_grads_.narrow_view(0, offsets_[i], n).view(shape));
     t = view;
   }
+}
+
+void FlatParameters::enable_bf16_mirror() {
+  TT_CHECK(flat_params_.dtype() == DType::f32, "the bf16 mirror needs f32 parameters");
+  if (!mirror_.defined()) mirror_ = Tensor::empty(flat_params_.shape(), DType::bf16, flat_params_.device());
+  refresh_bf16_mirror();
+  for (size_t i = 0; i < params_.size(); ++i) {
+    const Tensor& t = *params_[i].tensor;
+    t.set_low_precision_copy(mirror_.narrow_view(0, offsets_[i], t.numel()).view(t.shape()));
+  }
+}
+
+void FlatParameters::refresh_bf16_mirror() {
+  if (!mirror_.defined()) return;
+  NoGradGuard no_grad;
+  mirror_.copy_(ops::cast(flat_params_, DType::bf16));
+}
+
+void FlatParameters::disable_bf16_mirror() {
+  for (const NamedParameter& p : params_) p.tensor->set_low_precision_copy(Tensor());
+  mirror_ = Tensor();
+}
+
+bool FlatParameters::bf16_mirror_is_current() const {
+  if (!mirror_.defined()) return false;
+  NoGradGuard no_grad;
+  const std::vector<float> expect = ops::cast(flat_params_, DType::bf16).to_floats();
+  return mirror_.to_floats() == expect;
 }
 
 }  // namespace tt::nn

@@ -74,10 +74,23 @@ class FlatParameters {
   int64_t numel() const { return parameter_numel_; }  // without padding
   void zero_grad() { flat_grads_.zero_(); }
 
+  // For bf16 training (f32 parameters): a bf16 copy of every parameter, laid out like the flat buffer and
+  // attached to each parameter (Tensor::low_precision_copy), so the bf16 matmuls read it instead of casting
+  // their weights in every forward. It must stay current: hand bf16_mirror() to the AdamW that updates the
+  // flat buffer (AdamW::set_low_precision_copy writes it in the same pass), and call refresh_bf16_mirror()
+  // after changing parameters any other way (loading, broadcasting, another optimizer).
+  void enable_bf16_mirror();  // allocates and fills it
+  void refresh_bf16_mirror();
+  void disable_bf16_mirror();  // detaches and frees it: matmuls cast again
+  const Tensor& bf16_mirror() const { return mirror_; }
+  // Whether the mirror holds exactly the parameters rounded to bf16 (for tests; reads both back).
+  bool bf16_mirror_is_current() const;
+
  private:
   std::vector<NamedParameter> params_;
   std::vector<int64_t> offsets_;
   Tensor flat_params_, flat_grads_;
+  Tensor mirror_;
   int64_t parameter_numel_ = 0;
 };
 

@@ -56,6 +56,18 @@ AdamW::AdamW(std::vector<Tensor> params, const AdamWOptions& options)
   }
 }
 
+void AdamW::set_low_precision_copy(const Tensor& copy) {
+  if (copy.defined()) {
+    TT_CHECK(params_.size() == 1 && params_[0].dtype() == DType::f32,
+             "AdamW::set_low_precision_copy: needs exactly one f32 parameter tensor (the flat buffer)");
+    TT_CHECK(copy.dtype() == DType::bf16 && copy.numel() == params_[0].numel() &&
+                 copy.device() == params_[0].device() && copy.is_contiguous(),
+             "AdamW::set_low_precision_copy: " + copy.describe() + " is not a contiguous bf16 copy of " +
+                 params_[0].describe());
+  }
+  low_precision_copy_ = copy;
+}
+
 void AdamW::step() {
   prepare_step();
   apply();
@@ -94,7 +106,8 @@ void AdamW::apply_range(size_t index, int64_t begin, int64_t count, void* stream
     cuda::adamw_apply(p.data<float>() + begin, g.data<float>() + begin, exp_avg_[index].data<float>() + begin,
                       exp_avg_sq_[index].data<float>() + begin, count, device_factors_.data<float>(),
                       grad_scale_.defined() ? grad_scale_.data<float>() : nullptr, options_.beta1,
-                      options_.beta2, options_.eps, s);
+                      options_.beta2, options_.eps, s,
+                      low_precision_copy_.defined() ? low_precision_copy_.data<bf16>() + begin : nullptr);
 #endif
   } else {
     TT_CHECK(!grad_scale_.defined(), "AdamW: device gradient scaling is for CUDA parameters");
@@ -109,6 +122,10 @@ void AdamW::apply_range(size_t index, int64_t begin, int64_t count, void* stream
       update(double{});
     else
       update(float{});
+    if (low_precision_copy_.defined()) {
+      cpu::cast(p.data<float>() + begin, DType::f32, low_precision_copy_.data<bf16>() + begin, DType::bf16,
+                count);
+    }
   }
 }
 

@@ -59,6 +59,10 @@ class AdamW : public Optimizer {
   size_t parameter_count() const { return params_.size(); }
   // Multiplies gradients by this device scalar (CUDA clipping without a host round trip); undefined = 1.
   void set_grad_scale(const Tensor& scale) { grad_scale_ = scale; }
+  // Also writes every updated parameter rounded to bf16 into `copy` (bf16, the shape of the single f32
+  // parameter tensor this AdamW updates; e.g. FlatParameters::bf16_mirror()), in the same pass over memory.
+  // Undefined: stop.
+  void set_low_precision_copy(const Tensor& copy);
   bool has_grad_scale() const { return grad_scale_.defined(); }
   int64_t step_count() const { return step_; }
   void set_step_count(int64_t step) { step_ = step; }
@@ -72,6 +76,7 @@ class AdamW : public Optimizer {
   std::vector<Tensor> exp_avg_, exp_avg_sq_;
   Tensor device_factors_;  // 3 floats on the parameters' GPU: step size, sqrt(bias2), decay
   Tensor grad_scale_;
+  Tensor low_precision_copy_;
 };
 
 // Cosine schedule with linear warm-up (REFERENCE.md): it < warmup: max*it/warmup; it > cosine_steps: min.

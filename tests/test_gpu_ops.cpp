@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <functional>
+#include <tuple>
 
 #include "core/allocator.h"
 #include "core/cuda_context.h"
@@ -325,6 +326,58 @@ TEST_CASE("a training step captured in a CUDA graph and replayed equals the eage
   synchronize(Device::cuda(0));
   // Same kernels on the same inputs; only flash's atomic dQ accumulation may reorder additions.
   CHECK(relative_error(graphed.flat_params().to_doubles(), eager.flat_params().to_doubles()) < 1e-5);
+}
+
+TEST_CASE("bf16 weight mirror on CUDA: written by AdamW, eager and graph-replayed, trains like casting") {
+  nn::ModelConfig config = nn::preset("tiny");
+  config.vocab_size = 200;
+  config.context_length = 32;
+  config.precision = nn::Precision::bf16;
+  config.attention = nn::AttentionKind::naive;  // no atomics anywhere: runs must agree bit for bit
+  const Device gpu = Device::cuda(0);
+  nn::TransformerLM cast_model(config), eager_model(config), graph_model(config);
+  // Padded to an odd multiple so the flat buffers' tails take the kernel's element-wise path too.
+  nn::FlatParameters cast(cast_model, gpu, 4, DType::f32, 3), eager(eager_model, gpu, 4, DType::f32, 3),
+      graphed(graph_model, gpu, 4, DType::f32, 3);
+  optim::AdamW cast_opt({cast.flat_params()}), eager_opt({eager.flat_params()}),
+      graph_opt({graphed.flat_params()});
+  eager.enable_bf16_mirror();
+  eager_opt.set_low_precision_copy(eager.bf16_mirror());
+  graphed.enable_bf16_mirror();
+  graph_opt.set_low_precision_copy(graphed.bf16_mirror());
+  std::vector<int32_t> ids(2 * 32), targets(2 * 32);
+  CounterRng rng{6, 0};
+  for (auto& v : ids) v = static_cast<int32_t>(rng.next_below(200));
+  for (auto& v : targets) v = static_cast<int32_t>(rng.next_below(200));
+  const Tensor x = Tensor::from_ints(ids, {2, 32}, gpu), y = Tensor::from_ints(targets, {2, 32}, gpu);
+  auto step_body = [&](nn::TransformerLM& model, nn::FlatParameters& params, optim::AdamW& opt) {
+    params.zero_grad();
+    model.loss(x, y).backward();
+    opt.apply();
+  };
+  for (auto [model, params, opt] :
+       {std::tuple{&cast_model, &cast, &cast_opt}, std::tuple{&eager_model, &eager, &eager_opt},
+        std::tuple{&graph_model, &graphed, &graph_opt}}) {
+    opt->prepare_step();
+    step_body(*model, *params, *opt);
+  }
+  synchronize(gpu);
+  CudaGraph graph(gpu);
+  graph.capture([&] { step_body(graph_model, graphed, graph_opt); });
+  for (int i = 0; i < 3; ++i) {
+    cast_opt.prepare_step();
+    step_body(cast_model, cast, cast_opt);
+    eager_opt.prepare_step();
+    step_body(eager_model, eager, eager_opt);
+    graph_opt.prepare_step();
+    graph.replay();
+  }
+  synchronize(gpu);
+  const std::vector<double> reference = cast.flat_params().to_doubles();
+  CHECK(eager.flat_params().to_doubles() == reference);
+  CHECK(graphed.flat_params().to_doubles() == reference);
+  CHECK(eager.bf16_mirror_is_current());
+  CHECK(graphed.bf16_mirror_is_current());
 }
 
 TEST_CASE("AdamW fused into backward on CUDA (side stream; eager and graph-captured) equals the plain step") {

@@ -240,3 +240,94 @@ TEST_CASE("AdamW fused into backward equals backward, then step, then zero_grad"
   nn::TransformerLM probe(config);
   CHECK(hook_updates == static_cast<int64_t>(probe.named_parameters().size()) - 1);
 }
+
+namespace {
+// Four AdamW steps of the tiny LM in bf16 on `device`: with the bf16 weight mirror written by AdamW (after
+// backward, or fused into it) or with every matmul casting its weight. Returns the parameters; the losses
+// and whether the mirror matched the parameters after every step go to the pointers.
+std::vector<double> train_bf16(Device device, bool mirror, bool in_backward, std::vector<double>* losses,
+                               bool* mirror_current) {
+  nn::ModelConfig config = nn::preset("tiny");
+  config.vocab_size = 40;
+  config.context_length = 12;
+  config.precision = nn::Precision::bf16;
+  nn::TransformerLM model(config);
+  nn::FlatParameters flat(model, device, 5, DType::f32, 8);
+  optim::AdamWOptions options;
+  options.lr = 1e-2;
+  optim::AdamW adamw({flat.flat_params()}, options);
+  if (mirror) {
+    flat.enable_bf16_mirror();
+    adamw.set_low_precision_copy(flat.bf16_mirror());
+  }
+  std::unique_ptr<optim::UpdateInBackward> fused;
+  if (in_backward) fused = std::make_unique<optim::UpdateInBackward>(flat, adamw);
+  *mirror_current = true;
+  for (int step = 0; step < 4; ++step) {
+    std::vector<int32_t> x(2 * 12), y(2 * 12);
+    CounterRng rng{9, static_cast<uint64_t>(step) << 20};
+    for (auto& v : x) v = static_cast<int32_t>(rng.next_below(40));
+    for (auto& v : y) v = static_cast<int32_t>(rng.next_below(40));
+    const Tensor loss =
+        model.loss(Tensor::from_ints(x, {2, 12}, device), Tensor::from_ints(y, {2, 12}, device));
+    losses->push_back(loss.item());
+    if (fused) {
+      adamw.prepare_step();
+      fused->begin();
+      loss.backward();
+      fused->finish();
+    } else {
+      loss.backward();
+      adamw.step();
+      flat.zero_grad();
+    }
+    if (mirror) *mirror_current = *mirror_current && flat.bf16_mirror_is_current();
+  }
+  return flat.flat_params().to_doubles();
+}
+}  // namespace
+
+TEST_CASE("bf16 weight mirror written by AdamW: training identical to casting every step, mirror current") {
+  std::vector<double> losses_cast, losses_mirror, losses_fused;
+  bool current = false, current_fused = false;
+  const std::vector<double> cast = train_bf16(Device::cpu(), false, false, &losses_cast, &current);
+  const std::vector<double> mirrored = train_bf16(Device::cpu(), true, false, &losses_mirror, &current);
+  const std::vector<double> fused = train_bf16(Device::cpu(), true, true, &losses_fused, &current_fused);
+  CHECK(current);
+  CHECK(current_fused);
+  CHECK(losses_mirror == losses_cast);
+  CHECK(losses_fused == losses_cast);
+  CHECK(mirrored == cast);
+  CHECK(fused == cast);
+  CHECK(losses_cast.front() != losses_cast.back());  // the steps did change the model
+}
+
+TEST_CASE("bf16 weight mirror: goes stale when parameters change behind it, refresh and disable restore") {
+  nn::ModelConfig config = nn::preset("tiny");
+  config.vocab_size = 40;
+  config.context_length = 12;
+  config.precision = nn::Precision::bf16;
+  nn::TransformerLM model(config);
+  nn::FlatParameters flat(model, Device::cpu(), 5);
+  const Tensor ids = Tensor::from_ints(std::vector<int32_t>(12, 3), {1, 12});
+  const double before = model.loss(ids, ids).item();
+  flat.enable_bf16_mirror();
+  CHECK(flat.bf16_mirror_is_current());
+  CHECK(model.loss(ids, ids).item() == before);  // the mirror holds exactly what the casts produced
+  CHECK(flat.parameters()[0].tensor->low_precision_copy().defined());
+  // Changed without the mirror: a forward would read the old weights until refreshed.
+  flat.flat_params().copy_(ops::scale(flat.flat_params(), 0.5));
+  CHECK_FALSE(flat.bf16_mirror_is_current());
+  const double stale = model.loss(ids, ids).item();
+  flat.refresh_bf16_mirror();
+  CHECK(flat.bf16_mirror_is_current());
+  const double refreshed = model.loss(ids, ids).item();
+  CHECK(stale != refreshed);  // so the matmuls did read the mirror rather than cast the weights
+  flat.disable_bf16_mirror();
+  CHECK_FALSE(flat.parameters()[0].tensor->low_precision_copy().defined());
+  CHECK(model.loss(ids, ids).item() == refreshed);
+  CHECK(refreshed != before);
+  optim::AdamW two({flat.flat_params(), flat.flat_params()});
+  CHECK_THROWS_WITH_AS(two.set_low_precision_copy(Tensor::zeros({flat.flat_params().numel()}, DType::bf16)),
+                       doctest::Contains("exactly one f32 parameter tensor"), Error);
+}

@@ -377,6 +377,13 @@ int run_training(const Flags& flags, Device device, const std::string& data_dir,
   const double flops_per_step =
       config.training_flops_per_sequence(ctx) * static_cast<double>(batch * accum * world);
   const double tokens_per_step = static_cast<double>(batch * accum * ctx * world);
+  // bf16 with one AdamW over the flat buffer: the matmuls read a bf16 copy of the weights that AdamW writes
+  // with each update, instead of casting every weight in every forward. From here on only that AdamW changes
+  // the parameters (loading and the DDP broadcast are done), so the copy stays current.
+  if (config.precision == nn::Precision::bf16 && adamw) {
+    params.enable_bf16_mirror();
+    adamw->set_low_precision_copy(params.bf16_mirror());
+  }
   Progress progress(state.step + 1, steps);
   double last_val = NAN;
   for (int64_t step = state.step + 1; step <= steps; ++step) {

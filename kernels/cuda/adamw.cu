@@ -1,5 +1,6 @@
 // Fused AdamW over the flat parameter, gradient and moment buffers: one pass reads and writes each element
 // once, which is all the optimizer step costs. Same update as torch.optim.AdamW and the CPU twin.
+#include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -41,9 +42,11 @@ __device__ void adamw_update(float& param, float grad, float& exp_avg, float& ex
 // The step-dependent factors come from device memory (uploaded before the launch, or before a CUDA graph
 // replay), so a captured step stays valid for every later step; grad_scale (optional) is the clipping
 // factor computed on the device.
+// low (optional) receives each updated parameter rounded to bf16: the bf16 weights of the next forward,
+// written here instead of cast there (8-byte aligned when the vector path runs, checked on the host).
 __global__ void adamw_kernel(float* param, const float* grad, float* exp_avg, float* exp_avg_sq, int64_t n,
                              int64_t vector_groups, AdamWFactors f, const float* step_factors,
-                             const float* grad_scale) {
+                             const float* grad_scale, __nv_bfloat16* low) {
   f.step_size = step_factors[0];
   f.bias2_sqrt = step_factors[1];
   f.decay = step_factors[2];
@@ -66,9 +69,18 @@ __global__ void adamw_kernel(float* param, const float* grad, float* exp_avg, fl
     __stcs(reinterpret_cast<float4*>(param) + k, p);
     __stcs(reinterpret_cast<float4*>(exp_avg) + k, m);
     __stcs(reinterpret_cast<float4*>(exp_avg_sq) + k, v);
+    if (low != nullptr) {
+      const __nv_bfloat162 lo = __floats2bfloat162_rn(p.x, p.y), hi = __floats2bfloat162_rn(p.z, p.w);
+      uint2 packed;
+      packed.x = *reinterpret_cast<const uint32_t*>(&lo);
+      packed.y = *reinterpret_cast<const uint32_t*>(&hi);
+      reinterpret_cast<uint2*>(low)[k] = packed;
+    }
   }
-  for (int64_t i = vector_groups * 4 + first; i < n; i += stride)
+  for (int64_t i = vector_groups * 4 + first; i < n; i += stride) {
     adamw_update(param[i], grad_scale ? __fmul_rn(grad[i], scale) : grad[i], exp_avg[i], exp_avg_sq[i], f);
+    if (low != nullptr) low[i] = __float2bfloat16_rn(param[i]);
+  }
 }
 
 // scale = min(1, max_norm / (sqrt(norm_sq) + 1e-6)), and the norm itself for logging.
@@ -98,7 +110,7 @@ void adamw_upload_factors(float* device_factors, double lr, double beta1, double
 
 void adamw_apply(float* param, const float* grad, float* exp_avg, float* exp_avg_sq, int64_t n,
                  const float* device_factors, const float* grad_scale, double beta1, double beta2, double eps,
-                 cudaStream_t stream) {
+                 cudaStream_t stream, void* bf16_copy) {
   if (n == 0) return;
   AdamWFactors f{};
   f.beta1 = static_cast<float>(beta1);
@@ -107,13 +119,15 @@ void adamw_apply(float* param, const float* grad, float* exp_avg, float* exp_avg
   f.one_minus_beta2 = 1.0f - f.beta2;
   f.eps = static_cast<float>(eps);
   // Views into the flat buffers (ZeRO shards, buckets) may start at any element, so alignment is checked.
-  const bool vectorisable =
-      aligned_16(param) && aligned_16(grad) && aligned_16(exp_avg) && aligned_16(exp_avg_sq);
+  const bool vectorisable = aligned_16(param) && aligned_16(grad) && aligned_16(exp_avg) &&
+                            aligned_16(exp_avg_sq) &&
+                            (bf16_copy == nullptr || reinterpret_cast<uintptr_t>(bf16_copy) % 8 == 0);
   const int64_t vector_groups = vectorisable ? n / 4 : 0;
   const int64_t work_items = std::max(vector_groups, n - vector_groups * 4);
   const auto blocks = static_cast<unsigned int>(std::min((work_items + kThreads - 1) / kThreads, kMaxBlocks));
   adamw_kernel<<<blocks, kThreads, 0, stream>>>(param, grad, exp_avg, exp_avg_sq, n, vector_groups, f,
-                                                device_factors, grad_scale);
+                                                device_factors, grad_scale,
+                                                static_cast<__nv_bfloat16*>(bf16_copy));
   TT_CUDA_LAUNCH_CHECK();
 }
 

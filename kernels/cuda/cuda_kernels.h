@@ -99,9 +99,10 @@ void wait_flag_at_least(const uint32_t* flag, uint32_t value, cudaStream_t strea
 // update kernel reads them there. grad_scale (nullable, device) multiplies the gradient (clipping).
 void adamw_upload_factors(float* device_factors, double lr, double beta1, double beta2, double weight_decay,
                           int64_t step, cudaStream_t stream);
+// bf16_copy (nullable, n bf16 elements) receives the updated parameters rounded to bf16 in the same pass.
 void adamw_apply(float* param, const float* grad, float* exp_avg, float* exp_avg_sq, int64_t n,
                  const float* device_factors, const float* grad_scale, double beta1, double beta2, double eps,
-                 cudaStream_t stream);
+                 cudaStream_t stream, void* bf16_copy = nullptr);
 // *scale = min(1, max_norm / (sqrt(*norm_sq) + 1e-6)) (1 when max_norm <= 0), *norm = sqrt(*norm_sq).
 void clip_scale(const float* norm_sq, double max_norm, float* scale, float* norm, cudaStream_t stream);
 
