@@ -103,6 +103,14 @@ Result measure(Bundle& b, dist::Communicator& comm, const Config& config, int64_
         ddp = std::make_unique<dist::DataParallel>(b.params, comm, *config.strategy, config.bucket_mb,
                                                    config.bf16_communication);
     }
+    // bf16 rows with plain AdamW read the bf16 weight copy AdamW writes (as train does); ZeRO's sharded
+    // update does not write it, so those rows cast.
+    if (b.model.config().precision == nn::Precision::bf16 && !config.zero) {
+      b.params.enable_bf16_mirror();
+      b.optimizer->set_low_precision_copy(b.params.bf16_mirror());
+    } else {
+      b.params.disable_bf16_mirror();
+    }
     result.memory.params = static_cast<int64_t>(b.params.flat_params().nbytes());
     result.memory.grads = static_cast<int64_t>(b.params.flat_grads().nbytes());
     synchronize(device);

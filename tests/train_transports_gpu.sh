@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # On two GPUs of one host: `train` under mpirun with the gradient all-reduce carried by NCCL and by the copy
-# engines gives the same losses bit for bit (both add the two ranks' gradients once, a + b, then halve).
+# engines gives the same losses bit for bit (both add the two ranks' gradients once, a + b, then halve), and
+# --all-reduce auto chooses the copy engines there.
 # Skipped (77) with fewer than two GPUs. Usage: train_transports_gpu.sh mpiexec train prepare_data
 set -euo pipefail
 mpiexec=$1 train=$2 prepare=$3
@@ -11,15 +12,17 @@ trap 'rm -rf "$work"' EXIT
 mkdir -p "$work/text"
 for i in $(seq 1 400); do echo "Line $i: the five boxing wizards jump quickly over $((i * 7)) fences."; echo "%"; done >"$work/text/a.txt"
 "$prepare" --input "$work/text" --out "$work/data" --separator % >/dev/null
-for transport in library copy-engine; do
+for transport in library copy-engine auto; do
   "$mpiexec" -np 2 --oversubscribe --allow-run-as-root --bind-to none -x NCCL_NVLS_ENABLE=0 \
     "$train" --data "$work/data" --device cuda --deterministic --precision bf16 --ctx 64 --batch 4 --steps 8 \
     --eval-every 4 --eval-batches 2 --sample-tokens 0 --ckpt-every 0 --warmup 2 --ddp bucketed --bucket-mb 0.01 \
-    --all-reduce "$transport" --out "$work/$transport" >/dev/null
+    --all-reduce "$transport" --out "$work/$transport" >"$work/$transport.log"
 done
-python3 - "$work/library/metrics.jsonl" "$work/copy-engine/metrics.jsonl" <<'PY'
+# Two GPUs of one host with peer access: auto picks the copy engines, and says so.
+grep -q "all-reduce by copy-engine" "$work/auto.log" || { grep "data parallel" "$work/auto.log"; exit 1; }
+python3 - "$work/library/metrics.jsonl" "$work/copy-engine/metrics.jsonl" "$work/auto/metrics.jsonl" <<'PY'
 import json, sys
 runs = [[(r["step"], r["loss"], r.get("val_loss")) for r in map(json.loads, open(p))] for p in sys.argv[1:]]
-assert len(runs[0]) > 0 and runs[0] == runs[1], runs
+assert len(runs[0]) > 0 and runs[0] == runs[1] == runs[2], runs
 print("NCCL and copy-engine all-reduce train identically:", [x[1] for x in runs[0]])
 PY
