@@ -108,6 +108,7 @@ int main(int argc, char** argv) {
     std::vector<dist::AllReduceTransport> transports;
     for (const std::string& name : flags.list("all-reduce"))
       transports.push_back(dist::parse_all_reduce_transport(name));
+    TT_CHECK(!transports.empty(), "--all-reduce needs library and/or copy-engine");
     for (dist::AllReduceTransport transport : transports) {
       for (double mb : flags.number_list("sizes-mb")) {
         const Measurement m = measure(*comm, mb, dtype, warmup, iters, transport);

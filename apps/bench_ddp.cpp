@@ -107,7 +107,7 @@ Result measure(Bundle& b, dist::Communicator& comm, const Config& config, int64_
     // update does not write it, so those rows cast.
     if (b.model.config().precision == nn::Precision::bf16 && !config.zero) {
       b.params.enable_bf16_mirror();
-      b.optimizer->set_low_precision_copy(b.params.bf16_mirror());
+      b.optimizer->write_bf16_mirror(&b.params);
     } else {
       b.params.disable_bf16_mirror();
     }
@@ -262,6 +262,14 @@ int main(int argc, char** argv) {
       std::vector<dist::AllReduceTransport> transports;
       for (const std::string& name : flags.list("all-reduce"))
         transports.push_back(dist::parse_all_reduce_transport(name));
+      TT_CHECK(!transports.empty(), "--all-reduce needs library and/or copy-engine");
+      const bool copy_engine = std::find(transports.begin(), transports.end(),
+                                         dist::AllReduceTransport::copy_engine) != transports.end();
+      // Checked before any row runs, not at the first copy-engine row.
+      TT_CHECK(!copy_engine || (device.is_cuda() && runtime->world_size() == 2 && runtime->local_size() == 2),
+               "--all-reduce copy-engine needs CUDA and exactly 2 ranks on one host; this job has " +
+                   std::to_string(runtime->world_size()) + " ranks, " +
+                   std::to_string(runtime->local_size()) + " on this host, device " + device.str());
       std::vector<Config> expanded;
       for (const Config& c : configs) {
         if (!c.strategy) {

@@ -89,10 +89,10 @@ Row measure(const Flags& flags, Device device, Bundle* bundle, const nn::ModelCo
     optim::AdamW* optimizer = with_optimizer ? bundle->optimizer.get() : nullptr;
     if (bf16 && mirror) {
       params.enable_bf16_mirror();  // (re)filled from the current parameters
-      if (optimizer) optimizer->set_low_precision_copy(params.bf16_mirror());
+      if (optimizer) optimizer->write_bf16_mirror(&params);
     } else {
       params.disable_bf16_mirror();
-      if (optimizer) optimizer->set_low_precision_copy(Tensor());
+      if (optimizer) optimizer->write_bf16_mirror(nullptr);
     }
     // step-fused: each parameter's AdamW update runs as soon as backward has finished its gradient.
     std::unique_ptr<optim::UpdateInBackward> update_in_backward;

@@ -1,5 +1,7 @@
 #include "dist/communicator.h"
 
+#include <cstdlib>
+
 #include "dist/backends.h"
 #include "dist/mpi_check.h"
 #include "dist/runtime.h"
@@ -23,13 +25,22 @@ AllReduceTransport parse_all_reduce_transport(const std::string& text) {
   throw Error("unknown all-reduce transport '" + text + "' (expected library or copy-engine)");
 }
 
-AllReduceTransport choose_all_reduce_transport(const std::string& text, const Communicator& comm,
-                                               const DistRuntime& runtime) {
-  if (text != "auto") return parse_all_reduce_transport(text);
+std::string select_all_reduce_transport(Communicator& comm, const std::string& text,
+                                        const DistRuntime& runtime, bool will_all_reduce) {
+  if (text != "auto") {
+    TT_CHECK(text == "library" || text == "copy-engine",
+             "unknown all-reduce transport '" + text + "' (expected auto, library or copy-engine)");
+    comm.set_all_reduce_transport(parse_all_reduce_transport(text));
+    return "";
+  }
+  // Candidates: a DDP all-reduce will run, CUDA, exactly 2 ranks on one host, peer-to-peer not disabled for
+  // NCCL (people set NCCL_P2P_DISABLE=1 where it is broken), each GPU able to map the other's memory.
   int usable = 0;
 #ifdef TT_WITH_CUDA
-  if (comm.device().is_cuda() && runtime.world_size() == 2 && runtime.local_size() == 2) {
-    // Each rank checks that it can map the other rank's GPU; both must agree.
+  const char* p2p_disable = std::getenv("NCCL_P2P_DISABLE");
+  const bool p2p_disabled = p2p_disable != nullptr && std::string(p2p_disable) == "1";
+  if (will_all_reduce && !p2p_disabled && comm.device().is_cuda() && runtime.world_size() == 2 &&
+      runtime.local_size() == 2) {
     const int mine = comm.device().index;
     int theirs = -1;
     TT_MPI_CHECK(MPI_Sendrecv(&mine, 1, MPI_INT, 1 - runtime.rank(), 72, &theirs, 1, MPI_INT,
@@ -39,7 +50,15 @@ AllReduceTransport choose_all_reduce_transport(const std::string& text, const Co
 #endif
   int all = 0;
   TT_MPI_CHECK(MPI_Allreduce(&usable, &all, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD));
-  return all == 1 ? AllReduceTransport::copy_engine : AllReduceTransport::library;
+  if (all != 1) return "";
+  try {
+    // Fails on every rank or on none (the transport agrees on each step), so both fall back together.
+    comm.set_all_reduce_transport(AllReduceTransport::copy_engine);
+  } catch (const Error& e) {
+    return std::string("the copy-engine all-reduce is not available, using ") + comm.backend() + ": " +
+           e.what();
+  }
+  return "";
 }
 
 void Communicator::set_all_reduce_transport(AllReduceTransport transport) {

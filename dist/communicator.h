@@ -31,11 +31,13 @@ enum class AllReduceTransport { library, copy_engine };
 const char* all_reduce_transport_name(AllReduceTransport transport);     // "library", "copy-engine"
 AllReduceTransport parse_all_reduce_transport(const std::string& text);  // throws tt::Error on unknown names
 
-// "library" or "copy-engine" as parse_all_reduce_transport reads them; "auto" is copy_engine when every rank
-// agrees it can work (CUDA communicator, exactly 2 ranks on one host, each GPU able to map the other's
-// memory), else library. Collective.
-AllReduceTransport choose_all_reduce_transport(const std::string& text, const Communicator& comm,
-                                               const DistRuntime& runtime);
+// Sets comm's transport from a flag value: "library", "copy-engine" (errors propagate), or "auto": the copy
+// engine where it can work - a DDP all-reduce will run (will_all_reduce), a CUDA communicator, exactly 2
+// ranks on one host, each GPU able to map the other's memory, NCCL_P2P_DISABLE not 1 - else the library;
+// when the copy engine was a candidate but could not be set up, the library, and the returned note says
+// why (empty otherwise). Collective.
+std::string select_all_reduce_transport(Communicator& comm, const std::string& text,
+                                        const DistRuntime& runtime, bool will_all_reduce);
 
 // A collective in flight. wait() is idempotent; destroying an unwaited Work waits.
 class Work {

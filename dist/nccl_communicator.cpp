@@ -299,15 +299,14 @@ class NcclCommunicator : public Communicator {
     set_transport_field(transport);
   }
 
+  // Counted under every transport, so the transport cannot change under a live registration.
   void register_buffer(const Tensor& buffer) override {
-    if (!peer_) return;
     check_tensor(buffer, "register_buffer", false);
-    peer_->register_buffer(buffer);
+    if (peer_) peer_->register_buffer(buffer);
     ++registered_;
   }
   void unregister_buffer(const Tensor& buffer) override {
-    if (!peer_) return;
-    peer_->unregister_buffer(buffer);
+    if (peer_) peer_->unregister_buffer(buffer);
     --registered_;
   }
 
@@ -413,14 +412,13 @@ class NcclCommunicator : public Communicator {
   }
 
   // The copy-engine transport takes tensors inside its registered buffers, outside CUDA graph capture (its
-  // signals carry sequence numbers fixed when issued, which a replay would repeat).
+  // signals carry sequence numbers fixed when issued, which a replay would repeat): NCCL carries a captured
+  // all-reduce (every rank captures the same collectives).
   bool by_copy_engine(const Tensor& t) const {
     if (!peer_ || !peer_->covers(t)) return false;
     cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
     TT_CUDA_CHECK(cudaStreamIsCapturing(compute_, &capture));
-    TT_CHECK(capture == cudaStreamCaptureStatusNone,
-             "the copy-engine all-reduce cannot be captured in a CUDA graph; use the library transport");
-    return true;
+    return capture == cudaStreamCaptureStatusNone;
   }
   float peer_scale(ReduceOp op) const { return op == ReduceOp::avg ? 0.5f : 1.0f; }
 

@@ -8,6 +8,7 @@
 #include <cstring>
 #include <string>
 
+#include "core/allocator.h"
 #include "core/cuda_context.h"
 #include "dist/mpi_check.h"
 #include "kernels/cuda/cuda_kernels.h"
@@ -23,11 +24,6 @@ constexpr size_t kMaxScratchBytes = size_t{64} << 20;
 constexpr int64_t kSplitElements = 64;
 constexpr int kFlagWords = 64;      // one allocation: inbox words [0, 3), staging words [32, 35)
 constexpr int kStagingOffset = 32;  // its own 128-byte line
-
-[[noreturn]] void throw_driver_error(CUresult rc, const char* call) {
-  throw Error(std::string("copy-engine all-reduce: ") + call + " failed (CUresult " + std::to_string(rc) +
-              ")");
-}
 
 template <class F>
 F driver_function(const char* name) {
@@ -75,64 +71,116 @@ std::string env_or(const char* name, const char* fallback) {
 
 struct PeerAllReduce::Driver {
   using StreamValue32 = CUresult (*)(CUstream, CUdeviceptr, cuuint32_t, unsigned int);
+  using ErrorName = CUresult (*)(CUresult, const char**);
   StreamValue32 wait_value = driver_function<StreamValue32>("cuStreamWaitValue32");
   StreamValue32 write_value = driver_function<StreamValue32>("cuStreamWriteValue32");
+  ErrorName error_name = driver_function<ErrorName>("cuGetErrorName");
+
+  void check(CUresult rc, const char* call) const {
+    if (rc == CUDA_SUCCESS) return;
+    const char* name = nullptr;
+    if (error_name(rc, &name) != CUDA_SUCCESS || name == nullptr) name = "unknown error";
+    throw Error(std::string("copy-engine all-reduce: ") + call + " failed: " + name + " (" +
+                std::to_string(rc) + ")");
+  }
 };
 
 PeerAllReduce::PeerAllReduce(int rank, int device, cudaStream_t comm_stream)
     : rank_(rank), device_(device), comm_stream_(comm_stream) {
-  set_current_device(device_);
-  driver_ = std::make_unique<Driver>();
-  const std::string priority = env_or("TT_COPY_ENGINE_PRIORITY", "low");
-  TT_CHECK(priority == "low" || priority == "high",
-           "TT_COPY_ENGINE_PRIORITY must be low or high, got '" + priority + "'");
-  int least = 0, greatest = 0;
-  TT_CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&least, &greatest));
-  TT_CUDA_CHECK(
-      cudaStreamCreateWithPriority(&stream_, cudaStreamNonBlocking, priority == "low" ? least : greatest));
-  const std::string wait = env_or("TT_COPY_ENGINE_WAIT", "stream");
-  TT_CHECK(wait == "stream" || wait == "kernel",
-           "TT_COPY_ENGINE_WAIT must be stream or kernel, got '" + wait + "'");
-  kernel_wait_ = wait == "kernel";
-  TT_CUDA_CHECK(cudaEventCreateWithFlags(&begin_, cudaEventDisableTiming));
-  TT_CUDA_CHECK(cudaEventCreateWithFlags(&end_, cudaEventDisableTiming));
-  TT_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&flags_), kFlagWords * sizeof(uint32_t)));
-  TT_CUDA_CHECK(cudaMemset(flags_, 0, kFlagWords * sizeof(uint32_t)));
-  TT_CUDA_CHECK(cudaDeviceSynchronize());
+  // Every step that can fail on one rank only is followed by an agreement, so both ranks throw together
+  // (and a caller can fall back to NCCL on both) instead of one waiting for the other forever.
   Exchange mine{};
-  TT_CUDA_CHECK(cudaIpcGetMemHandle(&mine.handle, flags_));
-  mine.bytes = kFlagWords * sizeof(uint32_t);
+  std::string error;
+  try {
+    set_current_device(device_);
+    driver_ = std::make_unique<Driver>();
+    const std::string priority = env_or("TT_COPY_ENGINE_PRIORITY", "low");
+    TT_CHECK(priority == "low" || priority == "high",
+             "TT_COPY_ENGINE_PRIORITY must be low or high, got '" + priority + "'");
+    const std::string wait = env_or("TT_COPY_ENGINE_WAIT", "stream");
+    TT_CHECK(wait == "stream" || wait == "kernel",
+             "TT_COPY_ENGINE_WAIT must be stream or kernel, got '" + wait + "'");
+    kernel_wait_ = wait == "kernel";
+    int least = 0, greatest = 0;
+    TT_CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&least, &greatest));
+    TT_CUDA_CHECK(
+        cudaStreamCreateWithPriority(&stream_, cudaStreamNonBlocking, priority == "low" ? least : greatest));
+    TT_CUDA_CHECK(cudaEventCreateWithFlags(&begin_, cudaEventDisableTiming));
+    TT_CUDA_CHECK(cudaEventCreateWithFlags(&end_, cudaEventDisableTiming));
+    TT_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&flags_), kFlagWords * sizeof(uint32_t)));
+    TT_CUDA_CHECK(cudaMemset(flags_, 0, kFlagWords * sizeof(uint32_t)));
+    TT_CUDA_CHECK(cudaDeviceSynchronize());
+    TT_CUDA_CHECK(cudaIpcGetMemHandle(&mine.handle, flags_));
+    mine.bytes = kFlagWords * sizeof(uint32_t);
+  } catch (const std::exception& e) {
+    error = e.what();
+  }
+  agree_or_throw(error, "set up its half of the copy-engine all-reduce", true);
   const Exchange theirs = swap_with_peer(mine, rank_);
-  peer_flags_ = static_cast<uint32_t*>(open_peer(theirs.handle, rank_));
+  try {
+    peer_flags_ = static_cast<uint32_t*>(open_peer(theirs.handle, rank_));
+  } catch (const std::exception& e) {
+    error = e.what();
+  }
+  agree_or_throw(error, "map this rank's memory", true);
   // Neither rank signals before both inboxes are mapped and zeroed.
   TT_MPI_CHECK(MPI_Barrier(MPI_COMM_WORLD));
 }
 
 PeerAllReduce::~PeerAllReduce() {
   set_current_device(device_);
-  cudaStreamSynchronize(stream_);
-  for (const Mapping& m : mappings_) {
+  if (stream_ != nullptr) cudaStreamSynchronize(stream_);
+  release();
+}
+
+void PeerAllReduce::release() {
+  for (Mapping& m : mappings_) {
     if (m.base != nullptr) cudaIpcCloseMemHandle(m.base);
+    m.base = nullptr;
   }
   if (peer_flags_ != nullptr) cudaIpcCloseMemHandle(peer_flags_);
-  cudaFree(scratch_);
-  cudaFree(flags_);
-  cudaEventDestroy(begin_);
-  cudaEventDestroy(end_);
-  cudaStreamDestroy(stream_);
+  if (scratch_ != nullptr) free_bytes(Device::cuda(device_), scratch_, scratch_bytes_);
+  if (flags_ != nullptr) cudaFree(flags_);
+  if (begin_ != nullptr) cudaEventDestroy(begin_);
+  if (end_ != nullptr) cudaEventDestroy(end_);
+  if (stream_ != nullptr) cudaStreamDestroy(stream_);
+  peer_flags_ = nullptr;
+  scratch_ = nullptr;
+  scratch_bytes_ = 0;
+  flags_ = nullptr;
+  begin_ = end_ = nullptr;
+  stream_ = nullptr;
+  cudaGetLastError();  // nothing above may leave an error for the next launch check to find
+}
+
+void PeerAllReduce::agree_or_throw(const std::string& local_error, const char* step, bool constructing) {
+  const int ok = local_error.empty() ? 1 : 0;
+  int all = 0;
+  TT_MPI_CHECK(MPI_Allreduce(&ok, &all, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD));
+  if (all == 1) return;
+  if (constructing) release();  // a failed construction: the destructor will not run
+  throw Error(local_error.empty()
+                  ? "copy-engine all-reduce: rank " + std::to_string(1 - rank_) + " failed to " + step
+                  : local_error);
 }
 
 void PeerAllReduce::register_buffer(const Tensor& buffer) {
-  TT_CHECK(buffer.device() == Device::cuda(device_) && buffer.is_contiguous(),
-           "copy-engine all-reduce: register_buffer needs a contiguous tensor on " +
-               Device::cuda(device_).str() + ", got " + buffer.describe());
-  set_current_device(device_);
-  char* base = static_cast<char*>(buffer.storage()->data());
-  char* first = static_cast<char*>(buffer.raw_data());
   Exchange mine{};
-  TT_CUDA_CHECK(cudaIpcGetMemHandle(&mine.handle, base));
-  mine.offset = static_cast<uint64_t>(first - base);
-  mine.bytes = buffer.nbytes();
+  std::string error;
+  char* first = static_cast<char*>(buffer.raw_data());
+  try {
+    TT_CHECK(buffer.device() == Device::cuda(device_) && buffer.is_contiguous(),
+             "copy-engine all-reduce: register_buffer needs a contiguous tensor on " +
+                 Device::cuda(device_).str() + ", got " + buffer.describe());
+    set_current_device(device_);
+    char* base = static_cast<char*>(buffer.storage()->data());
+    TT_CUDA_CHECK(cudaIpcGetMemHandle(&mine.handle, base));
+    mine.offset = static_cast<uint64_t>(first - base);
+    mine.bytes = buffer.nbytes();
+  } catch (const std::exception& e) {
+    error = e.what();
+  }
+  agree_or_throw(error, "register its buffer", false);
   const Exchange theirs = swap_with_peer(mine, rank_);
   TT_CHECK(theirs.bytes == mine.bytes, "copy-engine all-reduce: rank " + std::to_string(rank_) +
                                            " registers a buffer of " + std::to_string(mine.bytes) +
@@ -141,25 +189,37 @@ void PeerAllReduce::register_buffer(const Tensor& buffer) {
   std::array<char, 64> key{};
   static_assert(sizeof(theirs.handle) <= sizeof(key));
   std::memcpy(key.data(), &theirs.handle, sizeof(theirs.handle));
+  // Everything that can fail first (mapping the peer's buffer, a larger scratch); the state changes after
+  // both ranks agree.
   size_t index = 0;
   while (index < mappings_.size() && !(mappings_[index].base != nullptr && mappings_[index].handle == key))
     ++index;
-  if (index == mappings_.size()) {
+  void* opened = nullptr;
+  void* grown = nullptr;
+  const size_t wanted = std::min(kMaxScratchBytes, (mine.bytes / 2 + 511) / 256 * 256);
+  try {
+    if (index == mappings_.size()) opened = open_peer(theirs.handle, rank_);
+    if (wanted > scratch_bytes_) grown = allocate_bytes(Device::cuda(device_), wanted);
+  } catch (const std::exception& e) {
+    error = e.what();
+    if (opened != nullptr) cudaIpcCloseMemHandle(opened);
+    cudaGetLastError();
+  }
+  agree_or_throw(error, "register its buffer", false);
+  if (opened != nullptr) {
     // A new mapping, in a slot freed by unregister_buffer when there is one.
     index = 0;
     while (index < mappings_.size() && mappings_[index].base != nullptr) ++index;
     if (index == mappings_.size()) mappings_.emplace_back();
-    mappings_[index] = {key, open_peer(theirs.handle, rank_), 0};
+    mappings_[index] = {key, opened, 0};
   }
   ++mappings_[index].users;
-
-  // Grow the scratch to the largest half a tensor of this buffer can have (up to the cap).
-  const size_t wanted = std::min(kMaxScratchBytes, (mine.bytes / 2 + 511) / 256 * 256);
-  if (wanted > scratch_bytes_) {
+  if (grown != nullptr) {
+    // Grown to the largest half a tensor of this buffer can have (up to the cap); the old one may still be
+    // read by queued copies.
     TT_CUDA_CHECK(cudaStreamSynchronize(stream_));
-    cudaFree(scratch_);
-    scratch_ = nullptr;
-    TT_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&scratch_), wanted));
+    if (scratch_ != nullptr) free_bytes(Device::cuda(device_), scratch_, scratch_bytes_);
+    scratch_ = static_cast<char*>(grown);
     scratch_bytes_ = wanted;
   }
   registrations_.push_back(
@@ -201,7 +261,7 @@ void PeerAllReduce::signal(Signal kind, uint32_t sequence) {
   uint32_t* staging = flags_ + kStagingOffset + kind;
   const CUresult rc = driver_->write_value(reinterpret_cast<CUstream>(stream_),
                                            reinterpret_cast<CUdeviceptr>(staging), sequence, 0);
-  if (rc != CUDA_SUCCESS) throw_driver_error(rc, "cuStreamWriteValue32");
+  driver_->check(rc, "cuStreamWriteValue32");
   TT_CUDA_CHECK(cudaMemcpyAsync(peer_flags_ + kind, staging, sizeof(uint32_t), cudaMemcpyDefault, stream_));
 }
 
@@ -213,7 +273,7 @@ void PeerAllReduce::wait(Signal kind, uint32_t sequence) {
   const CUresult rc =
       driver_->wait_value(reinterpret_cast<CUstream>(stream_), reinterpret_cast<CUdeviceptr>(flags_ + kind),
                           sequence, CU_STREAM_WAIT_VALUE_GEQ);
-  if (rc != CUDA_SUCCESS) throw_driver_error(rc, "cuStreamWaitValue32");
+  driver_->check(rc, "cuStreamWaitValue32");
 }
 
 void PeerAllReduce::issue(Tensor& t, float scale) {

@@ -20,7 +20,9 @@
 // makes reuse safe: a rank changes a half only after the peer has read it.
 //
 // Tensors must lie inside a buffer registered on both ranks (the same size, e.g. the flat gradient buffer,
-// whose views correspond element for element); the peer's buffer is mapped with cudaIpcOpenMemHandle.
+// whose views correspond element for element), at the same offset on both: the peer's copy is found by
+// that offset. The peer's buffer is mapped with cudaIpcOpenMemHandle. Every setup step that can fail on
+// one rank only (mapping, allocation) is agreed on, so both ranks throw together and can fall back to NCCL.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -28,6 +30,7 @@
 #include <array>
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "core/tensor.h"
@@ -71,6 +74,10 @@ class PeerAllReduce {
   };
   enum Signal { ready = 0, reduced = 1, done = 2 };
 
+  // Collective: returns when every rank's step succeeded, else throws on every rank (this rank's reason, or
+  // which rank failed), first releasing everything when `constructing` (the destructor will not run).
+  void agree_or_throw(const std::string& local_error, const char* step, bool constructing);
+  void release();  // frees what is held; safe on a partly constructed object
   void signal(Signal kind, uint32_t sequence);
   void wait(Signal kind, uint32_t sequence);
   const Registration* find(const Tensor& t) const;

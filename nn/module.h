@@ -70,15 +70,16 @@ class FlatParameters {
   const std::vector<NamedParameter>& parameters() const { return params_; }
   const std::vector<int64_t>& offsets() const { return offsets_; }  // element offset of each parameter
   Tensor& flat_params() { return flat_params_; }
+  const Tensor& flat_params() const { return flat_params_; }
   Tensor& flat_grads() { return flat_grads_; }
   int64_t numel() const { return parameter_numel_; }  // without padding
   void zero_grad() { flat_grads_.zero_(); }
 
   // For bf16 training (f32 parameters): a bf16 copy of every parameter, laid out like the flat buffer and
   // attached to each parameter (Tensor::low_precision_copy), so the bf16 matmuls read it instead of casting
-  // their weights in every forward. It must stay current: hand bf16_mirror() to the AdamW that updates the
-  // flat buffer (AdamW::set_low_precision_copy writes it in the same pass), and call refresh_bf16_mirror()
-  // after changing parameters any other way (loading, broadcasting, another optimizer).
+  // their weights in every forward. It must stay current: the AdamW that updates the flat buffer writes it
+  // in the same pass (AdamW::write_bf16_mirror(this)); after changing parameters any other way (loading,
+  // broadcasting, another optimizer) call refresh_bf16_mirror().
   void enable_bf16_mirror();  // allocates and fills it
   void refresh_bf16_mirror();
   void disable_bf16_mirror();  // detaches and frees it: matmuls cast again

@@ -56,16 +56,19 @@ AdamW::AdamW(std::vector<Tensor> params, const AdamWOptions& options)
   }
 }
 
-void AdamW::set_low_precision_copy(const Tensor& copy) {
-  if (copy.defined()) {
-    TT_CHECK(params_.size() == 1 && params_[0].dtype() == DType::f32,
-             "AdamW::set_low_precision_copy: needs exactly one f32 parameter tensor (the flat buffer)");
-    TT_CHECK(copy.dtype() == DType::bf16 && copy.numel() == params_[0].numel() &&
-                 copy.device() == params_[0].device() && copy.is_contiguous(),
-             "AdamW::set_low_precision_copy: " + copy.describe() + " is not a contiguous bf16 copy of " +
-                 params_[0].describe());
+void AdamW::write_bf16_mirror(const nn::FlatParameters* params) {
+  if (params != nullptr) {
+    TT_CHECK(params_.size() == 1 && params_[0].dtype() == DType::f32 &&
+                 params_[0].storage() == params->flat_params().storage(),
+             "AdamW::write_bf16_mirror: this AdamW must update exactly the flat f32 parameter buffer of the "
+             "FlatParameters whose mirror it writes");
   }
-  low_precision_copy_ = copy;
+  mirror_owner_ = params;
+}
+
+const Tensor* AdamW::current_mirror() const {
+  if (mirror_owner_ == nullptr || !mirror_owner_->bf16_mirror().defined()) return nullptr;
+  return &mirror_owner_->bf16_mirror();
 }
 
 void AdamW::step() {
@@ -103,11 +106,11 @@ void AdamW::apply_range(size_t index, int64_t begin, int64_t count, void* stream
     TT_CHECK(p.dtype() == DType::f32, "AdamW on CUDA needs f32 parameters");
     TT_CHECK(device_factors_.defined(), "AdamW::apply() before prepare_step()");
     cudaStream_t s = static_cast<cudaStream_t>(stream ? stream : compute_stream(p.device().index));
+    const Tensor* mirror = current_mirror();
     cuda::adamw_apply(p.data<float>() + begin, g.data<float>() + begin, exp_avg_[index].data<float>() + begin,
                       exp_avg_sq_[index].data<float>() + begin, count, device_factors_.data<float>(),
                       grad_scale_.defined() ? grad_scale_.data<float>() : nullptr, options_.beta1,
-                      options_.beta2, options_.eps, s,
-                      low_precision_copy_.defined() ? low_precision_copy_.data<bf16>() + begin : nullptr);
+                      options_.beta2, options_.eps, s, mirror ? mirror->data<bf16>() + begin : nullptr);
 #endif
   } else {
     TT_CHECK(!grad_scale_.defined(), "AdamW: device gradient scaling is for CUDA parameters");
@@ -122,9 +125,8 @@ void AdamW::apply_range(size_t index, int64_t begin, int64_t count, void* stream
       update(double{});
     else
       update(float{});
-    if (low_precision_copy_.defined()) {
-      cpu::cast(p.data<float>() + begin, DType::f32, low_precision_copy_.data<bf16>() + begin, DType::bf16,
-                count);
+    if (const Tensor* mirror = current_mirror()) {
+      cpu::cast(p.data<float>() + begin, DType::f32, mirror->data<bf16>() + begin, DType::bf16, count);
     }
   }
 }

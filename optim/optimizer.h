@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "core/tensor.h"
+#include "nn/module.h"
 
 namespace tt::optim {
 
@@ -59,10 +60,11 @@ class AdamW : public Optimizer {
   size_t parameter_count() const { return params_.size(); }
   // Multiplies gradients by this device scalar (CUDA clipping without a host round trip); undefined = 1.
   void set_grad_scale(const Tensor& scale) { grad_scale_ = scale; }
-  // Also writes every updated parameter rounded to bf16 into `copy` (bf16, the shape of the single f32
-  // parameter tensor this AdamW updates; e.g. FlatParameters::bf16_mirror()), in the same pass over memory.
-  // Undefined: stop.
-  void set_low_precision_copy(const Tensor& copy);
+  // Keeps `params`' bf16 mirror current: every update also writes the updated parameters rounded to bf16
+  // into params.bf16_mirror() (read at each update, so enabling, disabling and re-enabling the mirror need no
+  // new call), in the same pass over memory. This AdamW must update exactly params.flat_params(); `params`
+  // must outlive it. nullptr: stop.
+  void write_bf16_mirror(const nn::FlatParameters* params);
   bool has_grad_scale() const { return grad_scale_.defined(); }
   int64_t step_count() const { return step_; }
   void set_step_count(int64_t step) { step_ = step; }
@@ -76,7 +78,8 @@ class AdamW : public Optimizer {
   std::vector<Tensor> exp_avg_, exp_avg_sq_;
   Tensor device_factors_;  // 3 floats on the parameters' GPU: step size, sqrt(bias2), decay
   Tensor grad_scale_;
-  Tensor low_precision_copy_;
+  const nn::FlatParameters* mirror_owner_ = nullptr;
+  const Tensor* current_mirror() const;  // the bf16 mirror to write, or null
 };
 
 // Cosine schedule with linear warm-up (REFERENCE.md): it < warmup: max*it/warmup; it > cosine_steps: min.

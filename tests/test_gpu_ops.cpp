@@ -342,9 +342,9 @@ TEST_CASE("bf16 weight mirror on CUDA: written by AdamW, eager and graph-replaye
   optim::AdamW cast_opt({cast.flat_params()}), eager_opt({eager.flat_params()}),
       graph_opt({graphed.flat_params()});
   eager.enable_bf16_mirror();
-  eager_opt.set_low_precision_copy(eager.bf16_mirror());
+  eager_opt.write_bf16_mirror(&eager);
   graphed.enable_bf16_mirror();
-  graph_opt.set_low_precision_copy(graphed.bf16_mirror());
+  graph_opt.write_bf16_mirror(&graphed);
   std::vector<int32_t> ids(2 * 32), targets(2 * 32);
   CounterRng rng{6, 0};
   for (auto& v : ids) v = static_cast<int32_t>(rng.next_below(200));

@@ -258,7 +258,7 @@ std::vector<double> train_bf16(Device device, bool mirror, bool in_backward, std
   optim::AdamW adamw({flat.flat_params()}, options);
   if (mirror) {
     flat.enable_bf16_mirror();
-    adamw.set_low_precision_copy(flat.bf16_mirror());
+    adamw.write_bf16_mirror(&flat);
   }
   std::unique_ptr<optim::UpdateInBackward> fused;
   if (in_backward) fused = std::make_unique<optim::UpdateInBackward>(flat, adamw);
@@ -328,6 +328,36 @@ TEST_CASE("bf16 weight mirror: goes stale when parameters change behind it, refr
   CHECK(model.loss(ids, ids).item() == refreshed);
   CHECK(refreshed != before);
   optim::AdamW two({flat.flat_params(), flat.flat_params()});
-  CHECK_THROWS_WITH_AS(two.set_low_precision_copy(Tensor::zeros({flat.flat_params().numel()}, DType::bf16)),
-                       doctest::Contains("exactly one f32 parameter tensor"), Error);
+  CHECK_THROWS_WITH_AS(two.write_bf16_mirror(&flat),
+                       doctest::Contains("exactly the flat f32 parameter buffer"), Error);
+  optim::AdamW other({flat.flat_params().clone()});
+  CHECK_THROWS_WITH_AS(other.write_bf16_mirror(&flat),
+                       doctest::Contains("exactly the flat f32 parameter buffer"), Error);
+}
+
+TEST_CASE("bf16 weight mirror: AdamW keeps writing it across disable and re-enable") {
+  nn::ModelConfig config = nn::preset("tiny");
+  config.vocab_size = 40;
+  config.context_length = 12;
+  config.precision = nn::Precision::bf16;
+  nn::TransformerLM model(config);
+  nn::FlatParameters flat(model, Device::cpu(), 5);
+  optim::AdamW adamw({flat.flat_params()});
+  adamw.write_bf16_mirror(&flat);
+  const Tensor ids = Tensor::from_ints(std::vector<int32_t>(12, 3), {1, 12});
+  auto step = [&] {
+    flat.zero_grad();
+    model.loss(ids, ids).backward();
+    adamw.step();
+  };
+  step();  // no mirror yet: nothing to write
+  flat.enable_bf16_mirror();
+  step();
+  CHECK(flat.bf16_mirror_is_current());
+  flat.disable_bf16_mirror();
+  step();
+  flat.enable_bf16_mirror();  // a new buffer: the AdamW writes this one
+  step();
+  step();
+  CHECK(flat.bf16_mirror_is_current());
 }

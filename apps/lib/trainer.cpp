@@ -262,10 +262,15 @@ int run_training(const Flags& flags, Device device, const std::string& data_dir,
   TT_CHECK(sm_margin >= 0, "--gemm-sm-margin must be >= 0");
   set_matmul_sm_margin(static_cast<int>(sm_margin));
   const std::string transport_text = flags.str("all-reduce");
-  if (transport_text != "auto") dist::parse_all_reduce_transport(transport_text);  // bad names fail early
+  TT_CHECK(transport_text == "auto" || transport_text == "library" || transport_text == "copy-engine",
+           "--all-reduce must be auto, library or copy-engine, got '" + transport_text + "'");
   if (world > 1) {
     comm = dist::make_communicator(device, *runtime);
-    comm->set_all_reduce_transport(dist::choose_all_reduce_transport(transport_text, *comm, *runtime));
+    // Only DDP all-reduces gradients; ZeRO's reduce-scatter has nothing for the copy engine to carry.
+    const bool ddp_all_reduce = !zero || zero_grads == "ddp";
+    const std::string note =
+        dist::select_all_reduce_transport(*comm, transport_text, *runtime, ddp_all_reduce);
+    if (root && !note.empty()) std::fprintf(stderr, "note: %s\n", note.c_str());
   }
   if (zero) {
     TT_CHECK(comm != nullptr || world == 1, "--zero 1 needs a communicator");
@@ -382,7 +387,7 @@ int run_training(const Flags& flags, Device device, const std::string& data_dir,
   // the parameters (loading and the DDP broadcast are done), so the copy stays current.
   if (config.precision == nn::Precision::bf16 && adamw) {
     params.enable_bf16_mirror();
-    adamw->set_low_precision_copy(params.bf16_mirror());
+    adamw->write_bf16_mirror(&params);
   }
   Progress progress(state.step + 1, steps);
   double last_val = NAN;
