@@ -44,6 +44,14 @@ TEST_CASE("all-reduce transports: names parse and print; the MPI backend refuses
                        doctest::Contains("needs CUDA tensors and the NCCL backend"), Error);
   CHECK(comm.all_reduce_transport() == dist::AllReduceTransport::library);
   comm.set_all_reduce_transport(dist::AllReduceTransport::library);  // the one it has: accepted
+  // The flag's values: auto stays with MPI here (no CUDA) and has nothing to say; the others as set directly.
+  CHECK(dist::select_all_reduce_transport(comm, "auto", runtime(), true).empty());
+  CHECK(comm.all_reduce_transport() == dist::AllReduceTransport::library);
+  CHECK(dist::select_all_reduce_transport(comm, "library", runtime(), true).empty());
+  CHECK_THROWS_WITH_AS(dist::select_all_reduce_transport(comm, "copy-engine", runtime(), true),
+                       doctest::Contains("needs CUDA tensors and the NCCL backend"), Error);
+  CHECK_THROWS_WITH_AS(dist::select_all_reduce_transport(comm, "nvlink", runtime(), true),
+                       doctest::Contains("expected auto, library or copy-engine"), Error);
 }
 
 TEST_CASE("mpi all_reduce: sum and avg, f32 and f64, blocking and asynchronous") {
