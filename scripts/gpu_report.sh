@@ -58,7 +58,13 @@ for s in "$@"; do
       section ddp
       np=$gpus
       mpi=(mpirun --allow-run-as-root -np "$np" --bind-to none -x NCCL_NVLS_ENABLE=0 -x PATH -x LD_LIBRARY_PATH)
-      timeout 120 "${mpi[@]}" $b/bench_allreduce --sizes-mb 1,10,100,1000 --json "$out/allreduce.jsonl" 2>&1 | tee "$out/allreduce.md" | tail -8
+      ce=library; [ "$np" -eq 2 ] && ce=library,copy-engine  # the copy engines serve two GPUs of one host
+      timeout 120 "${mpi[@]}" $b/bench_allreduce --sizes-mb 1,10,100,1000 --all-reduce "$ce" \
+        --json "$out/allreduce.jsonl" 2>&1 | tee "$out/allreduce.md" | tail -12
+      # NCCL against the copy-engine all-reduce under xl's backward (20 timed steps each).
+      timeout 200 "${mpi[@]}" $b/bench_ddp --preset xl --precision bf16 --ctx 512 --batch 4 --strategy bucketed \
+        --bucket-mb 25,100 --steps 20 --all-reduce "$ce" --json "$out/ddp_xl_transports.jsonl" 2>/dev/null |
+        tee "$out/ddp_xl_transports.md" | grep -E "^\| xl" | head -6
       timeout 120 python3 -m torch.distributed.run --nproc_per_node "$np" apps/python/allreduce_baseline.py 2>&1 | tail -8
       # Every strategy, ZeRO-1 both ways, and each communicating row again with matmuls planned for 16 fewer
       # SMs (room for NCCL's kernels). About 4 minutes: each xl row builds, warms up and times 13 steps.
