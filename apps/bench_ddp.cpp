@@ -148,6 +148,25 @@ Result measure(Bundle& b, dist::Communicator& comm, const Config& config, int64_
   return result;
 }
 
+// Each row that `applies` to, once per value (set by `set`); the other rows once, as they are.
+template <class Value, class Applies, class Set>
+std::vector<Config> expand_rows(const std::vector<Config>& configs, const std::vector<Value>& values,
+                                Applies applies, Set set) {
+  std::vector<Config> expanded;
+  for (const Config& c : configs) {
+    if (!applies(c)) {
+      expanded.push_back(c);
+      continue;
+    }
+    for (const Value& v : values) {
+      Config with = c;
+      set(with, v);
+      expanded.push_back(with);
+    }
+  }
+  return expanded;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -217,74 +236,39 @@ int main(int argc, char** argv) {
     }
     // Every communicating row again for each SM margin asked for (the single-GPU baseline uses the whole
     // GPU).
-    {
-      const std::vector<double> margins = flags.number_list("gemm-sm-margin");
-      std::vector<Config> expanded;
-      for (const Config& c : configs) {
-        if (c.label == "single") {
-          expanded.push_back(c);
-          continue;
-        }
-        for (double m : margins) {
-          TT_CHECK(m >= 0 && m == static_cast<int>(m), "--gemm-sm-margin takes whole numbers >= 0");
-          Config with = c;
-          with.sm_margin = static_cast<int>(m);
-          expanded.push_back(with);
-        }
-      }
-      configs = expanded;
+    const std::vector<double> margins = flags.number_list("gemm-sm-margin");
+    for (double m : margins)
+      TT_CHECK(m >= 0 && m == static_cast<int>(m), "--gemm-sm-margin takes whole numbers >= 0");
+    configs = expand_rows(
+        configs, margins, [](const Config& c) { return c.label != "single"; },
+        [](Config& c, double m) { c.sm_margin = static_cast<int>(m); });
+    // Every row that runs a DDP strategy once per gradient dtype asked for ('single' and 'zero1' have no
+    // DDP all-reduce and stay as they are), and once per all-reduce transport.
+    const std::vector<std::string> dtypes = flags.list("grad-comm-dtype");
+    for (const std::string& dtype : dtypes) {
+      TT_CHECK(dtype == "f32" || dtype == "bf16",
+               "--grad-comm-dtype takes f32 and/or bf16, got '" + dtype + "'");
     }
-    {
-      // Every row that runs a DDP strategy once per gradient dtype asked for ('single' and 'zero1' have no
-      // DDP all-reduce and stay as they are).
-      const std::vector<std::string> dtypes = flags.list("grad-comm-dtype");
-      for (const std::string& dtype : dtypes) {
-        TT_CHECK(dtype == "f32" || dtype == "bf16",
-                 "--grad-comm-dtype takes f32 and/or bf16, got '" + dtype + "'");
-      }
-      std::vector<Config> expanded;
-      for (const Config& c : configs) {
-        if (!c.strategy) {
-          expanded.push_back(c);
-          continue;
-        }
-        for (const std::string& dtype : dtypes) {
-          Config with = c;
-          with.bf16_communication = dtype == "bf16";
-          if (with.bf16_communication) with.label += " (bf16 grads)";
-          expanded.push_back(with);
-        }
-      }
-      configs = expanded;
-    }
-    {
-      // Every row that runs a DDP strategy once per all-reduce transport asked for.
-      std::vector<dist::AllReduceTransport> transports;
-      for (const std::string& name : flags.list("all-reduce"))
-        transports.push_back(dist::parse_all_reduce_transport(name));
-      TT_CHECK(!transports.empty(), "--all-reduce needs library and/or copy-engine");
-      const bool copy_engine = std::find(transports.begin(), transports.end(),
-                                         dist::AllReduceTransport::copy_engine) != transports.end();
-      // Checked before any row runs, not at the first copy-engine row.
-      TT_CHECK(!copy_engine || (device.is_cuda() && runtime->world_size() == 2 && runtime->local_size() == 2),
-               "--all-reduce copy-engine needs CUDA and exactly 2 ranks on one host; this job has " +
-                   std::to_string(runtime->world_size()) + " ranks, " +
-                   std::to_string(runtime->local_size()) + " on this host, device " + device.str());
-      std::vector<Config> expanded;
-      for (const Config& c : configs) {
-        if (!c.strategy) {
-          expanded.push_back(c);
-          continue;
-        }
-        for (dist::AllReduceTransport t : transports) {
-          Config with = c;
-          with.transport = t;
-          if (t != dist::AllReduceTransport::library) with.label += " (copy engine)";
-          expanded.push_back(with);
-        }
-      }
-      configs = expanded;
-    }
+    const auto runs_ddp = [](const Config& c) { return c.strategy.has_value(); };
+    configs = expand_rows(configs, dtypes, runs_ddp, [](Config& c, const std::string& dtype) {
+      c.bf16_communication = dtype == "bf16";
+      if (c.bf16_communication) c.label += " (bf16 grads)";
+    });
+    std::vector<dist::AllReduceTransport> transports;
+    for (const std::string& name : flags.list("all-reduce"))
+      transports.push_back(dist::parse_all_reduce_transport(name));
+    TT_CHECK(!transports.empty(), "--all-reduce needs library and/or copy-engine");
+    const bool copy_engine = std::find(transports.begin(), transports.end(),
+                                       dist::AllReduceTransport::copy_engine) != transports.end();
+    // Checked before any row runs, not at the first copy-engine row.
+    TT_CHECK(!copy_engine || (device.is_cuda() && runtime->world_size() == 2 && runtime->local_size() == 2),
+             "--all-reduce copy-engine needs CUDA and exactly 2 ranks on one host; this job has " +
+                 std::to_string(runtime->world_size()) + " ranks, " + std::to_string(runtime->local_size()) +
+                 " on this host, device " + device.str());
+    configs = expand_rows(configs, transports, runs_ddp, [](Config& c, dist::AllReduceTransport t) {
+      c.transport = t;
+      if (t != dist::AllReduceTransport::library) c.label += " (copy engine)";
+    });
     const double chunk_mb = flags.number("zero-chunk-mb");
     TT_CHECK(chunk_mb > 0, "--zero-chunk-mb must be positive");
     for (Config& c : configs) c.zero_chunk_mb = chunk_mb;

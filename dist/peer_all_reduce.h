@@ -80,6 +80,8 @@ class PeerAllReduce {
   void release();  // frees what is held; safe on a partly constructed object
   void signal(Signal kind, uint32_t sequence);
   void wait(Signal kind, uint32_t sequence);
+  // The registration holding `t` when this transport can carry it (contiguous f32 or bf16 on CUDA), else
+  // null.
   const Registration* find(const Tensor& t) const;
 
   int rank_, device_;

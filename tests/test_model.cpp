@@ -185,44 +185,79 @@ TEST_CASE("the tiny model overfits a fixed batch") {
 }
 
 namespace {
-// Three AdamW steps of the tiny LM on `device`, the update either after backward or fused into it; one
-// parameter frozen and the flat buffer padded, so finish()'s own updates are exercised too.
-std::vector<double> train_three_steps(Device device, bool in_backward, std::vector<double>* grads_after,
-                                      int64_t* hook_updates = nullptr) {
+// AdamW steps of the tiny LM (vocabulary 40, context 12, batches of 2 drawn from data_seed), the update
+// after backward or fused into it, in f32 or bf16, with or without the bf16 weight mirror.
+struct TinyRun {
+  bool in_backward = false;  // AdamW fused into backward (UpdateInBackward)
+  bool bf16 = false;
+  bool mirror = false;  // bf16 weights read from the mirror AdamW writes
+  bool freeze = false;  // layers.1.ln2.weight frozen
+  int steps = 3;
+  uint64_t init_seed = 3, data_seed = 8;
+  int64_t pad = 7;  // flat buffers padded to a multiple of this
+};
+struct TinyResult {
+  std::vector<double> params, grads_after, losses;
+  int64_t hook_updates = 0;    // of the last step, with in_backward
+  bool mirror_current = true;  // after every step, with mirror
+};
+
+TinyResult train_tiny(Device device, const TinyRun& run) {
   nn::ModelConfig config = nn::preset("tiny");
   config.vocab_size = 40;
   config.context_length = 12;
+  if (run.bf16) config.precision = nn::Precision::bf16;
   nn::TransformerLM model(config);
-  nn::FlatParameters flat(model, device, 3, DType::f32, 7);
+  nn::FlatParameters flat(model, device, run.init_seed, DType::f32, run.pad);
   for (const nn::NamedParameter& p : flat.parameters()) {
-    if (p.name == "layers.1.ln2.weight") p.tensor->set_requires_grad(false);
+    if (run.freeze && p.name == "layers.1.ln2.weight") p.tensor->set_requires_grad(false);
   }
   optim::AdamWOptions options;
   options.lr = 1e-2;
   optim::AdamW adamw({flat.flat_params()}, options);
+  if (run.mirror) {
+    flat.enable_bf16_mirror();
+    adamw.write_bf16_mirror(&flat);
+  }
   std::unique_ptr<optim::UpdateInBackward> fused;
-  if (in_backward) fused = std::make_unique<optim::UpdateInBackward>(flat, adamw);
-  for (int step = 0; step < 3; ++step) {
+  if (run.in_backward) fused = std::make_unique<optim::UpdateInBackward>(flat, adamw);
+  TinyResult result;
+  for (int step = 0; step < run.steps; ++step) {
     std::vector<int32_t> x(2 * 12), y(2 * 12);
-    CounterRng rng{8, static_cast<uint64_t>(step) << 20};
+    CounterRng rng{run.data_seed, static_cast<uint64_t>(step) << 20};
     for (auto& v : x) v = static_cast<int32_t>(rng.next_below(40));
     for (auto& v : y) v = static_cast<int32_t>(rng.next_below(40));
     const Tensor loss =
         model.loss(Tensor::from_ints(x, {2, 12}, device), Tensor::from_ints(y, {2, 12}, device));
+    result.losses.push_back(loss.item());
     if (fused) {
       adamw.prepare_step();
       fused->begin();
       loss.backward();
       fused->finish();
-      if (hook_updates) *hook_updates = fused->updated_in_backward();
+      result.hook_updates = fused->updated_in_backward();
     } else {
       loss.backward();
       adamw.step();
       flat.zero_grad();
     }
+    if (run.mirror) result.mirror_current = result.mirror_current && flat.bf16_mirror_is_current();
   }
-  *grads_after = flat.flat_grads().to_doubles();
-  return flat.flat_params().to_doubles();
+  result.grads_after = flat.flat_grads().to_doubles();
+  result.params = flat.flat_params().to_doubles();
+  return result;
+}
+
+// Three f32 steps, one parameter frozen and the flat buffer padded, so finish()'s own updates are exercised.
+std::vector<double> train_three_steps(Device device, bool in_backward, std::vector<double>* grads_after,
+                                      int64_t* hook_updates = nullptr) {
+  TinyRun run;
+  run.in_backward = in_backward;
+  run.freeze = true;
+  TinyResult r = train_tiny(device, run);
+  *grads_after = r.grads_after;
+  if (hook_updates) *hook_updates = r.hook_updates;
+  return r.params;
 }
 }  // namespace
 
@@ -242,48 +277,23 @@ TEST_CASE("AdamW fused into backward equals backward, then step, then zero_grad"
 }
 
 namespace {
-// Four AdamW steps of the tiny LM in bf16 on `device`: with the bf16 weight mirror written by AdamW (after
-// backward, or fused into it) or with every matmul casting its weight. Returns the parameters; the losses
-// and whether the mirror matched the parameters after every step go to the pointers.
+// Four bf16 steps with the mirror (after backward or fused into it) or with every matmul casting its weight.
+// Returns the parameters; the losses and whether the mirror matched the parameters after every step go to
+// the pointers.
 std::vector<double> train_bf16(Device device, bool mirror, bool in_backward, std::vector<double>* losses,
                                bool* mirror_current) {
-  nn::ModelConfig config = nn::preset("tiny");
-  config.vocab_size = 40;
-  config.context_length = 12;
-  config.precision = nn::Precision::bf16;
-  nn::TransformerLM model(config);
-  nn::FlatParameters flat(model, device, 5, DType::f32, 8);
-  optim::AdamWOptions options;
-  options.lr = 1e-2;
-  optim::AdamW adamw({flat.flat_params()}, options);
-  if (mirror) {
-    flat.enable_bf16_mirror();
-    adamw.write_bf16_mirror(&flat);
-  }
-  std::unique_ptr<optim::UpdateInBackward> fused;
-  if (in_backward) fused = std::make_unique<optim::UpdateInBackward>(flat, adamw);
-  *mirror_current = true;
-  for (int step = 0; step < 4; ++step) {
-    std::vector<int32_t> x(2 * 12), y(2 * 12);
-    CounterRng rng{9, static_cast<uint64_t>(step) << 20};
-    for (auto& v : x) v = static_cast<int32_t>(rng.next_below(40));
-    for (auto& v : y) v = static_cast<int32_t>(rng.next_below(40));
-    const Tensor loss =
-        model.loss(Tensor::from_ints(x, {2, 12}, device), Tensor::from_ints(y, {2, 12}, device));
-    losses->push_back(loss.item());
-    if (fused) {
-      adamw.prepare_step();
-      fused->begin();
-      loss.backward();
-      fused->finish();
-    } else {
-      loss.backward();
-      adamw.step();
-      flat.zero_grad();
-    }
-    if (mirror) *mirror_current = *mirror_current && flat.bf16_mirror_is_current();
-  }
-  return flat.flat_params().to_doubles();
+  TinyRun run;
+  run.in_backward = in_backward;
+  run.bf16 = true;
+  run.mirror = mirror;
+  run.steps = 4;
+  run.init_seed = 5;
+  run.data_seed = 9;
+  run.pad = 8;
+  TinyResult r = train_tiny(device, run);
+  *losses = r.losses;
+  *mirror_current = r.mirror_current;
+  return r.params;
 }
 }  // namespace
 
