@@ -68,33 +68,36 @@ Result run(const Config& c, Device device, int64_t warmup, int64_t iters, bool o
       clear();
     }
     synchronize(device);
-    double forward_s = 0, backward_s = 0, total_s = 0;
+    // The protocol of apps/python/attention_baseline.py (torch.cuda.Event): per iteration, points before the
+    // forward, between forward and backward and after the backward, then a synchronisation; forward+backward
+    // as one span over back-to-back iterations. On CUDA the points are GPU time, on the CPU host time.
+    DeviceClock clock(device);
+    double forward_ms = 0, backward_ms = 0;
     for (int64_t i = 0; i < iters; ++i) {
-      const double t0 = now_seconds();
+      clock.clear();
+      const size_t t0 = clock.mark();
       Tensor o = attention();
-      synchronize(device);
-      const double t1 = now_seconds();
-      if (i == 0)
+      const size_t t1 = clock.mark();
+      if (i == 0)  // the allocator's count, known on the host without waiting
         r.memory_before_backward_mib = static_cast<double>(memory_stats(device).current_bytes) / (1 << 20);
       o.backward(grad_out);
       o = Tensor();
+      const size_t t2 = clock.mark();
       synchronize(device);
-      const double t2 = now_seconds();
       clear();
-      forward_s += t1 - t0;
-      backward_s += t2 - t1;
+      forward_ms += clock.ms_between(t0, t1);
+      backward_ms += clock.ms_between(t1, t2);
     }
-    // Forward+backward back to back, without a synchronisation between them (what a training step sees).
+    clock.clear();
+    const size_t begin = clock.mark();
     for (int64_t i = 0; i < iters; ++i) {
-      const double t0 = now_seconds();
       attention().backward(grad_out);
-      synchronize(device);
-      total_s += now_seconds() - t0;
       clear();
     }
-    r.forward_ms = forward_s * 1e3 / iters;
-    r.backward_ms = backward_s * 1e3 / iters;
-    r.total_ms = total_s * 1e3 / iters;
+    const size_t end = clock.mark();
+    r.forward_ms = forward_ms / static_cast<double>(iters);
+    r.backward_ms = backward_ms / static_cast<double>(iters);
+    r.total_ms = clock.ms_between(begin, end) / static_cast<double>(iters);
   } catch (const OutOfMemory&) {
     r.oom = true;
   }

@@ -1,5 +1,6 @@
 #include "core/cuda_context.h"
 
+#include <chrono>
 #include <mutex>
 
 #include "kernels/common.h"
@@ -133,6 +134,51 @@ void synchronize(Device device) {
     TT_CUDA_CHECK(cudaStreamSynchronize(static_cast<cudaStream_t>(compute_stream(device.index))));
   }
 #endif
+}
+
+DeviceClock::DeviceClock(Device device) : device_(device) {}
+
+DeviceClock::~DeviceClock() {
+#ifdef TT_WITH_CUDA
+  for (void* e : events_) cudaEventDestroy(static_cast<cudaEvent_t>(e));
+#endif
+}
+
+size_t DeviceClock::mark() {
+#ifdef TT_WITH_CUDA
+  if (device_.is_cuda()) {
+    if (used_ == events_.size()) {
+      cudaEvent_t event = nullptr;
+      TT_CUDA_CHECK(cudaEventCreate(&event));
+      events_.push_back(event);
+    }
+    TT_CUDA_CHECK(cudaEventRecord(static_cast<cudaEvent_t>(events_[used_]),
+                                  static_cast<cudaStream_t>(compute_stream(device_.index))));
+    return used_++;
+  }
+#endif
+  if (used_ == host_ms_.size()) host_ms_.push_back(0);
+  host_ms_[used_] =
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now().time_since_epoch()).count();
+  return used_++;
+}
+
+double DeviceClock::ms_between(size_t a, size_t b) {
+  TT_CHECK(a < used_ && b < used_, "DeviceClock: no such time point");
+#ifdef TT_WITH_CUDA
+  if (device_.is_cuda()) {
+    TT_CUDA_CHECK(cudaEventSynchronize(static_cast<cudaEvent_t>(events_[b])));
+    float ms = 0;
+    TT_CUDA_CHECK(cudaEventElapsedTime(&ms, static_cast<cudaEvent_t>(events_[a]),
+                                       static_cast<cudaEvent_t>(events_[b])));
+    return ms;
+  }
+#endif
+  return host_ms_[b] - host_ms_[a];
+}
+
+void DeviceClock::clear() {
+  used_ = 0;
 }
 
 void set_matmul_sm_margin(int sms) {

@@ -2,6 +2,9 @@
 // one stream; communication uses its own stream (dist/) ordered with events.
 #pragma once
 
+#include <cstddef>
+#include <vector>
+
 #include "core/device.h"
 
 namespace tt {
@@ -24,6 +27,25 @@ class StreamEvent {
 
  private:
   void* event_ = nullptr;
+};
+// Time points on a device's compute stream, for benchmarks: on CUDA, timing events recorded after the work
+// queued so far (what torch.cuda.Event measures: GPU time, no host synchronisation in between); on the CPU,
+// the host clock when mark() is called. Events are created on first use and reused after clear().
+class DeviceClock {
+ public:
+  explicit DeviceClock(Device device);
+  ~DeviceClock();
+  DeviceClock(const DeviceClock&) = delete;
+  DeviceClock& operator=(const DeviceClock&) = delete;
+  size_t mark();                          // returns the index of the new point
+  double ms_between(size_t a, size_t b);  // waits for point b on CUDA
+  void clear();                           // forgets the points (keeps the events)
+
+ private:
+  Device device_;
+  std::vector<void*> events_;
+  std::vector<double> host_ms_;
+  size_t used_ = 0;
 };
 void set_current_device(int device);
 int current_device();

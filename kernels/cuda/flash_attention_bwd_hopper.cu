@@ -16,8 +16,9 @@
 //  - dQ needs dS with queries as rows and all 128 keys: both warpgroups write dS^T to shared memory
 //    (double-buffered, swizzled) and, after a barrier between them, warpgroup g computes the dQ rows of
 //    queries 64g .. 64g+63 of the tile = dS K (A and B both read transposed from shared memory), stages
-//    them in shared memory and adds them to the f32 dQ accumulator in global memory with one bulk
-//    reduce-add.
+//    them in shared memory in the layout of a swizzled TMA box (so the staging stores are free of bank
+//    conflicts; a plain row-major staging cost 8 shared-memory wavefronts per store instead of 2) and adds
+//    them to the f32 dQ accumulator in global memory with two TMA tensor reduce-adds.
 //  - Causal: the block starts at the first query tile that sees its keys; masks only where a warpgroup's
 //    keys cross the diagonal or tiles hang past the end of the sequence. Key tiles with the most query
 //    tiles (the first) are scheduled first.
@@ -73,7 +74,8 @@ __global__ void __launch_bounds__(kConsumerThreads + 128, 1)
     flash_backward_hopper_kernel(const __grid_constant__ CUtensorMap map_q,
                                  const __grid_constant__ CUtensorMap map_k,
                                  const __grid_constant__ CUtensorMap map_v,
-                                 const __grid_constant__ CUtensorMap map_do, const Params p) {
+                                 const __grid_constant__ CUtensorMap map_do,
+                                 const __grid_constant__ CUtensorMap map_dq, const Params p) {
 #if TT_HAVE_WGMMA
   using L = Layout;
   extern __shared__ __align__(1024) unsigned char smem_raw[];
@@ -159,21 +161,31 @@ __global__ void __launch_bounds__(kConsumerThreads + 128, 1)
     wgmma::commit_group();
   };
   // The finished dq rows starting at query q_first: staged in this warpgroup's shared buffer (free: its
-  // previous bulk read was waited for before the last barrier), then one thread adds them to global memory.
+  // previous TMA read was waited for before the last barrier), then one thread adds them to global memory.
   const auto flush_dq = [&](int q_first) {
     wgmma::fence_operands(dq);
-    float* s_dq = reinterpret_cast<float*>(smem + L::kDq + warpgroup * L::kDqBytes);
+    unsigned char* s_dq = smem + L::kDq + warpgroup * L::kDqBytes;
     const int q_row = (warp % 4) * 16 + lane / 4;
+    // Two boxes of 32 columns x 64 rows in the tensor map's 128-byte swizzle: the 16-byte chunk c of row r
+    // sits at chunk c ^ (r % 8), so the eight rows one store instruction writes land on different banks.
+    // Rows with odd (row % 8) store column block b ^ 2 where the others store block b, so the four rows of a
+    // half-warp (one shared-memory wavefront of 64-bit stores) use four different chunk pairs.
+    const bool odd = (lane / 4) % 2 == 1;
 #pragma unroll
     for (int n = 0; n < 32; n += 2) {
-      const int row = q_row + 8 * ((n / 2) % 2), col = (n / 4) * 8 + 2 * (lane % 4);
-      *reinterpret_cast<float2*>(s_dq + row * kD + col) = make_float2(dq[n], dq[n + 1]);
+      const int partner = n ^ 8;  // block (n / 4) ^ 2, same row half
+      const int row = q_row + 8 * ((n / 2) % 2);
+      const int col = ((odd ? partner : n) / 4) * 8 + 2 * (lane % 4);
+      const int c = col % 32;
+      const uint32_t offset = (col / 32) * 8192 + row * 128 + (((c / 4) ^ (row % 8)) * 16) + (c % 4) * 4;
+      *reinterpret_cast<float2*>(s_dq + offset) =
+          odd ? make_float2(dq[partner], dq[partner + 1]) : make_float2(dq[n], dq[n + 1]);
     }
     wgmma::fence_proxy_async();
     named_barrier_sync(2 + warpgroup, 128);
-    const int rows = min(64, seq - q_first);
-    if (threadIdx.x % 128 == 0 && rows > 0) {
-      bulk_reduce_add_f32(p.dq_accum + (bh * seq + q_first) * kD, s_dq, static_cast<uint32_t>(rows * kD * 4));
+    if (threadIdx.x % 128 == 0) {  // rows past the sequence are clipped by the map
+      tma_reduce_add_3d(map_dq, s_dq, 0, q_first, static_cast<int>(bh));
+      tma_reduce_add_3d(map_dq, s_dq + 8192, 32, q_first, static_cast<int>(bh));
     }
   };
   // Every product is waited for within its step: a wgmma group left in flight across the loop's back edge
@@ -305,17 +317,19 @@ __global__ void __launch_bounds__(kConsumerThreads + 128, 1)
 bool launch_backward_hopper(const Params& params, int64_t d_head, int64_t batch_heads, cudaStream_t stream) {
   if (d_head != kD || hopper_path_disabled() || current_device_major() != 9) return false;
   const int64_t batch = batch_heads / params.heads;
-  CUtensorMap map_q, map_k, map_v, map_do;
+  CUtensorMap map_q, map_k, map_v, map_do, map_dq;
   if (!make_tensor_map(&map_q, params.q, params.sq, params, kD, batch, kBlockQ) ||
       !make_tensor_map(&map_k, params.k, params.sk, params, kD, batch, kBlockK) ||
       !make_tensor_map(&map_v, params.v, params.sv, params, kD, batch, kBlockK) ||
-      !make_tensor_map(&map_do, params.d_o, params.so, params, kD, batch, kBlockQ)) {
+      !make_tensor_map(&map_do, params.d_o, params.so, params, kD, batch, kBlockQ) ||
+      !make_dq_accum_map(&map_dq, params.dq_accum, params.seq, kD, batch_heads, 64)) {
     return false;
   }
   const auto kernel = flash_backward_hopper_kernel;
   allow_shared_memory(kernel, Layout::kSmemBytes);
   const dim3 grid(ceil_div(params.seq, kBlockK), static_cast<unsigned>(batch_heads));
-  kernel<<<grid, kConsumerThreads + 128, Layout::kSmemBytes, stream>>>(map_q, map_k, map_v, map_do, params);
+  kernel<<<grid, kConsumerThreads + 128, Layout::kSmemBytes, stream>>>(map_q, map_k, map_v, map_do, map_dq,
+                                                                       params);
   TT_CUDA_LAUNCH_CHECK();
   return true;
 }

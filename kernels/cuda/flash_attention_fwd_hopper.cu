@@ -462,6 +462,21 @@ bool make_tensor_map(CUtensorMap* map, const void* base, const AttentionStrides&
                 CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
+bool make_dq_accum_map(CUtensorMap* map, float* base, int64_t seq, int64_t d_head, int64_t batch_heads,
+                       uint32_t rows) {
+  const PFN_cuTensorMapEncodeTiled_v12000 encode = tensor_map_encoder();
+  if (encode == nullptr) return false;
+  const cuuint64_t dims[3] = {static_cast<cuuint64_t>(d_head), static_cast<cuuint64_t>(seq),
+                              static_cast<cuuint64_t>(batch_heads)};
+  const cuuint64_t strides[2] = {static_cast<cuuint64_t>(d_head) * 4,
+                                 static_cast<cuuint64_t>(seq * d_head) * 4};
+  const cuuint32_t box[3] = {32, rows, 1};
+  const cuuint32_t element_strides[3] = {1, 1, 1};
+  return encode(map, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 3, base, dims, strides, box, element_strides,
+                CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+
 bool launch_forward_hopper(const Params& params, int64_t d_head, int64_t batch_heads, cudaStream_t stream) {
   if ((d_head != 64 && d_head != 128) || hopper_path_disabled() || current_device_major() != 9) return false;
   if (d_head == 64) {

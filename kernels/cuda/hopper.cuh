@@ -68,12 +68,16 @@ __device__ inline void tma_load(void* smem, const CUtensorMap& map, int col, int
       : "memory");
 }
 
-// global[0 .. bytes) += shared[0 .. bytes) in f32 (bytes a multiple of 16, both 16-byte aligned), then
-// closes a bulk group; bulk_wait_read<N> waits until at most N groups still read their shared memory.
-__device__ inline void bulk_reduce_add_f32(float* global, const void* smem, uint32_t bytes) {
-  asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n" ::"l"(global),
-               "r"(shared_address(smem)), "r"(bytes)
-               : "memory");
+// Adds a shared-memory box (laid out as `map` describes it, swizzle included) to the box of
+// the f32 tensor at (col, row, plane), clipped at the tensor's edges, then closes a bulk group;
+// bulk_wait_read<N> waits until at most N groups still read their shared memory.
+__device__ inline void tma_reduce_add_3d(const CUtensorMap& map, const void* smem, int col, int row,
+                                         int plane) {
+  asm volatile(
+      "cp.reduce.async.bulk.tensor.3d.global.shared::cta.add.tile.bulk_group [%0, {%1, %2, %3}], [%4];\n" ::
+          "l"(reinterpret_cast<uint64_t>(&map)),
+      "r"(col), "r"(row), "r"(plane), "r"(shared_address(smem))
+      : "memory");
   asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
 }
 template <int N>
@@ -91,5 +95,9 @@ __device__ inline void bulk_wait_all() {
 // (the caller falls back).
 bool make_tensor_map(CUtensorMap* map, const void* base, const AttentionStrides& s, const Params& p,
                      int64_t d_head, int64_t batch, uint32_t rows);
+// A 3-d (d, seq, batch*head) map over the backward's contiguous f32 dQ accumulator, boxes of 32 columns (128
+// bytes, the widest a 128-byte swizzle allows) x `rows` rows.
+bool make_dq_accum_map(CUtensorMap* map, float* base, int64_t seq, int64_t d_head, int64_t batch_heads,
+                       uint32_t rows);
 
 }  // namespace tt::cuda::flash
