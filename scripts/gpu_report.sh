@@ -11,7 +11,8 @@
 #   ours       the step benchmark's acceptance table (all sizes, bf16 and f32, context 256, graph on)
 #   fused      the bf16 step with AdamW fused into backward (--mode step-fused), and an SM-margin sweep
 #   grid       the course grid: sizes x contexts, warm-up x graph x attention, 2.7b peak memory
-#   torch      the PyTorch reference for all sizes (eager f32, torch.compile bf16); run after `ours`
+#   torch      the PyTorch reference (eager f32, torch.compile bf16), one process per size and variant;
+#              TORCH_SIZES / TORCH_VARIANTS choose (a call fits about three sizes); run after `ours`
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-gpu-results}
@@ -84,7 +85,7 @@ for s in "$@"; do
         --json "$out/model_bf16.jsonl" 2>/dev/null | tee "$out/model_bf16.md" | tail -7
       timeout 60 $b/benchmark --sizes small,xl --ctx 256 --batch 4 --precision f32 --graph on \
         --json "$out/model_f32.jsonl" 2>/dev/null | tee "$out/model_f32.md" | tail -3
-      timeout 120 python3 apps/python/model_baseline.py --sizes small,xl --ctx 256 --variants eager-f32,compile-bf16 \
+      timeout 400 python3 apps/python/model_baseline.py --sizes small,xl --ctx 256 --variants eager-f32,compile-bf16 \
         --json "$out/torch_model.jsonl" 2>&1 | tee "$out/torch_model.md" | tail -6 ;;
     ours)
       # The acceptance table of the step benchmark: all sizes, bf16 and f32, context 256, graph on.
@@ -116,8 +117,11 @@ for s in "$@"; do
         --mode backward --graph on --json "$out/grid_attention.jsonl" 2>/dev/null | tee "$out/grid_attention.md" | tail -11 ;;
     torch)
       section torch
-      timeout 580 python3 apps/python/model_baseline.py --sizes small,medium,large,xl,2.7b --ctx 256 \
-        --variants eager-f32,compile-bf16 --json "$out/torch_all.jsonl" 2>&1 | tee "$out/torch_all.md" | tail -12 ;;
+      # One process per size and variant: a cold torch.compile takes 1-3 minutes per size, so a machine call
+      # (10 minutes at most) covers two or three sizes: TORCH_SIZES=small,medium,large then TORCH_SIZES=xl,2.7b.
+      timeout 580 python3 apps/python/model_baseline.py --sizes "${TORCH_SIZES:-small,medium,large,xl,2.7b}" \
+        --ctx 256 --variants "${TORCH_VARIANTS:-eager-f32,compile-bf16}" --json "$out/torch_all.jsonl" 2>&1 |
+        tee "$out/torch_all.md" | tail -12 ;;
     *) echo "unknown section $s"; exit 1 ;;
   esac
 done

@@ -2,10 +2,14 @@
 """The PyTorch reference Transformer LM (REFERENCE.md's math and parameter names), timed like `benchmark`:
 forward and full training step (forward + backward + AdamW), mean of --steps after --warmup, for eager f32,
 bf16 autocast with fused attention (sdpa), and torch.compile of the bf16 model. One run gives the columns
-that sit next to ours."""
+that sit next to ours. Each (size, context, variant) runs in a process of its own, so that no measurement
+inherits the caching allocator's state (and fragmentation) of an earlier, larger one: near the top of the
+80 GB card (2.7b trains at 64 GiB) a shared process made torch.compile's step 1.5 times slower."""
 import argparse
 import json
 import math
+import subprocess
+import sys
 import time
 
 import torch
@@ -154,6 +158,16 @@ def measure(size, ctx, batch, variant, warmup, steps, vocab):
         torch.cuda.empty_cache()
 
 
+def measure_in_child(size, ctx, variant, a):
+    cmd = [sys.executable, __file__, "--one", f"{size},{ctx},{variant}", "--batch", str(a.batch),
+           "--vocab", str(a.vocab), "--warmup", str(a.warmup), "--steps", str(a.steps)]
+    done = subprocess.run(cmd, capture_output=True, text=True)
+    lines = done.stdout.strip().splitlines()
+    if done.returncode != 0 or not lines:
+        raise SystemExit(f"error: measuring {size} ctx {ctx} {variant} failed:\n{done.stderr[-2000:]}")
+    return json.loads(lines[-1])
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--sizes", default="small")
@@ -164,14 +178,28 @@ def main():
     p.add_argument("--warmup", type=int, default=5)
     p.add_argument("--steps", type=int, default=10)
     p.add_argument("--json", default="")
+    p.add_argument("--in-process", action="store_true", help="measure everything in this one process")
+    p.add_argument("--one", default="", help=argparse.SUPPRESS)  # size,ctx,variant: measure, print JSON
     a = p.parse_args()
+    if a.one:
+        size, ctx, variant = a.one.split(",")
+        print(json.dumps(measure(size, int(ctx), a.batch, variant, a.warmup, a.steps, a.vocab)))
+        return
     out = open(a.json, "w") if a.json else None
-    print(f"device: {torch.cuda.get_device_name()}, torch {torch.__version__}, batch {a.batch}\n")
+    if a.in_process:
+        device = torch.cuda.get_device_name()
+    else:  # without a CUDA context of this process's own on the GPU the children measure on
+        device = subprocess.run([sys.executable, "-c", "import torch; print(torch.cuda.get_device_name())"],
+                                capture_output=True, text=True).stdout.strip()
+    print(f"device: {device}, torch {torch.__version__}, batch {a.batch}\n")
     print("| size | ctx | variant | forward ms | step ms | peak MiB |\n|---|---|---|---|---|---|")
     for size in a.sizes.split(","):
         for ctx in map(int, a.ctx.split(",")):
             for variant in a.variants.split(","):
-                r = measure(size, ctx, a.batch, variant, a.warmup, a.steps, a.vocab)
+                if a.in_process:
+                    r = measure(size, ctx, a.batch, variant, a.warmup, a.steps, a.vocab)
+                else:
+                    r = measure_in_child(size, ctx, variant, a)
                 r.update(size=size, ctx=ctx, variant=variant, batch=a.batch)
                 if r.get("oom"):
                     print(f"| {size} | {ctx} | {variant} | OOM | OOM | - |", flush=True)
