@@ -4,7 +4,8 @@ forward and full training step (forward + backward + AdamW), mean of --steps aft
 bf16 autocast with fused attention (sdpa), and torch.compile of the bf16 model. One run gives the columns
 that sit next to ours. Each (size, context, variant) runs in a process of its own, so that no measurement
 inherits the caching allocator's state (and fragmentation) of an earlier, larger one: near the top of the
-80 GB card (2.7b trains at 64 GiB) a shared process made torch.compile's step 1.5 times slower."""
+80 GB card (2.7b trains at 64 GiB) torch.compile's step measured 1.5 times slower in a shared process than
+alone."""
 import argparse
 import json
 import math
