@@ -116,6 +116,23 @@ TEST_CASE("CUDA add_pair_scaled (the copy-engine all-reduce's reduction) equals 
 }
 #endif
 
+#ifdef TT_WITH_CUDA
+TEST_CASE("DeviceClock on CUDA measures GPU time between its points, not the host's") {
+  // Twenty 2048^3 f32 products (about 7 ms on an H100) between two points: the host queues them in far less
+  // time, the GPU span covers them; an empty span measures next to nothing.
+  const Tensor a = randn({2048, 2048}, 31).to(Device::cuda(0));
+  synchronize(Device::cuda(0));
+  DeviceClock clock(Device::cuda(0));
+  const size_t t0 = clock.mark();
+  Tensor c;
+  for (int i = 0; i < 20; ++i) c = ops::matmul(a, a);
+  const size_t t1 = clock.mark();
+  const size_t t2 = clock.mark();
+  CHECK(clock.ms_between(t0, t1) > 1.0);
+  CHECK(clock.ms_between(t1, t2) < 0.5);
+}
+#endif
+
 TEST_CASE("CUDA matmul (cuBLASLt) equals the CPU: f32 and bf16, every transpose, batched") {
   for (int ta = 0; ta < 2; ++ta) {
     for (int tb = 0; tb < 2; ++tb) {

@@ -1,7 +1,11 @@
 // Tensor views and copies, the autograd engine's contracts, the allocator's accounting and the RNG.
 #include <doctest/doctest.h>
 
+#include <chrono>
+#include <thread>
+
 #include "core/allocator.h"
+#include "core/cuda_context.h"
 #include "core/rng.h"
 #include "gradcheck.h"
 
@@ -136,4 +140,18 @@ TEST_CASE("a graph cannot be run backward twice, and forward without backward fr
   }
   // Nodes that save their own output must not keep themselves alive.
   CHECK(memory_stats(Device::cpu()).current_bytes == before);
+}
+
+TEST_CASE("DeviceClock on the CPU measures host time between its points") {
+  DeviceClock clock(Device::cpu());
+  const size_t a = clock.mark();
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  const size_t b = clock.mark();
+  const double ms = clock.ms_between(a, b);
+  CHECK(ms >= 19.0);
+  CHECK(ms < 5000.0);
+  CHECK(clock.ms_between(b, a) == doctest::Approx(-ms));
+  CHECK_THROWS_AS(clock.ms_between(a, b + 1), Error);
+  clock.clear();
+  CHECK_THROWS_AS(clock.ms_between(a, b), Error);
 }

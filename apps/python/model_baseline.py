@@ -107,11 +107,12 @@ class TransformerLM(nn.Module):
         return self.lm_head(self.ln_final(x))
 
 
-def measure(size, ctx, batch, variant, warmup, steps, vocab):
+def measure(size, ctx, batch, variant, warmup, steps, vocab, adamw="default"):
     d, dff, layers, heads = PRESETS[size]
     bf16 = variant != "eager-f32"
     model = TransformerLM(vocab, d, dff, layers, heads, sdpa=bf16).cuda()
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    # "default": what torch.optim.AdamW picks on CUDA (the multi-tensor foreach kernels); "fused": one kernel.
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, **({"fused": True} if adamw == "fused" else {}))
     run = torch.compile(model) if variant == "compile-bf16" else model
     ids = torch.randint(0, vocab, (batch, ctx), device="cuda")
     tgt = torch.randint(0, vocab, (batch, ctx), device="cuda")
@@ -161,7 +162,7 @@ def measure(size, ctx, batch, variant, warmup, steps, vocab):
 
 def measure_in_child(size, ctx, variant, a):
     cmd = [sys.executable, __file__, "--one", f"{size},{ctx},{variant}", "--batch", str(a.batch),
-           "--vocab", str(a.vocab), "--warmup", str(a.warmup), "--steps", str(a.steps)]
+           "--vocab", str(a.vocab), "--warmup", str(a.warmup), "--steps", str(a.steps), "--adamw", a.adamw]
     done = subprocess.run(cmd, capture_output=True, text=True)
     lines = done.stdout.strip().splitlines()
     if done.returncode != 0 or not lines:
@@ -179,12 +180,14 @@ def main():
     p.add_argument("--warmup", type=int, default=5)
     p.add_argument("--steps", type=int, default=10)
     p.add_argument("--json", default="")
+    p.add_argument("--adamw", default="default", choices=["default", "fused"],
+                   help="torch.optim.AdamW's implementation: its default (foreach) or fused=True")
     p.add_argument("--in-process", action="store_true", help="measure everything in this one process")
     p.add_argument("--one", default="", help=argparse.SUPPRESS)  # size,ctx,variant: measure, print JSON
     a = p.parse_args()
     if a.one:
         size, ctx, variant = a.one.split(",")
-        print(json.dumps(measure(size, int(ctx), a.batch, variant, a.warmup, a.steps, a.vocab)))
+        print(json.dumps(measure(size, int(ctx), a.batch, variant, a.warmup, a.steps, a.vocab, a.adamw)))
         return
     out = open(a.json, "w") if a.json else None
     if a.in_process:
@@ -198,10 +201,10 @@ def main():
         for ctx in map(int, a.ctx.split(",")):
             for variant in a.variants.split(","):
                 if a.in_process:
-                    r = measure(size, ctx, a.batch, variant, a.warmup, a.steps, a.vocab)
+                    r = measure(size, ctx, a.batch, variant, a.warmup, a.steps, a.vocab, a.adamw)
                 else:
                     r = measure_in_child(size, ctx, variant, a)
-                r.update(size=size, ctx=ctx, variant=variant, batch=a.batch)
+                r.update(size=size, ctx=ctx, variant=variant, batch=a.batch, adamw=a.adamw)
                 if r.get("oom"):
                     print(f"| {size} | {ctx} | {variant} | OOM | OOM | - |", flush=True)
                 else:
