@@ -147,9 +147,14 @@ DeviceClock::~DeviceClock() {
 size_t DeviceClock::mark() {
 #ifdef TT_WITH_CUDA
   if (device_.is_cuda()) {
-    if (used_ == events_.size()) {
+    if (used_ == events_.size()) {  // an event belongs to the device current when it is created
+      int previous = 0;
+      TT_CUDA_CHECK(cudaGetDevice(&previous));
+      TT_CUDA_CHECK(cudaSetDevice(device_.index));
       cudaEvent_t event = nullptr;
-      TT_CUDA_CHECK(cudaEventCreate(&event));
+      const cudaError_t created = cudaEventCreate(&event);
+      TT_CUDA_CHECK(cudaSetDevice(previous));
+      TT_CUDA_CHECK(created);
       events_.push_back(event);
     }
     TT_CUDA_CHECK(cudaEventRecord(static_cast<cudaEvent_t>(events_[used_]),
@@ -167,6 +172,7 @@ double DeviceClock::ms_between(size_t a, size_t b) {
   TT_CHECK(a < used_ && b < used_, "DeviceClock: no such time point");
 #ifdef TT_WITH_CUDA
   if (device_.is_cuda()) {
+    TT_CUDA_CHECK(cudaEventSynchronize(static_cast<cudaEvent_t>(events_[a])));
     TT_CUDA_CHECK(cudaEventSynchronize(static_cast<cudaEvent_t>(events_[b])));
     float ms = 0;
     TT_CUDA_CHECK(cudaEventElapsedTime(&ms, static_cast<cudaEvent_t>(events_[a]),

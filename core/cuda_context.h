@@ -38,7 +38,7 @@ class DeviceClock {
   DeviceClock(const DeviceClock&) = delete;
   DeviceClock& operator=(const DeviceClock&) = delete;
   size_t mark();                          // returns the index of the new point
-  double ms_between(size_t a, size_t b);  // waits for point b on CUDA
+  double ms_between(size_t a, size_t b);  // b's time minus a's; waits for both on CUDA
   void clear();                           // forgets the points (keeps the events)
 
  private:

@@ -6,13 +6,15 @@
 #   tests      ctest (GPU suites included; the 2-rank NCCL suite needs 2 GPUs)
 #   attention  bench_attention leaderboard + course sweep, and PyTorch's SDPA on the same cases
 #   model      benchmark sizes small..2.7b (bf16 graph on/off, f32) and the PyTorch reference (eager, compile)
+#              for TORCH_SIZES (default small,xl)
 #   ddp        bench_allreduce and bench_ddp on all visible GPUs (mpirun), and PyTorch/NCCL all-reduce
 #   gputests   only the GPU-labelled tests (CUDA ops, flash attention, NCCL suites, resume on CUDA)
 #   ours       the step benchmark's acceptance table (all sizes, bf16 and f32, context 256, graph on)
 #   fused      the bf16 step with AdamW fused into backward (--mode step-fused), and an SM-margin sweep
 #   grid       the course grid: sizes x contexts, warm-up x graph x attention, 2.7b peak memory
 #   torch      the PyTorch reference (eager f32, torch.compile bf16), one process per size and variant;
-#              TORCH_SIZES / TORCH_VARIANTS choose (a call fits about three sizes); run after `ours`
+#              TORCH_SIZES (default small,medium,large; then xl,2.7b in another call) / TORCH_VARIANTS
+#              choose; run after `ours`
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-gpu-results}
@@ -53,7 +55,9 @@ for s in "$@"; do
         --json "$out/model_bf16.jsonl" 2>/dev/null | tee "$out/model_bf16.md" | tail -11
       timeout 150 $b/benchmark --sizes small,medium,large,xl,2.7b --ctx 256 --batch 4 --precision f32 --graph on \
         --json "$out/model_f32.jsonl" 2>/dev/null | tee "$out/model_f32.md" | tail -6
-      timeout 300 python3 apps/python/model_baseline.py --sizes small,medium,large,xl,2.7b --ctx 256 \
+      # The reference for two sizes only (one cold torch.compile per size and variant process); the `torch`
+      # section covers the rest over several calls.
+      timeout 300 python3 apps/python/model_baseline.py --sizes "${TORCH_SIZES:-small,xl}" --ctx 256 \
         --variants eager-f32,compile-bf16 --json "$out/torch_model.jsonl" 2>&1 | tee "$out/torch_model.md" | tail -12 ;;
     ddp)
       section ddp
@@ -119,7 +123,7 @@ for s in "$@"; do
       section torch
       # One process per size and variant: a cold torch.compile takes 1-3 minutes per size, so a machine call
       # (10 minutes at most) covers two or three sizes: TORCH_SIZES=small,medium,large then TORCH_SIZES=xl,2.7b.
-      timeout 580 python3 apps/python/model_baseline.py --sizes "${TORCH_SIZES:-small,medium,large,xl,2.7b}" \
+      timeout 580 python3 apps/python/model_baseline.py --sizes "${TORCH_SIZES:-small,medium,large}" \
         --ctx 256 --variants "${TORCH_VARIANTS:-eager-f32,compile-bf16}" --json "$out/torch_all.jsonl" 2>&1 |
         tee "$out/torch_all.md" | tail -12 ;;
     *) echo "unknown section $s"; exit 1 ;;

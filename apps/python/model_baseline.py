@@ -2,10 +2,10 @@
 """The PyTorch reference Transformer LM (REFERENCE.md's math and parameter names), timed like `benchmark`:
 forward and full training step (forward + backward + AdamW), mean of --steps after --warmup, for eager f32,
 bf16 autocast with fused attention (sdpa), and torch.compile of the bf16 model. One run gives the columns
-that sit next to ours. Each (size, context, variant) runs in a process of its own, so that no measurement
-inherits the caching allocator's state (and fragmentation) of an earlier, larger one: near the top of the
-80 GB card (2.7b trains at 64 GiB) torch.compile's step measured 1.5 times slower in a shared process than
-alone."""
+that sit next to ours. Each (size, context, variant) runs in a process of its own (--in-process: all in
+this one), so that no measurement starts from what an earlier one left behind: near the top of the 80 GB
+card (2.7b trains at 64 GiB) torch.compile's step measured 1.5 times slower in a shared process than alone.
+A measurement whose process fails becomes a row saying so."""
 import argparse
 import json
 import math
@@ -165,9 +165,15 @@ def measure_in_child(size, ctx, variant, a):
            "--vocab", str(a.vocab), "--warmup", str(a.warmup), "--steps", str(a.steps), "--adamw", a.adamw]
     done = subprocess.run(cmd, capture_output=True, text=True)
     lines = done.stdout.strip().splitlines()
-    if done.returncode != 0 or not lines:
-        raise SystemExit(f"error: measuring {size} ctx {ctx} {variant} failed:\n{done.stderr[-2000:]}")
-    return json.loads(lines[-1])
+    try:
+        if done.returncode == 0 and lines:
+            return json.loads(lines[-1])
+    except json.JSONDecodeError:
+        pass
+    reason = (done.stderr.strip().splitlines() or ["no output"])[-1]
+    print(f"error: measuring {size} ctx {ctx} {variant} failed (exit {done.returncode}): {reason}",
+          file=sys.stderr, flush=True)
+    return dict(failed=reason)
 
 
 def main():
@@ -193,8 +199,11 @@ def main():
     if a.in_process:
         device = torch.cuda.get_device_name()
     else:  # without a CUDA context of this process's own on the GPU the children measure on
-        device = subprocess.run([sys.executable, "-c", "import torch; print(torch.cuda.get_device_name())"],
-                                capture_output=True, text=True).stdout.strip()
+        found = subprocess.run([sys.executable, "-c", "import torch; print(torch.cuda.get_device_name())"],
+                               capture_output=True, text=True)
+        if found.returncode != 0:
+            raise SystemExit("error: no CUDA device for PyTorch: " + (found.stderr.strip().splitlines() or ["?"])[-1])
+        device = found.stdout.strip()
     print(f"device: {device}, torch {torch.__version__}, batch {a.batch}\n")
     print("| size | ctx | variant | forward ms | step ms | peak MiB |\n|---|---|---|---|---|---|")
     for size in a.sizes.split(","):
@@ -205,7 +214,9 @@ def main():
                 else:
                     r = measure_in_child(size, ctx, variant, a)
                 r.update(size=size, ctx=ctx, variant=variant, batch=a.batch, adamw=a.adamw)
-                if r.get("oom"):
+                if r.get("failed"):
+                    print(f"| {size} | {ctx} | {variant} | failed | failed | - |", flush=True)
+                elif r.get("oom"):
                     print(f"| {size} | {ctx} | {variant} | OOM | OOM | - |", flush=True)
                 else:
                     print(f"| {size} | {ctx} | {variant} | {r['forward_ms']:.2f} ± {r['forward_std_ms']:.2f} | "

@@ -167,9 +167,9 @@ __global__ void __launch_bounds__(kConsumerThreads + 128, 1)
     unsigned char* s_dq = smem + L::kDq + warpgroup * L::kDqBytes;
     const int q_row = (warp % 4) * 16 + lane / 4;
     // Two boxes of 32 columns x 64 rows in the tensor map's 128-byte swizzle: the 16-byte chunk c of row r
-    // sits at chunk c ^ (r % 8), so the eight rows one store instruction writes land on different banks.
-    // Rows with odd (row % 8) store column block b ^ 2 where the others store block b, so the four rows of a
-    // half-warp (one shared-memory wavefront of 64-bit stores) use four different chunk pairs.
+    // sits at chunk c ^ (r % 8). A 64-bit store instruction is served a half-warp (four rows) per wavefront;
+    // the XOR alone would leave rows r and r ^ 1 on the same pair of chunks, so rows with odd (row % 8)
+    // store column block b ^ 2 where the others store block b, and the four rows use four different pairs.
     const bool odd = (lane / 4) % 2 == 1;
 #pragma unroll
     for (int n = 0; n < 32; n += 2) {

@@ -9,8 +9,9 @@
 //  - TMA (cp.async.bulk.tensor) copies a box of a tensor described by a CUtensorMap (made on the host)
 //    into shared memory, applying the 128-byte swizzle, zero-filling what lies outside the tensor, and
 //    signals an mbarrier with the byte count.
-//  - cp.reduce.async.bulk adds a contiguous run of shared memory into global memory (f32 add), one
-//    instruction for a whole tile instead of an atomic per element.
+//  - cp.reduce.async.bulk.tensor adds a box of shared memory, laid out as the tensor map says (128-byte
+//    swizzle included), into global memory (f32 add), one instruction for a whole tile instead of an
+//    atomic per element; bulk groups (per thread) say when the shared memory has been read.
 #pragma once
 
 #include <cuda.h>
