@@ -1,7 +1,9 @@
 #include "core/cuda_context.h"
 
 #include <chrono>
+#include <cstdlib>
 #include <mutex>
+#include <string>
 
 #include "kernels/common.h"
 #ifdef TT_WITH_CUDA
@@ -57,16 +59,33 @@ int current_device() {
 
 #ifdef TT_WITH_CUDA
 namespace {
+// TT_COMPUTE_STREAM_PRIORITY=high: the compute stream at the device's greatest priority instead of the
+// default (which is also the least: CUDA's default priority is the lowest one). Then the thread blocks of
+// kernels queued on other streams at the default priority (the copy-engine all-reduce's adds, NCCL's
+// kernels, AdamW updates fused into backward) start only on SMs the compute stream's pending blocks leave.
+bool compute_stream_high_priority() {
+  const char* text = std::getenv("TT_COMPUTE_STREAM_PRIORITY");
+  const std::string value = text == nullptr ? "" : text;
+  TT_CHECK(value.empty() || value == "default" || value == "high",
+           "TT_COMPUTE_STREAM_PRIORITY must be default or high, got '" + value + "'");
+  return value == "high";
+}
+
 // The stream of `device` in `table`, created (non-blocking, on that device) on first use.
-cudaStream_t lazy_stream(cudaStream_t (&table)[kMaxDevices], int device) {
+cudaStream_t lazy_stream(cudaStream_t (&table)[kMaxDevices], int device, bool compute) {
   std::lock_guard<std::mutex> lock(g_stream_mutex);
   TT_CHECK(device >= 0 && device < kMaxDevices, "bad CUDA device index " + std::to_string(device));
   if (!table[device]) {
+    const bool high = compute && compute_stream_high_priority();
     int previous = 0;
     TT_CUDA_CHECK(cudaGetDevice(&previous));
     TT_CUDA_CHECK(cudaSetDevice(device));
-    TT_CUDA_CHECK(cudaStreamCreateWithFlags(&table[device], cudaStreamNonBlocking));
+    int least = 0, greatest = 0;
+    TT_CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&least, &greatest));
+    const cudaError_t created =
+        cudaStreamCreateWithPriority(&table[device], cudaStreamNonBlocking, high ? greatest : least);
     TT_CUDA_CHECK(cudaSetDevice(previous));
+    TT_CUDA_CHECK(created);
   }
   return table[device];
 }
@@ -75,7 +94,7 @@ cudaStream_t lazy_stream(cudaStream_t (&table)[kMaxDevices], int device) {
 
 void* compute_stream(int device) {
 #ifdef TT_WITH_CUDA
-  return lazy_stream(g_streams, device);
+  return lazy_stream(g_streams, device, true);
 #else
   (void)device;
   return nullptr;
@@ -84,7 +103,7 @@ void* compute_stream(int device) {
 
 void* side_stream(int device) {
 #ifdef TT_WITH_CUDA
-  return lazy_stream(g_side_streams, device);
+  return lazy_stream(g_side_streams, device, false);
 #else
   (void)device;
   return nullptr;

@@ -41,9 +41,10 @@ class PeerAllReduce {
  public:
   // Collective over MPI_COMM_WORLD, which must hold exactly two ranks on one host. Each all-reduce is
   // ordered after the work queued on `comm_stream` and the work queued there afterwards after it; in
-  // between it runs on a stream of its own (low priority unless TT_COPY_ENGINE_PRIORITY=high, so its add
-  // kernels fill SMs the computation leaves idle instead of pre-empting it). Throws tt::Error saying why when
-  // the peer's memory cannot be reached.
+  // between it runs on a stream of its own, at CUDA's lowest priority unless TT_COPY_ENGINE_PRIORITY=high.
+  // That is also the compute stream's default; with TT_COMPUTE_STREAM_PRIORITY=high the compute stream
+  // ranks above it and the add kernels only fill SMs the computation leaves idle. Throws tt::Error saying
+  // why when the peer's memory cannot be reached.
   PeerAllReduce(int rank, int device, cudaStream_t comm_stream);
   ~PeerAllReduce();
   PeerAllReduce(const PeerAllReduce&) = delete;
