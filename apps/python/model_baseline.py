@@ -148,11 +148,28 @@ def measure(size, ctx, batch, variant, warmup, steps, vocab, adamw="default"):
     try:
         fwd = timed(forward)
         stp = timed(step)
+        # One more step, split by CUDA events: forward + backward, then the optimizer (where a step's time goes
+        # when it differs from someone else's measurement).
         torch.cuda.reset_peak_memory_stats()
-        step()
+        marks = [torch.cuda.Event(enable_timing=True) for _ in range(3)]
+        opt.zero_grad(set_to_none=True)
+        marks[0].record()
+        loss_fn().backward()
+        marks[1].record()
+        opt.step()
+        marks[2].record()
         torch.cuda.synchronize()
         peak = torch.cuda.max_memory_allocated() / 2**20
-        return dict(forward_ms=fwd[0], forward_std_ms=fwd[1], step_ms=stp[0], step_std_ms=stp[1], peak_mib=peak)
+        result = dict(forward_ms=fwd[0], forward_std_ms=fwd[1], step_ms=stp[0], step_std_ms=stp[1], peak_mib=peak,
+                      fwd_bwd_ms=marks[0].elapsed_time(marks[1]), optimizer_ms=marks[1].elapsed_time(marks[2]))
+        if variant == "compile-bf16":
+            try:  # graphs compiled and graph breaks: a break leaves part of the model eager
+                from torch._dynamo.utils import counters
+                result["compiled_graphs"] = int(counters["stats"]["unique_graphs"])
+                result["graph_breaks"] = int(sum(counters["graph_break"].values()))
+            except Exception:  # the counters are internal and may move between versions
+                pass
+        return result
     except torch.OutOfMemoryError:
         return dict(oom=True)
     finally:
@@ -205,7 +222,8 @@ def main():
             raise SystemExit("error: no CUDA device for PyTorch: " + (found.stderr.strip().splitlines() or ["?"])[-1])
         device = found.stdout.strip()
     print(f"device: {device}, torch {torch.__version__}, batch {a.batch}\n")
-    print("| size | ctx | variant | forward ms | step ms | peak MiB |\n|---|---|---|---|---|---|")
+    print("| size | ctx | variant | forward ms | step ms | one step: fwd+bwd ms | one step: AdamW ms | peak MiB |\n"
+          "|---|---|---|---|---|---|---|---|")
     for size in a.sizes.split(","):
         for ctx in map(int, a.ctx.split(",")):
             for variant in a.variants.split(","):
@@ -215,12 +233,13 @@ def main():
                     r = measure_in_child(size, ctx, variant, a)
                 r.update(size=size, ctx=ctx, variant=variant, batch=a.batch, adamw=a.adamw)
                 if r.get("failed"):
-                    print(f"| {size} | {ctx} | {variant} | failed | failed | - |", flush=True)
+                    print(f"| {size} | {ctx} | {variant} | failed | failed | - | - | - |", flush=True)
                 elif r.get("oom"):
-                    print(f"| {size} | {ctx} | {variant} | OOM | OOM | - |", flush=True)
+                    print(f"| {size} | {ctx} | {variant} | OOM | OOM | - | - | - |", flush=True)
                 else:
                     print(f"| {size} | {ctx} | {variant} | {r['forward_ms']:.2f} ± {r['forward_std_ms']:.2f} | "
-                          f"{r['step_ms']:.2f} ± {r['step_std_ms']:.2f} | {r['peak_mib']:.0f} |", flush=True)
+                          f"{r['step_ms']:.2f} ± {r['step_std_ms']:.2f} | {r['fwd_bwd_ms']:.2f} | "
+                          f"{r['optimizer_ms']:.2f} | {r['peak_mib']:.0f} |", flush=True)
                 if out:
                     out.write(json.dumps(r) + "\n")
                     out.flush()
