@@ -110,16 +110,26 @@ void* side_stream(int device) {
 #endif
 }
 
-StreamEvent::StreamEvent(int device) {
 #ifdef TT_WITH_CUDA
+namespace {
+// An event of `device` (-1: the current one; an event belongs to the device current when it is created),
+// leaving the current device as it was.
+cudaEvent_t create_event(int device, unsigned flags) {
   int previous = 0;
   TT_CUDA_CHECK(cudaGetDevice(&previous));
   if (device >= 0) TT_CUDA_CHECK(cudaSetDevice(device));
   cudaEvent_t event = nullptr;
-  const cudaError_t created = cudaEventCreateWithFlags(&event, cudaEventDisableTiming);
+  const cudaError_t created = cudaEventCreateWithFlags(&event, flags);
   if (device >= 0) TT_CUDA_CHECK(cudaSetDevice(previous));
   TT_CUDA_CHECK(created);
-  event_ = event;
+  return event;
+}
+}  // namespace
+#endif
+
+StreamEvent::StreamEvent(int device) {
+#ifdef TT_WITH_CUDA
+  event_ = create_event(device, cudaEventDisableTiming);
 #else
   (void)device;
 #endif
@@ -166,16 +176,7 @@ DeviceClock::~DeviceClock() {
 size_t DeviceClock::mark() {
 #ifdef TT_WITH_CUDA
   if (device_.is_cuda()) {
-    if (used_ == events_.size()) {  // an event belongs to the device current when it is created
-      int previous = 0;
-      TT_CUDA_CHECK(cudaGetDevice(&previous));
-      TT_CUDA_CHECK(cudaSetDevice(device_.index));
-      cudaEvent_t event = nullptr;
-      const cudaError_t created = cudaEventCreate(&event);
-      TT_CUDA_CHECK(cudaSetDevice(previous));
-      TT_CUDA_CHECK(created);
-      events_.push_back(event);
-    }
+    if (used_ == events_.size()) events_.push_back(create_event(device_.index, cudaEventDefault));
     TT_CUDA_CHECK(cudaEventRecord(static_cast<cudaEvent_t>(events_[used_]),
                                   static_cast<cudaStream_t>(compute_stream(device_.index))));
     return used_++;

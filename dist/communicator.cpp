@@ -25,11 +25,15 @@ AllReduceTransport parse_all_reduce_transport(const std::string& text) {
   throw Error("unknown all-reduce transport '" + text + "' (expected library or copy-engine)");
 }
 
+void check_all_reduce_flag(const std::string& text) {
+  TT_CHECK(text == "auto" || text == "library" || text == "copy-engine",
+           "unknown all-reduce transport '" + text + "' (expected auto, library or copy-engine)");
+}
+
 std::string select_all_reduce_transport(Communicator& comm, const std::string& text,
                                         const DistRuntime& runtime, bool will_all_reduce) {
+  check_all_reduce_flag(text);
   if (text != "auto") {
-    TT_CHECK(text == "library" || text == "copy-engine",
-             "unknown all-reduce transport '" + text + "' (expected auto, library or copy-engine)");
     comm.set_all_reduce_transport(parse_all_reduce_transport(text));
     return "";
   }

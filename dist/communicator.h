@@ -30,6 +30,8 @@ const char* reduce_op_name(ReduceOp op);
 enum class AllReduceTransport { library, copy_engine };
 const char* all_reduce_transport_name(AllReduceTransport transport);     // "library", "copy-engine"
 AllReduceTransport parse_all_reduce_transport(const std::string& text);  // throws tt::Error on unknown names
+// Throws tt::Error unless `text` is a value of the --all-reduce flag: auto, library or copy-engine.
+void check_all_reduce_flag(const std::string& text);
 
 // Sets comm's transport from a flag value: "library", "copy-engine" (errors propagate), or "auto": the copy
 // engine where it can work - a DDP all-reduce will run (will_all_reduce), a CUDA communicator, exactly 2

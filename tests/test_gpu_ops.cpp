@@ -316,12 +316,20 @@ TEST_CASE("device-side clipping and gradient scaling in AdamW equal host clippin
   CHECK(relative_error(gpu_p.to_doubles(), cpu_p.to_doubles()) < 1e-6);
 }
 
-TEST_CASE("a training step captured in a CUDA graph and replayed equals the eager step") {
+namespace {
+// The tiny preset in bf16 with a 200-token vocabulary and context 32: the CUDA training-step tests' model.
+nn::ModelConfig tiny_bf16_config(nn::AttentionKind attention) {
   nn::ModelConfig config = nn::preset("tiny");
   config.vocab_size = 200;
   config.context_length = 32;
   config.precision = nn::Precision::bf16;
-  config.attention = nn::AttentionKind::flash;
+  config.attention = attention;
+  return config;
+}
+}  // namespace
+
+TEST_CASE("a training step captured in a CUDA graph and replayed equals the eager step") {
+  const nn::ModelConfig config = tiny_bf16_config(nn::AttentionKind::flash);
   nn::TransformerLM eager_model(config), graph_model(config);
   nn::FlatParameters eager(eager_model, Device::cuda(0), 9), graphed(graph_model, Device::cuda(0), 9);
   optim::AdamW eager_opt({eager.flat_params()}), graph_opt({graphed.flat_params()});
@@ -356,11 +364,8 @@ TEST_CASE("a training step captured in a CUDA graph and replayed equals the eage
 }
 
 TEST_CASE("bf16 weight mirror on CUDA: written by AdamW, eager and graph-replayed, trains like casting") {
-  nn::ModelConfig config = nn::preset("tiny");
-  config.vocab_size = 200;
-  config.context_length = 32;
-  config.precision = nn::Precision::bf16;
-  config.attention = nn::AttentionKind::naive;  // no atomics anywhere: runs must agree bit for bit
+  // Naive attention: no atomics anywhere, so runs must agree bit for bit.
+  const nn::ModelConfig config = tiny_bf16_config(nn::AttentionKind::naive);
   const Device gpu = Device::cuda(0);
   nn::TransformerLM cast_model(config), eager_model(config), graph_model(config);
   // Padded to an odd multiple so the flat buffers' tails take the kernel's element-wise path too.
@@ -408,11 +413,8 @@ TEST_CASE("bf16 weight mirror on CUDA: written by AdamW, eager and graph-replaye
 }
 
 TEST_CASE("AdamW fused into backward on CUDA (side stream; eager and graph-captured) equals the plain step") {
-  nn::ModelConfig config = nn::preset("tiny");
-  config.vocab_size = 200;
-  config.context_length = 32;
-  config.precision = nn::Precision::bf16;
-  config.attention = nn::AttentionKind::naive;  // no atomics anywhere: runs must agree bit for bit
+  // Naive attention: no atomics anywhere, so runs must agree bit for bit.
+  const nn::ModelConfig config = tiny_bf16_config(nn::AttentionKind::naive);
   const Device gpu = Device::cuda(0);
   nn::TransformerLM plain_model(config), fused_model(config), graph_model(config);
   nn::FlatParameters plain(plain_model, gpu, 9), fused(fused_model, gpu, 9), graphed(graph_model, gpu, 9);

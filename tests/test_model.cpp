@@ -202,11 +202,17 @@ struct TinyResult {
   bool mirror_current = true;  // after every step, with mirror
 };
 
-TinyResult train_tiny(Device device, const TinyRun& run) {
+// The tiny preset with a 40-token vocabulary and context 12, as all the optimizer and mirror tests use it.
+nn::ModelConfig tiny_config(bool bf16) {
   nn::ModelConfig config = nn::preset("tiny");
   config.vocab_size = 40;
   config.context_length = 12;
-  if (run.bf16) config.precision = nn::Precision::bf16;
+  if (bf16) config.precision = nn::Precision::bf16;
+  return config;
+}
+
+TinyResult train_tiny(Device device, const TinyRun& run) {
+  const nn::ModelConfig config = tiny_config(run.bf16);
   nn::TransformerLM model(config);
   nn::FlatParameters flat(model, device, run.init_seed, DType::f32, run.pad);
   for (const nn::NamedParameter& p : flat.parameters()) {
@@ -270,9 +276,7 @@ TEST_CASE("AdamW fused into backward equals backward, then step, then zero_grad"
   CHECK(grads_fused == grads_plain);
   CHECK(std::all_of(grads_fused.begin(), grads_fused.end(), [](double g) { return g == 0.0; }));
   // Every trainable parameter was updated from its hook during backward; only the frozen one waited.
-  nn::ModelConfig config = nn::preset("tiny");
-  config.vocab_size = 40;
-  nn::TransformerLM probe(config);
+  nn::TransformerLM probe(tiny_config(false));
   CHECK(hook_updates == static_cast<int64_t>(probe.named_parameters().size()) - 1);
 }
 
@@ -313,11 +317,7 @@ TEST_CASE("bf16 weight mirror written by AdamW: training identical to casting ev
 }
 
 TEST_CASE("bf16 weight mirror: goes stale when parameters change behind it, refresh and disable restore") {
-  nn::ModelConfig config = nn::preset("tiny");
-  config.vocab_size = 40;
-  config.context_length = 12;
-  config.precision = nn::Precision::bf16;
-  nn::TransformerLM model(config);
+  nn::TransformerLM model(tiny_config(true));
   nn::FlatParameters flat(model, Device::cpu(), 5);
   const Tensor ids = Tensor::from_ints(std::vector<int32_t>(12, 3), {1, 12});
   const double before = model.loss(ids, ids).item();
@@ -346,11 +346,7 @@ TEST_CASE("bf16 weight mirror: goes stale when parameters change behind it, refr
 }
 
 TEST_CASE("bf16 weight mirror: AdamW keeps writing it across disable and re-enable") {
-  nn::ModelConfig config = nn::preset("tiny");
-  config.vocab_size = 40;
-  config.context_length = 12;
-  config.precision = nn::Precision::bf16;
-  nn::TransformerLM model(config);
+  nn::TransformerLM model(tiny_config(true));
   nn::FlatParameters flat(model, Device::cpu(), 5);
   optim::AdamW adamw({flat.flat_params()});
   adamw.write_bf16_mirror(&flat);

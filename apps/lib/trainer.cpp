@@ -262,8 +262,7 @@ int run_training(const Flags& flags, Device device, const std::string& data_dir,
   TT_CHECK(sm_margin >= 0, "--gemm-sm-margin must be >= 0");
   set_matmul_sm_margin(static_cast<int>(sm_margin));
   const std::string transport_text = flags.str("all-reduce");
-  TT_CHECK(transport_text == "auto" || transport_text == "library" || transport_text == "copy-engine",
-           "--all-reduce must be auto, library or copy-engine, got '" + transport_text + "'");
+  dist::check_all_reduce_flag(transport_text);  // before any rank starts communicating
   if (world > 1) {
     comm = dist::make_communicator(device, *runtime);
     // Only DDP all-reduces gradients; ZeRO's reduce-scatter has nothing for the copy engine to carry.
