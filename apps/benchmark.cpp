@@ -278,6 +278,9 @@ int main(int argc, char** argv) {
         "fused into backward: each parameter updated on a side stream as soon as its gradient is final)");
     flags.add("gemm-sm-margin", "0",
               "SMs to keep free of matmuls (cuBLASLt plans for the rest), e.g. for step-fused's side stream");
+    flags.add("gemm-autotune", "0",
+              "time this many cuBLASLt candidates per new matmul shape and keep the fastest (0: the "
+              "heuristic's first); tuning happens in the first iteration, so give rows a warm-up");
     flags.add("warmup", "5", "comma-separated untimed warm-up iteration counts (e.g. 0,1,2,5)");
     flags.add("steps", "10", "timed iterations");
     flags.add("device", "auto", "cpu | cuda | cuda:N | auto");
@@ -296,6 +299,9 @@ int main(int argc, char** argv) {
     const int64_t sm_margin = flags.integer("gemm-sm-margin");
     TT_CHECK(sm_margin >= 0, "--gemm-sm-margin must be >= 0");
     set_matmul_sm_margin(static_cast<int>(sm_margin));
+    const int64_t autotune = flags.integer("gemm-autotune");
+    TT_CHECK(autotune >= 0 && autotune <= 32, "--gemm-autotune takes 0..32 candidates");
+    set_matmul_autotune(static_cast<int>(autotune));
     std::vector<Row> rows;
     std::printf("device: %s, batch %lld, warm-up %s, timed steps %lld\n\n", device_name(device).c_str(),
                 static_cast<long long>(flags.integer("batch")), flags.str("warmup").c_str(),

@@ -14,6 +14,8 @@ namespace tt {
 namespace {
 thread_local bool g_grad_mode = true;
 std::atomic<uint64_t> g_sequence{0};
+std::atomic<uint64_t> g_backward_passes{0};  // backward passes ended (normally or by an exception)
+thread_local int g_backward_depth = 0;       // > 0 while run_backward runs on this thread
 
 // Sum of two gradients for the same tensor; mixed precisions meet in the wider type.
 Tensor accumulate(const Tensor& a, const Tensor& b) {
@@ -79,6 +81,24 @@ Tensor direct_grad_buffer(const std::shared_ptr<Node>& edge, const Shape& shape,
   return accumulator ? accumulator->grad_buffer(shape, dtype) : Tensor();
 }
 
+void mark_grad_zeroed(const Tensor& leaf) {
+  leaf.impl()->grad_zero_pass = g_backward_passes.load() + (g_backward_depth > 0 ? 1 : 0);
+}
+
+bool grad_known_zero(const Tensor& leaf) {
+  return leaf.impl()->grad_zero_pass == g_backward_passes.load();
+}
+
+bool direct_grad_known_zero(const std::shared_ptr<Node>& edge) {
+  const auto* accumulator = dynamic_cast<const AccumulateGrad*>(edge.get());
+  return accumulator != nullptr && grad_known_zero(accumulator->leaf());
+}
+
+void AccumulateGrad::note_direct_contribution() {
+  direct_ = true;
+  leaf_.impl()->grad_zero_pass = UINT64_MAX;
+}
+
 void note_direct_contribution(const std::shared_ptr<Node>& edge) {
   auto* accumulator = dynamic_cast<AccumulateGrad*>(edge.get());
   TT_CHECK(accumulator != nullptr, "note_direct_contribution: not a leaf accumulator");
@@ -97,6 +117,7 @@ void AccumulateGrad::accumulate_tensor(const Tensor& grad_output) {
   TT_CHECK(g.shape() == leaf_.shape(),
            "gradient shape " + shape_str(g.shape()) + " does not match parameter " + leaf_.describe());
   Tensor existing = leaf_.grad();
+  leaf_.impl()->grad_zero_pass = UINT64_MAX;
   if (!existing.defined()) {
     // Adopt the incoming buffer when nothing else can see it: the engine's reference and ours are the only
     // handles (add's backward hands one tensor to both inputs, which shows up as a third), and it is a whole,
@@ -112,6 +133,14 @@ void AccumulateGrad::accumulate_tensor(const Tensor& grad_output) {
 void run_backward(const Tensor& root, const Tensor& grad) {
   TT_CHECK(root.requires_grad(), "backward() on a tensor that does not require grad");
   NoGradGuard no_grad;
+  // Ends this pass's zero marks however the pass ends (mark_grad_zeroed).
+  struct PassScope {
+    PassScope() { ++g_backward_depth; }
+    ~PassScope() {
+      --g_backward_depth;
+      g_backward_passes.fetch_add(1);
+    }
+  } pass_scope;
   Tensor root_grad = grad;
   if (!root_grad.defined()) {
     TT_CHECK(root.numel() == 1, "backward() without a gradient needs a scalar, got " + root.describe());

@@ -42,7 +42,8 @@ class AccumulateGrad : public Node {
   bool reusable() const override { return true; }
   bool has_direct_contribution() const override { return direct_; }
   Tensor grad_buffer(const Shape& shape, DType dtype) const;
-  void note_direct_contribution() { direct_ = true; }
+  void note_direct_contribution();
+  const Tensor& leaf() const { return leaf_; }
 
  private:
   void accumulate_tensor(const Tensor& grad_output);
@@ -56,6 +57,17 @@ class AccumulateGrad : public Node {
 // no tensor for that input; the engine still runs the accumulator, so the leaf's grad-ready hooks fire.
 Tensor direct_grad_buffer(const std::shared_ptr<Node>& edge, const Shape& shape, DType dtype);
 void note_direct_contribution(const std::shared_ptr<Node>& edge);
+
+// Gradient buffers known to hold zeros. Whoever zeroes a leaf's .grad (FlatParameters::zero_grad,
+// Optimizer::zero_grad, an update fused into backward) marks it; the first contribution of the next backward
+// pass may then overwrite the buffer instead of adding to it (a GEMM with beta = 0 reads no C). The mark
+// lasts until the engine writes that gradient or a backward pass ends, so writers the engine does not see
+// (an all-reduce, clipping) can only run after it has lapsed. Between zeroing and backward, write .grad only
+// through backward. A mark made inside a pass (from a hook) is for the next pass.
+void mark_grad_zeroed(const Tensor& leaf);
+bool grad_known_zero(const Tensor& leaf);
+// grad_known_zero for the leaf behind `edge` (false when it is not a leaf accumulator).
+bool direct_grad_known_zero(const std::shared_ptr<Node>& edge);
 
 // Whether ops record the graph (thread-local; on by default).
 bool grad_mode_enabled();

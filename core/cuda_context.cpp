@@ -214,4 +214,12 @@ void set_matmul_sm_margin(int sms) {
 #endif
 }
 
+void set_matmul_autotune(int candidates) {
+  TT_CHECK(candidates >= 0,
+           "the matmul autotuning candidate count must be >= 0, got " + std::to_string(candidates));
+#ifdef TT_WITH_CUDA
+  cuda::set_gemm_autotune(candidates);
+#endif
+}
+
 }  // namespace tt

@@ -57,5 +57,9 @@ void synchronize(Device device);
 // communication kernels overlapping the compute stream can start at once; 0 restores the default.
 // No effect without CUDA.
 void set_matmul_sm_margin(int sms);
+// Each new matmul problem times cuBLASLt's first `candidates` algorithms on its operands and keeps the
+// fastest; 0 (the default) keeps the heuristic's first. Timing-dependent, so not bit-reproducible between
+// processes. No effect without CUDA.
+void set_matmul_autotune(int candidates);
 
 }  // namespace tt

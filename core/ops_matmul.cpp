@@ -110,8 +110,9 @@ struct MatmulNode : Node {
 };
 
 // y = x W^T with the operands saved in the compute dtype. The weight's gradient g^T x goes straight into the
-// weight's .grad buffer (GEMM with beta = 1) when the weight is a leaf that has one, as FlatParameters
-// arranges: no temporary, no separate add; the accumulator still runs, so grad-ready hooks fire as usual.
+// weight's .grad buffer (GEMM with beta = 1, or 0 when the buffer is known to hold zeros) when the weight is
+// a leaf that has one, as FlatParameters arranges: no temporary, no separate add; the accumulator still runs,
+// so grad-ready hooks fire as usual.
 struct LinearNode : Node {
   Tensor x2, w;  // (rows, in) and (out, in)
   Shape x_shape;
@@ -131,7 +132,8 @@ struct LinearNode : Node {
     if (next[1]) {
       Tensor target = direct_grad_buffer(next[1], w.shape(), dw_dtype);
       if (target.defined()) {
-        gemm_into(g, x2, true, false, 1.0, 1.0, target);
+        // Overwrite a buffer known to hold zeros (no read of it), else add.
+        gemm_into(g, x2, true, false, 1.0, direct_grad_known_zero(next[1]) ? 0.0 : 1.0, target);
         note_direct_contribution(next[1]);  // only once the addition is queued, so a failure leaves no trace
       } else {
         dw = matmul_raw(g, x2, true, false, 1.0, dw_dtype);

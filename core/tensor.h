@@ -135,6 +135,9 @@ struct TensorImpl {
   std::weak_ptr<Node> grad_accumulator;                         // the unique AccumulateGrad node of a leaf
   std::vector<std::pair<uint64_t, GradHook>> grad_ready_hooks;  // (handle, hook) in registration order
   uint64_t next_hook_handle = 1;
+  // The backward pass (autograd.cpp's count) in which .grad is known to hold zeros (mark_grad_zeroed), or
+  // UINT64_MAX when it is not known.
+  uint64_t grad_zero_pass = UINT64_MAX;
   std::string name;
   Tensor low_precision_copy;
 };

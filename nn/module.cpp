@@ -122,8 +122,14 @@ FlatParameters::FlatParameters(Module& module, Device device, uint64_t seed, DTy
     Tensor view = flat_params_.narrow_view(0, offsets_[i], n).view(shape);
     view.set_requires_grad(true).set_name(params_[i].name);
     view.set_grad(flat_grads_.narrow_view(0, offsets_[i], n).view(shape));
+    mark_grad_zeroed(view);
     t = view;
   }
+}
+
+void FlatParameters::zero_grad() {
+  flat_grads_.zero_();
+  for (const NamedParameter& p : params_) mark_grad_zeroed(*p.tensor);
 }
 
 void FlatParameters::enable_bf16_mirror() {

@@ -73,7 +73,9 @@ class FlatParameters {
   const Tensor& flat_params() const { return flat_params_; }
   Tensor& flat_grads() { return flat_grads_; }
   int64_t numel() const { return parameter_numel_; }  // without padding
-  void zero_grad() { flat_grads_.zero_(); }
+  // Zeroes the gradient buffer and marks every parameter's .grad as zero (mark_grad_zeroed), so that the
+  // next backward's matmuls write weight gradients without reading the buffer.
+  void zero_grad();
 
   // For bf16 training (f32 parameters): a bf16 copy of every parameter, laid out like the flat buffer and
   // attached to each parameter (Tensor::low_precision_copy), so the bf16 matmuls read it instead of casting

@@ -2,6 +2,7 @@
 
 #include <cmath>
 
+#include "core/autograd.h"
 #include "core/cuda_context.h"
 #include "core/ops.h"
 #include "kernels/cpu/cpu_kernels.h"
@@ -14,7 +15,10 @@ namespace tt::optim {
 void Optimizer::zero_grad() {
   for (Tensor& p : params_) {
     Tensor g = p.grad();
-    if (g.defined()) g.zero_();
+    if (g.defined()) {
+      g.zero_();
+      mark_grad_zeroed(p);
+    }
   }
 }
 

@@ -2,6 +2,7 @@
 
 #include <vector>
 
+#include "core/autograd.h"
 #include "core/cuda_context.h"
 #include "kernels/common.h"
 #ifdef TT_WITH_CUDA
@@ -57,6 +58,7 @@ struct UpdateInBackward::State {
       ready[index]->block(side_stream(device.index));
     }
     update(params.offsets()[index], params.parameters()[index].tensor->numel());
+    mark_grad_zeroed(*params.parameters()[index].tensor);  // for the next pass: this one is inside backward
   }
 };
 
@@ -121,7 +123,10 @@ void UpdateInBackward::finish() {
     s.updates_done->block(side_stream(s.device.index));
   }
   for (size_t i = 0; i < s.done.size(); ++i) {
-    if (!s.done[i]) s.update(offsets[i], s.params.parameters()[i].tensor->numel());
+    if (!s.done[i]) {
+      s.update(offsets[i], s.params.parameters()[i].tensor->numel());
+      mark_grad_zeroed(*s.params.parameters()[i].tensor);
+    }
   }
   const int64_t total = s.params.flat_params().numel();
   s.update(s.params.numel(), total - s.params.numel());  // padding (ZeRO layouts): zeros stay zeros

@@ -218,6 +218,58 @@ TEST_CASE("linear gradients, and the weight gradient added straight into a pre-a
   CHECK(hook_calls == 2);
 }
 
+TEST_CASE("a weight .grad marked as zero is overwritten by the first contribution; the mark lapses") {
+  const int64_t rows = 6, in = 5, out = 4;
+  Tensor x = leaf({2, 3, in}, 96), w = leaf({out, in}, 97);
+  const Tensor r = testing::random_tensor({2, 3, out}, 98);
+  // The weight gradient sum_rows r x, by hand.
+  const std::vector<double> xv = x.to_doubles(), rv = r.to_doubles();
+  std::vector<double> expect(static_cast<size_t>(out * in), 0.0);
+  for (int64_t o = 0; o < out; ++o)
+    for (int64_t i = 0; i < in; ++i)
+      for (int64_t row = 0; row < rows; ++row) expect[o * in + i] += rv[row * out + o] * xv[row * in + i];
+  auto worst_against = [&](const std::vector<double>& base) {
+    const std::vector<double> g = w.grad().to_doubles();
+    double worst = 0;
+    for (size_t i = 0; i < g.size(); ++i) worst = std::max(worst, std::abs(g[i] - (base[i] + expect[i])));
+    return worst;
+  };
+  const std::vector<double> none(expect.size(), 0.0);
+  auto backward = [&] { ops::sum(ops::mul(ops::linear(x, w), r)).backward(); };
+  // Marked: the buffer's (deliberately wrong) contents are never read.
+  w.set_grad(Tensor::full({out, in}, 1e30, DType::f64, Device::cpu()));
+  CHECK_FALSE(grad_known_zero(w));
+  mark_grad_zeroed(w);
+  CHECK(grad_known_zero(w));
+  backward();
+  CHECK_FALSE(grad_known_zero(w));
+  CHECK(worst_against(none) < 1e-12);
+  // A mark lapses when any backward pass ends: a writer after it (here a plain copy, as an all-reduce would
+  // write) is then added to, not overwritten.
+  const Tensor initial = testing::random_tensor({out, in}, 99, DType::f64);
+  mark_grad_zeroed(w);
+  Tensor z = leaf({3}, 100);
+  ops::sum(z).backward();
+  CHECK_FALSE(grad_known_zero(w));
+  w.grad().copy_(initial);
+  backward();
+  CHECK(worst_against(initial.to_doubles()) < 1e-12);
+  // set_grad forgets a mark.
+  mark_grad_zeroed(w);
+  w.set_grad(initial.clone());
+  CHECK_FALSE(grad_known_zero(w));
+  // A mark made during a pass (a hook that clears the gradient after using it) holds for the next pass.
+  const uint64_t hook = w.register_grad_ready_hook([](Tensor& leaf) {
+    leaf.grad().fill_(1e30);
+    mark_grad_zeroed(leaf);
+  });
+  backward();
+  CHECK(grad_known_zero(w));
+  w.remove_grad_ready_hook(hook);
+  backward();
+  CHECK(worst_against(none) < 1e-12);
+}
+
 TEST_CASE("mixed-precision linear: bf16 operands, f32 or bf16 output, f32 gradients") {
   Tensor x = testing::random_tensor({3, 7, 16}, 100, DType::f32),
          w = testing::random_tensor({9, 16}, 101, DType::f32);

@@ -107,7 +107,24 @@ class TransformerLM(nn.Module):
         return self.lm_head(self.ln_final(x))
 
 
-def measure(size, ctx, batch, variant, warmup, steps, vocab, adamw="default"):
+def profile_step(step, path, title):
+    """One more step under torch.profiler: its kernels by GPU time, largest first, appended to `path`."""
+    from torch.profiler import ProfilerActivity, profile
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        step()
+        torch.cuda.synchronize()
+    averages = prof.key_averages()
+    for key in ("self_device_time_total", "self_cuda_time_total"):  # the name moved between versions
+        try:
+            table = averages.table(sort_by=key, row_limit=30, max_name_column_width=90)
+            break
+        except (AttributeError, KeyError, ValueError):
+            table = None
+    with open(path, "a") as f:
+        f.write(f"## {title}\n\n{table}\n")
+
+
+def measure(size, ctx, batch, variant, warmup, steps, vocab, adamw="default", profile_out=""):
     d, dff, layers, heads = PRESETS[size]
     bf16 = variant != "eager-f32"
     model = TransformerLM(vocab, d, dff, layers, heads, sdpa=bf16).cuda()
@@ -160,6 +177,8 @@ def measure(size, ctx, batch, variant, warmup, steps, vocab, adamw="default"):
         marks[2].record()
         torch.cuda.synchronize()
         peak = torch.cuda.max_memory_allocated() / 2**20
+        if profile_out:
+            profile_step(step, profile_out, f"{size} ctx {ctx} {variant}, AdamW {adamw}: one step")
         result = dict(forward_ms=fwd[0], forward_std_ms=fwd[1], step_ms=stp[0], step_std_ms=stp[1], peak_mib=peak,
                       fwd_bwd_ms=marks[0].elapsed_time(marks[1]), optimizer_ms=marks[1].elapsed_time(marks[2]))
         if variant == "compile-bf16":
@@ -179,7 +198,8 @@ def measure(size, ctx, batch, variant, warmup, steps, vocab, adamw="default"):
 
 def measure_in_child(size, ctx, variant, a):
     cmd = [sys.executable, __file__, "--one", f"{size},{ctx},{variant}", "--batch", str(a.batch),
-           "--vocab", str(a.vocab), "--warmup", str(a.warmup), "--steps", str(a.steps), "--adamw", a.adamw]
+           "--vocab", str(a.vocab), "--warmup", str(a.warmup), "--steps", str(a.steps), "--adamw", a.adamw,
+           "--profile-out", a.profile_out]
     done = subprocess.run(cmd, capture_output=True, text=True)
     lines = done.stdout.strip().splitlines()
     try:
@@ -205,12 +225,15 @@ def main():
     p.add_argument("--json", default="")
     p.add_argument("--adamw", default="default", choices=["default", "fused"],
                    help="torch.optim.AdamW's implementation: its default (foreach) or fused=True")
+    p.add_argument("--profile-out", default="",
+                   help="also profile one step per row (torch.profiler) and append its kernel table to this file")
     p.add_argument("--in-process", action="store_true", help="measure everything in this one process")
     p.add_argument("--one", default="", help=argparse.SUPPRESS)  # size,ctx,variant: measure, print JSON
     a = p.parse_args()
     if a.one:
         size, ctx, variant = a.one.split(",")
-        print(json.dumps(measure(size, int(ctx), a.batch, variant, a.warmup, a.steps, a.vocab, a.adamw)))
+        print(json.dumps(measure(size, int(ctx), a.batch, variant, a.warmup, a.steps, a.vocab, a.adamw,
+                                a.profile_out)))
         return
     out = open(a.json, "w") if a.json else None
     if a.in_process:
@@ -228,7 +251,7 @@ def main():
         for ctx in map(int, a.ctx.split(",")):
             for variant in a.variants.split(","):
                 if a.in_process:
-                    r = measure(size, ctx, a.batch, variant, a.warmup, a.steps, a.vocab, a.adamw)
+                    r = measure(size, ctx, a.batch, variant, a.warmup, a.steps, a.vocab, a.adamw, a.profile_out)
                 else:
                     r = measure_in_child(size, ctx, variant, a)
                 r.update(size=size, ctx=ctx, variant=variant, batch=a.batch, adamw=a.adamw)

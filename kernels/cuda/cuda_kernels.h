@@ -47,6 +47,10 @@ void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alp
 // overlapping backward) finds SMs free instead of waiting behind a GEMM that fills the device.
 void set_gemm_sm_margin(int sms);
 int gemm_sm_margin();
+// Each new GEMM problem times cuBLASLt's first `candidates` heuristic choices on its operands and keeps the
+// fastest (0 or 1: the heuristic's first, the default). The choice then depends on timings, so two processes
+// may pick different algorithms and round differently; runs that must repeat bit for bit leave it off.
+void set_gemm_autotune(int candidates);
 
 void embedding_forward(const float* weight, const int32_t* ids, float* out, int64_t n, int64_t dim,
                        cudaStream_t stream);

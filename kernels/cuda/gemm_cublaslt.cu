@@ -2,7 +2,8 @@
 // is its transpose, so C = op(A) op(B) is computed as C^T = op(B)^T op(A)^T: the operands swap places and
 // no data moves. Descriptors, layouts and the heuristic's algorithm choice are built once per distinct
 // problem (shape, transposes, dtype, strides, pointer alignment) and cached; a training step with fixed
-// shapes never calls the heuristic again.
+// shapes never calls the heuristic again. With autotuning on (set_gemm_autotune), a new problem times the
+// heuristic's first few candidates on its real operands (output to a scratch buffer) and keeps the fastest.
 #include <cublasLt.h>
 
 #include <algorithm>
@@ -44,6 +45,7 @@ struct Plan {
 std::mutex g_mutex;
 DeviceState g_devices[kMaxDevices];
 int g_sm_margin = 0;          // SMs to leave to concurrent kernels (set_gemm_sm_margin)
+int g_autotune = 0;           // candidates to time per new problem (set_gemm_autotune); 0 or 1: the first
 int g_sm_count[kMaxDevices];  // multiprocessors per device, read once
 std::map<PlanKey, Plan> g_plans[kMaxDevices];
 
@@ -79,7 +81,55 @@ cublasLtMatrixLayout_t make_layout(cudaDataType_t type, int64_t rows, int64_t co
   return layout;
 }
 
+// Times each candidate (one untimed run, then three) on the caller's operands with the output sent to a
+// scratch buffer (the product's C is read, never written), and returns the index of the fastest. Falls back
+// to the first candidate when the stream is being captured into a graph or the scratch cannot be had.
+int fastest_candidate(const DeviceState& state, const Plan& plan,
+                      const cublasLtMatmulHeuristicResult_t* found, int count, const float* alpha,
+                      const void* a, const void* b, const float* beta, const void* c, size_t c_bytes,
+                      cudaStream_t stream) {
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  TT_CUDA_CHECK(cudaStreamIsCapturing(stream, &capture));
+  if (count < 2 || capture != cudaStreamCaptureStatusNone) return 0;
+  void* scratch = nullptr;
+  if (cudaMalloc(&scratch, c_bytes) != cudaSuccess) {
+    cudaGetLastError();  // not enough memory left for a trial output: keep the heuristic's choice
+    return 0;
+  }
+  cudaEvent_t start = nullptr, stop = nullptr;
+  TT_CUDA_CHECK(cudaEventCreate(&start));
+  TT_CUDA_CHECK(cudaEventCreate(&stop));
+  int best = 0;
+  float best_ms = 0.0f;
+  for (int i = 0; i < count; ++i) {
+    const auto run = [&] {
+      return cublasLtMatmul(state.handle, plan.desc, alpha, b, plan.layout_a, a, plan.layout_b, beta, c,
+                            plan.layout_c, scratch, plan.layout_c, &found[i].algo, state.workspace,
+                            kWorkspaceBytes, stream);
+    };
+    if (run() != CUBLAS_STATUS_SUCCESS) continue;  // a candidate that refuses these operands is skipped
+    TT_CUDA_CHECK(cudaEventRecord(start, stream));
+    for (int r = 0; r < 3; ++r) TT_CUBLASLT_CHECK(run());
+    TT_CUDA_CHECK(cudaEventRecord(stop, stream));
+    TT_CUDA_CHECK(cudaEventSynchronize(stop));
+    float ms = 0.0f;
+    TT_CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
+    if (i == 0 || ms < best_ms) best = i, best_ms = ms;
+  }
+  TT_CUDA_CHECK(cudaEventDestroy(start));
+  TT_CUDA_CHECK(cudaEventDestroy(stop));
+  TT_CUDA_CHECK(cudaFree(scratch));
+  return best;
+}
+
 }  // namespace
+
+void set_gemm_autotune(int candidates) {
+  TT_CHECK(candidates >= 0 && candidates <= 32,
+           "GEMM autotuning takes 0..32 candidates, got " + std::to_string(candidates));
+  std::lock_guard<std::mutex> lock(g_mutex);
+  g_autotune = candidates;
+}
 
 void set_gemm_sm_margin(int sms) {
   TT_CHECK(sms >= 0, "the GEMM SM margin must be >= 0, got " + std::to_string(sms));
@@ -171,17 +221,22 @@ void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alp
       TT_CUBLASLT_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK,
                                                              &schemes, sizeof(schemes)));
     }
-    cublasLtMatmulHeuristicResult_t result{};
+    cublasLtMatmulHeuristicResult_t results[32]{};
     int found_count = 0;
     TT_CUBLASLT_CHECK(cublasLtMatmulAlgoGetHeuristic(state.handle, plan.desc, plan.layout_a, plan.layout_b,
-                                                     plan.layout_c, plan.layout_c, pref, 1, &result,
-                                                     &found_count));
+                                                     plan.layout_c, plan.layout_c, pref,
+                                                     std::max(1, g_autotune), results, &found_count));
     cublasLtMatmulPreferenceDestroy(pref);
     if (found_count == 0) {
       throw Error("cuBLASLt found no algorithm for a " + std::to_string(m) + "x" + std::to_string(n) + "x" +
                   std::to_string(k) + " matmul (batch " + std::to_string(batch) + ")");
     }
-    plan.algo = result.algo;
+    // Column-major n x m output with leading dimension ldc, per batch entry.
+    const size_t c_elements = static_cast<size_t>(stride_c) * static_cast<size_t>(batch - 1) +
+                              static_cast<size_t>(ldc) * static_cast<size_t>(m - 1) + static_cast<size_t>(n);
+    plan.algo = results[fastest_candidate(state, plan, results, found_count, &alpha, a, b, &beta, c,
+                                          c_elements * dtype_size(c_type), stream)]
+                    .algo;
     found = g_plans[device].emplace(key, plan).first;
   }
   const Plan& plan = found->second;
