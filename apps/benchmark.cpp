@@ -73,6 +73,7 @@ Row measure(const Flags& flags, Device device, Bundle* bundle, const nn::ModelCo
            JsonlWriter::quote(!bf16    ? "-"
                               : mirror ? "mirror"
                                        : "cast") +
+           ", \"gemm_autotune\": " + std::to_string(flags.integer("gemm-autotune")) +
            ", \"device\": " + JsonlWriter::quote(device_name(device));
   };
   try {

@@ -15,7 +15,8 @@
 #   priority   TT_COMPUTE_STREAM_PRIORITY=high vs default: DDP step (2 GPUs) or step-fused (1 GPU)
 #   torch      the PyTorch reference (eager f32, torch.compile bf16), one process per size and variant;
 #              TORCH_SIZES (default small,medium,large; then xl,2.7b in another call) / TORCH_VARIANTS
-#              choose, TORCH_ADAMW=fused times torch.optim.AdamW(fused=True); run after `ours`
+#              choose, TORCH_ADAMW=default times torch.optim.AdamW's foreach
+#              implementation instead of fused=True (what REFERENCE.md's figures used); run after `ours`
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-gpu-results}
@@ -143,7 +144,7 @@ for s in "$@"; do
       # One process per size and variant: a cold torch.compile takes 1-3 minutes per size, so a machine call
       # (10 minutes at most) covers two or three sizes: TORCH_SIZES=small,medium,large then TORCH_SIZES=xl,2.7b.
       timeout 580 python3 apps/python/model_baseline.py --sizes "${TORCH_SIZES:-small,medium,large}" \
-        --ctx 256 --variants "${TORCH_VARIANTS:-eager-f32,compile-bf16}" --adamw "${TORCH_ADAMW:-default}" \
+        --ctx 256 --variants "${TORCH_VARIANTS:-eager-f32,compile-bf16}" --adamw "${TORCH_ADAMW:-fused}" \
         --json "$out/torch_all.jsonl" 2>&1 |
         tee "$out/torch_all.md" | tail -12 ;;
     *) echo "unknown section $s"; exit 1 ;;

@@ -5,7 +5,8 @@ bf16 autocast with fused attention (sdpa), and torch.compile of the bf16 model. 
 that sit next to ours. Each (size, context, variant) runs in a process of its own (--in-process: all in
 this one), so that no measurement starts from what an earlier one left behind: near the top of the 80 GB
 card (2.7b trains at 64 GiB) torch.compile's step measured 1.5 times slower in a shared process than alone.
-A measurement whose process fails becomes a row saying so."""
+A measurement whose process fails becomes a row saying so. AdamW is torch.optim.AdamW(fused=True), as in
+REFERENCE.md's figures (--adamw default: its multi-tensor foreach kernels, 65 ms slower at 2.7b)."""
 import argparse
 import json
 import math
@@ -124,11 +125,12 @@ def profile_step(step, path, title):
         f.write(f"## {title}\n\n{table}\n")
 
 
-def measure(size, ctx, batch, variant, warmup, steps, vocab, adamw="default", profile_out=""):
+def measure(size, ctx, batch, variant, warmup, steps, vocab, adamw="fused", profile_out=""):
     d, dff, layers, heads = PRESETS[size]
     bf16 = variant != "eager-f32"
     model = TransformerLM(vocab, d, dff, layers, heads, sdpa=bf16).cuda()
-    # "default": what torch.optim.AdamW picks on CUDA (the multi-tensor foreach kernels); "fused": one kernel.
+    # "fused": one kernel (the default here); "default": what torch.optim.AdamW picks on CUDA by itself (the
+    # multi-tensor foreach kernels).
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3, **({"fused": True} if adamw == "fused" else {}))
     run = torch.compile(model) if variant == "compile-bf16" else model
     ids = torch.randint(0, vocab, (batch, ctx), device="cuda")
@@ -223,7 +225,7 @@ def main():
     p.add_argument("--warmup", type=int, default=5)
     p.add_argument("--steps", type=int, default=10)
     p.add_argument("--json", default="")
-    p.add_argument("--adamw", default="default", choices=["default", "fused"],
+    p.add_argument("--adamw", default="fused", choices=["default", "fused"],
                    help="torch.optim.AdamW's implementation: its default (foreach) or fused=True")
     p.add_argument("--profile-out", default="",
                    help="also profile one step per row (torch.profiler) and append its kernel table to this file")

@@ -37,7 +37,8 @@ int current_device_major();
 
 // Batched row-major GEMM through cuBLASLt, c = alpha op(a) op(b) + beta c, same contract as cpu::gemm.
 // a_type = b_type in {f32, bf16}; f32 accumulation; c is f32, or bf16 for bf16 inputs (rounded once at the
-// end). beta = 1 adds into c (gradients accumulated in place). Layouts and the algorithm are cached.
+// end). beta = 1 adds into c (gradients accumulated in place); beta = 0 never reads c. Layouts and the
+// algorithm are cached.
 void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const void* a,
           int64_t lda, int64_t stride_a, const void* b, int64_t ldb, int64_t stride_b, DType ab_type,
           float beta, void* c, DType c_type, int64_t ldc, int64_t stride_c, int64_t batch,
