@@ -63,7 +63,9 @@ void note_direct_contribution(const std::shared_ptr<Node>& edge);
 // pass may then overwrite the buffer instead of adding to it (a GEMM with beta = 0 reads no C). The mark
 // lasts until the engine writes that gradient or a backward pass ends, so writers the engine does not see
 // (an all-reduce, clipping) can only run after it has lapsed. Between zeroing and backward, write .grad only
-// through backward. A mark made inside a pass (from a hook) is for the next pass.
+// through backward. A mark made inside a pass (from a hook) is for the next pass. Marks belong to one leaf
+// tensor: a gradient that reaches the same memory through another leaf in the same pass (FlatParameters'
+// flat tensor, whose .grad spans every parameter's) is not seen, so differentiate through the parameters.
 void mark_grad_zeroed(const Tensor& leaf);
 bool grad_known_zero(const Tensor& leaf);
 // grad_known_zero for the leaf behind `edge` (false when it is not a leaf accumulator).

@@ -1,7 +1,9 @@
 // Whole-step CUDA graphs: capture once what a step enqueues on the compute stream, then replay it with one
 // launch per step, which removes the host's per-kernel launch cost (the counterpart of torch.compile's
 // CUDA graphs). The step must not read anything back to the host and must not change shapes; its inputs
-// are refreshed in place (copy into the same tensors) before each replay.
+// are refreshed in place (copy into the same tensors) before each replay. Host-side decisions are fixed at
+// capture: a backward captured right after zero_grad overwrites the weight gradients (mark_grad_zeroed) in
+// every replay, so a captured body that accumulates gradients must contain its own zero_grad.
 #pragma once
 
 #include <functional>

@@ -1,6 +1,8 @@
 // Finite-difference gradient checks (double precision, CPU) for every differentiable op.
 #include <doctest/doctest.h>
 
+#include <limits>
+
 #include "gradcheck.h"
 
 using namespace tt;
@@ -236,8 +238,9 @@ TEST_CASE("a weight .grad marked as zero is overwritten by the first contributio
   };
   const std::vector<double> none(expect.size(), 0.0);
   auto backward = [&] { ops::sum(ops::mul(ops::linear(x, w), r)).backward(); };
+  const double poison = std::numeric_limits<double>::quiet_NaN();
   // Marked: the buffer's (deliberately wrong) contents are never read.
-  w.set_grad(Tensor::full({out, in}, 1e30, DType::f64, Device::cpu()));
+  w.set_grad(Tensor::full({out, in}, poison, DType::f64, Device::cpu()));
   CHECK_FALSE(grad_known_zero(w));
   mark_grad_zeroed(w);
   CHECK(grad_known_zero(w));
@@ -260,7 +263,7 @@ TEST_CASE("a weight .grad marked as zero is overwritten by the first contributio
   CHECK_FALSE(grad_known_zero(w));
   // A mark made during a pass (a hook that clears the gradient after using it) holds for the next pass.
   const uint64_t hook = w.register_grad_ready_hook([](Tensor& leaf) {
-    leaf.grad().fill_(1e30);
+    leaf.grad().fill_(std::numeric_limits<double>::quiet_NaN());
     mark_grad_zeroed(leaf);
   });
   backward();
@@ -268,6 +271,18 @@ TEST_CASE("a weight .grad marked as zero is overwritten by the first contributio
   w.remove_grad_ready_hook(hook);
   backward();
   CHECK(worst_against(none) < 1e-12);
+  // A weight used by two layers in one pass: the first product overwrites, the second adds to it.
+  Tensor x2 = leaf({2, 3, in}, 101);
+  const Tensor r2 = testing::random_tensor({2, 3, out}, 102);
+  const std::vector<double> x2v = x2.to_doubles(), r2v = r2.to_doubles();
+  std::vector<double> second(expect.size(), 0.0);
+  for (int64_t o = 0; o < out; ++o)
+    for (int64_t i = 0; i < in; ++i)
+      for (int64_t row = 0; row < rows; ++row) second[o * in + i] += r2v[row * out + o] * x2v[row * in + i];
+  w.grad().fill_(poison);
+  mark_grad_zeroed(w);
+  ops::sum(ops::add(ops::mul(ops::linear(x, w), r), ops::mul(ops::linear(x2, w), r2))).backward();
+  CHECK(worst_against(second) < 1e-12);
 }
 
 TEST_CASE("mixed-precision linear: bf16 operands, f32 or bf16 output, f32 gradients") {

@@ -10,6 +10,7 @@
 #include <map>
 #include <mutex>
 #include <tuple>
+#include <vector>
 
 #include "kernels/cuda/cuda_kernels.h"
 
@@ -35,11 +36,26 @@ struct DeviceState {
 using PlanKey = std::tuple<bool, bool, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t,
                            int64_t, int64_t, int, int, int, int, int>;
 
+// cuBLASLt's algorithm type is an unnamed struct; nvcc's front end fails on it as a template argument.
+struct Algo {
+  cublasLtMatmulAlgo_t algo;
+};
+
 // Everything cuBLASLt needs for one problem; owned for the life of the process.
 struct Plan {
   cublasLtMatmulDesc_t desc = nullptr;
   cublasLtMatrixLayout_t layout_a = nullptr, layout_b = nullptr, layout_c = nullptr;
   cublasLtMatmulAlgo_t algo{};
+  // With autotuning: the heuristic's candidates, kept until they have been timed (a plan first made while
+  // a graph was being captured is timed at its first use outside a capture).
+  std::vector<Algo> untimed;
+
+  void destroy() {
+    if (layout_a) cublasLtMatrixLayoutDestroy(layout_a);
+    if (layout_b) cublasLtMatrixLayoutDestroy(layout_b);
+    if (layout_c) cublasLtMatrixLayoutDestroy(layout_c);
+    if (desc) cublasLtMatmulDescDestroy(desc);
+  }
 };
 
 std::mutex g_mutex;
@@ -81,44 +97,73 @@ cublasLtMatrixLayout_t make_layout(cudaDataType_t type, int64_t rows, int64_t co
   return layout;
 }
 
-// Times each candidate (one untimed run, then three) on the caller's operands with the output sent to a
-// scratch buffer (the product's C is read, never written), and returns the index of the fastest. Falls back
-// to the first candidate when the stream is being captured into a graph or the scratch cannot be had.
-int fastest_candidate(const DeviceState& state, const Plan& plan,
-                      const cublasLtMatmulHeuristicResult_t* found, int count, const float* alpha,
-                      const void* a, const void* b, const float* beta, const void* c, size_t c_bytes,
-                      cudaStream_t stream) {
+// Owns two timing events for the length of a tuning run (released on every exit path).
+struct EventPair {
+  cudaEvent_t start = nullptr, stop = nullptr;
+  EventPair() {
+    TT_CUDA_CHECK(cudaEventCreate(&start));
+    if (cudaEventCreate(&stop) != cudaSuccess) {
+      cudaEventDestroy(start);
+      throw Error("cuda::gemm: cannot create a timing event for autotuning");
+    }
+  }
+  ~EventPair() {
+    cudaEventDestroy(start);
+    cudaEventDestroy(stop);
+  }
+  EventPair(const EventPair&) = delete;
+  EventPair& operator=(const EventPair&) = delete;
+};
+
+// Stream-ordered scratch output for trials (no device-wide synchronisation to free it).
+struct TrialOutput {
+  void* ptr = nullptr;
+  cudaStream_t stream;
+  TrialOutput(size_t bytes, cudaStream_t s) : stream(s) {  // bytes = 0: none
+    if (bytes > 0 && cudaMallocAsync(&ptr, bytes, stream) != cudaSuccess) {
+      cudaGetLastError();
+      ptr = nullptr;
+    }
+  }
+  ~TrialOutput() {
+    if (ptr != nullptr) cudaFreeAsync(ptr, stream);
+  }
+  TrialOutput(const TrialOutput&) = delete;
+  TrialOutput& operator=(const TrialOutput&) = delete;
+};
+
+// Times each candidate (one untimed run, then three) on the caller's operands and returns the index of the
+// fastest, or -1 when none could be timed: while the stream is being captured into a graph, or when no
+// memory is left for a trial output. With beta = 0 the trials write c itself (the real call overwrites it
+// anyway); otherwise c is read and the trials write a scratch buffer of c_bytes.
+int fastest_candidate(const DeviceState& state, const Plan& plan, const std::vector<Algo>& algos,
+                      const float* alpha, const void* a, const void* b, const float* beta, void* c,
+                      size_t c_bytes, cudaStream_t stream) {
   cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
   TT_CUDA_CHECK(cudaStreamIsCapturing(stream, &capture));
-  if (count < 2 || capture != cudaStreamCaptureStatusNone) return 0;
-  void* scratch = nullptr;
-  if (cudaMalloc(&scratch, c_bytes) != cudaSuccess) {
-    cudaGetLastError();  // not enough memory left for a trial output: keep the heuristic's choice
-    return 0;
-  }
-  cudaEvent_t start = nullptr, stop = nullptr;
-  TT_CUDA_CHECK(cudaEventCreate(&start));
-  TT_CUDA_CHECK(cudaEventCreate(&stop));
-  int best = 0;
+  if (capture != cudaStreamCaptureStatusNone) return -1;
+  const bool reads_c = *beta != 0.0f;
+  const TrialOutput scratch(reads_c ? c_bytes : 0, stream);
+  if (reads_c && scratch.ptr == nullptr) return -1;
+  void* out = reads_c ? scratch.ptr : c;
+  const EventPair events;
+  int best = -1;
   float best_ms = 0.0f;
-  for (int i = 0; i < count; ++i) {
+  for (size_t i = 0; i < algos.size(); ++i) {
     const auto run = [&] {
       return cublasLtMatmul(state.handle, plan.desc, alpha, b, plan.layout_a, a, plan.layout_b, beta, c,
-                            plan.layout_c, scratch, plan.layout_c, &found[i].algo, state.workspace,
+                            plan.layout_c, out, plan.layout_c, &algos[i].algo, state.workspace,
                             kWorkspaceBytes, stream);
     };
     if (run() != CUBLAS_STATUS_SUCCESS) continue;  // a candidate that refuses these operands is skipped
-    TT_CUDA_CHECK(cudaEventRecord(start, stream));
+    TT_CUDA_CHECK(cudaEventRecord(events.start, stream));
     for (int r = 0; r < 3; ++r) TT_CUBLASLT_CHECK(run());
-    TT_CUDA_CHECK(cudaEventRecord(stop, stream));
-    TT_CUDA_CHECK(cudaEventSynchronize(stop));
+    TT_CUDA_CHECK(cudaEventRecord(events.stop, stream));
+    TT_CUDA_CHECK(cudaEventSynchronize(events.stop));
     float ms = 0.0f;
-    TT_CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
-    if (i == 0 || ms < best_ms) best = i, best_ms = ms;
+    TT_CUDA_CHECK(cudaEventElapsedTime(&ms, events.start, events.stop));
+    if (best < 0 || ms < best_ms) best = static_cast<int>(i), best_ms = ms;
   }
-  TT_CUDA_CHECK(cudaEventDestroy(start));
-  TT_CUDA_CHECK(cudaEventDestroy(stop));
-  TT_CUDA_CHECK(cudaFree(scratch));
   return best;
 }
 
@@ -181,63 +226,80 @@ void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alp
   auto found = g_plans[device].find(key);
   if (found == g_plans[device].end()) {
     Plan plan;
-    const cudaDataType_t in_type = ab_type == DType::bf16 ? CUDA_R_16BF : CUDA_R_32F;
-    TT_CUBLASLT_CHECK(cublasLtMatmulDescCreate(&plan.desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
-    if (sm_target > 0) {
-      const int32_t target = sm_target;
-      TT_CUBLASLT_CHECK(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_SM_COUNT_TARGET,
-                                                       &target, sizeof(target)));
-    }
-    // Column-major view: Lt's first operand is our B, its second our A (see the file comment).
-    const cublasOperation_t op_first = trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
-    const cublasOperation_t op_second = trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
-    TT_CUBLASLT_CHECK(
-        cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_TRANSA, &op_first, sizeof(op_first)));
-    TT_CUBLASLT_CHECK(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_second,
-                                                     sizeof(op_second)));
-    plan.layout_a = make_layout(in_type, trans_b ? k : n, trans_b ? n : k, ldb, batch, stride_b);
-    plan.layout_b = make_layout(in_type, trans_a ? m : k, trans_a ? k : m, lda, batch, stride_a);
-    // f32 accumulation either way; a bf16 output is rounded once in the epilogue.
-    plan.layout_c = make_layout(c_type == DType::bf16 ? CUDA_R_16BF : CUDA_R_32F, n, m, ldc, batch, stride_c);
+    try {
+      const cudaDataType_t in_type = ab_type == DType::bf16 ? CUDA_R_16BF : CUDA_R_32F;
+      TT_CUBLASLT_CHECK(cublasLtMatmulDescCreate(&plan.desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+      if (sm_target > 0) {
+        const int32_t target = sm_target;
+        TT_CUBLASLT_CHECK(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_SM_COUNT_TARGET,
+                                                         &target, sizeof(target)));
+      }
+      // Column-major view: Lt's first operand is our B, its second our A (see the file comment).
+      const cublasOperation_t op_first = trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
+      const cublasOperation_t op_second = trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
+      TT_CUBLASLT_CHECK(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_TRANSA, &op_first,
+                                                       sizeof(op_first)));
+      TT_CUBLASLT_CHECK(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_second,
+                                                       sizeof(op_second)));
+      plan.layout_a = make_layout(in_type, trans_b ? k : n, trans_b ? n : k, ldb, batch, stride_b);
+      plan.layout_b = make_layout(in_type, trans_a ? m : k, trans_a ? k : m, lda, batch, stride_a);
+      // f32 accumulation either way; a bf16 output is rounded once in the epilogue.
+      plan.layout_c =
+          make_layout(c_type == DType::bf16 ? CUDA_R_16BF : CUDA_R_32F, n, m, ldc, batch, stride_c);
 
-    cublasLtMatmulPreference_t pref = nullptr;
-    TT_CUBLASLT_CHECK(cublasLtMatmulPreferenceCreate(&pref));
-    const uint64_t workspace = kWorkspaceBytes;
-    const uint32_t align_ab_u = static_cast<uint32_t>(align_ab), align_c_u = static_cast<uint32_t>(align_c);
-    TT_CUBLASLT_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
-                                                           &workspace, sizeof(workspace)));
-    TT_CUBLASLT_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES,
-                                                           &align_ab_u, sizeof(align_ab_u)));
-    TT_CUBLASLT_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
-                                                           &align_ab_u, sizeof(align_ab_u)));
-    TT_CUBLASLT_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES,
-                                                           &align_c_u, sizeof(align_c_u)));
-    TT_CUBLASLT_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES,
-                                                           &align_c_u, sizeof(align_c_u)));
-    if (c_type == DType::bf16) {
-      // Split-K partial sums must meet in f32 (workspace), not in the bf16 output, so that a bf16 result is
-      // the f32 product rounded once, as the CPU twin computes it.
-      const uint32_t schemes = CUBLASLT_REDUCTION_SCHEME_NONE | CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE;
-      TT_CUBLASLT_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK,
-                                                             &schemes, sizeof(schemes)));
+      cublasLtMatmulPreference_t pref = nullptr;
+      TT_CUBLASLT_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+      const uint64_t workspace = kWorkspaceBytes;
+      const uint32_t align_ab_u = static_cast<uint32_t>(align_ab), align_c_u = static_cast<uint32_t>(align_c);
+      TT_CUBLASLT_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                                             &workspace, sizeof(workspace)));
+      TT_CUBLASLT_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES,
+                                                             &align_ab_u, sizeof(align_ab_u)));
+      TT_CUBLASLT_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+                                                             &align_ab_u, sizeof(align_ab_u)));
+      TT_CUBLASLT_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES,
+                                                             &align_c_u, sizeof(align_c_u)));
+      TT_CUBLASLT_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES,
+                                                             &align_c_u, sizeof(align_c_u)));
+      if (c_type == DType::bf16) {
+        // Split-K partial sums must meet in f32 (workspace), not in the bf16 output, so that a bf16 result is
+        // the f32 product rounded once, as the CPU twin computes it.
+        const uint32_t schemes = CUBLASLT_REDUCTION_SCHEME_NONE | CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE;
+        TT_CUBLASLT_CHECK(cublasLtMatmulPreferenceSetAttribute(
+            pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, &schemes, sizeof(schemes)));
+      }
+      cublasLtMatmulHeuristicResult_t results[32]{};
+      int found_count = 0;
+      const cublasStatus_t searched =
+          cublasLtMatmulAlgoGetHeuristic(state.handle, plan.desc, plan.layout_a, plan.layout_b, plan.layout_c,
+                                         plan.layout_c, pref, std::max(1, g_autotune), results, &found_count);
+      cublasLtMatmulPreferenceDestroy(pref);
+      TT_CUBLASLT_CHECK(searched);
+      if (found_count == 0) {
+        throw Error("cuBLASLt found no algorithm for a " + std::to_string(m) + "x" + std::to_string(n) + "x" +
+                    std::to_string(k) + " matmul (batch " + std::to_string(batch) + ")");
+      }
+      plan.algo = results[0].algo;
+      if (found_count > 1) {
+        for (int i = 0; i < found_count; ++i) plan.untimed.push_back({results[i].algo});
+      }
+    } catch (...) {
+      plan.destroy();
+      throw;
     }
-    cublasLtMatmulHeuristicResult_t results[32]{};
-    int found_count = 0;
-    TT_CUBLASLT_CHECK(cublasLtMatmulAlgoGetHeuristic(state.handle, plan.desc, plan.layout_a, plan.layout_b,
-                                                     plan.layout_c, plan.layout_c, pref,
-                                                     std::max(1, g_autotune), results, &found_count));
-    cublasLtMatmulPreferenceDestroy(pref);
-    if (found_count == 0) {
-      throw Error("cuBLASLt found no algorithm for a " + std::to_string(m) + "x" + std::to_string(n) + "x" +
-                  std::to_string(k) + " matmul (batch " + std::to_string(batch) + ")");
-    }
+    found = g_plans[device].emplace(key, plan).first;
+  }
+  if (!found->second.untimed.empty()) {
     // Column-major n x m output with leading dimension ldc, per batch entry.
     const size_t c_elements = static_cast<size_t>(stride_c) * static_cast<size_t>(batch - 1) +
                               static_cast<size_t>(ldc) * static_cast<size_t>(m - 1) + static_cast<size_t>(n);
-    plan.algo = results[fastest_candidate(state, plan, results, found_count, &alpha, a, b, &beta, c,
-                                          c_elements * dtype_size(c_type), stream)]
-                    .algo;
-    found = g_plans[device].emplace(key, plan).first;
+    Plan& plan = found->second;
+    const int best = fastest_candidate(state, plan, plan.untimed, &alpha, a, b, &beta, c,
+                                       c_elements * dtype_size(c_type), stream);
+    if (best >= 0) {
+      plan.algo = plan.untimed[static_cast<size_t>(best)].algo;
+      plan.untimed.clear();
+    }
   }
   const Plan& plan = found->second;
   TT_CUBLASLT_CHECK(cublasLtMatmul(state.handle, plan.desc, &alpha, b, plan.layout_a, a, plan.layout_b, &beta,
