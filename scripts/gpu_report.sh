@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Measurements on a GPU machine, each section bounded in time, results (Markdown + JSON) under $OUT.
 # Usage: scripts/gpu_report.sh SECTION...   sections: build tests gputests attention model quickmodel ours
-#        fused grid priority torch ddp
+#        fused grid priority profile torch ddp
 #   build      configure + build into build-gpu
 #   tests      ctest (GPU suites included; the 2-rank NCCL suite needs 2 GPUs)
 #   attention  bench_attention leaderboard + course sweep, and PyTorch's SDPA on the same cases
@@ -13,6 +13,8 @@
 #   fused      the bf16 step with AdamW fused into backward (--mode step-fused), and an SM-margin sweep
 #   grid       the course grid: sizes x contexts, warm-up x graph x attention, 2.7b peak memory
 #   priority   TT_COMPUTE_STREAM_PRIORITY=high vs default: DDP step (2 GPUs) or step-fused (1 GPU)
+#   profile    per-kernel GPU time of one bf16 step, ours (ncu) and torch.compile's (torch.profiler);
+#              PROFILE_SIZE (default 2.7b)
 #   torch      the PyTorch reference (eager f32, torch.compile bf16), one process per size and variant;
 #              TORCH_SIZES (default small,medium,large; then xl,2.7b in another call) / TORCH_VARIANTS
 #              choose, TORCH_ADAMW=default times torch.optim.AdamW's foreach
@@ -147,6 +149,18 @@ for s in "$@"; do
         --ctx 256 --variants "${TORCH_VARIANTS:-eager-f32,compile-bf16}" --adamw "${TORCH_ADAMW:-fused}" \
         --json "$out/torch_all.jsonl" 2>&1 |
         tee "$out/torch_all.md" | tail -12 ;;
+    profile)
+      # Where one step's GPU time goes, per kernel: ours (Nsight Compute over the measured step only,
+      # --profile-steps), then the PyTorch reference's torch.compile step (torch.profiler).
+      section profile
+      size=${PROFILE_SIZE:-2.7b}
+      timeout 240 ncu --clock-control none --profile-from-start off --metrics gpu__time_duration.sum --csv \
+        $b/benchmark --sizes "$size" --ctx 256 --batch 4 --precision bf16 --mode step --graph off --warmup 1 \
+        --steps 1 --profile-steps >"$out/ncu_ours_$size.csv" 2>"$out/ncu_ours.err"
+      python3 scripts/kernel_summary.py "$out/ncu_ours_$size.csv" --top 30 | tee "$out/kernels_ours_$size.md"
+      timeout 300 python3 apps/python/model_baseline.py --sizes "$size" --ctx 256 --variants compile-bf16 \
+        --profile-out "$out/kernels_torch_$size.md" --json "$out/torch_profile.jsonl" 2>&1 | tail -3
+      head -40 "$out/kernels_torch_$size.md" | cut -c1-160 ;;
     *) echo "unknown section $s"; exit 1 ;;
   esac
 done
