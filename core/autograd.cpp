@@ -76,9 +76,12 @@ Tensor AccumulateGrad::grad_buffer(const Shape& shape, DType dtype) const {
   return existing;
 }
 
-Tensor direct_grad_buffer(const std::shared_ptr<Node>& edge, const Shape& shape, DType dtype) {
+Tensor direct_grad_buffer(const std::shared_ptr<Node>& edge, const Shape& shape, DType dtype,
+                          bool* known_zero) {
   const auto* accumulator = dynamic_cast<const AccumulateGrad*>(edge.get());
-  return accumulator ? accumulator->grad_buffer(shape, dtype) : Tensor();
+  Tensor buffer = accumulator ? accumulator->grad_buffer(shape, dtype) : Tensor();
+  if (known_zero) *known_zero = buffer.defined() && grad_known_zero(accumulator->leaf());
+  return buffer;
 }
 
 void mark_grad_zeroed(const Tensor& leaf) {
@@ -89,14 +92,9 @@ bool grad_known_zero(const Tensor& leaf) {
   return leaf.impl()->grad_zero_pass == g_backward_passes.load();
 }
 
-bool direct_grad_known_zero(const std::shared_ptr<Node>& edge) {
-  const auto* accumulator = dynamic_cast<const AccumulateGrad*>(edge.get());
-  return accumulator != nullptr && grad_known_zero(accumulator->leaf());
-}
-
 void AccumulateGrad::note_direct_contribution() {
   direct_ = true;
-  leaf_.impl()->grad_zero_pass = UINT64_MAX;
+  leaf_.impl()->grad_zero_pass = TensorImpl::kNoZeroPass;
 }
 
 void note_direct_contribution(const std::shared_ptr<Node>& edge) {
@@ -117,7 +115,7 @@ void AccumulateGrad::accumulate_tensor(const Tensor& grad_output) {
   TT_CHECK(g.shape() == leaf_.shape(),
            "gradient shape " + shape_str(g.shape()) + " does not match parameter " + leaf_.describe());
   Tensor existing = leaf_.grad();
-  leaf_.impl()->grad_zero_pass = UINT64_MAX;
+  leaf_.impl()->grad_zero_pass = TensorImpl::kNoZeroPass;
   if (!existing.defined()) {
     // Adopt the incoming buffer when nothing else can see it: the engine's reference and ours are the only
     // handles (add's backward hands one tensor to both inputs, which shows up as a third), and it is a whole,

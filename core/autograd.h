@@ -55,7 +55,10 @@ class AccumulateGrad : public Node {
 // (as FlatParameters sets up), returns that buffer, else an undefined tensor. A producer that adds its
 // gradient into it in place (a GEMM with beta = 1, say) then calls note_direct_contribution(edge) and returns
 // no tensor for that input; the engine still runs the accumulator, so the leaf's grad-ready hooks fire.
-Tensor direct_grad_buffer(const std::shared_ptr<Node>& edge, const Shape& shape, DType dtype);
+// `known_zero`, when given, says whether that buffer is marked as holding zeros (mark_grad_zeroed below): the
+// producer may then overwrite it instead of adding.
+Tensor direct_grad_buffer(const std::shared_ptr<Node>& edge, const Shape& shape, DType dtype,
+                          bool* known_zero = nullptr);
 void note_direct_contribution(const std::shared_ptr<Node>& edge);
 
 // Gradient buffers known to hold zeros. Whoever zeroes a leaf's .grad (FlatParameters::zero_grad,
@@ -68,8 +71,6 @@ void note_direct_contribution(const std::shared_ptr<Node>& edge);
 // flat tensor, whose .grad spans every parameter's) is not seen, so differentiate through the parameters.
 void mark_grad_zeroed(const Tensor& leaf);
 bool grad_known_zero(const Tensor& leaf);
-// grad_known_zero for the leaf behind `edge` (false when it is not a leaf accumulator).
-bool direct_grad_known_zero(const std::shared_ptr<Node>& edge);
 
 // Whether ops record the graph (thread-local; on by default).
 bool grad_mode_enabled();

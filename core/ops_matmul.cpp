@@ -130,10 +130,11 @@ struct LinearNode : Node {
       dx = reshape(dx, x_shape);
     }
     if (next[1]) {
-      Tensor target = direct_grad_buffer(next[1], w.shape(), dw_dtype);
+      bool known_zero = false;
+      Tensor target = direct_grad_buffer(next[1], w.shape(), dw_dtype, &known_zero);
       if (target.defined()) {
         // Overwrite a buffer known to hold zeros (no read of it), else add.
-        gemm_into(g, x2, true, false, 1.0, direct_grad_known_zero(next[1]) ? 0.0 : 1.0, target);
+        gemm_into(g, x2, true, false, 1.0, known_zero ? 0.0 : 1.0, target);
         note_direct_contribution(next[1]);  // only once the addition is queued, so a failure leaves no trace
       } else {
         dw = matmul_raw(g, x2, true, false, 1.0, dw_dtype);

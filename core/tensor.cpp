@@ -338,7 +338,7 @@ Tensor Tensor::grad() const {
 }
 void Tensor::set_grad(const Tensor& grad) const {
   impl_->grad = grad;
-  impl_->grad_zero_pass = UINT64_MAX;
+  impl_->grad_zero_pass = TensorImpl::kNoZeroPass;
 }
 const std::shared_ptr<Node>& Tensor::grad_fn() const {
   return impl_->grad_fn;

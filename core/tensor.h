@@ -136,8 +136,9 @@ struct TensorImpl {
   std::vector<std::pair<uint64_t, GradHook>> grad_ready_hooks;  // (handle, hook) in registration order
   uint64_t next_hook_handle = 1;
   // The backward pass (autograd.cpp's count) in which .grad is known to hold zeros (mark_grad_zeroed), or
-  // UINT64_MAX when it is not known.
-  uint64_t grad_zero_pass = UINT64_MAX;
+  // kNoZeroPass when it is not known.
+  static constexpr uint64_t kNoZeroPass = UINT64_MAX;
+  uint64_t grad_zero_pass = kNoZeroPass;
   std::string name;
   Tensor low_precision_copy;
 };

@@ -276,10 +276,8 @@ class NcclCommunicator : public Communicator {
 
   std::unique_ptr<Work> all_reduce_async(Tensor& t, ReduceOp op) override {
     check_tensor(t, "all_reduce", true);
-    if (by_copy_engine(t)) {
-      return launch("all_reduce (copy engine)", {t}, [&](cudaStream_t) { peer_->issue(t, peer_scale(op)); });
-    }
-    return launch("all_reduce", {t}, [&](cudaStream_t s) { issue_all_reduce(t, op, s); });
+    const bool peer = by_copy_engine(t);
+    return launch(all_reduce_name(peer), {t}, [&](cudaStream_t s) { issue_all_reduce(t, op, s, peer); });
   }
 
   void set_all_reduce_transport(AllReduceTransport transport) override {
@@ -318,12 +316,8 @@ class NcclCommunicator : public Communicator {
              std::string("nccl all_reduce_widen: cannot widen ") + dtype_name(t.dtype()) + " into " +
                  dtype_name(widened.dtype()) + " (supported: bf16 -> f32)");
     const bool peer = by_copy_engine(t);
-    return launch(peer ? "all_reduce (copy engine)" : "all_reduce", {t, widened}, [&](cudaStream_t s) {
-      if (peer) {
-        peer_->issue(t, peer_scale(op));
-      } else {
-        issue_all_reduce(t, op, s);
-      }
+    return launch(all_reduce_name(peer), {t, widened}, [&](cudaStream_t s) {
+      issue_all_reduce(t, op, s, peer);
       cuda::cast(t.raw_data(), t.dtype(), widened.raw_data(), widened.dtype(), t.numel(), s);
     });
   }
@@ -420,9 +414,15 @@ class NcclCommunicator : public Communicator {
     TT_CUDA_CHECK(cudaStreamIsCapturing(compute_, &capture));
     return capture == cudaStreamCaptureStatusNone;
   }
-  float peer_scale(ReduceOp op) const { return op == ReduceOp::avg ? 0.5f : 1.0f; }
+  static const char* all_reduce_name(bool peer) { return peer ? "all_reduce (copy engine)" : "all_reduce"; }
 
-  void issue_all_reduce(Tensor& t, ReduceOp op, cudaStream_t s) {
+  // On the communication stream `s`: by the copy-engine transport (peer; averaging two ranks is * 0.5), or by
+  // NCCL.
+  void issue_all_reduce(Tensor& t, ReduceOp op, cudaStream_t s, bool peer) {
+    if (peer) {
+      peer_->issue(t, op == ReduceOp::avg ? 0.5f : 1.0f);
+      return;
+    }
     TT_NCCL_CHECK(ncclAllReduce(t.raw_data(), t.raw_data(), static_cast<size_t>(t.numel()),
                                 nccl_type(t.dtype()), nccl_op(op), comm_.get(), s));
   }

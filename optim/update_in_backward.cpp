@@ -38,6 +38,12 @@ struct UpdateInBackward::State {
       grads.narrow_view(0, begin, count).zero_();
     }
   }
+  // Updates parameter `index` and zeroes its gradient, which the next pass may then overwrite.
+  void update_parameter(size_t index) {
+    const Tensor& p = *params.parameters()[index].tensor;
+    update(params.offsets()[index], p.numel());
+    mark_grad_zeroed(p);  // from a hook, for the next pass
+  }
 
   // The compute stream waits for everything queued on the side stream.
   void join() {
@@ -57,8 +63,7 @@ struct UpdateInBackward::State {
       ready[index]->record(compute_stream(device.index));
       ready[index]->block(side_stream(device.index));
     }
-    update(params.offsets()[index], params.parameters()[index].tensor->numel());
-    mark_grad_zeroed(*params.parameters()[index].tensor);  // for the next pass: this one is inside backward
+    update_parameter(index);
   }
 };
 
@@ -116,17 +121,13 @@ void UpdateInBackward::finish() {
   State& s = *state_;
   TT_CHECK(s.armed, "UpdateInBackward::finish() without begin()");
   s.armed = false;
-  const auto& offsets = s.params.offsets();
   if (s.device.is_cuda()) {
     // What no hook reached goes after everything backward queued.
     s.updates_done->record(compute_stream(s.device.index));
     s.updates_done->block(side_stream(s.device.index));
   }
   for (size_t i = 0; i < s.done.size(); ++i) {
-    if (!s.done[i]) {
-      s.update(offsets[i], s.params.parameters()[i].tensor->numel());
-      mark_grad_zeroed(*s.params.parameters()[i].tensor);
-    }
+    if (!s.done[i]) s.update_parameter(i);
   }
   const int64_t total = s.params.flat_params().numel();
   s.update(s.params.numel(), total - s.params.numel());  // padding (ZeRO layouts): zeros stay zeros

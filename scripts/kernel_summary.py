@@ -27,8 +27,11 @@ def main():
     p.add_argument("--top", type=int, default=30)
     p.add_argument("--divide", type=float, default=1.0, help="divide counts and times by this (iterations)")
     a = p.parse_args()
-    with open(a.csv, newline="") as f:
-        lines = [line for line in f if line.startswith('"')]  # ncu prints its own progress lines too
+    try:
+        with open(a.csv, newline="") as f:
+            lines = [line for line in f if line.startswith('"')]  # ncu prints its own progress lines too
+    except OSError as e:
+        sys.exit(f"error: cannot read {a.csv}: {e.strerror}")
     total_ns, calls = defaultdict(float), defaultdict(int)
     for row in csv.DictReader(lines):
         if row.get("Metric Name") != "gpu__time_duration.sum":
