@@ -197,6 +197,11 @@ int main(int argc, char** argv) {
   flags.add("gemm-sm-margin", "0",
             "comma-separated SM counts to keep free of matmuls in the communicating rows (cuBLASLt plans "
             "for fewer SMs), so NCCL's kernels overlap backward without waiting for SMs; 0: all SMs");
+  flags.add(
+      "grad-dtype", "f32",
+      "dtype of every row's gradient buffer: f32 | bf16 (with --precision bf16: weight gradients rounded "
+      "to bf16 once, as PyTorch's autocast rounds them, and all-reduced in bf16; not with --zero 1 or "
+      "--grad-comm-dtype bf16)");
   flags.add("grad-comm-dtype", "f32",
             "comma-separated dtypes the DDP strategies' gradients travel in: f32 | bf16 (half the bytes, "
             "gradients rounded to bf16); each communicating row once per dtype");
@@ -249,6 +254,15 @@ int main(int argc, char** argv) {
       TT_CHECK(dtype == "f32" || dtype == "bf16",
                "--grad-comm-dtype takes f32 and/or bf16, got '" + dtype + "'");
     }
+    const std::string grad_dtype = flags.str("grad-dtype");
+    TT_CHECK(grad_dtype == "f32" || grad_dtype == "bf16",
+             "--grad-dtype must be f32 or bf16, got '" + grad_dtype + "'");
+    const bool grads_bf16 = grad_dtype == "bf16";
+    TT_CHECK(!grads_bf16 || flags.str("precision") == "bf16", "--grad-dtype bf16 needs --precision bf16");
+    TT_CHECK(!grads_bf16 || flags.integer("zero") == 0, "--grad-dtype bf16 does not combine with --zero 1");
+    TT_CHECK(
+        !grads_bf16 || std::find(dtypes.begin(), dtypes.end(), "bf16") == dtypes.end(),
+        "--grad-comm-dtype bf16 is for f32 gradients; with --grad-dtype bf16 they already travel in bf16");
     const auto runs_ddp = [](const Config& c) { return c.strategy.has_value(); };
     configs = expand_rows(configs, dtypes, runs_ddp, [](Config& c, const std::string& dtype) {
       c.bf16_communication = dtype == "bf16";
@@ -278,10 +292,11 @@ int main(int argc, char** argv) {
     std::unique_ptr<JsonlWriter> json;
     if (root && !flags.str("json").empty()) json = std::make_unique<JsonlWriter>(flags.str("json"), false);
     if (root) {
-      std::printf("%d ranks (%s), batch %lld x ctx %lld per rank, %s, warm-up %lld, timed %lld\n\n", world,
-                  comm->backend(), static_cast<long long>(batch), static_cast<long long>(ctx),
-                  flags.str("precision").c_str(), static_cast<long long>(warmup),
-                  static_cast<long long>(steps));
+      std::printf(
+          "%d ranks (%s), batch %lld x ctx %lld per rank, %s, %s gradients, warm-up %lld, timed %lld\n\n",
+          world, comm->backend(), static_cast<long long>(batch), static_cast<long long>(ctx),
+          flags.str("precision").c_str(), grad_dtype.c_str(), static_cast<long long>(warmup),
+          static_cast<long long>(steps));
     }
     std::vector<std::vector<std::string>> rows, memory_rows;
     for (const std::string& preset : flags.list("preset")) {
@@ -294,6 +309,7 @@ int main(int argc, char** argv) {
       const double build_start = now_seconds();
       try {
         bundle = std::make_unique<Bundle>(config, device, runtime->rank(), runtime->world_size(), batch);
+        if (grads_bf16) bundle->params.set_grad_dtype(DType::bf16);
       } catch (const OutOfMemory&) {
         oom = true;
       }
@@ -311,9 +327,9 @@ int main(int argc, char** argv) {
         if (!r.oom) {
           auto gib = [](int64_t bytes) { return format_fixed(static_cast<double>(bytes) / (1 << 30), 2); };
           const double psi = static_cast<double>(bundle->params.numel());
-          // ZeRO paper's accounting for this setup: f32 parameters (4 bytes) and gradients (4) on every rank,
-          // Adam's two f32 moments (8) divided by the world size with stage 1.
-          const double formula = 4 * psi + 4 * psi + 8 * psi / (c.zero ? world : 1);
+          // ZeRO paper's accounting for this setup: f32 parameters (4 bytes) and gradients (4, or 2 in bf16)
+          // on every rank, Adam's two f32 moments (8) divided by the world size with stage 1.
+          const double formula = 4 * psi + (grads_bf16 ? 2 : 4) * psi + 8 * psi / (c.zero ? world : 1);
           memory_rows.push_back(
               {preset, c.label, gib(r.memory.params), gib(r.memory.grads), gib(r.memory.optimizer_state),
                format_fixed(formula / (1 << 30), 2), gib(r.memory.after_init), gib(r.memory.before_step),
@@ -349,6 +365,7 @@ int main(int argc, char** argv) {
                        {"batch_per_rank", std::to_string(batch)},
                        {"ctx", std::to_string(ctx)},
                        {"precision", JsonlWriter::quote(flags.str("precision"))},
+                       {"grad_dtype", JsonlWriter::quote(grad_dtype)},
                        {"oom", r.oom ? "true" : "false"},
                        {"step_ms", r.oom ? "null" : JsonlWriter::number(r.step_ms.mean)},
                        {"step_std_ms", r.oom ? "null" : JsonlWriter::number(r.step_ms.std)},

@@ -55,11 +55,11 @@ nn::ModelConfig bench_config(const Flags& flags, Device device, const std::strin
 // instead of casting every weight in every forward.
 Row measure(const Flags& flags, Device device, Bundle* bundle, const nn::ModelConfig& config,
             const std::string& size, int64_t ctx, const std::string& mode, bool graph, int64_t warmup,
-            bool mirror) {
+            bool mirror, bool grads_bf16) {
   const int64_t batch = flags.integer("batch"), steps = flags.integer("steps");
   const bool bf16 = config.precision == nn::Precision::bf16;
   const std::string precision = std::string(nn::precision_name(config.precision)) +
-                                (bf16 && !mirror ? " (cast)" : ""),
+                                (bf16 && !mirror ? " (cast)" : "") + (grads_bf16 ? ", bf16 grads" : ""),
                     attention = nn::attention_name(config.attention);
   Row row;
   row.cells = {
@@ -73,6 +73,7 @@ Row measure(const Flags& flags, Device device, Bundle* bundle, const nn::ModelCo
            JsonlWriter::quote(!bf16    ? "-"
                               : mirror ? "mirror"
                                        : "cast") +
+           ", \"grad_dtype\": " + JsonlWriter::quote(grads_bf16 ? "bf16" : "f32") +
            ", \"gemm_autotune\": " + std::to_string(flags.integer("gemm-autotune")) +
            ", \"device\": " + JsonlWriter::quote(device_name(device));
   };
@@ -80,6 +81,7 @@ Row measure(const Flags& flags, Device device, Bundle* bundle, const nn::ModelCo
     if (!bundle) throw OutOfMemory("model does not fit");
     nn::TransformerLM& model = bundle->model;
     nn::FlatParameters& params = bundle->params;
+    params.set_grad_dtype(grads_bf16 ? DType::bf16 : DType::f32);  // before anything takes the gradients
     // Rows share the model of a size; only a step row keeps AdamW state, so a forward or forward+backward row
     // measured after one does not count the optimizer's memory.
     const bool fused = mode == "step-fused", with_optimizer = mode == "step" || fused;
@@ -291,6 +293,9 @@ int main(int argc, char** argv) {
     flags.add("bf16-weights", "mirror",
               "comma-separated, bf16 rows: mirror (matmuls read a bf16 copy of the weights that AdamW writes "
               "with each update) | cast (every weight cast to bf16 in every forward); one row each");
+    flags.add("grad-dtype", "f32",
+              "comma-separated, bf16 rows: f32 | bf16 (the gradient buffer in bf16: weight gradients "
+              "rounded to bf16 once, as PyTorch's autocast rounds them); one row each");
     flags.add("graph", "auto",
               "on | off | both | auto (on for CUDA): capture the whole iteration in a CUDA graph");
     flags.add("json", "", "also write one JSON object per row to this file");
@@ -325,6 +330,12 @@ int main(int argc, char** argv) {
       weight_modes.push_back(w == "mirror");
     }
     TT_CHECK(!weight_modes.empty(), "--bf16-weights needs mirror and/or cast");
+    std::vector<bool> grad_modes;
+    for (const std::string& g : flags.list("grad-dtype")) {
+      TT_CHECK(g == "f32" || g == "bf16", "unknown --grad-dtype '" + g + "' (expected f32 or bf16)");
+      grad_modes.push_back(g == "bf16");
+    }
+    TT_CHECK(!grad_modes.empty(), "--grad-dtype needs f32 and/or bf16");
     const std::vector<int64_t> contexts = flags.int_list("ctx");
     TT_CHECK(!contexts.empty(), "--ctx needs at least one context length");
     const std::vector<int64_t> warmups = flags.int_list("warmup");
@@ -349,15 +360,20 @@ int main(int argc, char** argv) {
               for (int64_t warmup : warmups) {
                 for (bool graph : graph_modes) {
                   for (bool mirror : weight_modes) {
-                    // f32 rows once, whatever was asked for the bf16 weights.
-                    if (config.precision != nn::Precision::bf16 && mirror != weight_modes.front()) continue;
-                    rows.push_back(
-                        measure(flags, device, bundle.get(), config, size, ctx, mode, graph, warmup, mirror));
-                    if (json) json->write_raw(rows.back().json);
-                    std::fprintf(stderr, "  measured %s %s %s ctx %lld %s warm-up %lld graph %s\n",
-                                 size.c_str(), precision.c_str(), attention.c_str(),
-                                 static_cast<long long>(ctx), mode.c_str(), static_cast<long long>(warmup),
-                                 graph ? "on" : "off");
+                    for (bool grads_bf16 : grad_modes) {
+                      // f32 rows once (f32 gradients), whatever was asked for bf16's weights and gradients.
+                      const bool f32_row = config.precision != nn::Precision::bf16;
+                      if (f32_row && (mirror != weight_modes.front() || grads_bf16 != grad_modes.front()))
+                        continue;
+                      rows.push_back(measure(flags, device, bundle.get(), config, size, ctx, mode, graph,
+                                             warmup, mirror, grads_bf16 && !f32_row));
+                      if (json) json->write_raw(rows.back().json);
+                      std::fprintf(stderr, "  measured %s %s%s %s ctx %lld %s warm-up %lld graph %s\n",
+                                   size.c_str(), precision.c_str(),
+                                   grads_bf16 && !f32_row ? " (bf16 grads)" : "", attention.c_str(),
+                                   static_cast<long long>(ctx), mode.c_str(), static_cast<long long>(warmup),
+                                   graph ? "on" : "off");
+                    }
                   }
                 }
               }

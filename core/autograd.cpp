@@ -67,9 +67,8 @@ void attach_node(const Tensor& output, const std::shared_ptr<Node>& node,
 
 Tensor AccumulateGrad::grad_buffer(const Shape& shape, DType dtype) const {
   const Tensor existing = leaf_.grad();
-  // Only wide buffers: in-place accumulation rounds once per addition, which bf16 could not afford.
-  const bool wide = dtype == DType::f32 || dtype == DType::f64;
-  if (!wide || !existing.defined() || !existing.is_contiguous() || existing.shape() != shape ||
+  const bool supported = dtype == DType::f32 || dtype == DType::f64 || dtype == DType::bf16;
+  if (!supported || !existing.defined() || !existing.is_contiguous() || existing.shape() != shape ||
       existing.dtype() != dtype || existing.device() != leaf_.device()) {
     return Tensor();
   }
@@ -80,7 +79,10 @@ Tensor direct_grad_buffer(const std::shared_ptr<Node>& edge, const Shape& shape,
                           bool* known_zero) {
   const auto* accumulator = dynamic_cast<const AccumulateGrad*>(edge.get());
   Tensor buffer = accumulator ? accumulator->grad_buffer(shape, dtype) : Tensor();
-  if (known_zero) *known_zero = buffer.defined() && grad_known_zero(accumulator->leaf());
+  const bool zero = buffer.defined() && grad_known_zero(accumulator->leaf());
+  // A bf16 buffer only to overwrite: adding in place would round once per addition.
+  if (dtype == DType::bf16 && !zero) buffer = Tensor();
+  if (known_zero) *known_zero = zero && buffer.defined();
   return buffer;
 }
 
@@ -115,6 +117,7 @@ void AccumulateGrad::accumulate_tensor(const Tensor& grad_output) {
   TT_CHECK(g.shape() == leaf_.shape(),
            "gradient shape " + shape_str(g.shape()) + " does not match parameter " + leaf_.describe());
   Tensor existing = leaf_.grad();
+  const bool was_zero = grad_known_zero(leaf_);
   leaf_.impl()->grad_zero_pass = TensorImpl::kNoZeroPass;
   if (!existing.defined()) {
     // Adopt the incoming buffer when nothing else can see it: the engine's reference and ours are the only
@@ -123,8 +126,17 @@ void AccumulateGrad::accumulate_tensor(const Tensor& grad_output) {
     const bool sole_owner = g.impl_ptr().use_count() <= 2 && g.storage().use_count() == 1 &&
                             g.offset() == 0 && g.is_contiguous() && g.storage()->bytes() == g.nbytes();
     leaf_.set_grad(sole_owner ? g : g.clone());
-  } else {
+  } else if (existing.dtype() == g.dtype()) {
     ops::add_into(existing, g);
+  } else if (was_zero) {
+    // A narrower buffer than the parameter (bf16 gradients of f32 parameters) holding zeros: the gradient
+    // rounded as it is stored.
+    ops::cast_into(existing, g);
+  } else {
+    // The same, adding: the sum in the parameter's dtype, rounded once.
+    Tensor sum = ops::cast(existing, g.dtype());
+    ops::add_into(sum, g);
+    ops::cast_into(existing, sum);
   }
 }
 

@@ -52,7 +52,8 @@ class AccumulateGrad : public Node {
 };
 
 // When `edge` is the accumulator of a leaf whose .grad is a dense f32 or f64 buffer of `shape` and `dtype`
-// (as FlatParameters sets up), returns that buffer, else an undefined tensor. A producer that adds its
+// (as FlatParameters sets up), or a bf16 one marked as holding zeros (to be overwritten, never added to),
+// returns that buffer, else an undefined tensor. A producer that adds its
 // gradient into it in place (a GEMM with beta = 1, say) then calls note_direct_contribution(edge) and returns
 // no tensor for that input; the engine still runs the accumulator, so the leaf's grad-ready hooks fire.
 // `known_zero`, when given, says whether that buffer is marked as holding zeros (mark_grad_zeroed below): the

@@ -23,7 +23,7 @@ Tensor mul(const Tensor& a, const Tensor& b);  // elementwise, for tests and los
 // In place, no autograd: dst += src (same shape; src may be of another float dtype on CPU).
 void add_into(Tensor& dst, const Tensor& src);
 void scale_(Tensor& t, double s);
-double sum_squares(const Tensor& t);  // reads the result back to the host
+double sum_squares(const Tensor& t);  // f32, f64 or bf16; reads the result back to the host
 
 // --- matrix products ---
 // Batched: a (..., m, k) [or (..., k, m) with trans_a], b (..., k, n) [or (..., n, k)] with equal leading

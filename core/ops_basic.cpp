@@ -265,11 +265,16 @@ void scale_(Tensor& t, double s) {
 double sum_squares(const Tensor& t) {
   const Tensor tc = detail::dense(t);
   if (t.device().is_cuda()) {
-    detail::require_cuda_f32(t, "sum_squares");
     Tensor out = Tensor::empty({1}, DType::f32, t.device());
-    TT_CUDA_ONLY(cuda::sum(tc.data<float>(), t.numel(), true, out.data<float>(), detail::stream_of(t)));
+    if (t.dtype() == DType::bf16) {
+      TT_CUDA_ONLY(cuda::sum(tc.data<bf16>(), t.numel(), true, out.data<float>(), detail::stream_of(t)));
+    } else {
+      detail::require_cuda_f32(t, "sum_squares");
+      TT_CUDA_ONLY(cuda::sum(tc.data<float>(), t.numel(), true, out.data<float>(), detail::stream_of(t)));
+    }
     return out.item();
   }
+  if (t.dtype() == DType::bf16) return sum_squares(cast_raw(tc, DType::f32));  // widened exactly
   double result = 0;
   dispatch_float(t.dtype(), "sum_squares", [&](auto tag) {
     using T = decltype(tag);

@@ -110,9 +110,9 @@ struct MatmulNode : Node {
 };
 
 // y = x W^T with the operands saved in the compute dtype. The weight's gradient g^T x goes straight into the
-// weight's .grad buffer (GEMM with beta = 1, or 0 when the buffer is known to hold zeros) when the weight is
-// a leaf that has one, as FlatParameters arranges: no temporary, no separate add; the accumulator still runs,
-// so grad-ready hooks fire as usual.
+// weight's .grad buffer (GEMM with beta = 1, or 0 when the buffer is known to hold zeros; a bf16 buffer only
+// when it holds zeros) when the weight is a leaf that has one, as FlatParameters arranges: no temporary, no
+// separate add; the accumulator still runs, so grad-ready hooks fire as usual.
 struct LinearNode : Node {
   Tensor x2, w;  // (rows, in) and (out, in)
   Shape x_shape;
@@ -132,6 +132,10 @@ struct LinearNode : Node {
     if (next[1]) {
       bool known_zero = false;
       Tensor target = direct_grad_buffer(next[1], w.shape(), dw_dtype, &known_zero);
+      // A bf16 .grad of an f32 weight computed in bf16 (FlatParameters::set_grad_dtype) takes the product
+      // rounded once by the GEMM's epilogue, when it holds zeros; otherwise the accumulator adds.
+      if (!target.defined() && w.dtype() == DType::bf16)
+        target = direct_grad_buffer(next[1], w.shape(), DType::bf16, &known_zero);
       if (target.defined()) {
         // Overwrite a buffer known to hold zeros (no read of it), else add.
         gemm_into(g, x2, true, false, 1.0, known_zero ? 0.0 : 1.0, target);

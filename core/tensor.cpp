@@ -287,15 +287,25 @@ void Tensor::fill_(double value) {
     return;
   }
 #ifdef TT_WITH_CUDA
+  if (value == 0.0 && n > 0) {
+    // All-zero bits are zero in every dtype: a memset (gradient buffers are zeroed every step).
+    TT_CUDA_CHECK(cudaMemsetAsync(raw_data(), 0, nbytes(), stream_of(device())));
+    return;
+  }
   switch (dtype()) {
     case DType::f32:
       cuda::fill(data<float>(), n, value, stream_of(device()));
       break;
+    case DType::bf16: {
+      const Tensor wide = Tensor::full(shape(), value, DType::f32, device());
+      cuda::cast(wide.raw_data(), DType::f32, raw_data(), DType::bf16, n, stream_of(device()));
+      break;
+    }
     case DType::i32:
       cuda::fill_i32(data<int32_t>(), n, static_cast<int32_t>(value), stream_of(device()));
       break;
     default:
-      throw Error(std::string("fill_ on CUDA supports f32 and i32, not ") + dtype_name(dtype()));
+      throw Error(std::string("fill_ on CUDA supports f32, bf16 and i32, not ") + dtype_name(dtype()));
   }
 #endif
 }

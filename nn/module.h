@@ -76,6 +76,15 @@ class FlatParameters {
   // Zeroes the gradient buffer and marks every parameter's .grad as zero (mark_grad_zeroed), so that the
   // next backward's matmuls write weight gradients without reading the buffer.
   void zero_grad();
+  // The gradient buffer's dtype: the parameters' own (the default), or bf16 for f32 parameters trained in
+  // bf16 (half the bytes for the weight-gradient matmuls to write, the optimizer to read and an all-reduce to
+  // move). With bf16 gradients the matmuls write each weight's gradient rounded to bf16 once, as PyTorch's
+  // autocast does (its bf16 matmul's gradient, widened to the f32 .grad); other parameters' gradients are
+  // computed in f32 and rounded to bf16 as they are stored, and a second contribution is added in f32 and
+  // rounded again. Reallocates the (zeroed) buffer and re-points every .grad: call it before handing the
+  // gradients to anything that keeps them (DataParallel, ShardedOptimizer, UpdateInBackward).
+  void set_grad_dtype(DType dtype);
+  DType grad_dtype() const { return flat_grads_.dtype(); }
 
   // For bf16 training (f32 parameters): a bf16 copy of every parameter, laid out like the flat buffer and
   // attached to each parameter (Tensor::low_precision_copy), so the bf16 matmuls read it instead of casting
@@ -92,6 +101,7 @@ class FlatParameters {
  private:
   std::vector<NamedParameter> params_;
   std::vector<int64_t> offsets_;
+  void attach_grads();  // points the flat tensor's and every parameter's .grad at flat_grads_, marked zero
   Tensor flat_params_, flat_grads_;
   Tensor mirror_;
   int64_t parameter_numel_ = 0;

@@ -1,5 +1,6 @@
 #include "optim/optimizer.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "core/autograd.h"
@@ -111,7 +112,10 @@ void AdamW::apply_range(size_t index, int64_t begin, int64_t count, void* stream
     TT_CHECK(device_factors_.defined(), "AdamW::apply() before prepare_step()");
     cudaStream_t s = static_cast<cudaStream_t>(stream ? stream : compute_stream(p.device().index));
     const Tensor* mirror = current_mirror();
-    cuda::adamw_apply(p.data<float>() + begin, g.data<float>() + begin, exp_avg_[index].data<float>() + begin,
+    const bool grad_bf16 = g.dtype() == DType::bf16;
+    TT_CHECK(grad_bf16 || g.dtype() == DType::f32, "AdamW on CUDA needs f32 or bf16 gradients");
+    const void* grad = grad_bf16 ? static_cast<const void*>(g.data<bf16>() + begin) : g.data<float>() + begin;
+    cuda::adamw_apply(p.data<float>() + begin, grad, grad_bf16, exp_avg_[index].data<float>() + begin,
                       exp_avg_sq_[index].data<float>() + begin, count, device_factors_.data<float>(),
                       grad_scale_.defined() ? grad_scale_.data<float>() : nullptr, options_.beta1,
                       options_.beta2, options_.eps, s, mirror ? mirror->data<bf16>() + begin : nullptr);
@@ -119,9 +123,13 @@ void AdamW::apply_range(size_t index, int64_t begin, int64_t count, void* stream
   } else {
     TT_CHECK(!grad_scale_.defined(), "AdamW: device gradient scaling is for CUDA parameters");
     TT_CHECK(step_ >= 1, "AdamW::apply() before prepare_step()");
+    // bf16 gradients of f32 parameters are widened exactly first.
+    const Tensor grads = g.dtype() == p.dtype()
+                             ? g.view({-1}).narrow_view(0, begin, count)
+                             : ops::cast(g.view({-1}).narrow_view(0, begin, count), p.dtype());
     auto update = [&](auto tag) {
       using T = decltype(tag);
-      cpu::adamw(p.data<T>() + begin, g.data<T>() + begin, exp_avg_[index].data<T>() + begin,
+      cpu::adamw(p.data<T>() + begin, grads.data<T>(), exp_avg_[index].data<T>() + begin,
                  exp_avg_sq_[index].data<T>() + begin, count, lr_, options_.beta1, options_.beta2,
                  options_.eps, options_.weight_decay, step_);
     };
@@ -155,7 +163,21 @@ double clip_grad_norm(const std::vector<Tensor>& grads, double max_norm) {
       for (const Tensor& g : grads) {
         if (!g.defined()) continue;
         Tensor mutable_g = g;
-        ops::scale_(mutable_g, scale);
+        if (g.dtype() == DType::bf16) {
+          // bf16 gradients (FlatParameters::set_grad_dtype) are scaled in f32 and rounded back, a bounded
+          // piece at a time (a 2.7b model's in one piece would need a 13.6 GB temporary).
+          TT_CHECK(g.is_contiguous(), "clip_grad_norm: bf16 gradients must be contiguous");
+          Tensor flat = mutable_g.view({-1});
+          constexpr int64_t kPiece = int64_t{1} << 24;
+          for (int64_t begin = 0; begin < flat.numel(); begin += kPiece) {
+            Tensor piece = flat.narrow_view(0, begin, std::min(kPiece, flat.numel() - begin));
+            Tensor wide = ops::cast(piece, DType::f32);
+            ops::scale_(wide, scale);
+            ops::cast_into(piece, wide);
+          }
+        } else {
+          ops::scale_(mutable_g, scale);
+        }
       }
     }
   }
@@ -167,11 +189,16 @@ double clip_grad_norm(const std::vector<Tensor>& grads, double max_norm) {
 namespace tt::optim {
 
 void clip_factor_on_device(const Tensor& flat_grads, double max_norm, Tensor& norm, Tensor& factor) {
-  TT_CHECK(flat_grads.device().is_cuda() && flat_grads.dtype() == DType::f32 && flat_grads.is_contiguous(),
-           "clip_factor_on_device needs a contiguous f32 CUDA gradient buffer");
+  TT_CHECK(flat_grads.device().is_cuda() &&
+               (flat_grads.dtype() == DType::f32 || flat_grads.dtype() == DType::bf16) &&
+               flat_grads.is_contiguous(),
+           "clip_factor_on_device needs a contiguous f32 or bf16 CUDA gradient buffer");
 #ifdef TT_WITH_CUDA
   const cudaStream_t stream = static_cast<cudaStream_t>(compute_stream(flat_grads.device().index));
-  cuda::sum(flat_grads.data<float>(), flat_grads.numel(), true, norm.data<float>(), stream);
+  if (flat_grads.dtype() == DType::bf16)
+    cuda::sum(flat_grads.data<bf16>(), flat_grads.numel(), true, norm.data<float>(), stream);
+  else
+    cuda::sum(flat_grads.data<float>(), flat_grads.numel(), true, norm.data<float>(), stream);
   cuda::clip_scale(norm.data<float>(), max_norm, factor.data<float>(), norm.data<float>(), stream);
 #endif
 }

@@ -89,9 +89,9 @@ double cosine_lr(int64_t it, double lr_max, double lr_min, int64_t warmup_steps,
 // Returns the norm before clipping. max_norm <= 0 only measures.
 double clip_grad_norm(const std::vector<Tensor>& grads, double max_norm);
 
-// The same on the GPU for one flat f32 gradient buffer, without reading anything back: writes the norm and
-// the clipping factor to device scalars ({1} f32 tensors allocated by the caller); the factor is meant for
-// AdamW::set_grad_scale, the norm for logging a step later.
+// The same on the GPU for one flat f32 (or bf16) gradient buffer, without reading anything back: writes the
+// norm and the clipping factor to device scalars ({1} f32 tensors allocated by the caller); the factor is
+// meant for AdamW::set_grad_scale, the norm for logging a step later.
 void clip_factor_on_device(const Tensor& flat_grads, double max_norm, Tensor& norm, Tensor& factor);
 
 }  // namespace tt::optim

@@ -31,7 +31,11 @@ struct UpdateInBackward::State {
       void* side = side_stream(device.index);
       optimizer.apply_range(0, begin, count, side);
 #ifdef TT_WITH_CUDA
-      cuda::fill(grads.data<float>() + begin, count, 0.0, static_cast<cudaStream_t>(side));
+      // All-zero bits are 0.0 in f32 and bf16 alike.
+      const size_t element = dtype_size(grads.dtype());
+      TT_CUDA_CHECK(
+          cudaMemsetAsync(static_cast<char*>(grads.raw_data()) + static_cast<size_t>(begin) * element, 0,
+                          static_cast<size_t>(count) * element, static_cast<cudaStream_t>(side)));
 #endif
     } else {
       optimizer.apply_range(0, begin, count);

@@ -179,6 +179,7 @@ std::vector<double> train(const TrainSpec& spec, const DdpConfig* ddp) {
   const int rank = runtime().rank(), world = runtime().world_size();
   std::unique_ptr<TestModel> model = make_test_model(spec.model);
   nn::FlatParameters flat(model->module(), spec.device, kParamSeed, spec.dtype);
+  if (spec.grads_bf16) flat.set_grad_dtype(DType::bf16);
   model->freeze();
   const std::vector<double> initial = flat.flat_params().to_doubles();
   std::unique_ptr<dist::DataParallel> data_parallel;
@@ -308,6 +309,26 @@ void check_bf16_communication(ModelKind model, Device device) {
     CHECK_MESSAGE(allclose(rounded, reference, 1e-3, 1e-4, &why), why);
     CHECK_FALSE(allclose(rounded, exact, 1e-7, 0.0, &why));
     CHECK(same_on_all_ranks(rounded));
+  }
+}
+
+void check_bf16_gradients(ModelKind model, Device device) {
+  TrainSpec spec;
+  spec.model = model;
+  spec.optimizer = OptimizerKind::adamw;
+  spec.device = device;
+  const std::vector<double> wide = train(spec, nullptr);
+  spec.grads_bf16 = true;
+  const std::vector<double> reference = train(spec, nullptr);
+  std::string why;
+  CHECK_FALSE(allclose(reference, wide, 1e-7, 0.0, &why));  // the rounding does happen
+  for (const DdpConfig& config : ddp_configs(model)) {
+    CAPTURE(config.label);
+    const std::vector<double> ddp = train(spec, &config);
+    // 8 significant bits per gradient, AdamW with eps = lr: parameters move by lr per step at most, and a
+    // gradient's rounding changes its step by about 2^-8 of that.
+    CHECK_MESSAGE(allclose(ddp, reference, 1e-3, 1e-4, &why), why);
+    CHECK(same_on_all_ranks(ddp));
   }
 }
 

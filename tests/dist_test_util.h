@@ -55,6 +55,7 @@ struct TrainSpec {
   int steps = 3;
   int micro_batches = 1;     // > 1: gradient accumulation, communicating on the last micro-batch only
   DType dtype = DType::f32;  // f64 on the CPU only
+  bool grads_bf16 = false;   // bf16 gradient buffer (FlatParameters::set_grad_dtype), f32 dtype only
 };
 
 // Parameters after training: with `ddp`, each rank on its own batches through DataParallel (checking the
@@ -77,6 +78,11 @@ void check_strategies_match_single_process(ModelKind model, OptimizerKind optimi
 // rounded to bf16 once before and once after the average), not equal to the f32-communicated result (the
 // rounding did happen), and all ranks end identical.
 void check_bf16_communication(ModelKind model, Device device);
+
+// For every strategy with bf16 gradient buffers and AdamW: close to single-process training with bf16
+// gradients (each rank's gradient is rounded before the average, the average rounded again), not equal to
+// training with f32 gradients, and all ranks end identical.
+void check_bf16_gradients(ModelKind model, Device device);
 
 // 10 AdamW steps, each rank on its own batch, either through ZeRO-1 (sharded) or through a flat DDP
 // all-reduce followed by ordinary AdamW; returns the parameters (without padding) and the optimizer state

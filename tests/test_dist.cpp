@@ -296,6 +296,13 @@ TEST_CASE("every strategy with gradients communicated in bf16 stays close to sin
   }
 }
 
+TEST_CASE("every strategy with bf16 gradient buffers stays close to single-process training") {
+  for (ModelKind kind : {ModelKind::mlp, ModelKind::transformer}) {
+    CAPTURE(model_kind_name(kind));
+    check_bf16_gradients(kind, Device::cpu());
+  }
+}
+
 TEST_CASE("gradient accumulation communicates on the last micro-batch only") {
   TrainSpec spec;
   spec.micro_batches = 3;

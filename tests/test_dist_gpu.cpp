@@ -115,6 +115,13 @@ TEST_CASE("nccl: every strategy with gradients communicated in bf16 stays close 
   }
 }
 
+TEST_CASE("nccl: every strategy with bf16 gradient buffers stays close to single-process training") {
+  for (ModelKind kind : {ModelKind::mlp, ModelKind::transformer}) {
+    CAPTURE(model_kind_name(kind));
+    check_bf16_gradients(kind, my_gpu());
+  }
+}
+
 TEST_CASE("nccl: gradient accumulation communicates on the last micro-batch only") {
   TrainSpec spec;
   spec.device = my_gpu();
@@ -249,7 +256,8 @@ TEST_CASE("copy-engine all-reduce: sums and averages of views of a registered bu
   unsetenv("TT_COPY_ENGINE_WAIT");
 }
 
-TEST_CASE("copy-engine all-reduce: every strategy equals single-process training, also with bf16 gradients") {
+TEST_CASE(
+    "copy-engine all-reduce: every strategy equals single-process training; bf16 communication and buffers") {
   if (!two_ranks_on_one_host()) return;
   const Device gpu = my_gpu();
   const CopyEngineTransport transport(communicator(gpu));
@@ -260,5 +268,6 @@ TEST_CASE("copy-engine all-reduce: every strategy equals single-process training
       check_strategies_match_single_process(model, optimizer, gpu);
     }
     check_bf16_communication(model, gpu);
+    check_bf16_gradients(model, gpu);
   }
 }

@@ -9,6 +9,7 @@
 #include <tuple>
 
 #include "core/allocator.h"
+#include "core/autograd.h"
 #include "core/cuda_context.h"
 #include "core/cuda_graph.h"
 #include "core/rng.h"
@@ -254,6 +255,31 @@ TEST_CASE("CUDA AdamW equals the CPU") {
   CHECK(relative_error(gpu_p.to_doubles(), cpu_p.to_doubles()) < 1e-6);
 }
 
+TEST_CASE("CUDA AdamW and device clipping on bf16 gradients equal the CPU on the same gradients") {
+  const int64_t n = 10003;  // a tail past the groups of four
+  Tensor cpu_p = randn({n}, 32), gpu_p = cpu_p.to(Device::cuda(0));
+  cpu_p.set_requires_grad(true);
+  gpu_p.set_requires_grad(true);
+  optim::AdamW cpu_opt({cpu_p}), gpu_opt({gpu_p});
+  Tensor norm = Tensor::zeros({1}, DType::f32, Device::cuda(0)),
+         factor = Tensor::zeros({1}, DType::f32, Device::cuda(0));
+  gpu_opt.set_grad_scale(factor);
+  for (int step = 0; step < 3; ++step) {
+    // The CPU reference runs on the widened gradients in f32 (the GPU scales them in f32 inside AdamW).
+    const Tensor g = ops::cast(randn({n}, 33 + step, 3.0), DType::bf16);
+    cpu_p.set_grad(ops::cast(g, DType::f32));
+    gpu_p.set_grad(g.to(Device::cuda(0)));
+    const double cpu_norm = optim::clip_grad_norm({cpu_p.grad()}, 1.0);
+    CHECK(cpu_norm > 1.0);
+    CHECK(optim::clip_grad_norm({gpu_p.grad()}, 0.0) == doctest::Approx(cpu_norm).epsilon(1e-6));
+    optim::clip_factor_on_device(gpu_p.grad(), 1.0, norm, factor);
+    CHECK(norm.item() == doctest::Approx(cpu_norm).epsilon(1e-6));
+    cpu_opt.step();
+    gpu_opt.step();
+  }
+  CHECK(relative_error(gpu_p.to_doubles(), cpu_p.to_doubles()) < 1e-6);
+}
+
 TEST_CASE("CUDA allocator caches blocks and tracks peak bytes") {
   const Device gpu = Device::cuda(0);
   { const Tensor warm = Tensor::empty({1 << 20}, DType::f32, gpu); }
@@ -413,51 +439,84 @@ TEST_CASE("bf16 weight mirror on CUDA: written by AdamW, eager and graph-replaye
 }
 
 TEST_CASE("AdamW fused into backward on CUDA (side stream; eager and graph-captured) equals the plain step") {
-  // Naive attention: no atomics anywhere, so runs must agree bit for bit.
-  const nn::ModelConfig config = tiny_bf16_config(nn::AttentionKind::naive);
-  const Device gpu = Device::cuda(0);
-  nn::TransformerLM plain_model(config), fused_model(config), graph_model(config);
-  nn::FlatParameters plain(plain_model, gpu, 9), fused(fused_model, gpu, 9), graphed(graph_model, gpu, 9);
-  optim::AdamW plain_opt({plain.flat_params()}), fused_opt({fused.flat_params()}),
-      graph_opt({graphed.flat_params()});
-  optim::UpdateInBackward fused_update(fused, fused_opt), graph_update(graphed, graph_opt);
-  std::vector<int32_t> ids(2 * 32), targets(2 * 32);
-  CounterRng rng{6, 0};
-  for (auto& v : ids) v = static_cast<int32_t>(rng.next_below(200));
-  for (auto& v : targets) v = static_cast<int32_t>(rng.next_below(200));
-  const Tensor x = Tensor::from_ints(ids, {2, 32}, gpu), y = Tensor::from_ints(targets, {2, 32}, gpu);
-  auto plain_step = [&] {
-    plain_opt.prepare_step();
-    plain_model.loss(x, y).backward();
-    plain_opt.apply();
-    plain.zero_grad();
-  };
-  auto fused_body = [&](nn::TransformerLM& model, optim::UpdateInBackward& update) {
-    update.begin();
-    model.loss(x, y).backward();
-    update.finish();
-  };
-  // Step 1 eagerly everywhere (warm-up: cuBLASLt plans, allocator cache), then the graph is captured once
-  // (capturing runs nothing) and replayed for steps 2..4.
-  plain_step();
-  fused_opt.prepare_step();
-  fused_body(fused_model, fused_update);
-  graph_opt.prepare_step();
-  fused_body(graph_model, graph_update);
-  synchronize(gpu);
-  CudaGraph graph(gpu);
-  graph.capture([&] { fused_body(graph_model, graph_update); });
-  for (int step = 2; step <= 4; ++step) {
+  // Naive attention: no atomics anywhere, so runs must agree bit for bit. f32 and bf16 gradient buffers.
+  for (const DType grad_dtype : {DType::f32, DType::bf16}) {
+    CAPTURE(dtype_name(grad_dtype));
+    const nn::ModelConfig config = tiny_bf16_config(nn::AttentionKind::naive);
+    const Device gpu = Device::cuda(0);
+    nn::TransformerLM plain_model(config), fused_model(config), graph_model(config);
+    nn::FlatParameters plain(plain_model, gpu, 9), fused(fused_model, gpu, 9), graphed(graph_model, gpu, 9);
+    for (nn::FlatParameters* f : {&plain, &fused, &graphed}) f->set_grad_dtype(grad_dtype);
+    optim::AdamW plain_opt({plain.flat_params()}), fused_opt({fused.flat_params()}),
+        graph_opt({graphed.flat_params()});
+    optim::UpdateInBackward fused_update(fused, fused_opt), graph_update(graphed, graph_opt);
+    std::vector<int32_t> ids(2 * 32), targets(2 * 32);
+    CounterRng rng{6, 0};
+    for (auto& v : ids) v = static_cast<int32_t>(rng.next_below(200));
+    for (auto& v : targets) v = static_cast<int32_t>(rng.next_below(200));
+    const Tensor x = Tensor::from_ints(ids, {2, 32}, gpu), y = Tensor::from_ints(targets, {2, 32}, gpu);
+    auto plain_step = [&] {
+      plain_opt.prepare_step();
+      plain_model.loss(x, y).backward();
+      plain_opt.apply();
+      plain.zero_grad();
+    };
+    auto fused_body = [&](nn::TransformerLM& model, optim::UpdateInBackward& update) {
+      update.begin();
+      model.loss(x, y).backward();
+      update.finish();
+    };
+    // Step 1 eagerly everywhere (warm-up: cuBLASLt plans, allocator cache), then the graph is captured once
+    // (capturing runs nothing) and replayed for steps 2..4.
     plain_step();
     fused_opt.prepare_step();
     fused_body(fused_model, fused_update);
     graph_opt.prepare_step();
-    graph.replay();
+    fused_body(graph_model, graph_update);
+    synchronize(gpu);
+    CudaGraph graph(gpu);
+    graph.capture([&] { fused_body(graph_model, graph_update); });
+    for (int step = 2; step <= 4; ++step) {
+      plain_step();
+      fused_opt.prepare_step();
+      fused_body(fused_model, fused_update);
+      graph_opt.prepare_step();
+      graph.replay();
+    }
+    synchronize(gpu);
+    CHECK(fused.flat_params().to_floats() == plain.flat_params().to_floats());
+    CHECK(graphed.flat_params().to_floats() == plain.flat_params().to_floats());
+    CHECK(fused_update.updated_in_backward() > 0);
+    const std::vector<float> g = fused.flat_grads().to_floats();
+    CHECK(std::all_of(g.begin(), g.end(), [](float v) { return v == 0.0f; }));
   }
-  synchronize(gpu);
-  CHECK(fused.flat_params().to_floats() == plain.flat_params().to_floats());
-  CHECK(graphed.flat_params().to_floats() == plain.flat_params().to_floats());
-  CHECK(fused_update.updated_in_backward() > 0);
-  const std::vector<float> g = fused.flat_grads().to_floats();
-  CHECK(std::all_of(g.begin(), g.end(), [](float v) { return v == 0.0f; }));
+}
+
+TEST_CASE(
+    "bf16 gradients on CUDA: the f32 gradients rounded (within bf16 rounding), written by the matmuls") {
+  const nn::ModelConfig config = tiny_bf16_config(nn::AttentionKind::naive);
+  const Device gpu = Device::cuda(0);
+  nn::TransformerLM wide_model(config), narrow_model(config);
+  nn::FlatParameters wide(wide_model, gpu, 4), narrow(narrow_model, gpu, 4);
+  narrow.set_grad_dtype(DType::bf16);
+  std::vector<int32_t> ids(2 * 32), targets(2 * 32);
+  CounterRng rng{12, 0};
+  for (auto& v : ids) v = static_cast<int32_t>(rng.next_below(200));
+  for (auto& v : targets) v = static_cast<int32_t>(rng.next_below(200));
+  const Tensor x = Tensor::from_ints(ids, {2, 32}, gpu), y = Tensor::from_ints(targets, {2, 32}, gpu);
+  wide_model.loss(x, y).backward();
+  // Poisoned but marked zero after the pass above: every element must be overwritten.
+  narrow.flat_grads().copy_(
+      ops::cast(Tensor::full(narrow.flat_grads().shape(), NAN, DType::f32, gpu), DType::bf16));
+  for (const nn::NamedParameter& p : narrow.parameters()) mark_grad_zeroed(*p.tensor);
+  narrow_model.loss(x, y).backward();
+  const std::vector<float> w = wide.flat_grads().to_floats(), n = narrow.flat_grads().to_floats();
+  REQUIRE(w.size() == n.size());
+  size_t beyond = 0;
+  for (size_t i = 0; i < w.size(); ++i) {
+    // The GEMM's own rounding of its f32 accumulator may differ from rounding cuBLASLt's f32 result by the
+    // order of the sums: one bf16 step (2^-8 relative) at most.
+    if (!(std::fabs(n[i] - w[i]) <= std::fabs(w[i]) * (1.0f / 128) + 1e-30f)) ++beyond;
+  }
+  CHECK(beyond == 0);
 }

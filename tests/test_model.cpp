@@ -5,6 +5,8 @@
 #include <algorithm>
 #include <cmath>
 
+#include "core/autograd.h"
+#include "core/ops.h"
 #include "core/rng.h"
 #include "gradcheck.h"
 #include "nn/transformer.h"
@@ -190,8 +192,9 @@ namespace {
 struct TinyRun {
   bool in_backward = false;  // AdamW fused into backward (UpdateInBackward)
   bool bf16 = false;
-  bool mirror = false;  // bf16 weights read from the mirror AdamW writes
-  bool freeze = false;  // layers.1.ln2.weight frozen
+  bool mirror = false;      // bf16 weights read from the mirror AdamW writes
+  bool freeze = false;      // layers.1.ln2.weight frozen
+  bool grads_bf16 = false;  // FlatParameters::set_grad_dtype(bf16)
   int steps = 3;
   uint64_t init_seed = 3, data_seed = 8;
   int64_t pad = 7;  // flat buffers padded to a multiple of this
@@ -215,6 +218,7 @@ TinyResult train_tiny(Device device, const TinyRun& run) {
   const nn::ModelConfig config = tiny_config(run.bf16);
   nn::TransformerLM model(config);
   nn::FlatParameters flat(model, device, run.init_seed, DType::f32, run.pad);
+  if (run.grads_bf16) flat.set_grad_dtype(DType::bf16);
   for (const nn::NamedParameter& p : flat.parameters()) {
     if (run.freeze && p.name == "layers.1.ln2.weight") p.tensor->set_requires_grad(false);
   }
@@ -366,4 +370,115 @@ TEST_CASE("bf16 weight mirror: AdamW keeps writing it across disable and re-enab
   step();
   step();
   CHECK(flat.bf16_mirror_is_current());
+}
+
+namespace {
+// One backward of the tiny bf16 LM (mirror on) on batch `batch_seed`; the gradients as floats.
+std::vector<float> tiny_bf16_gradients(nn::TransformerLM& model, nn::FlatParameters& flat,
+                                       uint64_t batch_seed) {
+  std::vector<int32_t> x(2 * 12), y(2 * 12);
+  CounterRng rng{batch_seed, 0};
+  for (auto& v : x) v = static_cast<int32_t>(rng.next_below(40));
+  for (auto& v : y) v = static_cast<int32_t>(rng.next_below(40));
+  model.loss(Tensor::from_ints(x, {2, 12}), Tensor::from_ints(y, {2, 12})).backward();
+  return flat.flat_grads().to_floats();
+}
+}  // namespace
+
+TEST_CASE("bf16 gradients: each the f32 gradient rounded once; a second pass adds in f32 and rounds again") {
+  nn::TransformerLM wide_model(tiny_config(true)), narrow_model(tiny_config(true));
+  nn::FlatParameters wide(wide_model, Device::cpu(), 5), narrow(narrow_model, Device::cpu(), 5);
+  wide.enable_bf16_mirror();
+  narrow.enable_bf16_mirror();
+  narrow.set_grad_dtype(DType::bf16);
+  CHECK(narrow.grad_dtype() == DType::bf16);
+  CHECK(narrow.flat_grads().dtype() == DType::bf16);
+  CHECK(narrow.parameters()[0].tensor->grad().dtype() == DType::bf16);
+  const std::vector<float> g1 = tiny_bf16_gradients(wide_model, wide, 21);
+  // Poisoned with NaN but marked as zero (marks last until the next backward pass ends, so after the pass
+  // above): every element must be overwritten, by the matmul's epilogue or by the accumulator.
+  narrow.flat_grads().copy_(
+      ops::cast(Tensor::full(narrow.flat_grads().shape(), NAN, DType::f32), DType::bf16));
+  for (const nn::NamedParameter& p : narrow.parameters()) mark_grad_zeroed(*p.tensor);
+  const std::vector<float> n1 = tiny_bf16_gradients(narrow_model, narrow, 21);
+  REQUIRE(g1.size() == n1.size());
+  size_t mismatches = 0, nonzero = 0;
+  for (size_t i = 0; i < g1.size(); ++i) {
+    if (n1[i] != static_cast<float>(bf16(g1[i]))) ++mismatches;
+    if (g1[i] != 0.0f) ++nonzero;
+  }
+  CHECK(mismatches == 0);
+  CHECK(nonzero > g1.size() / 2);
+
+  // Without zero_grad: the second pass's gradient is added to the stored bf16 one in f32, rounded once.
+  wide.zero_grad();
+  const std::vector<float> g2 = tiny_bf16_gradients(wide_model, wide, 22);
+  const std::vector<float> n2 = tiny_bf16_gradients(narrow_model, narrow, 22);
+  mismatches = 0;
+  size_t rounded = 0;  // elements where rounding the sum differs from adding the rounded parts
+  for (size_t i = 0; i < g2.size(); ++i) {
+    const float sum = n1[i] + g2[i];
+    if (n2[i] != static_cast<float>(bf16(sum))) ++mismatches;
+    if (static_cast<float>(bf16(sum)) != static_cast<float>(bf16(static_cast<float>(bf16(g2[i])) + n1[i])))
+      ++rounded;
+  }
+  CHECK(mismatches == 0);
+  MESSAGE(rounded << " of " << g2.size() << " elements tell the two roundings apart");
+
+  // zero_grad clears the bf16 buffer too, and the next pass overwrites it again.
+  narrow.zero_grad();
+  const std::vector<float> cleared = narrow.flat_grads().to_floats();
+  CHECK(std::all_of(cleared.begin(), cleared.end(), [](float v) { return v == 0.0f; }));
+  CHECK(tiny_bf16_gradients(narrow_model, narrow, 21) == n1);
+}
+
+TEST_CASE("bf16 gradients: AdamW and clipping equal their f32 runs on the widened gradients") {
+  const int64_t n = 37;  // a tail past the groups of four
+  Tensor narrow_p = testing::random_tensor({n}, 50, DType::f32, 1.0), wide_p = narrow_p.clone();
+  narrow_p.set_requires_grad(true);
+  wide_p.set_requires_grad(true);
+  optim::AdamW narrow_opt({narrow_p}), wide_opt({wide_p});
+  for (int step = 0; step < 3; ++step) {
+    const Tensor g = ops::cast(testing::random_tensor({n}, 51 + step, DType::f32, 4.0), DType::bf16);
+    narrow_p.set_grad(g.clone());
+    wide_p.set_grad(ops::cast(g, DType::f32));
+    const double narrow_norm = optim::clip_grad_norm({narrow_p.grad()}, 1.0);
+    const double wide_norm = optim::clip_grad_norm({wide_p.grad()}, 1.0);
+    CHECK(narrow_norm == wide_norm);
+    CHECK(narrow_norm > 1.0);  // clipping did scale
+    // The clipped bf16 gradient is the clipped f32 one rounded to bf16; AdamW then reads the same numbers.
+    CHECK(narrow_p.grad().to_floats() == ops::cast(wide_p.grad(), DType::bf16).to_floats());
+    wide_p.set_grad(ops::cast(narrow_p.grad(), DType::f32));
+    narrow_opt.step();
+    wide_opt.step();
+  }
+  CHECK(narrow_p.to_floats() == wide_p.to_floats());
+}
+
+TEST_CASE("bf16 gradients train the tiny LM; fused into backward equals the plain step; bad dtypes refused") {
+  TinyRun run;
+  run.bf16 = true;
+  run.mirror = true;
+  run.grads_bf16 = true;
+  run.freeze = true;
+  run.steps = 4;
+  const TinyResult plain = train_tiny(Device::cpu(), run);
+  run.in_backward = true;
+  const TinyResult fused = train_tiny(Device::cpu(), run);
+  CHECK(fused.params == plain.params);
+  CHECK(fused.losses == plain.losses);
+  CHECK(plain.mirror_current);
+  CHECK(std::all_of(fused.grads_after.begin(), fused.grads_after.end(), [](double g) { return g == 0.0; }));
+  // Close to f32 gradients (the roundings are small next to AdamW's normalised step), but not identical.
+  run.in_backward = false;
+  run.grads_bf16 = false;
+  const TinyResult f32 = train_tiny(Device::cpu(), run);
+  CHECK(f32.params != plain.params);
+  CHECK(testing::relative_error(plain.params, f32.params) < 1e-2);
+  CHECK(plain.losses.back() == doctest::Approx(f32.losses.back()).epsilon(1e-2));
+
+  nn::TransformerLM model(tiny_config(false));
+  nn::FlatParameters f64(model, Device::cpu(), 1, DType::f64);
+  CHECK_THROWS_WITH_AS(f64.set_grad_dtype(DType::bf16), doctest::Contains("bf16 for f32 parameters"), Error);
+  CHECK_THROWS_WITH_AS(f64.set_grad_dtype(DType::f32), doctest::Contains("like the parameters"), Error);
 }

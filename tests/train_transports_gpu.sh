@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # On two GPUs of one host: `train` under mpirun with the gradient all-reduce carried by NCCL and by the copy
-# engines gives the same losses bit for bit (both add the two ranks' gradients once, a + b, then halve), and
-# --all-reduce auto chooses the copy engines there.
+# engines gives the same losses bit for bit (both add the two ranks' gradients once, a + b, then halve), with
+# f32 and with bf16 gradient buffers, and --all-reduce auto chooses the copy engines there.
 # Skipped (77) with fewer than two GPUs. Usage: train_transports_gpu.sh mpiexec train prepare_data
 set -euo pipefail
 mpiexec=$1 train=$2 prepare=$3
@@ -12,12 +12,17 @@ trap 'rm -rf "$work"' EXIT
 mkdir -p "$work/text"
 for i in $(seq 1 400); do echo "Line $i: the five boxing wizards jump quickly over $((i * 7)) fences."; echo "%"; done >"$work/text/a.txt"
 "$prepare" --input "$work/text" --out "$work/data" --separator % >/dev/null
-for transport in library copy-engine auto; do
+run() {  # run NAME TRANSPORT [extra train flags]
+  local name=$1 transport=$2
+  shift 2
   "$mpiexec" -np 2 --oversubscribe --allow-run-as-root --bind-to none -x NCCL_NVLS_ENABLE=0 \
     "$train" --data "$work/data" --device cuda --deterministic --precision bf16 --ctx 64 --batch 4 --steps 8 \
     --eval-every 4 --eval-batches 2 --sample-tokens 0 --ckpt-every 0 --warmup 2 --ddp bucketed --bucket-mb 0.01 \
-    --all-reduce "$transport" --out "$work/$transport" >"$work/$transport.log"
-done
+    --all-reduce "$transport" --out "$work/$name" "$@" >"$work/$name.log"
+}
+for transport in library copy-engine auto; do run "$transport" "$transport"; done
+# bf16 gradient buffers: both transports average bf16 gradients the same way (a + b in f32, halved, rounded).
+for transport in library copy-engine; do run "$transport-bf16" "$transport" --grad-dtype bf16; done
 # Two GPUs of one host with peer access: auto picks the copy engines, and says so.
 grep -q "all-reduce by copy-engine" "$work/auto.log" || { grep "data parallel" "$work/auto.log"; exit 1; }
 python3 - "$work/library/metrics.jsonl" "$work/copy-engine/metrics.jsonl" "$work/auto/metrics.jsonl" <<'PY'
@@ -25,4 +30,11 @@ import json, sys
 runs = [[(r["step"], r["loss"], r.get("val_loss")) for r in map(json.loads, open(p))] for p in sys.argv[1:]]
 assert len(runs[0]) > 0 and runs[0] == runs[1] == runs[2], runs
 print("NCCL and copy-engine all-reduce train identically:", [x[1] for x in runs[0]])
+PY
+python3 - "$work/library-bf16/metrics.jsonl" "$work/copy-engine-bf16/metrics.jsonl" "$work/library/metrics.jsonl" <<'PY'
+import json, sys
+runs = [[(r["step"], r["loss"], r.get("val_loss")) for r in map(json.loads, open(p))] for p in sys.argv[1:]]
+assert len(runs[0]) > 0 and runs[0] == runs[1], runs
+assert runs[0] != runs[2], "bf16 gradients trained exactly like f32 ones: the rounding did not happen"
+print("with bf16 gradients, NCCL and copy-engine all-reduce train identically:", [x[1] for x in runs[0]])
 PY

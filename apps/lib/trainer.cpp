@@ -47,6 +47,10 @@ void declare_train_flags(Flags& f) {
   f.add("log-every", "10", "print a progress line every N steps");
   f.add("ddp", "bucketed", "data-parallel strategy under mpirun: naive | flat | overlap | bucketed");
   f.add("bucket-mb", "25", "gradient bucket capacity in MiB (2^20 bytes) for --ddp bucketed");
+  f.add("grad-dtype", "f32",
+        "dtype of the gradient buffer: f32 | bf16 (with --precision bf16: weight gradients rounded to bf16 "
+        "once, as PyTorch's autocast rounds them; half the bytes to write, read and all-reduce; not with "
+        "--zero 1)");
   f.add("grad-comm-dtype", "f32",
         "dtype gradients travel in under mpirun: f32 (exact average) | bf16 (half the bytes; each gradient "
         "rounded to bf16 before and after the average)");
@@ -238,6 +242,16 @@ int run_training(const Flags& flags, Device device, const std::string& data_dir,
   TT_CHECK(grad_comm == "f32" || !zero || zero_grads == "ddp",
            "--grad-comm-dtype bf16 applies to the DDP all-reduce; with --zero 1 use --zero-grads ddp");
   const bool grad_comm_bf16 = grad_comm == "bf16";
+  const std::string grad_dtype = flags.str("grad-dtype");
+  TT_CHECK(grad_dtype == "f32" || grad_dtype == "bf16",
+           "--grad-dtype must be f32 or bf16, got '" + grad_dtype + "'");
+  const bool grads_bf16 = grad_dtype == "bf16";
+  TT_CHECK(!grads_bf16 || config.precision == nn::Precision::bf16,
+           "--grad-dtype bf16 needs --precision bf16");
+  TT_CHECK(!grads_bf16 || !zero,
+           "--grad-dtype bf16 does not combine with --zero 1 (ZeRO keeps f32 gradients)");
+  TT_CHECK(!grads_bf16 || !grad_comm_bf16,
+           "--grad-comm-dtype bf16 is for f32 gradients; with --grad-dtype bf16 they already travel in bf16");
   TT_CHECK(zero_grads == "reduce-scatter" || zero_grads == "ddp",
            "--zero-grads must be reduce-scatter or ddp, got '" + zero_grads + "'");
   const TokenFile train_file(data_dir + "/train.bin", config.vocab_size);
@@ -248,6 +262,7 @@ int run_training(const Flags& flags, Device device, const std::string& data_dir,
   // Every rank builds the same initial model from the seed (rank 0's is broadcast as well, below).
   nn::TransformerLM model(config);
   nn::FlatParameters params(model, device, seed, DType::f32, zero ? world : 1);
+  if (grads_bf16) params.set_grad_dtype(DType::bf16);
   optim::AdamWOptions adam;
   adam.lr = flags.number("lr-max");
   adam.beta1 = flags.number("beta1");
@@ -337,9 +352,9 @@ int run_training(const Flags& flags, Device device, const std::string& data_dir,
         static_cast<long long>(config.d_model), static_cast<long long>(config.num_layers),
         static_cast<long long>(config.num_heads), static_cast<long long>(config.d_ff),
         static_cast<long long>(config.vocab_size), static_cast<long long>(ctx));
-    std::printf("device %s (%s), precision %s, attention %s; data %s: %lld train / %lld val tokens\n",
+    std::printf("device %s (%s), precision %s%s, attention %s; data %s: %lld train / %lld val tokens\n",
                 device.str().c_str(), device_name(device).c_str(), nn::precision_name(config.precision),
-                nn::attention_name(config.attention), data_dir.c_str(),
+                grads_bf16 ? " (bf16 gradients)" : "", nn::attention_name(config.attention), data_dir.c_str(),
                 static_cast<long long>(train_file.size()), static_cast<long long>(val_file.size()));
     if (world > 1) {
       std::printf("data parallel: %d ranks, %s, all-reduce by %s, global batch %lld sequences\n", world,

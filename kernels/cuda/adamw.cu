@@ -44,7 +44,25 @@ __device__ void adamw_update(float& param, float grad, float& exp_avg, float& ex
 // factor computed on the device.
 // low (optional) receives each updated parameter rounded to bf16: the bf16 weights of the next forward,
 // written here instead of cast there (8-byte aligned when the vector path runs, checked on the host).
-__global__ void adamw_kernel(float* param, const float* grad, float* exp_avg, float* exp_avg_sq, int64_t n,
+// Gradients are f32, or bf16 (FlatParameters::set_grad_dtype): four at a time, widened exactly.
+__device__ float4 load_grad4(const float* grad, int64_t k) {
+  return __ldcs(reinterpret_cast<const float4*>(grad) + k);
+}
+__device__ float4 load_grad4(const __nv_bfloat16* grad, int64_t k) {
+  const uint2 packed = __ldcs(reinterpret_cast<const uint2*>(grad) + k);
+  const float2 lo = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&packed.x));
+  const float2 hi = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&packed.y));
+  return make_float4(lo.x, lo.y, hi.x, hi.y);
+}
+__device__ float load_grad(const float* grad, int64_t i) {
+  return grad[i];
+}
+__device__ float load_grad(const __nv_bfloat16* grad, int64_t i) {
+  return __bfloat162float(grad[i]);
+}
+
+template <class G>
+__global__ void adamw_kernel(float* param, const G* grad, float* exp_avg, float* exp_avg_sq, int64_t n,
                              int64_t vector_groups, AdamWFactors f, const float* step_factors,
                              const float* grad_scale, __nv_bfloat16* low) {
   f.step_size = step_factors[0];
@@ -56,7 +74,7 @@ __global__ void adamw_kernel(float* param, const float* grad, float* exp_avg, fl
   for (int64_t k = first; k < vector_groups; k += stride) {
     // Every byte is touched once per step: streaming loads and stores (evict-first) keep the L2 for others.
     float4 p = __ldcs(reinterpret_cast<const float4*>(param) + k);
-    float4 g = __ldcs(reinterpret_cast<const float4*>(grad) + k);
+    float4 g = load_grad4(grad, k);
     if (grad_scale)
       g = make_float4(__fmul_rn(g.x, scale), __fmul_rn(g.y, scale), __fmul_rn(g.z, scale),
                       __fmul_rn(g.w, scale));
@@ -78,7 +96,8 @@ __global__ void adamw_kernel(float* param, const float* grad, float* exp_avg, fl
     }
   }
   for (int64_t i = vector_groups * 4 + first; i < n; i += stride) {
-    adamw_update(param[i], grad_scale ? __fmul_rn(grad[i], scale) : grad[i], exp_avg[i], exp_avg_sq[i], f);
+    const float g = load_grad(grad, i);
+    adamw_update(param[i], grad_scale ? __fmul_rn(g, scale) : g, exp_avg[i], exp_avg_sq[i], f);
     if (low != nullptr) low[i] = __float2bfloat16_rn(param[i]);
   }
 }
@@ -108,7 +127,7 @@ void adamw_upload_factors(float* device_factors, double lr, double beta1, double
   TT_CUDA_CHECK(cudaMemcpyAsync(device_factors, factors, sizeof(factors), cudaMemcpyHostToDevice, stream));
 }
 
-void adamw_apply(float* param, const float* grad, float* exp_avg, float* exp_avg_sq, int64_t n,
+void adamw_apply(float* param, const void* grad, bool grad_bf16, float* exp_avg, float* exp_avg_sq, int64_t n,
                  const float* device_factors, const float* grad_scale, double beta1, double beta2, double eps,
                  cudaStream_t stream, void* bf16_copy) {
   if (n == 0) return;
@@ -119,15 +138,22 @@ void adamw_apply(float* param, const float* grad, float* exp_avg, float* exp_avg
   f.one_minus_beta2 = 1.0f - f.beta2;
   f.eps = static_cast<float>(eps);
   // Views into the flat buffers (ZeRO shards, buckets) may start at any element, so alignment is checked.
-  const bool vectorisable = aligned_16(param) && aligned_16(grad) && aligned_16(exp_avg) &&
+  const bool grad_aligned = grad_bf16 ? reinterpret_cast<uintptr_t>(grad) % 8 == 0 : aligned_16(grad);
+  const bool vectorisable = aligned_16(param) && grad_aligned && aligned_16(exp_avg) &&
                             aligned_16(exp_avg_sq) &&
                             (bf16_copy == nullptr || reinterpret_cast<uintptr_t>(bf16_copy) % 8 == 0);
   const int64_t vector_groups = vectorisable ? n / 4 : 0;
   const int64_t work_items = std::max(vector_groups, n - vector_groups * 4);
   const auto blocks = static_cast<unsigned int>(std::min((work_items + kThreads - 1) / kThreads, kMaxBlocks));
-  adamw_kernel<<<blocks, kThreads, 0, stream>>>(param, grad, exp_avg, exp_avg_sq, n, vector_groups, f,
-                                                device_factors, grad_scale,
-                                                static_cast<__nv_bfloat16*>(bf16_copy));
+  auto* low = static_cast<__nv_bfloat16*>(bf16_copy);
+  if (grad_bf16) {
+    adamw_kernel<<<blocks, kThreads, 0, stream>>>(param, static_cast<const __nv_bfloat16*>(grad), exp_avg,
+                                                  exp_avg_sq, n, vector_groups, f, device_factors, grad_scale,
+                                                  low);
+  } else {
+    adamw_kernel<<<blocks, kThreads, 0, stream>>>(param, static_cast<const float*>(grad), exp_avg, exp_avg_sq,
+                                                  n, vector_groups, f, device_factors, grad_scale, low);
+  }
   TT_CUDA_LAUNCH_CHECK();
 }
 

@@ -88,6 +88,8 @@ void fill(float* x, int64_t n, double value, cudaStream_t stream);
 void fill_i32(int32_t* x, int64_t n, int32_t value, cudaStream_t stream);
 // *out = sum(x) (sum of squares when squares), in f32 with a deterministic two-pass reduction.
 void sum(const float* x, int64_t n, bool squares, float* out, cudaStream_t stream);
+// The same over bf16 elements (each widened exactly).
+void sum(const bf16* x, int64_t n, bool squares, float* out, cudaStream_t stream);
 // f32 <-> bf16 and i32 -> f32 conversions (round to nearest even, like the CPU cast).
 void cast(const void* in, DType in_type, void* out, DType out_type, int64_t n, cudaStream_t stream);
 void strided_copy(const void* in, void* out, int64_t elem_bytes, int ndim, const int64_t* shape,
@@ -104,8 +106,9 @@ void wait_flag_at_least(const uint32_t* flag, uint32_t value, cudaStream_t strea
 // update kernel reads them there. grad_scale (nullable, device) multiplies the gradient (clipping).
 void adamw_upload_factors(float* device_factors, double lr, double beta1, double beta2, double weight_decay,
                           int64_t step, cudaStream_t stream);
+// grad: n f32 elements, or bf16 ones when grad_bf16 (widened exactly before use).
 // bf16_copy (nullable, n bf16 elements) receives the updated parameters rounded to bf16 in the same pass.
-void adamw_apply(float* param, const float* grad, float* exp_avg, float* exp_avg_sq, int64_t n,
+void adamw_apply(float* param, const void* grad, bool grad_bf16, float* exp_avg, float* exp_avg_sq, int64_t n,
                  const float* device_factors, const float* grad_scale, double beta1, double beta2, double eps,
                  cudaStream_t stream, void* bf16_copy = nullptr);
 // *scale = min(1, max_norm / (sqrt(*norm_sq) + 1e-6)) (1 when max_norm <= 0), *norm = sqrt(*norm_sq).

@@ -102,11 +102,18 @@ __device__ double block_sum(double v) {
   return v;
 }
 
-template <class Out>
-__global__ void sum_partial_kernel(const float* x, int64_t n, bool squares, Out* partials) {
+__device__ double widen(float v) {
+  return v;
+}
+__device__ double widen(__nv_bfloat16 v) {
+  return __bfloat162float(v);
+}
+
+template <class In, class Out>
+__global__ void sum_partial_kernel(const In* x, int64_t n, bool squares, Out* partials) {
   double acc = 0;
   for (int64_t i = thread_index(); i < n; i += grid_threads()) {
-    const double v = x[i];
+    const double v = widen(x[i]);
     acc += squares ? v * v : v;
   }
   const double total = block_sum(acc);
@@ -269,13 +276,14 @@ void fill_i32(int32_t* x, int64_t n, int32_t value, cudaStream_t stream) {
   TT_CUDA_LAUNCH_CHECK();
 }
 
-void sum(const float* x, int64_t n, bool squares, float* out, cudaStream_t stream) {
+template <class In>
+void sum_of(const In* x, int64_t n, bool squares, float* out, cudaStream_t stream) {
   if (n == 0) {
     TT_CUDA_CHECK(cudaMemsetAsync(out, 0, sizeof(float), stream));  // all-zero bits are 0.0f
     return;
   }
   if (n <= kSumSingleBlockMax) {
-    sum_partial_kernel<float><<<1, kSumThreads, 0, stream>>>(x, n, squares, out);
+    sum_partial_kernel<In, float><<<1, kSumThreads, 0, stream>>>(x, n, squares, out);
     TT_CUDA_LAUNCH_CHECK();
     return;
   }
@@ -284,12 +292,20 @@ void sum(const float* x, int64_t n, bool squares, float* out, cudaStream_t strea
   // Stream-ordered scratch: a few KiB, returned to the pool as soon as the final kernel has run.
   double* partials = nullptr;
   TT_CUDA_CHECK(cudaMallocAsync(reinterpret_cast<void**>(&partials), partial_count * sizeof(double), stream));
-  sum_partial_kernel<double>
+  sum_partial_kernel<In, double>
       <<<static_cast<unsigned int>(partial_count), kSumThreads, 0, stream>>>(x, n, squares, partials);
   TT_CUDA_LAUNCH_CHECK();
   sum_partials_kernel<<<1, kSumThreads, 0, stream>>>(partials, static_cast<int>(partial_count), out);
   TT_CUDA_LAUNCH_CHECK();
   TT_CUDA_CHECK(cudaFreeAsync(partials, stream));
+}
+
+void sum(const float* x, int64_t n, bool squares, float* out, cudaStream_t stream) {
+  sum_of(x, n, squares, out, stream);
+}
+
+void sum(const bf16* x, int64_t n, bool squares, float* out, cudaStream_t stream) {
+  sum_of(reinterpret_cast<const __nv_bfloat16*>(x), n, squares, out, stream);
 }
 
 void cast(const void* in, DType in_type, void* out, DType out_type, int64_t n, cudaStream_t stream) {
