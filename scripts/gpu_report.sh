@@ -9,7 +9,8 @@
 #              for TORCH_SIZES (default small,xl)
 #   ddp        bench_allreduce and bench_ddp on all visible GPUs (mpirun), and PyTorch/NCCL all-reduce
 #   gputests   only the GPU-labelled tests (CUDA ops, flash attention, NCCL suites, resume on CUDA)
-#   ours       the step benchmark's acceptance table (all sizes, bf16 and f32, context 256, graph on)
+#   ours       the step benchmark's acceptance table (all sizes, bf16 with f32 and bf16 gradients, f32;
+#              context 256, graph on, AdamW after backward and fused into it)
 #   fused      the bf16 step with AdamW fused into backward (--mode step-fused), and an SM-margin sweep
 #   grid       the course grid: sizes x contexts, warm-up x graph x attention, 2.7b peak memory
 #   priority   TT_COMPUTE_STREAM_PRIORITY=high vs default: DDP step (2 GPUs) or step-fused (1 GPU)
@@ -75,6 +76,10 @@ for s in "$@"; do
         --bucket-mb 25,100 --steps 20 --all-reduce "$ce" --json "$out/ddp_xl_transports.jsonl" 2>/dev/null |
         tee "$out/ddp_xl_transports.md" | grep -E "^\| xl" | head -6
       timeout 120 python3 -m torch.distributed.run --nproc_per_node "$np" apps/python/allreduce_baseline.py 2>&1 | tail -8
+      # Every strategy with bf16 gradient buffers (the single-GPU row too), both transports; about 2 minutes.
+      timeout 330 "${mpi[@]}" $b/bench_ddp --preset xl --precision bf16 --ctx 512 --batch 4 --grad-dtype bf16 \
+        --strategy naive,flat,overlap,bucketed --bucket-mb 1,10,25,100,1000 --steps 20 --all-reduce "$ce" \
+        --json "$out/ddp_xl_bf16grads.jsonl" 2>/dev/null | tee "$out/ddp_xl_bf16grads.md" | grep -E "^\| xl \|" | head -17
       # Every strategy, ZeRO-1 both ways, and each communicating row again with matmuls planned for 16 fewer
       # SMs (room for NCCL's kernels). About 4 minutes: each xl row builds, warms up and times 13 steps.
       timeout 330 "${mpi[@]}" $b/bench_ddp --preset xl --precision bf16 --ctx 512 --batch 4 --zero 1 \
@@ -96,10 +101,12 @@ for s in "$@"; do
       timeout 400 python3 apps/python/model_baseline.py --sizes small,xl --ctx 256 --variants eager-f32,compile-bf16 \
         --json "$out/torch_model.jsonl" 2>&1 | tee "$out/torch_model.md" | tail -6 ;;
     ours)
-      # The acceptance table of the step benchmark: all sizes, bf16 and f32, context 256, graph on.
+      # The acceptance table of the step benchmark: all sizes, bf16 (f32 and bf16 gradients) and f32, context
+      # 256, graph on, AdamW after backward and fused into it. About 6 minutes.
       section ours
-      timeout 280 $b/benchmark --sizes small,medium,large,xl,2.7b --ctx 256 --batch 4 --precision bf16,f32 \
-        --graph on --json "$out/ours_all.jsonl" 2>/dev/null | tee "$out/ours_all.md" | tail -12 ;;
+      timeout 450 $b/benchmark --sizes small,medium,large,xl,2.7b --ctx 256 --batch 4 --precision bf16,f32 \
+        --mode step,step-fused --grad-dtype f32,bf16 --graph on --json "$out/ours_all.jsonl" 2>/dev/null |
+        tee "$out/ours_all.md" | tail -31 ;;
     fused)
       # The bf16 step with AdamW fused into backward (updates overlap the rest of backward), then with
       # matmuls leaving SMs to the updates' side stream.
