@@ -295,7 +295,9 @@ int main(int argc, char** argv) {
               "with each update) | cast (every weight cast to bf16 in every forward); one row each");
     flags.add("grad-dtype", "f32",
               "comma-separated, bf16 rows: f32 | bf16 (the gradient buffer in bf16: weight gradients "
-              "rounded to bf16 once, as PyTorch's autocast rounds them); one row each");
+              "rounded to bf16 once, as PyTorch's autocast rounds them); one row each. backward rows never "
+              "zero the gradients, so there every pass after the first adds to them (bf16: through an f32 "
+              "temporary); step and step-fused rows time what training does");
     flags.add("graph", "auto",
               "on | off | both | auto (on for CUDA): capture the whole iteration in a CUDA graph");
     flags.add("json", "", "also write one JSON object per row to this file");

@@ -126,8 +126,8 @@ void AccumulateGrad::accumulate_tensor(const Tensor& grad_output) {
     const bool sole_owner = g.impl_ptr().use_count() <= 2 && g.storage().use_count() == 1 &&
                             g.offset() == 0 && g.is_contiguous() && g.storage()->bytes() == g.nbytes();
     leaf_.set_grad(sole_owner ? g : g.clone());
-  } else if (existing.dtype() == g.dtype()) {
-    ops::add_into(existing, g);
+  } else if (existing.dtype() != DType::bf16 || g.dtype() == DType::bf16) {
+    ops::add_into(existing, g);  // a wider buffer takes the gradient widened
   } else if (was_zero) {
     // A narrower buffer than the parameter (bf16 gradients of f32 parameters) holding zeros: the gradient
     // rounded as it is stored.

@@ -1,6 +1,7 @@
 #include "core/tensor.h"
 
 #include <algorithm>
+#include <cmath>
 
 #include <cstring>
 #include <sstream>
@@ -287,7 +288,7 @@ void Tensor::fill_(double value) {
     return;
   }
 #ifdef TT_WITH_CUDA
-  if (value == 0.0 && n > 0) {
+  if (value == 0.0 && !std::signbit(value) && n > 0) {
     // All-zero bits are zero in every dtype: a memset (gradient buffers are zeroed every step).
     TT_CUDA_CHECK(cudaMemsetAsync(raw_data(), 0, nbytes(), stream_of(device())));
     return;

@@ -139,6 +139,15 @@ void FlatParameters::set_grad_dtype(DType dtype) {
            std::string("gradients are ") + dtype_name(own) +
                " like the parameters, or bf16 for f32 parameters; got " + dtype_name(dtype));
   if (dtype == flat_grads_.dtype()) return;
+  // Whoever already holds the gradients (DataParallel's registered buffer, ZeRO's slice, hooks of DDP or of
+  // an update fused into backward) would keep working on the old buffer: refuse instead. Expected holders:
+  // our handle and the flat tensor's .grad (one TensorImpl), and one view per parameter (the storage).
+  bool hooked = false;
+  for (const NamedParameter& p : params_) hooked = hooked || !p.tensor->impl()->grad_ready_hooks.empty();
+  TT_CHECK(!hooked && flat_grads_.impl_ptr().use_count() <= 2 &&
+               flat_grads_.storage().use_count() <= static_cast<long>(params_.size()) + 1,
+           "set_grad_dtype: the gradient buffer is already in use (data parallelism, ZeRO or an update fused "
+           "into backward); choose the gradient dtype before creating them");
   // The old buffer goes before the new one comes (a 2.7b model's is 13.6 GB): every handle is dropped first.
   flat_params_.set_grad(Tensor());
   for (const NamedParameter& p : params_) p.tensor->set_grad(Tensor());

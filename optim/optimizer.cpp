@@ -39,6 +39,8 @@ void SGD::apply_range(size_t index, int64_t begin, int64_t count, void* stream) 
   Tensor& p = params_[index];
   const Tensor g = p.grad();
   TT_CHECK(g.defined(), "SGD::apply_range: parameter " + std::to_string(index) + " has no gradient");
+  TT_CHECK(g.dtype() == p.dtype(), std::string("SGD needs gradients of the parameters' dtype (") +
+                                       dtype_name(p.dtype()) + "), got " + dtype_name(g.dtype()));
   TT_CHECK(begin >= 0 && count >= 0 && begin + count <= p.numel(), "SGD::apply_range: range out of bounds");
   if (count == 0) return;
   if (begin == 0 && count == p.numel()) {

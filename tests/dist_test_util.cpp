@@ -67,7 +67,7 @@ class TinyLm : public TestModel {
  public:
   static constexpr int64_t kRows = 2;
 
-  TinyLm() : model_(config()) {}
+  explicit TinyLm(bool bf16) : model_(config(bf16)) {}
   nn::Module& module() override { return model_; }
 
   Tensor loss(const std::vector<uint64_t>& batch_ids, Device device) override {
@@ -88,10 +88,11 @@ class TinyLm : public TestModel {
   }
 
  private:
-  static nn::ModelConfig config() {
+  static nn::ModelConfig config(bool bf16) {
     nn::ModelConfig c = nn::preset("tiny");
     c.vocab_size = 32;
     c.context_length = 8;
+    if (bf16) c.precision = nn::Precision::bf16;
     return c;
   }
   nn::TransformerLM model_;
@@ -148,7 +149,15 @@ void release_communicators() {
 }
 
 const char* model_kind_name(ModelKind kind) {
-  return kind == ModelKind::mlp ? "mlp" : "transformer";
+  switch (kind) {
+    case ModelKind::mlp:
+      return "mlp";
+    case ModelKind::transformer:
+      return "transformer";
+    case ModelKind::transformer_bf16:
+      return "transformer (bf16)";
+  }
+  return "?";
 }
 
 const char* optimizer_kind_name(OptimizerKind kind) {
@@ -157,7 +166,7 @@ const char* optimizer_kind_name(OptimizerKind kind) {
 
 std::unique_ptr<TestModel> make_test_model(ModelKind kind) {
   if (kind == ModelKind::mlp) return std::make_unique<Mlp>();
-  return std::make_unique<TinyLm>();
+  return std::make_unique<TinyLm>(kind == ModelKind::transformer_bf16);
 }
 
 std::vector<DdpConfig> ddp_configs(ModelKind kind) {
@@ -325,9 +334,11 @@ void check_bf16_gradients(ModelKind model, Device device) {
   for (const DdpConfig& config : ddp_configs(model)) {
     CAPTURE(config.label);
     const std::vector<double> ddp = train(spec, &config);
-    // 8 significant bits per gradient, AdamW with eps = lr: parameters move by lr per step at most, and a
-    // gradient's rounding changes its step by about 2^-8 of that.
-    CHECK_MESSAGE(allclose(ddp, reference, 1e-3, 1e-4, &why), why);
+    // AdamW with eps = lr moves a parameter by at most lr = 1e-3 per step. Each rank rounds its own gradient
+    // to bf16 (2^-9 of its size) and the average is rounded again; where the ranks' gradients nearly cancel,
+    // that is a larger share of the sum (measured: parameters 1.8e-4 apart after 3 steps with 3 ranks on the
+    // bf16 LM, 6% of the 3e-3 they can move). Bound: 10% of that movement, 3e-4.
+    CHECK_MESSAGE(allclose(ddp, reference, 1e-3, 3e-4, &why), why);
     CHECK(same_on_all_ranks(ddp));
   }
 }
@@ -383,7 +394,8 @@ void check_pipelined_zero(Device device, DType dtype, const std::vector<int64_t>
   for (int64_t chunk : chunks) {
     for (double mb : {0.0, 0.01}) {
       for (ModelKind kind : {ModelKind::mlp, ModelKind::transformer}) {
-        CAPTURE(model_kind_name(kind));
+        const std::string model_label = model_kind_name(kind);
+        CAPTURE(model_label);
         CAPTURE(chunk);
         CAPTURE(mb);
         int64_t sharded_bytes = 0, whole_bytes = 0;

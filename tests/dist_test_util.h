@@ -31,12 +31,12 @@ class TestModel {
   virtual Tensor loss(const std::vector<uint64_t>& batch_ids, Device device) = 0;
 };
 
-enum class ModelKind { mlp, transformer };
+enum class ModelKind { mlp, transformer, transformer_bf16 };
 enum class OptimizerKind { sgd, adamw };
 const char* model_kind_name(ModelKind kind);
 const char* optimizer_kind_name(OptimizerKind kind);
 // mlp: Linear layers with SwiGLU and a frozen Linear ("mix") between trainable ones. transformer: the tiny
-// preset with vocabulary 32 and context 8.
+// preset with vocabulary 32 and context 8; transformer_bf16: the same in bf16 precision (bf16 matmuls).
 std::unique_ptr<TestModel> make_test_model(ModelKind kind);
 
 struct DdpConfig {

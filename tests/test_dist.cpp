@@ -216,7 +216,8 @@ TEST_CASE("mpi collectives refuse what they cannot do") {
 
 TEST_CASE("bucket layout: reverse order, contiguous, capped, split at frozen parameters") {
   for (ModelKind kind : {ModelKind::mlp, ModelKind::transformer}) {
-    CAPTURE(model_kind_name(kind));
+    const std::string model_label = model_kind_name(kind);
+    CAPTURE(model_label);
     std::unique_ptr<TestModel> model = make_test_model(kind);
     nn::FlatParameters flat(model->module(), Device::cpu(), 1);
     model->freeze();
@@ -291,14 +292,16 @@ TEST_CASE("every strategy equals single-process training on the union of batches
 
 TEST_CASE("every strategy with gradients communicated in bf16 stays close to single-process training") {
   for (ModelKind kind : {ModelKind::mlp, ModelKind::transformer}) {
-    CAPTURE(model_kind_name(kind));
+    const std::string model_label = model_kind_name(kind);
+    CAPTURE(model_label);
     check_bf16_communication(kind, Device::cpu());
   }
 }
 
 TEST_CASE("every strategy with bf16 gradient buffers stays close to single-process training") {
-  for (ModelKind kind : {ModelKind::mlp, ModelKind::transformer}) {
-    CAPTURE(model_kind_name(kind));
+  for (ModelKind kind : {ModelKind::mlp, ModelKind::transformer, ModelKind::transformer_bf16}) {
+    const std::string model_label = model_kind_name(kind);
+    CAPTURE(model_label);
     check_bf16_gradients(kind, Device::cpu());
   }
 }

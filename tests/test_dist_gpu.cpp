@@ -101,8 +101,10 @@ TEST_CASE("nccl: every strategy equals single-process training on the union of b
   const Device gpu = my_gpu();
   for (ModelKind model : {ModelKind::mlp, ModelKind::transformer}) {
     for (OptimizerKind optimizer : {OptimizerKind::sgd, OptimizerKind::adamw}) {
-      CAPTURE(model_kind_name(model));
-      CAPTURE(optimizer_kind_name(optimizer));
+      const std::string model_label = model_kind_name(model);
+      CAPTURE(model_label);
+      const std::string optimizer_label = optimizer_kind_name(optimizer);
+      CAPTURE(optimizer_label);
       check_strategies_match_single_process(model, optimizer, gpu);
     }
   }
@@ -110,14 +112,16 @@ TEST_CASE("nccl: every strategy equals single-process training on the union of b
 
 TEST_CASE("nccl: every strategy with gradients communicated in bf16 stays close to single-process training") {
   for (ModelKind kind : {ModelKind::mlp, ModelKind::transformer}) {
-    CAPTURE(model_kind_name(kind));
+    const std::string model_label = model_kind_name(kind);
+    CAPTURE(model_label);
     check_bf16_communication(kind, my_gpu());
   }
 }
 
 TEST_CASE("nccl: every strategy with bf16 gradient buffers stays close to single-process training") {
-  for (ModelKind kind : {ModelKind::mlp, ModelKind::transformer}) {
-    CAPTURE(model_kind_name(kind));
+  for (ModelKind kind : {ModelKind::mlp, ModelKind::transformer, ModelKind::transformer_bf16}) {
+    const std::string model_label = model_kind_name(kind);
+    CAPTURE(model_label);
     check_bf16_gradients(kind, my_gpu());
   }
 }
@@ -263,11 +267,14 @@ TEST_CASE(
   const CopyEngineTransport transport(communicator(gpu));
   for (ModelKind model : {ModelKind::mlp, ModelKind::transformer}) {
     for (OptimizerKind optimizer : {OptimizerKind::sgd, OptimizerKind::adamw}) {
-      CAPTURE(model_kind_name(model));
-      CAPTURE(optimizer_kind_name(optimizer));
+      const std::string model_label = model_kind_name(model);
+      CAPTURE(model_label);
+      const std::string optimizer_label = optimizer_kind_name(optimizer);
+      CAPTURE(optimizer_label);
       check_strategies_match_single_process(model, optimizer, gpu);
     }
     check_bf16_communication(model, gpu);
     check_bf16_gradients(model, gpu);
   }
+  check_bf16_gradients(ModelKind::transformer_bf16, gpu);
 }

@@ -93,7 +93,8 @@ TEST_CASE("CUDA casts round exactly like the CPU") {
 TEST_CASE("CUDA add_pair_scaled (the copy-engine all-reduce's reduction) equals its CPU twin bit for bit") {
   for (DType type : {DType::f32, DType::bf16}) {
     for (int64_t start : {0, 1, 3, 8}) {
-      CAPTURE(dtype_name(type));
+      const std::string dtype_text = dtype_name(type);
+      CAPTURE(dtype_text);
       CAPTURE(start);
       const int64_t n = 10007 - 9;  // room for both offsets
       const Tensor a = ops::cast(randn({10007}, 21), type), b = ops::cast(randn({10007}, 22), type);
@@ -441,7 +442,8 @@ TEST_CASE("bf16 weight mirror on CUDA: written by AdamW, eager and graph-replaye
 TEST_CASE("AdamW fused into backward on CUDA (side stream; eager and graph-captured) equals the plain step") {
   // Naive attention: no atomics anywhere, so runs must agree bit for bit. f32 and bf16 gradient buffers.
   for (const DType grad_dtype : {DType::f32, DType::bf16}) {
-    CAPTURE(dtype_name(grad_dtype));
+    const std::string dtype_text = dtype_name(grad_dtype);
+    CAPTURE(dtype_text);
     const nn::ModelConfig config = tiny_bf16_config(nn::AttentionKind::naive);
     const Device gpu = Device::cuda(0);
     nn::TransformerLM plain_model(config), fused_model(config), graph_model(config);
@@ -517,6 +519,43 @@ TEST_CASE(
     // The GEMM's own rounding of its f32 accumulator may differ from rounding cuBLASLt's f32 result by the
     // order of the sums: one bf16 step (2^-8 relative) at most.
     if (!(std::fabs(n[i] - w[i]) <= std::fabs(w[i]) * (1.0f / 128) + 1e-30f)) ++beyond;
+  }
+  CHECK(beyond == 0);
+}
+
+TEST_CASE(
+    "a bf16 weight .grad on CUDA marked zero is written by the GEMM (no f32 temporary); unmarked, added") {
+  // Few rows and a wide weight: the f32 temporary of the accumulator's path (4 MiB) is far larger than
+  // anything else the linear's backward allocates.
+  const Device gpu = Device::cuda(0);
+  const int64_t rows = 4, in = 1024, out = 1024;
+  const Tensor x = randn({rows, in}, 120).to(gpu), r = randn({rows, out}, 121).to(gpu);
+  Tensor w = randn({out, in}, 122, 0.05).to(gpu);
+  w.set_requires_grad(true);
+  auto backward = [&] { ops::sum(ops::mul(ops::linear(x, w, DType::bf16, DType::f32), r)).backward(); };
+  w.set_grad(Tensor::zeros({out, in}, DType::f32, gpu));
+  backward();
+  const std::vector<float> g = w.grad().to_floats();
+  int64_t largest = 0;  // the largest allocation of the linear's backward node
+  set_memory_recorder([&](const MemoryEvent& e) {
+    if (e.is_alloc && e.tag == "Linear") largest = std::max(largest, e.bytes);
+  });
+  w.set_grad(ops::cast(Tensor::full({out, in}, NAN, DType::f32, gpu), DType::bf16));
+  mark_grad_zeroed(w);
+  backward();
+  const int64_t direct_largest = largest;
+  const std::vector<float> first = w.grad().to_floats();
+  largest = 0;
+  backward();  // the mark has lapsed: the product is made in f32 and the accumulator adds it
+  const int64_t added_largest = largest;
+  set_memory_recorder(nullptr);
+  const int64_t weight_f32_bytes = out * in * 4;
+  CHECK(direct_largest < weight_f32_bytes);
+  CHECK(added_largest >= weight_f32_bytes);
+  size_t beyond = 0;
+  for (size_t i = 0; i < g.size(); ++i) {
+    // cuBLASLt's bf16 epilogue rounds its own f32 sum, whose order may differ from the f32 run's.
+    if (!(std::fabs(first[i] - g[i]) <= std::fabs(g[i]) * (1.0f / 128) + 1e-30f)) ++beyond;
   }
   CHECK(beyond == 0);
 }

@@ -477,6 +477,17 @@ TEST_CASE("bf16 gradients train the tiny LM; fused into backward equals the plai
   CHECK(testing::relative_error(plain.params, f32.params) < 1e-2);
   CHECK(plain.losses.back() == doctest::Approx(f32.losses.back()).epsilon(1e-2));
 
+  // Too late once something holds the gradients: it would keep the old buffer.
+  {
+    nn::TransformerLM lm(tiny_config(true));
+    nn::FlatParameters flat(lm, Device::cpu(), 1);
+    optim::AdamW adamw({flat.flat_params()});
+    optim::UpdateInBackward fused_update(flat, adamw);
+    CHECK_THROWS_WITH_AS(flat.set_grad_dtype(DType::bf16), doctest::Contains("already in use"), Error);
+    const Tensor slice = flat.flat_grads().narrow_view(0, 0, 8);
+    CHECK_THROWS_WITH_AS(flat.set_grad_dtype(DType::bf16), doctest::Contains("already in use"), Error);
+    flat.set_grad_dtype(DType::f32);  // no change: always fine
+  }
   nn::TransformerLM model(tiny_config(false));
   nn::FlatParameters f64(model, Device::cpu(), 1, DType::f64);
   CHECK_THROWS_WITH_AS(f64.set_grad_dtype(DType::bf16), doctest::Contains("bf16 for f32 parameters"), Error);

@@ -1,6 +1,8 @@
 // Finite-difference gradient checks (double precision, CPU) for every differentiable op.
 #include <doctest/doctest.h>
 
+#include <algorithm>
+#include <cmath>
 #include <limits>
 
 #include "gradcheck.h"
@@ -317,6 +319,36 @@ TEST_CASE("mixed-precision linear: bf16 operands, f32 or bf16 output, f32 gradie
   w2.set_grad(Tensor::zeros({9, 16}, DType::f32, Device::cpu()));
   ops::sum(ops::cast(ops::linear(x.clone(), w2, DType::bf16, DType::bf16), DType::f32)).backward();
   CHECK(testing::relative_error(w2.grad().to_doubles(), w.grad().to_doubles()) < 1e-6);
+}
+
+TEST_CASE("a bf16 .grad marked zero is overwritten with the f32 gradient rounded once; unmarked, added to") {
+  const int64_t rows = 2, in = 64, out = 48;
+  const Tensor x = testing::random_tensor({rows, in}, 110, DType::f32);
+  Tensor w = testing::random_tensor({out, in}, 111, DType::f32), w_ref = w.clone();
+  w.set_requires_grad(true);
+  w_ref.set_requires_grad(true);
+  w_ref.set_grad(Tensor::zeros({out, in}, DType::f32, Device::cpu()));
+  const Tensor r = testing::random_tensor({rows, out}, 112, DType::f32);
+  auto backward = [&](Tensor& weight) {
+    ops::sum(ops::mul(ops::linear(x, weight, DType::bf16, DType::f32), r)).backward();
+  };
+  backward(w_ref);
+  const std::vector<float> g = w_ref.grad().to_floats();
+  // Poisoned but marked zero: never read.
+  w.set_grad(ops::cast(Tensor::full({out, in}, NAN, DType::f32, Device::cpu()), DType::bf16));
+  mark_grad_zeroed(w);
+  backward(w);
+  const std::vector<float> first = w.grad().to_floats();
+  // The mark lapsed with the pass: the next pass's f32 gradient is added in f32 and rounded once.
+  backward(w);
+  const std::vector<float> second = w.grad().to_floats();
+  size_t first_wrong = 0, second_wrong = 0;
+  for (size_t i = 0; i < g.size(); ++i) {
+    if (first[i] != static_cast<float>(bf16(g[i]))) ++first_wrong;
+    if (second[i] != static_cast<float>(bf16(first[i] + g[i]))) ++second_wrong;
+  }
+  CHECK(first_wrong == 0);
+  CHECK(second_wrong == 0);
 }
 
 TEST_CASE("rms_norm with a bf16 output: the f32 result rounded once, the same f32 gradients") {

@@ -12,8 +12,10 @@ using namespace tt::testing;
 TEST_CASE("ZeRO-1 AdamW equals unsharded AdamW after 10 steps (MLP with a frozen parameter, tiny LM)") {
   for (DType dtype : {DType::f64, DType::f32}) {
     for (ModelKind kind : {ModelKind::mlp, ModelKind::transformer}) {
-      CAPTURE(model_kind_name(kind));
-      CAPTURE(dtype_name(dtype));
+      const std::string model_label = model_kind_name(kind);
+      CAPTURE(model_label);
+      const std::string dtype_text = dtype_name(dtype);
+      CAPTURE(dtype_text);
       int64_t sharded_bytes = 0, whole_bytes = 0;
       const std::vector<double> sharded = train_zero(kind, Device::cpu(), dtype, true, &sharded_bytes);
       const std::vector<double> whole = train_zero(kind, Device::cpu(), dtype, false, &whole_bytes);
@@ -36,7 +38,8 @@ TEST_CASE("ZeRO-1 over bucketed DDP (all-reduce overlapped with backward) equals
   // Bucket caps giving one tensor per bucket, a few buckets, and one bucket.
   for (double mb : {1e-6, 0.01, 1000.0}) {
     for (ModelKind kind : {ModelKind::mlp, ModelKind::transformer}) {
-      CAPTURE(model_kind_name(kind));
+      const std::string model_label = model_kind_name(kind);
+      CAPTURE(model_label);
       CAPTURE(mb);
       int64_t sharded_bytes = 0, whole_bytes = 0;
       const std::vector<double> sharded =
@@ -62,7 +65,8 @@ TEST_CASE("ZeRO-1 around SGD (sharded update, no state) equals unsharded SGD") {
   dist::Communicator& comm = communicator(Device::cpu());
   for (int64_t chunk : {int64_t{3}, int64_t{1} << 30}) {
     for (ModelKind kind : {ModelKind::mlp, ModelKind::transformer}) {
-      CAPTURE(model_kind_name(kind));
+      const std::string model_label = model_kind_name(kind);
+      CAPTURE(model_label);
       CAPTURE(chunk);
       std::vector<double> result[2];
       for (int sharded = 0; sharded < 2; ++sharded) {

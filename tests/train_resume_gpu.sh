@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# On a GPU: training 2N steps equals N steps + resume + N steps bit for bit (--deterministic), in f32 and in
-# bf16 with flash attention. Skipped (77) without a CUDA device. Usage: train_resume_gpu.sh train prepare_data
+# On a GPU: training 2N steps equals N steps + resume + N steps bit for bit (--deterministic), in f32, in
+# bf16 with flash attention, and in bf16 with bf16 gradients (clipped inside AdamW). Skipped (77) without a CUDA device. Usage: train_resume_gpu.sh train prepare_data
 set -euo pipefail
 train=$1 prepare=$2
 command -v nvidia-smi >/dev/null && nvidia-smi -L >/dev/null 2>&1 || { echo "no CUDA device: skipped"; exit 77; }
@@ -9,14 +9,18 @@ trap 'rm -rf "$work"' EXIT
 mkdir -p "$work/text"
 for i in $(seq 1 400); do echo "Line $i: the five boxing wizards jump quickly over $((i * 7)) fences."; echo "%"; done >"$work/text/a.txt"
 "$prepare" --input "$work/text" --out "$work/data" --separator % >/dev/null
-for precision in f32 bf16; do
+for variant in f32 bf16 bf16-grads; do
+  precision=${variant%%-*}
+  extra=()
+  [ "$variant" = bf16-grads ] && extra=(--grad-dtype bf16 --clip 0.5)
   common=(--data "$work/data" --device cuda --deterministic --precision "$precision" --attention flash --ctx 64
-          --batch 4 --eval-every 3 --eval-batches 2 --sample-tokens 0 --ckpt-every 3 --warmup 2 --grad-accum 2)
-  "$train" "${common[@]}" --steps 6 --out "$work/full_$precision" >/dev/null
-  "$train" "${common[@]}" --steps 3 --out "$work/split_$precision" >/dev/null
-  "$train" "${common[@]}" --steps 6 --out "$work/split_$precision" \
-    --resume "$work/split_$precision/checkpoints/step_3.h5" >/dev/null
-  python3 - "$work/full_$precision/metrics.jsonl" "$work/split_$precision/metrics.jsonl" "$precision" <<'PY'
+          --batch 4 --eval-every 3 --eval-batches 2 --sample-tokens 0 --ckpt-every 3 --warmup 2 --grad-accum 2
+          "${extra[@]}")
+  "$train" "${common[@]}" --steps 6 --out "$work/full_$variant" >/dev/null
+  "$train" "${common[@]}" --steps 3 --out "$work/split_$variant" >/dev/null
+  "$train" "${common[@]}" --steps 6 --out "$work/split_$variant" \
+    --resume "$work/split_$variant/checkpoints/step_3.h5" >/dev/null
+  python3 - "$work/full_$variant/metrics.jsonl" "$work/split_$variant/metrics.jsonl" "$variant" <<'PY'
 import json, sys
 full = [json.loads(l) for l in open(sys.argv[1])]
 split = [json.loads(l) for l in open(sys.argv[2])]
@@ -25,8 +29,8 @@ b = [(r["step"], r["loss"], r.get("val_loss")) for r in split]
 assert a == b, (a, b)
 print(sys.argv[3], "resume is bit-identical on CUDA:", [x[1] for x in a])
 PY
-  cmp "$work/full_$precision/checkpoints/step_6.h5" "$work/split_$precision/checkpoints/step_6.h5" >/dev/null ||
-    python3 - "$work/full_$precision/checkpoints/step_6.h5" "$work/split_$precision/checkpoints/step_6.h5" <<'PY' || exit 1
+  cmp "$work/full_$variant/checkpoints/step_6.h5" "$work/split_$variant/checkpoints/step_6.h5" >/dev/null ||
+    python3 - "$work/full_$variant/checkpoints/step_6.h5" "$work/split_$variant/checkpoints/step_6.h5" <<'PY' || exit 1
 import sys
 try:
     import h5py, numpy as np

@@ -49,8 +49,8 @@ void declare_train_flags(Flags& f) {
   f.add("bucket-mb", "25", "gradient bucket capacity in MiB (2^20 bytes) for --ddp bucketed");
   f.add("grad-dtype", "f32",
         "dtype of the gradient buffer: f32 | bf16 (with --precision bf16: weight gradients rounded to bf16 "
-        "once, as PyTorch's autocast rounds them; half the bytes to write, read and all-reduce; not with "
-        "--zero 1)");
+        "once, as PyTorch's autocast rounds them; half the bytes to write, read and all-reduce; with "
+        "--grad-accum each further micro-batch is added in f32 and rounded again; not with --zero 1)");
   f.add("grad-comm-dtype", "f32",
         "dtype gradients travel in under mpirun: f32 (exact average) | bf16 (half the bytes; each gradient "
         "rounded to bf16 before and after the average)");
@@ -403,6 +403,14 @@ int run_training(const Flags& flags, Device device, const std::string& data_dir,
     params.enable_bf16_mirror();
     adamw->write_bf16_mirror(&params);
   }
+  // bf16 gradients on the GPU are clipped by AdamW itself: the norm and the factor are computed on the device
+  // and the update scales each gradient in f32 as it reads it (no second rounding, no extra pass).
+  Tensor clip_norm, clip_factor;
+  if (grads_bf16 && device.is_cuda() && adamw) {
+    clip_norm = Tensor::zeros({1}, DType::f32, device);
+    clip_factor = Tensor::zeros({1}, DType::f32, device);
+    adamw->set_grad_scale(clip_factor);
+  }
   Progress progress(state.step + 1, steps);
   double last_val = NAN;
   for (int64_t step = state.step + 1; step <= steps; ++step) {
@@ -434,6 +442,10 @@ int run_training(const Flags& flags, Device device, const std::string& data_dir,
     double grad_norm = 0;
     if (zero) {
       grad_norm = sharded->step(clip, ddp != nullptr);
+    } else if (clip_factor.defined()) {
+      optim::clip_factor_on_device(params.flat_grads(), clip, clip_norm, clip_factor);
+      adamw->step();
+      grad_norm = clip_norm.item();
     } else {
       grad_norm = optim::clip_grad_norm({params.flat_grads()}, clip);
       adamw->step();
