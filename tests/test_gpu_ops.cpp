@@ -529,10 +529,11 @@ TEST_CASE(
   // anything else the linear's backward allocates.
   const Device gpu = Device::cuda(0);
   const int64_t rows = 4, in = 1024, out = 1024;
-  const Tensor x = randn({rows, in}, 120).to(gpu), r = randn({rows, out}, 121).to(gpu);
+  // A second, frozen layer v makes the gradient reaching w's output differ from column to column.
+  const Tensor x = randn({rows, in}, 120).to(gpu), v = randn({8, out}, 121).to(gpu);
   Tensor w = randn({out, in}, 122, 0.05).to(gpu);
   w.set_requires_grad(true);
-  auto backward = [&] { ops::sum(ops::mul(ops::linear(x, w, DType::bf16, DType::f32), r)).backward(); };
+  auto backward = [&] { ops::sum(ops::linear(ops::linear(x, w, DType::bf16, DType::f32), v)).backward(); };
   w.set_grad(Tensor::zeros({out, in}, DType::f32, gpu));
   backward();
   const std::vector<float> g = w.grad().to_floats();
