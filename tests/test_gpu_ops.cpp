@@ -256,31 +256,6 @@ TEST_CASE("CUDA AdamW equals the CPU") {
   CHECK(relative_error(gpu_p.to_doubles(), cpu_p.to_doubles()) < 1e-6);
 }
 
-TEST_CASE("CUDA AdamW and device clipping on bf16 gradients equal the CPU on the same gradients") {
-  const int64_t n = 10003;  // a tail past the groups of four
-  Tensor cpu_p = randn({n}, 32), gpu_p = cpu_p.to(Device::cuda(0));
-  cpu_p.set_requires_grad(true);
-  gpu_p.set_requires_grad(true);
-  optim::AdamW cpu_opt({cpu_p}), gpu_opt({gpu_p});
-  Tensor norm = Tensor::zeros({1}, DType::f32, Device::cuda(0)),
-         factor = Tensor::zeros({1}, DType::f32, Device::cuda(0));
-  gpu_opt.set_grad_scale(factor);
-  for (int step = 0; step < 3; ++step) {
-    // The CPU reference runs on the widened gradients in f32 (the GPU scales them in f32 inside AdamW).
-    const Tensor g = ops::cast(randn({n}, 33 + step, 3.0), DType::bf16);
-    cpu_p.set_grad(ops::cast(g, DType::f32));
-    gpu_p.set_grad(g.to(Device::cuda(0)));
-    const double cpu_norm = optim::clip_grad_norm({cpu_p.grad()}, 1.0);
-    CHECK(cpu_norm > 1.0);
-    CHECK(optim::clip_grad_norm({gpu_p.grad()}, 0.0) == doctest::Approx(cpu_norm).epsilon(1e-6));
-    optim::clip_factor_on_device(gpu_p.grad(), 1.0, norm, factor);
-    CHECK(norm.item() == doctest::Approx(cpu_norm).epsilon(1e-6));
-    cpu_opt.step();
-    gpu_opt.step();
-  }
-  CHECK(relative_error(gpu_p.to_doubles(), cpu_p.to_doubles()) < 1e-6);
-}
-
 TEST_CASE("CUDA allocator caches blocks and tracks peak bytes") {
   const Device gpu = Device::cuda(0);
   { const Tensor warm = Tensor::empty({1 << 20}, DType::f32, gpu); }
@@ -323,24 +298,34 @@ TEST_CASE("tiny model forward+backward on CUDA equals the CPU (f32 and bf16)") {
   }
 }
 
-TEST_CASE("device-side clipping and gradient scaling in AdamW equal host clipping") {
-  const int64_t n = 5003;
-  Tensor cpu_p = randn({n}, 40), gpu_p = cpu_p.to(Device::cuda(0));
-  cpu_p.set_requires_grad(true);
-  gpu_p.set_requires_grad(true);
-  optim::AdamW cpu_opt({cpu_p}), gpu_opt({gpu_p});
-  Tensor norm = Tensor::zeros({1}, DType::f32, Device::cuda(0)),
-         factor = Tensor::zeros({1}, DType::f32, Device::cuda(0));
-  gpu_opt.set_grad_scale(factor);
-  const Tensor g = randn({n}, 41, 3.0);
-  cpu_p.set_grad(g.clone());
-  gpu_p.set_grad(g.to(Device::cuda(0)));
-  const double cpu_norm = optim::clip_grad_norm({cpu_p.grad()}, 1.0);
-  optim::clip_factor_on_device(gpu_p.grad(), 1.0, norm, factor);
-  cpu_opt.step();
-  gpu_opt.step();
-  CHECK(norm.item() == doctest::Approx(cpu_norm).epsilon(1e-5));
-  CHECK(relative_error(gpu_p.to_doubles(), cpu_p.to_doubles()) < 1e-6);
+TEST_CASE("device-side clipping and gradient scaling in AdamW equal host clipping (f32 and bf16 gradients)") {
+  for (const DType grad_dtype : {DType::f32, DType::bf16}) {
+    const std::string dtype_text = dtype_name(grad_dtype);
+    CAPTURE(dtype_text);
+    const int64_t n = 5003;  // a tail past the groups of four
+    Tensor cpu_p = randn({n}, 40), gpu_p = cpu_p.to(Device::cuda(0));
+    cpu_p.set_requires_grad(true);
+    gpu_p.set_requires_grad(true);
+    optim::AdamW cpu_opt({cpu_p}), gpu_opt({gpu_p});
+    Tensor norm = Tensor::zeros({1}, DType::f32, Device::cuda(0)),
+           factor = Tensor::zeros({1}, DType::f32, Device::cuda(0));
+    gpu_opt.set_grad_scale(factor);
+    for (int step = 0; step < 3; ++step) {
+      // The GPU's gradients in their dtype; the CPU reference runs on them widened to f32 (the GPU scales
+      // them in f32 inside AdamW).
+      const Tensor g = ops::cast(randn({n}, 41 + step, 3.0), grad_dtype);
+      cpu_p.set_grad(ops::cast(g, DType::f32));
+      gpu_p.set_grad(g.to(Device::cuda(0)));
+      const double cpu_norm = optim::clip_grad_norm({cpu_p.grad()}, 1.0);
+      CHECK(cpu_norm > 1.0);
+      CHECK(optim::clip_grad_norm({gpu_p.grad()}, 0.0) == doctest::Approx(cpu_norm).epsilon(1e-5));
+      optim::clip_factor_on_device(gpu_p.grad(), 1.0, norm, factor);
+      cpu_opt.step();
+      gpu_opt.step();
+      CHECK(norm.item() == doctest::Approx(cpu_norm).epsilon(1e-5));
+    }
+    CHECK(relative_error(gpu_p.to_doubles(), cpu_p.to_doubles()) < 1e-6);
+  }
 }
 
 namespace {
