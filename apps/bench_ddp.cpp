@@ -200,8 +200,8 @@ int main(int argc, char** argv) {
   flags.add(
       "grad-dtype", "f32",
       "dtype of every row's gradient buffer: f32 | bf16 (with --precision bf16: weight gradients rounded "
-      "to bf16 once, as PyTorch's autocast rounds them, and all-reduced in bf16; not with --zero 1 or "
-      "--grad-comm-dtype bf16)");
+      "to bf16 once, as PyTorch's autocast rounds them, and all-reduced (or reduce-scattered) in bf16; not "
+      "with --grad-comm-dtype bf16)");
   flags.add("grad-comm-dtype", "f32",
             "comma-separated dtypes the DDP strategies' gradients travel in: f32 | bf16 (half the bytes, "
             "gradients rounded to bf16); each communicating row once per dtype");
@@ -259,7 +259,6 @@ int main(int argc, char** argv) {
              "--grad-dtype must be f32 or bf16, got '" + grad_dtype + "'");
     const bool grads_bf16 = grad_dtype == "bf16";
     TT_CHECK(!grads_bf16 || flags.str("precision") == "bf16", "--grad-dtype bf16 needs --precision bf16");
-    TT_CHECK(!grads_bf16 || flags.integer("zero") == 0, "--grad-dtype bf16 does not combine with --zero 1");
     TT_CHECK(
         !grads_bf16 || std::find(dtypes.begin(), dtypes.end(), "bf16") == dtypes.end(),
         "--grad-comm-dtype bf16 is for f32 gradients; with --grad-dtype bf16 they already travel in bf16");

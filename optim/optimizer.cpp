@@ -165,25 +165,29 @@ double clip_grad_norm(const std::vector<Tensor>& grads, double max_norm) {
       for (const Tensor& g : grads) {
         if (!g.defined()) continue;
         Tensor mutable_g = g;
-        if (g.dtype() == DType::bf16) {
-          // bf16 gradients (FlatParameters::set_grad_dtype) are scaled in f32 and rounded back, a bounded
-          // piece at a time (a 2.7b model's in one piece would need a 13.6 GB temporary).
-          TT_CHECK(g.is_contiguous(), "clip_grad_norm: bf16 gradients must be contiguous");
-          Tensor flat = mutable_g.view({-1});
-          constexpr int64_t kPiece = int64_t{1} << 24;
-          for (int64_t begin = 0; begin < flat.numel(); begin += kPiece) {
-            Tensor piece = flat.narrow_view(0, begin, std::min(kPiece, flat.numel() - begin));
-            Tensor wide = ops::cast(piece, DType::f32);
-            ops::scale_(wide, scale);
-            ops::cast_into(piece, wide);
-          }
-        } else {
-          ops::scale_(mutable_g, scale);
-        }
+        scale_gradients(mutable_g, scale);
       }
     }
   }
   return norm;
+}
+
+void scale_gradients(Tensor& grads, double scale) {
+  if (grads.dtype() != DType::bf16) {
+    ops::scale_(grads, scale);
+    return;
+  }
+  // bf16 gradients (FlatParameters::set_grad_dtype) are scaled in f32 and rounded back, a bounded piece at a
+  // time (a 2.7b model's in one piece would need a 13.6 GB temporary).
+  TT_CHECK(grads.is_contiguous(), "scale_gradients: bf16 gradients must be contiguous");
+  Tensor flat = grads.view({-1});
+  constexpr int64_t kPiece = int64_t{1} << 24;
+  for (int64_t begin = 0; begin < flat.numel(); begin += kPiece) {
+    Tensor piece = flat.narrow_view(0, begin, std::min(kPiece, flat.numel() - begin));
+    Tensor wide = ops::cast(piece, DType::f32);
+    ops::scale_(wide, scale);
+    ops::cast_into(piece, wide);
+  }
 }
 
 }  // namespace tt::optim

@@ -86,8 +86,10 @@ class AdamW : public Optimizer {
 double cosine_lr(int64_t it, double lr_max, double lr_min, int64_t warmup_steps, int64_t cosine_steps);
 
 // Scales all gradients so their global L2 norm is at most max_norm (scale = min(1, max/(norm + 1e-6))).
-// Returns the norm before clipping. max_norm <= 0 only measures.
+// Returns the norm before clipping. max_norm <= 0 only measures. f32, f64 or bf16 gradients.
 double clip_grad_norm(const std::vector<Tensor>& grads, double max_norm);
+// grads *= scale in place; bf16 gradients are scaled in f32 and rounded once.
+void scale_gradients(Tensor& grads, double scale);
 
 // The same on the GPU for one flat f32 (or bf16) gradient buffer, without reading anything back: writes the
 // norm and the clipping factor to device scalars ({1} f32 tensors allocated by the caller); the factor is

@@ -30,9 +30,6 @@ void ShardedOptimizer::slice() {
   TT_CHECK(total % world == 0, "ShardedOptimizer: the flat buffer (" + std::to_string(total) +
                                    " elements) must be padded to a multiple of the world size " +
                                    std::to_string(world) + " (FlatParameters pad_multiple)");
-  TT_CHECK(params_.grad_dtype() == params_.flat_params().dtype(),
-           std::string("ShardedOptimizer: gradients must have the parameters' dtype, not ") +
-               dtype_name(params_.grad_dtype()) + " (bf16 gradients are for data parallelism without ZeRO)");
   shard_size_ = total / world;
   shard_begin_ = shard_size_ * comm_.rank();
   // The slice of the parameters this rank updates and its gradient are views of the flat buffers: the
@@ -82,7 +79,7 @@ double ShardedOptimizer::step(double max_norm, bool gradients_averaged, bool mea
   const double norm = std::sqrt(total.item());
   if (max_norm > 0) {
     const double scale = std::min(1.0, max_norm / (norm + 1e-6));
-    if (scale < 1.0) ops::scale_(shard_grads_, scale);
+    if (scale < 1.0) scale_gradients(shard_grads_, scale);
   }
   update_and_gather();
   return norm;

@@ -87,9 +87,15 @@ void check_bf16_gradients(ModelKind model, Device device);
 // 10 AdamW steps, each rank on its own batch, either through ZeRO-1 (sharded) or through a flat DDP
 // all-reduce followed by ordinary AdamW; returns the parameters (without padding) and the optimizer state
 // bytes of this rank. zero_over_ddp_mb > 0: ZeRO-1's gradients averaged by bucketed DDP (buckets of that many
-// MiB) instead of a reduce-scatter; gather_chunk > 0: elements per pipelined update + all-gather chunk.
+// MiB) instead of a reduce-scatter; gather_chunk > 0: elements per pipelined update + all-gather chunk;
+// grads_bf16: bf16 gradient buffers (f32 parameters only).
 std::vector<double> train_zero(ModelKind kind, Device device, DType dtype, bool sharded, int64_t* state_bytes,
-                               double zero_over_ddp_mb = 0, int64_t gather_chunk = 0);
+                               double zero_over_ddp_mb = 0, int64_t gather_chunk = 0,
+                               bool grads_bf16 = false);
+
+// ZeRO-1 with bf16 gradient buffers, fed by the reduce-scatter and by bucketed DDP, on the MLP and the tiny
+// LM (f32 and bf16 precision): close to unsharded AdamW with bf16 gradients, ranks identical.
+void check_zero_bf16_gradients(Device device);
 
 // ZeRO-1 pipelined in each of `chunks` elements per update + all-gather chunk, with the reduce-scatter and
 // with bucketed DDP as the gradient source, on the MLP and the tiny LM: equals unsharded AdamW (allclose

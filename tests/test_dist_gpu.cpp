@@ -126,6 +126,10 @@ TEST_CASE("nccl: every strategy with bf16 gradient buffers stays close to single
   }
 }
 
+TEST_CASE("nccl: ZeRO-1 with bf16 gradient buffers equals unsharded AdamW with bf16 gradients") {
+  check_zero_bf16_gradients(my_gpu());
+}
+
 TEST_CASE("nccl: gradient accumulation communicates on the last micro-batch only") {
   TrainSpec spec;
   spec.device = my_gpu();

@@ -54,6 +54,10 @@ TEST_CASE("ZeRO-1 over bucketed DDP (all-reduce overlapped with backward) equals
   }
 }
 
+TEST_CASE("ZeRO-1 with bf16 gradient buffers equals unsharded AdamW with bf16 gradients") {
+  check_zero_bf16_gradients(Device::cpu());
+}
+
 TEST_CASE("ZeRO-1 with the update and all-gather pipelined in chunks equals unsharded AdamW") {
   // Small chunks, chunks that leave a partial last one, and one chunk for the whole slice; with
   // the reduce-scatter and with bucketed DDP feeding the gradients.

@@ -50,7 +50,7 @@ void declare_train_flags(Flags& f) {
   f.add("grad-dtype", "f32",
         "dtype of the gradient buffer: f32 | bf16 (with --precision bf16: weight gradients rounded to bf16 "
         "once, as PyTorch's autocast rounds them; half the bytes to write, read and all-reduce; with "
-        "--grad-accum each further micro-batch is added in f32 and rounded again; not with --zero 1)");
+        "--grad-accum each further micro-batch is added in f32 and rounded again)");
   f.add("grad-comm-dtype", "f32",
         "dtype gradients travel in under mpirun: f32 (exact average) | bf16 (half the bytes; each gradient "
         "rounded to bf16 before and after the average)");
@@ -248,8 +248,6 @@ int run_training(const Flags& flags, Device device, const std::string& data_dir,
   const bool grads_bf16 = grad_dtype == "bf16";
   TT_CHECK(!grads_bf16 || config.precision == nn::Precision::bf16,
            "--grad-dtype bf16 needs --precision bf16");
-  TT_CHECK(!grads_bf16 || !zero,
-           "--grad-dtype bf16 does not combine with --zero 1 (ZeRO keeps f32 gradients)");
   TT_CHECK(!grads_bf16 || !grad_comm_bf16,
            "--grad-comm-dtype bf16 is for f32 gradients; with --grad-dtype bf16 they already travel in bf16");
   TT_CHECK(zero_grads == "reduce-scatter" || zero_grads == "ddp",
