@@ -46,6 +46,10 @@ Tensor rms_norm(const Tensor& x, const Tensor& weight, double eps);
 Tensor rms_norm(const Tensor& x, const Tensor& weight, double eps, DType out);
 // Rotary embedding (interleaved pairs) on x (batch, seq, heads*d_head), positions 0..seq-1.
 Tensor rope(const Tensor& x, int64_t d_head, double theta);
+// The same with the output rounded once to bf16 (x f32, rotated in f32), for a bf16 consumer (attention).
+// x's gradient then comes back in bf16 too, rounded once: meant for an x made by a bf16 matmul, whose
+// backward rounds its incoming gradient to bf16 anyway, so nothing is lost.
+Tensor rope(const Tensor& x, int64_t d_head, double theta, DType out);
 // silu(a) * b, computed in f32; a and b f32 (or f64), or bf16 with a bf16 result and bf16 gradients.
 Tensor swiglu(const Tensor& a, const Tensor& b);
 // softmax(scale * s) over the last dim of (batch, T, T), causal mask optional.

@@ -59,17 +59,23 @@ struct RmsNormNode : Node {
 };
 
 // --------------------------------------------------------------------------------------------------- RoPE
-Tensor rope_raw(const Tensor& x, int64_t d_head, double theta, bool inverse) {
+// y in `out` (x's dtype, or bf16 from f32): computed in f32 (f64 for f64) and rounded once.
+Tensor rope_raw(const Tensor& x, int64_t d_head, double theta, bool inverse, DType out) {
   TT_CHECK(x.dim() == 3, "rope expects (batch, seq, heads*d_head), got " + x.describe());
   TT_CHECK(d_head % 2 == 0 && x.size(2) % d_head == 0, "rope: feature dim " + std::to_string(x.size(2)) +
                                                            " is not a multiple of an even d_head " +
                                                            std::to_string(d_head));
   const Tensor xc = detail::dense(x);
-  Tensor y = Tensor::empty(x.shape(), x.dtype(), x.device());
+  Tensor y = Tensor::empty(x.shape(), out, x.device());
   if (x.device().is_cuda()) {
-    detail::require_cuda_f32(x, "rope");
-    TT_CUDA_ONLY(cuda::rope(xc.data<float>(), y.data<float>(), x.size(0), x.size(1), x.size(2), d_head, theta,
-                            inverse, detail::stream_of(x)));
+    TT_CUDA_ONLY(cuda::rope(xc.raw_data(), x.dtype(), y.raw_data(), out, x.size(0), x.size(1), x.size(2),
+                            d_head, theta, inverse, detail::stream_of(x)));
+  } else if (x.dtype() == DType::bf16 || out == DType::bf16) {
+    // The CPU twin of a bf16 side: widen exactly, rotate in f32, round once (casts inside the op, not nodes).
+    NoGradGuard no_grad;
+    const Tensor wide =
+        rope_raw(x.dtype() == DType::f32 ? xc : cast(xc, DType::f32), d_head, theta, inverse, DType::f32);
+    return out == DType::f32 ? wide : cast(wide, out);
   } else {
     dispatch_float(x.dtype(), "rope", [&](auto t) {
       using T = decltype(t);
@@ -82,9 +88,12 @@ Tensor rope_raw(const Tensor& x, int64_t d_head, double theta, bool inverse) {
 struct RopeNode : Node {
   int64_t d_head = 0;
   double theta = 10000.0;
+  DType grad_dtype = DType::f32;  // x's dtype, or bf16 when the output was bf16
   const char* name() const override { return "RoPE"; }
   // A rotation's gradient is the inverse rotation of the incoming gradient.
-  std::vector<Tensor> apply(const Tensor& grad) override { return {rope_raw(grad, d_head, theta, true)}; }
+  std::vector<Tensor> apply(const Tensor& grad) override {
+    return {rope_raw(grad, d_head, theta, true, grad_dtype)};
+  }
 };
 
 // ------------------------------------------------------------------------------------------------- SwiGLU
@@ -245,11 +254,20 @@ Tensor rms_norm(const Tensor& x_in, const Tensor& weight, double eps, DType out)
 }
 
 Tensor rope(const Tensor& x, int64_t d_head, double theta) {
-  Tensor y = rope_raw(x, d_head, theta, false);
+  return rope(x, d_head, theta, x.dtype());
+}
+
+Tensor rope(const Tensor& x, int64_t d_head, double theta, DType out) {
+  TT_CHECK(out == x.dtype() || (out == DType::bf16 && x.dtype() == DType::f32),
+           std::string("rope: the output is x's dtype or bf16 from f32, not ") + dtype_name(out) + " from " +
+               dtype_name(x.dtype()));
+  TT_CHECK(x.device().is_cpu() || x.dtype() != DType::f64, "rope on CUDA takes f32 or bf16");
+  Tensor y = rope_raw(x, d_head, theta, false, out);
   if (needs_grad({&x})) {
     auto node = std::make_shared<RopeNode>();
     node->d_head = d_head;
     node->theta = theta;
+    node->grad_dtype = out;
     attach_node(y, node, {&x});
   }
   return y;

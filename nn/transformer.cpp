@@ -129,14 +129,16 @@ Tensor CausalSelfAttention::forward(const Tensor& x) const {
   const NvtxRange range("attention");
   const int64_t batch = x.size(0), seq = x.size(1), heads = config_.num_heads, d_head = config_.d_head();
   const Precision precision = config_.precision;
-  Tensor q = ops::rope(q_proj_.forward(x, precision), d_head, config_.rope_theta);
-  Tensor k = ops::rope(k_proj_.forward(x, precision), d_head, config_.rope_theta);
-  // In bf16 V goes to attention as it leaves the matmul (rounded once); Q and K are rotated in f32 first.
+  // In bf16 V goes to attention as it leaves the matmul (rounded once); Q and K are rotated in f32 first and
+  // rounded once by the rotation, whose backward hands the projections bf16 gradients (they round to bf16
+  // anyway).
+  auto rotate = [&](const Tensor& t) {
+    return precision == Precision::bf16 ? ops::rope(t, d_head, config_.rope_theta, DType::bf16)
+                                        : ops::rope(t, d_head, config_.rope_theta);
+  };
+  const Tensor q = rotate(q_proj_.forward(x, precision));
+  const Tensor k = rotate(k_proj_.forward(x, precision));
   const Tensor v = v_proj_.forward(x, precision, true);
-  if (precision == Precision::bf16) {
-    q = ops::cast(q, DType::bf16);
-    k = ops::cast(k, DType::bf16);
-  }
   // (batch, seq, heads*d_head) seen as (batch, heads, seq, d_head) without copying.
   auto split_heads = [&](const Tensor& t) {
     return ops::transpose(ops::reshape(t, {batch, seq, heads, d_head}), 1, 2);

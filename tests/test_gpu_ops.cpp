@@ -192,7 +192,7 @@ TEST_CASE("CUDA model ops equal the CPU") {
         kF32);
 }
 
-TEST_CASE("CUDA fused-precision ops equal their CPU twins: bf16 outputs of matmul, RMSNorm and SwiGLU") {
+TEST_CASE("CUDA fused-precision ops equal their CPU twins: bf16 outputs of matmul, RMSNorm, SwiGLU, RoPE") {
   const double kBf16 = 1e-2;
   auto bf = [](const Tensor& t) { return ops::cast(t, DType::bf16); };
   CHECK(cuda_vs_cpu([](const auto& in) { return ops::swiglu(in[0], in[1]); },
@@ -203,6 +203,9 @@ TEST_CASE("CUDA fused-precision ops equal their CPU twins: bf16 outputs of matmu
     CHECK(cuda_vs_cpu([&](const auto& in) { return ops::linear(in[0], in[1], DType::bf16, out); },
                       {randn({4, 16, 96}, 54), randn({80, 96}, 55)}) < kBf16);
   }
+  // RoPE from f32 to bf16 (the model's Q and K), its gradient coming back in bf16.
+  CHECK(cuda_vs_cpu([](const auto& in) { return ops::rope(in[0], 64, 10000.0, DType::bf16); },
+                    {randn({2, 33, 128}, 56)}) < kBf16);
   // The model's path: bf16 SwiGLU receiving an f32 gradient (from the f32 product of the next matmul).
   {
     const Tensor a = bf(randn({33, 257}, 59)), b = bf(randn({33, 257}, 60)), g = randn({33, 257}, 61);

@@ -371,6 +371,25 @@ TEST_CASE("rms_norm with a bf16 output: the f32 result rounded once, the same f3
   CHECK(w.grad().to_floats() == w2.grad().to_floats());
 }
 
+TEST_CASE("rope with a bf16 output: the f32 rotation rounded once; x's gradient in bf16, rounded once") {
+  Tensor x = testing::random_tensor({2, 5, 16}, 113, DType::f32), x2 = x.clone();
+  x.set_requires_grad(true);
+  x2.set_requires_grad(true);
+  const Tensor narrow = ops::rope(x, 8, 10000.0, DType::bf16);
+  const Tensor wide = ops::rope(x2, 8, 10000.0);
+  CHECK(narrow.dtype() == DType::bf16);
+  CHECK(narrow.to_floats() == ops::cast(wide, DType::bf16).to_floats());
+  // A bf16 incoming gradient: the inverse rotation of its exact f32 value, rounded once to bf16.
+  const Tensor r = ops::cast(testing::random_tensor({2, 5, 16}, 114, DType::f32), DType::bf16);
+  narrow.backward(r);
+  wide.backward(ops::cast(r, DType::f32));
+  CHECK(x.grad().dtype() == DType::f32);  // accumulated into the f32 leaf's own dtype
+  CHECK(x.grad().to_floats() == ops::cast(ops::cast(x2.grad(), DType::bf16), DType::f32).to_floats());
+  CHECK(x.grad().to_floats() != x2.grad().to_floats());  // the rounding did happen
+  CHECK_THROWS_WITH_AS(ops::rope(ops::cast(x, DType::bf16), 8, 10000.0, DType::f32),
+                       doctest::Contains("bf16 from f32"), Error);
+}
+
 TEST_CASE("swiglu on bf16 inputs: f32 arithmetic, bf16 result and gradients") {
   Tensor a = ops::cast(testing::random_tensor({5, 40}, 120, DType::f32, 2.0), DType::bf16),
          b = ops::cast(testing::random_tensor({5, 40}, 121, DType::f32), DType::bf16);

@@ -64,8 +64,9 @@ void rms_norm_forward(const float* x, const float* w, void* y, DType y_type, flo
 void rms_norm_backward(const float* dy, const float* x, const float* w, const float* inv_rms, float* dx,
                        float* dw, int64_t rows, int64_t dim, cudaStream_t stream);
 
-void rope(const float* x, float* y, int64_t batch, int64_t seq, int64_t dim, int64_t d_head, double theta,
-          bool inverse, cudaStream_t stream);
+// x and y each f32 or bf16 (x_type, y_type): computed in f32, a bf16 y rounded once.
+void rope(const void* x, DType x_type, void* y, DType y_type, int64_t batch, int64_t seq, int64_t dim,
+          int64_t d_head, double theta, bool inverse, cudaStream_t stream);
 
 // a, b, out (and da, db) of one `type`, f32 or bf16, computed in f32; dout f32 or bf16.
 void swiglu_forward(const void* a, const void* b, void* out, DType type, int64_t n, cudaStream_t stream);

@@ -417,7 +417,9 @@ struct RopeFrequencies {
 
 // One thread per (row, pair). The angle is float(t) * inv_freq and the rotation is rounded step by step
 // (no fused multiply-add), so y matches the CPU up to the last-ulp differences of cosf/sinf.
-__global__ void rope_kernel(const float* x, float* y, int64_t rows, int64_t seq, int64_t pairs_per_row,
+// x and y are f32 or bf16 (read as f32; y rounded once).
+template <class In, class Out>
+__global__ void rope_kernel(const In* x, Out* y, int64_t rows, int64_t seq, int64_t pairs_per_row,
                             int64_t pairs_per_head, bool inverse,
                             const __grid_constant__ RopeFrequencies freqs) {
   const int64_t total = rows * pairs_per_row;
@@ -429,9 +431,9 @@ __global__ void rope_kernel(const float* x, float* y, int64_t rows, int64_t seq,
     const float angle = static_cast<float>(t) * freqs.inv_freq[pair % pairs_per_head];
     const float c = cosf(angle);
     const float s = inverse ? -sinf(angle) : sinf(angle);
-    const float x0 = x[2 * idx], x1 = x[2 * idx + 1];
-    y[2 * idx] = __fsub_rn(__fmul_rn(x0, c), __fmul_rn(x1, s));
-    y[2 * idx + 1] = __fadd_rn(__fmul_rn(x0, s), __fmul_rn(x1, c));
+    const float x0 = to_float(x[2 * idx]), x1 = to_float(x[2 * idx + 1]);
+    y[2 * idx] = from_float<Out>(__fsub_rn(__fmul_rn(x0, c), __fmul_rn(x1, s)));
+    y[2 * idx + 1] = from_float<Out>(__fadd_rn(__fmul_rn(x0, s), __fmul_rn(x1, c)));
   }
 }
 
@@ -578,8 +580,10 @@ void rms_norm_backward(const float* dy, const float* x, const float* w, const fl
   TT_CUDA_CHECK(cudaFreeAsync(partials, stream));
 }
 
-void rope(const float* x, float* y, int64_t batch, int64_t seq, int64_t dim, int64_t d_head, double theta,
-          bool inverse, cudaStream_t stream) {
+void rope(const void* x, DType x_type, void* y, DType y_type, int64_t batch, int64_t seq, int64_t dim,
+          int64_t d_head, double theta, bool inverse, cudaStream_t stream) {
+  TT_CHECK((x_type == DType::f32 || x_type == DType::bf16) && (y_type == DType::f32 || y_type == DType::bf16),
+           "cuda::rope: f32 or bf16 input and output");
   TT_CHECK(d_head > 0 && d_head % 2 == 0 && d_head <= 2 * kMaxRopePairs,
            "cuda::rope: d_head must be even and between 2 and " + std::to_string(2 * kMaxRopePairs) +
                ", got " + std::to_string(d_head));
@@ -591,8 +595,16 @@ void rope(const float* x, float* y, int64_t batch, int64_t seq, int64_t dim, int
   RopeFrequencies freqs{};
   for (int64_t i = 0; i < half; ++i)
     freqs.inv_freq[i] = static_cast<float>(std::pow(theta, -2.0 * static_cast<double>(i) / d_head));
-  rope_kernel<<<blocks_for(rows * (dim / 2)), kThreads, 0, stream>>>(x, y, rows, seq, dim / 2, half, inverse,
-                                                                     freqs);
+  const unsigned int blocks = blocks_for(rows * (dim / 2));
+  auto launch = [&](auto* in, auto* out) {
+    rope_kernel<<<blocks, kThreads, 0, stream>>>(in, out, rows, seq, dim / 2, half, inverse, freqs);
+  };
+  using bf = __nv_bfloat16;
+  const bool in_bf16 = x_type == DType::bf16, out_bf16 = y_type == DType::bf16;
+  if (!in_bf16 && !out_bf16) launch(static_cast<const float*>(x), static_cast<float*>(y));
+  if (!in_bf16 && out_bf16) launch(static_cast<const float*>(x), static_cast<bf*>(y));
+  if (in_bf16 && !out_bf16) launch(static_cast<const bf*>(x), static_cast<float*>(y));
+  if (in_bf16 && out_bf16) launch(static_cast<const bf*>(x), static_cast<bf*>(y));
   TT_CUDA_LAUNCH_CHECK();
 }
 
