@@ -24,6 +24,8 @@ Tensor mul(const Tensor& a, const Tensor& b);  // elementwise, for tests and los
 void add_into(Tensor& dst, const Tensor& src);
 void scale_(Tensor& t, double s);
 double sum_squares(const Tensor& t);  // f32, f64 or bf16; reads the result back to the host
+// The same on CUDA (f32 or bf16) without a read-back: the sum goes to `out`, one f32 on t's device.
+void sum_squares_into(const Tensor& t, Tensor& out);
 
 // --- matrix products ---
 // Batched: a (..., m, k) [or (..., k, m) with trans_a], b (..., k, n) [or (..., n, k)] with equal leading

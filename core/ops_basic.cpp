@@ -262,18 +262,27 @@ void scale_(Tensor& t, double s) {
   }
 }
 
-double sum_squares(const Tensor& t) {
+void sum_squares_into(const Tensor& t, Tensor& out) {
+  TT_CHECK(
+      t.device().is_cuda() && out.device() == t.device() && out.dtype() == DType::f32 && out.numel() == 1,
+      "sum_squares_into: a CUDA tensor and a one-element f32 result on its device, got " + t.describe() +
+          " and " + out.describe());
   const Tensor tc = detail::dense(t);
+  if (t.dtype() == DType::bf16) {
+    TT_CUDA_ONLY(cuda::sum(tc.data<bf16>(), t.numel(), true, out.data<float>(), detail::stream_of(t)));
+  } else {
+    detail::require_cuda_f32(t, "sum_squares");
+    TT_CUDA_ONLY(cuda::sum(tc.data<float>(), t.numel(), true, out.data<float>(), detail::stream_of(t)));
+  }
+}
+
+double sum_squares(const Tensor& t) {
   if (t.device().is_cuda()) {
     Tensor out = Tensor::empty({1}, DType::f32, t.device());
-    if (t.dtype() == DType::bf16) {
-      TT_CUDA_ONLY(cuda::sum(tc.data<bf16>(), t.numel(), true, out.data<float>(), detail::stream_of(t)));
-    } else {
-      detail::require_cuda_f32(t, "sum_squares");
-      TT_CUDA_ONLY(cuda::sum(tc.data<float>(), t.numel(), true, out.data<float>(), detail::stream_of(t)));
-    }
+    sum_squares_into(t, out);
     return out.item();
   }
+  const Tensor tc = detail::dense(t);
   if (t.dtype() == DType::bf16) return sum_squares(cast_raw(tc, DType::f32));  // widened exactly
   double result = 0;
   dispatch_float(t.dtype(), "sum_squares", [&](auto tag) {

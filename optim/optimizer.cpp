@@ -201,10 +201,7 @@ void clip_factor_on_device(const Tensor& flat_grads, double max_norm, Tensor& no
            "clip_factor_on_device needs a contiguous f32 or bf16 CUDA gradient buffer");
 #ifdef TT_WITH_CUDA
   const cudaStream_t stream = static_cast<cudaStream_t>(compute_stream(flat_grads.device().index));
-  if (flat_grads.dtype() == DType::bf16)
-    cuda::sum(flat_grads.data<bf16>(), flat_grads.numel(), true, norm.data<float>(), stream);
-  else
-    cuda::sum(flat_grads.data<float>(), flat_grads.numel(), true, norm.data<float>(), stream);
+  ops::sum_squares_into(flat_grads, norm);
   cuda::clip_scale(norm.data<float>(), max_norm, factor.data<float>(), norm.data<float>(), stream);
 #endif
 }
