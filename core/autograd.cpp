@@ -23,6 +23,11 @@ Tensor accumulate(const Tensor& a, const Tensor& b) {
   const DType wide = (a.dtype() == DType::f64 || b.dtype() == DType::f64) ? DType::f64 : DType::f32;
   return ops::add(ops::cast(a, wide), ops::cast(b, wide));
 }
+// Whether `t` is the only handle on a whole dense storage (the caller's reference included).
+bool sole_dense_owner(const Tensor& t) {
+  return t.defined() && t.impl_ptr().use_count() == 1 && t.storage().use_count() == 1 && t.offset() == 0 &&
+         t.is_contiguous() && t.storage()->bytes() == t.nbytes();
+}
 }  // namespace
 
 Node::Node() : sequence(g_sequence.fetch_add(1)) {}
@@ -195,6 +200,16 @@ void run_backward(const Tensor& root, const Tensor& grad) {
       node_grad = std::move(it->second);
       pending.erase(it);
     }
+    if (node->accumulates_in_place()) {
+      node->pending_grads.assign(node->next.size(), Tensor());
+      for (size_t i = 0; i < node->next.size(); ++i) {
+        if (!node->next[i]) continue;
+        auto it = pending.find(node->next[i].get());
+        // Only a buffer nobody else can see (add's backward hands one tensor to both of its inputs, so the
+        // residual stream's gradient becomes writable once the other branch has consumed its handle).
+        if (it != pending.end() && sole_dense_owner(it->second)) node->pending_grads[i] = it->second;
+      }
+    }
     std::vector<Tensor> input_grads;
     {
       // Allocations of a backward node are attributed to it in memory timelines.
@@ -202,6 +217,7 @@ void run_backward(const Tensor& root, const Tensor& grad) {
       const NvtxRange range(node->name());
       input_grads = node->apply(node_grad);
     }
+    node->pending_grads.clear();
     node_grad = Tensor();
     node->release_saved();
     node->released = !node->reusable();

@@ -27,9 +27,18 @@ class Node {
   // engine then runs the node even when no gradient tensor reached it.
   virtual bool has_direct_contribution() const { return false; }
 
+  // Whether apply() may add its gradient for an input into that input's pending gradient in place (see
+  // pending_grads): nodes whose kernels can accumulate for free (a GEMM with beta = 1, an epilogue) say so.
+  virtual bool accumulates_in_place() const { return false; }
+
   std::vector<std::shared_ptr<Node>> next;  // nullptr for inputs that need no gradient
   uint64_t sequence = 0;                    // creation order; later nodes run first
   bool released = false;                    // saved tensors freed: the node cannot run again
+  // Set by the engine for the duration of apply(), for nodes that accumulate in place: entry i is the
+  // gradient already collected for next[i] by earlier nodes, when the engine alone holds it and it is one
+  // whole dense buffer; undefined otherwise. A node may add its contribution into it (same shape and dtype)
+  // and then return an undefined tensor for input i, which saves a separate sum over the buffer.
+  std::vector<Tensor> pending_grads;
 };
 
 // The node standing for a leaf tensor that requires grad: it accumulates into the leaf's .grad.

@@ -118,6 +118,7 @@ struct LinearNode : Node {
   Shape x_shape;
   DType dx_dtype = DType::f32, dw_dtype = DType::f32;
   const char* name() const override { return "Linear"; }
+  bool accumulates_in_place() const override { return true; }
   std::vector<Tensor> apply(const Tensor& grad) override {
     const int64_t out_features = w.size(0);
     Tensor g = reshape(detail::dense(grad), {x2.size(0), out_features});
@@ -125,9 +126,18 @@ struct LinearNode : Node {
     Tensor dx, dw;
     if (next[0]) {
       // The product's own wide dtype, then x's if x came in another (an f64 x against f32 weights).
-      dx = matmul_raw(g, w, false, false, 1.0, wide_dtype(w.dtype()));
-      if (dx.dtype() != dx_dtype) dx = cast(dx, dx_dtype);
-      dx = reshape(dx, x_shape);
+      const DType product = wide_dtype(w.dtype());
+      Tensor pending = pending_grads.empty() ? Tensor() : pending_grads[0];
+      if (pending.defined() && product == dx_dtype && pending.dtype() == dx_dtype &&
+          pending.numel() == x2.numel()) {
+        // Added into the gradient already collected for x (beta = 1): the inputs of q, k and v, of w1 and w3
+        // sum their three or two gradients without a separate addition.
+        gemm_into(g, w, false, false, 1.0, 1.0, pending);
+      } else {
+        dx = matmul_raw(g, w, false, false, 1.0, product);
+        if (dx.dtype() != dx_dtype) dx = cast(dx, dx_dtype);
+        dx = reshape(dx, x_shape);
+      }
     }
     if (next[1]) {
       bool known_zero = false;

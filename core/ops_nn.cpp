@@ -37,23 +37,35 @@ struct EmbeddingNode : Node {
 struct RmsNormNode : Node {
   Tensor x, weight, inv_rms;
   const char* name() const override { return "RMSNorm"; }
+  bool accumulates_in_place() const override { return true; }
   std::vector<Tensor> apply(const Tensor& grad) override {
     const Tensor g = detail::dense(grad.dtype() == x.dtype() ? grad : cast(grad, x.dtype()));
     const int64_t dim = x.size(-1), rows = x.numel() / dim;
-    Tensor dx = Tensor::empty(x.shape(), x.dtype(), x.device());
-    Tensor dw = Tensor::empty(weight.shape(), weight.dtype(), weight.device());
+    // x's gradient added into the one already collected for x (the residual stream's), when offered.
+    Tensor pending = pending_grads.empty() ? Tensor() : pending_grads[0];
+    const bool into_pending =
+        pending.defined() && pending.dtype() == x.dtype() && pending.numel() == x.numel();
+    Tensor dx =
+        into_pending && x.device().is_cuda() ? pending : Tensor::empty(x.shape(), x.dtype(), x.device());
+    // The weight's gradient written straight into its .grad when that holds zeros (FlatParameters).
+    bool known_zero = false;
+    Tensor dw = next[1] ? direct_grad_buffer(next[1], weight.shape(), weight.dtype(), &known_zero) : Tensor();
+    const bool direct_dw = dw.defined() && known_zero;
+    if (!direct_dw) dw = Tensor::empty(weight.shape(), weight.dtype(), weight.device());
     if (x.device().is_cuda()) {
       TT_CUDA_ONLY(cuda::rms_norm_backward(g.data<float>(), x.data<float>(), weight.data<float>(),
                                            inv_rms.data<float>(), dx.data<float>(), dw.data<float>(), rows,
-                                           dim, detail::stream_of(x)));
+                                           dim, detail::stream_of(x), into_pending));
     } else {
       dispatch_float(x.dtype(), "rms_norm", [&](auto t) {
         using T = decltype(t);
         cpu::rms_norm_backward(g.data<T>(), x.data<T>(), weight.data<T>(), inv_rms.data<T>(), dx.data<T>(),
                                dw.data<T>(), rows, dim);
       });
+      if (into_pending) add_into(pending, dx);  // the engine's own sum, done here
     }
-    return {dx, dw};
+    if (direct_dw) note_direct_contribution(next[1]);
+    return {into_pending ? Tensor() : reshape(dx, x.shape()), direct_dw ? Tensor() : dw};
   }
   void release_saved() override { x = weight = inv_rms = Tensor(); }
 };

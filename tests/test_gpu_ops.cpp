@@ -73,6 +73,33 @@ TEST_CASE("CUDA elementwise ops equal the CPU") {
                     {randn({3, 5, 7}, 7)}) < kF32);
 }
 
+TEST_CASE("CUDA strided copies equal the CPU bit for bit: merged dimensions, wide units, unaligned views") {
+  for (DType type : {DType::f32, DType::bf16}) {
+    const std::string dtype_text = dtype_name(type);
+    CAPTURE(dtype_text);
+    const Tensor x = ops::cast(randn({2, 5, 6, 80}, 9), type);
+    const Tensor g = x.to(Device::cuda(0));
+    // Each view's contiguous copy on the GPU must equal the CPU's exactly.
+    auto same = [&](const std::function<Tensor(const Tensor&)>& view) {
+      return ops::contiguous(view(g)).to_floats() == ops::contiguous(view(x)).to_floats();
+    };
+    // The attention layout change (heads and positions swapped): inner runs of 80 move in 16-byte units.
+    CHECK(same([](const Tensor& t) { return t.transpose_view(1, 2); }));
+    // Innermost dimension strided: element by element.
+    CHECK(same([](const Tensor& t) { return t.transpose_view(0, 3); }));
+    CHECK(same([](const Tensor& t) { return t.transpose_view(2, 3); }));
+    // Size-1 dimensions and dimensions the input walks as one (merged before the copy).
+    CHECK(same([](const Tensor& t) { return ops::reshape(t, {2, 1, 5, 6, 1, 80}).transpose_view(1, 4); }));
+    CHECK(same([](const Tensor& t) { return ops::reshape(t, {2, 5, 6, 80}).transpose_view(0, 1); }));
+    // Runs starting off a 16-byte boundary or of odd length: narrower units or single elements.
+    for (int64_t start : {1, 2, 4, 8}) {
+      CAPTURE(start);
+      CHECK(same([&](const Tensor& t) { return t.narrow_view(3, start, 64).transpose_view(1, 2); }));
+      CHECK(same([&](const Tensor& t) { return t.narrow_view(3, start, 71).transpose_view(1, 2); }));
+    }
+  }
+}
+
 TEST_CASE("CUDA casts round exactly like the CPU") {
   const Tensor x = randn({10007}, 8, 100.0);
   const Tensor cpu_bf = ops::cast(x, DType::bf16);
@@ -180,6 +207,17 @@ TEST_CASE("CUDA model ops equal the CPU") {
                     {randn({2, 300, 256}, 23)}) < kF32);
   CHECK(cuda_vs_cpu([](const auto& in) { return ops::rope(in[0], 80, 10000.0); }, {randn({1, 50, 160}, 24)}) <
         kF32);
+  // A pair straddling an 8-byte boundary (the input starts one element in): the element-wise path.
+  {
+    const Tensor flat = randn({2 * 50 * 160 + 1}, 30);
+    auto rotate = [](const Tensor& t, DType out) {
+      return ops::rope(ops::reshape(t.narrow_view(0, 1, 2 * 50 * 160), {2, 50, 160}), 80, 10000.0, out);
+    };
+    for (DType out : {DType::f32, DType::bf16}) {
+      CHECK(relative_error(rotate(flat.to(Device::cuda(0)), out).to_doubles(),
+                           rotate(flat, out).to_doubles()) < (out == DType::f32 ? kF32 : 1e-2));
+    }
+  }
   for (bool causal : {false, true}) {
     CHECK(cuda_vs_cpu([&](const auto& in) { return ops::softmax(in[0], 0.125, causal); },
                       {randn({3, 130, 130}, 25)}) < kF32);
@@ -240,6 +278,45 @@ TEST_CASE("CUDA fused-precision ops equal their CPU twins: bf16 outputs of matmu
     ops::sum(ops::linear(x.to(Device::cuda(0)), wg, compute, DType::f32)).backward();
     CHECK(relative_error(wg.grad().to_doubles(), wc.grad().to_doubles()) <
           (compute == DType::f32 ? kF32 : kBf16));
+  }
+}
+
+TEST_CASE("CUDA gradients added in place (GEMM with beta = 1, RMSNorm accumulating) equal the CPU") {
+  // A transformer block's pattern: x feeds a norm and the residual, the norm three linears, and so on (the
+  // products of the CPU-only mul are SwiGLU gates here).
+  for (bool bf16 : {false, true}) {
+    CAPTURE(bf16);
+    const DType narrow = bf16 ? DType::bf16 : DType::f32;
+    auto block = [&](const std::vector<Tensor>& in) {
+      auto lin = [&](const Tensor& t, const Tensor& w) { return ops::linear(t, w, narrow, DType::f32); };
+      const Tensor n1 = ops::rms_norm(in[0], in[1], 1e-5, narrow);
+      const Tensor h = ops::add(in[0], ops::add(lin(n1, in[2]), ops::swiglu(lin(n1, in[3]), lin(n1, in[4]))));
+      const Tensor n2 = ops::rms_norm(h, in[5], 1e-5, narrow);
+      return ops::add(h, ops::swiglu(lin(n2, in[6]), lin(n2, in[7])));
+    };
+    const std::vector<Tensor> inputs = {
+        randn({2, 24, 64}, 130),   randn({64}, 131), randn({64, 64}, 132, 0.2), randn({64, 64}, 133, 0.2),
+        randn({64, 64}, 134, 0.2), randn({64}, 135), randn({64, 64}, 136, 0.2), randn({64, 64}, 137, 0.2)};
+    CHECK(cuda_vs_cpu(block, inputs) < (bf16 ? 1e-2 : kF32));
+    // On CUDA neither the second and third linears nor the norms allocate an x-sized gradient of their own.
+    const int64_t x_bytes = 2 * 24 * 64 * 4;
+    int linear_allocs = 0, norm_allocs = 0;
+    std::vector<Tensor> gpu;
+    for (const Tensor& t : inputs) {
+      gpu.push_back(t.to(Device::cuda(0)));
+      gpu.back().set_requires_grad(true);
+    }
+    // A scalar root, as a loss is: the gradients flowing back are then the engine's own.
+    const Tensor out = ops::sum(ops::swiglu(block(gpu), randn({2, 24, 64}, 138).to(Device::cuda(0))));
+    set_memory_recorder([&](const MemoryEvent& e) {
+      if (!e.is_alloc || e.bytes != x_bytes) return;
+      if (e.tag == "Linear") ++linear_allocs;
+      if (e.tag == "RMSNorm") ++norm_allocs;
+    });
+    out.backward();
+    set_memory_recorder(nullptr);
+    CHECK(linear_allocs == 2);
+    CHECK(norm_allocs == 0);
   }
 }
 

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <limits>
 
+#include "core/allocator.h"
 #include "gradcheck.h"
 
 using namespace tt;
@@ -220,6 +221,70 @@ TEST_CASE("linear gradients, and the weight gradient added straight into a pre-a
   w.remove_grad_ready_hook(hook);
   ops::sum(ops::mul(ops::linear(x, w), r)).backward();
   CHECK(hook_calls == 2);
+}
+
+namespace {
+// A transformer block's gradient pattern: x feeds a norm and the residual; the norm feeds three linears (q,
+// k, v); h feeds a norm and the residual; that norm feeds two linears (w1, w3).
+Tensor block_like(const Inputs& in) {
+  const Tensor& x = in[0];
+  const Tensor n1 = ops::rms_norm(x, in[1], 1e-5);
+  const Tensor branch =
+      ops::add(ops::linear(n1, in[2]), ops::mul(ops::linear(n1, in[3]), ops::linear(n1, in[4])));
+  const Tensor h = ops::add(x, branch);
+  const Tensor n2 = ops::rms_norm(h, in[5], 1e-5);
+  return ops::add(h, ops::mul(ops::linear(n2, in[6]), ops::linear(n2, in[7])));
+}
+Inputs block_like_inputs() {
+  return {leaf({2, 3, 8}, 300),   leaf({8}, 301), leaf({8, 8}, 302, 0.5), leaf({8, 8}, 303, 0.5),
+          leaf({8, 8}, 304, 0.5), leaf({8}, 305), leaf({8, 8}, 306, 0.5), leaf({8, 8}, 307, 0.5)};
+}
+}  // namespace
+
+TEST_CASE("gradients added in place by their producers (a linear's GEMM with beta = 1, RMSNorm's backward)") {
+  // Finite differences through the whole pattern: every summed gradient is right.
+  CHECK(gradient_error(block_like, block_like_inputs()) < kTol);
+  // The sums really happen in place: of the three linears reading n1 only the first to run allocates an
+  // n1-sized gradient, the others add into it; the same for the two reading n2.
+  const int64_t x_bytes = 2 * 3 * 8 * 8;
+  int linear_x_allocs = 0;
+  set_memory_recorder([&](const MemoryEvent& e) {
+    if (e.is_alloc && e.tag == "Linear" && e.bytes == x_bytes) ++linear_x_allocs;
+  });
+  const Tensor out = block_like(block_like_inputs());
+  out.backward(testing::random_tensor(out.shape(), 308));
+  set_memory_recorder(nullptr);
+  CHECK(linear_x_allocs == 2);
+  // A gradient someone else still holds is never written: the caller's own gradient tensor, handed by add's
+  // backward to both of its inputs, stays as it was, and x's gradient is g + g W.
+  Tensor x = leaf({4, 8}, 310), w = leaf({8, 8}, 311);
+  const Tensor g = testing::random_tensor({4, 8}, 312);
+  const std::vector<double> g_before = g.to_doubles();
+  ops::add(x, ops::linear(x, w)).backward(g);
+  CHECK(g.to_doubles() == g_before);
+  const std::vector<double> gx = x.grad().to_doubles(), wv = w.to_doubles();
+  double worst = 0;
+  for (int64_t r = 0; r < 4; ++r) {
+    for (int64_t i = 0; i < 8; ++i) {
+      double expect = g_before[r * 8 + i];
+      for (int64_t o = 0; o < 8; ++o) expect += g_before[r * 8 + o] * wv[o * 8 + i];
+      worst = std::max(worst, std::abs(gx[r * 8 + i] - expect));
+    }
+  }
+  CHECK(worst < 1e-12);
+  // RMSNorm's weight gradient goes straight into a .grad marked as holding zeros (here NaN, so every element
+  // must be overwritten) and equals the gradient it returns otherwise; once the mark lapses, it is added.
+  Tensor xn = leaf({3, 8}, 313), nw = leaf({8}, 314);
+  const Tensor gn = testing::random_tensor({3, 8}, 315);
+  ops::rms_norm(xn, nw, 1e-5).backward(gn);
+  const std::vector<double> returned = nw.grad().to_doubles();
+  nw.set_grad(Tensor::full({8}, NAN, DType::f64, Device::cpu()));
+  mark_grad_zeroed(nw);
+  ops::rms_norm(xn, nw, 1e-5).backward(gn);
+  CHECK(nw.grad().to_doubles() == returned);
+  ops::rms_norm(xn, nw, 1e-5).backward(gn);
+  const std::vector<double> twice = nw.grad().to_doubles();
+  for (size_t i = 0; i < twice.size(); ++i) CHECK(twice[i] == doctest::Approx(2 * returned[i]));
 }
 
 TEST_CASE("a weight .grad marked as zero is overwritten by the first contribution; the mark lapses") {

@@ -4,6 +4,8 @@
 
 #include <cuda_bf16.h>
 
+#include <cstdint>
+
 namespace tt::cuda {
 
 __device__ inline float to_float(float x) {
@@ -21,6 +23,35 @@ __device__ inline float from_float<float>(float x) {
 template <>
 __device__ inline __nv_bfloat16 from_float<__nv_bfloat16>(float x) {
   return __float2bfloat16_rn(x);
+}
+
+// Four consecutive elements as one access (16 bytes of f32, 8 of bf16), widened to f32 / rounded once.
+// Callers use them only when every pointer is aligned to four elements (aligned4 on the host).
+__device__ inline void load4(const float* p, int64_t k, float (&v)[4]) {
+  const float4 q = reinterpret_cast<const float4*>(p)[k];
+  v[0] = q.x;
+  v[1] = q.y;
+  v[2] = q.z;
+  v[3] = q.w;
+}
+__device__ inline void load4(const __nv_bfloat16* p, int64_t k, float (&v)[4]) {
+  const uint2 q = reinterpret_cast<const uint2*>(p)[k];
+  const float2 lo = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&q.x));
+  const float2 hi = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&q.y));
+  v[0] = lo.x;
+  v[1] = lo.y;
+  v[2] = hi.x;
+  v[3] = hi.y;
+}
+__device__ inline void store4(float* p, int64_t k, const float (&v)[4]) {
+  reinterpret_cast<float4*>(p)[k] = make_float4(v[0], v[1], v[2], v[3]);
+}
+__device__ inline void store4(__nv_bfloat16* p, int64_t k, const float (&v)[4]) {
+  const __nv_bfloat162 lo = __floats2bfloat162_rn(v[0], v[1]), hi = __floats2bfloat162_rn(v[2], v[3]);
+  uint2 q;
+  q.x = *reinterpret_cast<const uint32_t*>(&lo);
+  q.y = *reinterpret_cast<const uint32_t*>(&hi);
+  reinterpret_cast<uint2*>(p)[k] = q;
 }
 
 }  // namespace tt::cuda

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdlib>
 #include <string>
 #include <type_traits>
 
@@ -29,9 +30,29 @@ __device__ int64_t grid_threads() {
   return static_cast<int64_t>(gridDim.x) * blockDim.x;
 }
 
+template <class T>
+bool aligned4(const T* p) {
+  return reinterpret_cast<uintptr_t>(p) % (4 * sizeof(T)) == 0;
+}
+
 // Product and sum rounded separately (no fused multiply-add) so the result matches the CPU twin bit for bit.
-__global__ void add_kernel(const float* a, const float* b, float* out, int64_t n, float alpha) {
-  for (int64_t i = thread_index(); i < n; i += grid_threads())
+// Four at a time when `vectorised` (the first n / 4 * 4 elements), the rest one by one.
+__global__ void add_kernel(const float* a, const float* b, float* out, int64_t n, float alpha,
+                           bool vectorised) {
+  int64_t done = 0;
+  if (vectorised) {
+    const int64_t groups = n / 4;
+    for (int64_t k = thread_index(); k < groups; k += grid_threads()) {
+      float va[4], vb[4];
+      load4(a, k, va);
+      load4(b, k, vb);
+#pragma unroll
+      for (int j = 0; j < 4; ++j) va[j] = __fadd_rn(va[j], __fmul_rn(alpha, vb[j]));
+      store4(out, k, va);
+    }
+    done = groups * 4;
+  }
+  for (int64_t i = done + thread_index(); i < n; i += grid_threads())
     out[i] = __fadd_rn(a[i], __fmul_rn(alpha, b[i]));
 }
 
@@ -199,15 +220,19 @@ struct StridedLayout {
   int ndim;
 };
 
-template <class E>
-__global__ void strided_copy_kernel(const E* in, E* out, int64_t total, StridedLayout layout) {
-  for (int64_t i = thread_index(); i < total; i += grid_threads()) {
-    int64_t remaining = i, offset = 0;
+// I is the index type: 32-bit when every element index and offset fits, as division by a runtime divisor
+// costs several times more in 64 bits and each element pays it once per dimension.
+template <class E, class I>
+__global__ void strided_copy_kernel(const E* in, E* out, I total, StridedLayout layout) {
+  for (I i = static_cast<I>(thread_index()); i < total; i += static_cast<I>(grid_threads())) {
+    I remaining = i, offset = 0;
 #pragma unroll
     for (int d = kMaxDims - 1; d >= 0; --d) {
       if (d < layout.ndim) {
-        offset += (remaining % layout.shape[d]) * layout.strides[d];
-        remaining /= layout.shape[d];
+        const I size = static_cast<I>(layout.shape[d]);
+        const I next = remaining / size;
+        offset += (remaining - next * size) * static_cast<I>(layout.strides[d]);
+        remaining = next;
       }
     }
     out[i] = in[offset];
@@ -215,10 +240,16 @@ __global__ void strided_copy_kernel(const E* in, E* out, int64_t total, StridedL
 }
 
 template <class E>
-void launch_strided_copy(const void* in, void* out, int64_t total, const StridedLayout& layout,
-                         cudaStream_t stream) {
-  strided_copy_kernel<<<blocks_for(total), kThreads, 0, stream>>>(static_cast<const E*>(in),
-                                                                  static_cast<E*>(out), total, layout);
+void launch_strided_copy(const void* in, void* out, int64_t total, int64_t max_offset,
+                         const StridedLayout& layout, cudaStream_t stream) {
+  const unsigned int blocks = blocks_for(total);
+  if (total < (int64_t{1} << 31) && max_offset < (int64_t{1} << 31)) {
+    strided_copy_kernel<E, int32_t><<<blocks, kThreads, 0, stream>>>(
+        static_cast<const E*>(in), static_cast<E*>(out), static_cast<int32_t>(total), layout);
+  } else {
+    strided_copy_kernel<E, int64_t>
+        <<<blocks, kThreads, 0, stream>>>(static_cast<const E*>(in), static_cast<E*>(out), total, layout);
+  }
   TT_CUDA_LAUNCH_CHECK();
 }
 
@@ -231,22 +262,59 @@ __device__ float sigmoid(float a) {
 
 // Values are read as f32 whatever their storage (f32 or bf16) and results rounded once on the store, so a
 // bf16 SwiGLU equals the f32 one on bf16-rounded inputs, rounded to bf16.
+__device__ float swiglu_value(float a, float b) {
+  return a * sigmoid(a) * b;
+}
+// d out / d b = silu(a); d out / d a = b * sig * (1 + a * (1 - sig)).
+__device__ void swiglu_grads(float g, float a, float b, float& da, float& db) {
+  const float sig = sigmoid(a);
+  db = g * (a * sig);
+  da = g * b * sig * (1.0f + a * (1.0f - sig));
+}
+
+// Four elements per access when `vectorised` (every pointer aligned to four elements), the tail one by one.
 template <class T>
-__global__ void swiglu_forward_kernel(const T* a, const T* b, T* out, int64_t n) {
-  for (int64_t i = thread_index(); i < n; i += grid_threads()) {
-    const float ai = to_float(a[i]);
-    out[i] = from_float<T>(ai * sigmoid(ai) * to_float(b[i]));
+__global__ void swiglu_forward_kernel(const T* a, const T* b, T* out, int64_t n, bool vectorised) {
+  int64_t done = 0;
+  if (vectorised) {
+    const int64_t groups = n / 4;
+    for (int64_t k = thread_index(); k < groups; k += grid_threads()) {
+      float va[4], vb[4];
+      load4(a, k, va);
+      load4(b, k, vb);
+#pragma unroll
+      for (int j = 0; j < 4; ++j) va[j] = swiglu_value(va[j], vb[j]);
+      store4(out, k, va);
+    }
+    done = groups * 4;
   }
+  for (int64_t i = done + thread_index(); i < n; i += grid_threads())
+    out[i] = from_float<T>(swiglu_value(to_float(a[i]), to_float(b[i])));
 }
 
 template <class T, class G>
-__global__ void swiglu_backward_kernel(const G* dout, const T* a, const T* b, T* da, T* db, int64_t n) {
-  for (int64_t i = thread_index(); i < n; i += grid_threads()) {
-    const float ai = to_float(a[i]), gi = to_float(dout[i]);
-    const float sig = sigmoid(ai);
-    db[i] = from_float<T>(gi * (ai * sig));
-    // d silu / da = sig * (1 + a * (1 - sig))
-    da[i] = from_float<T>(gi * to_float(b[i]) * sig * (1.0f + ai * (1.0f - sig)));
+__global__ void swiglu_backward_kernel(const G* dout, const T* a, const T* b, T* da, T* db, int64_t n,
+                                       bool vectorised) {
+  int64_t done = 0;
+  if (vectorised) {
+    const int64_t groups = n / 4;
+    for (int64_t k = thread_index(); k < groups; k += grid_threads()) {
+      float vg[4], va[4], vb[4], vda[4], vdb[4];
+      load4(dout, k, vg);
+      load4(a, k, va);
+      load4(b, k, vb);
+#pragma unroll
+      for (int j = 0; j < 4; ++j) swiglu_grads(vg[j], va[j], vb[j], vda[j], vdb[j]);
+      store4(da, k, vda);
+      store4(db, k, vdb);
+    }
+    done = groups * 4;
+  }
+  for (int64_t i = done + thread_index(); i < n; i += grid_threads()) {
+    float gda, gdb;
+    swiglu_grads(to_float(dout[i]), to_float(a[i]), to_float(b[i]), gda, gdb);
+    da[i] = from_float<T>(gda);
+    db[i] = from_float<T>(gdb);
   }
 }
 
@@ -254,7 +322,9 @@ __global__ void swiglu_backward_kernel(const G* dout, const T* a, const T* b, T*
 
 void add(const float* a, const float* b, float* out, int64_t n, double alpha, cudaStream_t stream) {
   if (n == 0) return;
-  add_kernel<<<blocks_for(n), kThreads, 0, stream>>>(a, b, out, n, static_cast<float>(alpha));
+  const bool vectorised = aligned4(a) && aligned4(b) && aligned4(out);
+  add_kernel<<<blocks_for(vectorised ? std::max<int64_t>(1, n / 4) : n), kThreads, 0, stream>>>(
+      a, b, out, n, static_cast<float>(alpha), vectorised);
   TT_CUDA_LAUNCH_CHECK();
 }
 
@@ -355,59 +425,104 @@ void strided_copy(const void* in, void* out, int64_t elem_bytes, int ndim, const
                   const int64_t* in_strides, cudaStream_t stream) {
   TT_CHECK(ndim >= 0 && ndim <= kMaxDims,
            "cuda::strided_copy supports 0 to 8 dimensions, got " + std::to_string(ndim));
-  StridedLayout layout{};
-  layout.ndim = ndim;
-  int64_t total = 1;
-  for (int d = 0; d < ndim; ++d) {
-    layout.shape[d] = shape[d];
-    layout.strides[d] = in_strides[d];
-    total *= shape[d];
-  }
   if (elem_bytes != 2 && elem_bytes != 4 && elem_bytes != 8) {
     throw Error("cuda::strided_copy: unsupported element size " + std::to_string(elem_bytes) +
                 " bytes (supported: 2, 4, 8)");
   }
+  // The same copy with fewer, wider pieces: size-1 dimensions dropped, a dimension merged into the one
+  // before it where the input walks them as one, and a contiguous innermost run moved in units of up to 16
+  // bytes (every stride and pointer permitting). The output is dense, so only the input constrains this.
+  StridedLayout layout{};
+  int64_t total = 1;
+  for (int d = 0; d < ndim; ++d) {
+    total *= shape[d];
+    if (shape[d] == 1) continue;
+    const int k = layout.ndim;
+    if (k > 0 && layout.strides[k - 1] == in_strides[d] * shape[d]) {
+      layout.shape[k - 1] *= shape[d];
+      layout.strides[k - 1] = in_strides[d];
+    } else {
+      layout.shape[k] = shape[d];
+      layout.strides[k] = in_strides[d];
+      layout.ndim = k + 1;
+    }
+  }
   if (total == 0) return;
-  switch (elem_bytes) {
+  int64_t unit = elem_bytes;
+  if (layout.ndim > 0 && layout.strides[layout.ndim - 1] == 1) {
+    for (int64_t wide = 16; wide > elem_bytes; wide /= 2) {
+      const int64_t factor = wide / elem_bytes;
+      bool fits = layout.shape[layout.ndim - 1] % factor == 0 &&
+                  reinterpret_cast<uintptr_t>(in) % wide == 0 && reinterpret_cast<uintptr_t>(out) % wide == 0;
+      for (int d = 0; d + 1 < layout.ndim && fits; ++d) fits = layout.strides[d] % factor == 0;
+      if (!fits) continue;
+      layout.shape[layout.ndim - 1] /= factor;
+      for (int d = 0; d + 1 < layout.ndim; ++d) layout.strides[d] /= factor;
+      total /= factor;
+      unit = wide;
+      break;
+    }
+  }
+  int64_t max_offset = 0;
+  for (int d = 0; d < layout.ndim; ++d) max_offset += (layout.shape[d] - 1) * std::abs(layout.strides[d]);
+  switch (unit) {
     case 2:
-      launch_strided_copy<uint16_t>(in, out, total, layout, stream);
+      launch_strided_copy<uint16_t>(in, out, total, max_offset, layout, stream);
       break;
     case 4:
-      launch_strided_copy<uint32_t>(in, out, total, layout, stream);
+      launch_strided_copy<uint32_t>(in, out, total, max_offset, layout, stream);
+      break;
+    case 8:
+      launch_strided_copy<uint64_t>(in, out, total, max_offset, layout, stream);
       break;
     default:
-      launch_strided_copy<uint64_t>(in, out, total, layout, stream);
+      launch_strided_copy<uint4>(in, out, total, max_offset, layout, stream);
       break;
   }
-}
-
-void swiglu_forward(const void* a, const void* b, void* out, DType type, int64_t n, cudaStream_t stream) {
-  if (n == 0) return;
-  if (type == DType::bf16) {
-    swiglu_forward_kernel<<<blocks_for(n), kThreads, 0, stream>>>(static_cast<const __nv_bfloat16*>(a),
-                                                                  static_cast<const __nv_bfloat16*>(b),
-                                                                  static_cast<__nv_bfloat16*>(out), n);
-  } else {
-    TT_CHECK(type == DType::f32, "cuda::swiglu: f32 or bf16 inputs");
-    swiglu_forward_kernel<<<blocks_for(n), kThreads, 0, stream>>>(
-        static_cast<const float*>(a), static_cast<const float*>(b), static_cast<float*>(out), n);
-  }
-  TT_CUDA_LAUNCH_CHECK();
 }
 
 namespace {
 template <class T>
+void launch_swiglu_forward(const T* a, const T* b, T* out, int64_t n, cudaStream_t stream) {
+  const bool vectorised = aligned4(a) && aligned4(b) && aligned4(out);
+  swiglu_forward_kernel<<<blocks_for(vectorised ? std::max<int64_t>(1, n / 4) : n), kThreads, 0, stream>>>(
+      a, b, out, n, vectorised);
+  TT_CUDA_LAUNCH_CHECK();
+}
+}  // namespace
+
+void swiglu_forward(const void* a, const void* b, void* out, DType type, int64_t n, cudaStream_t stream) {
+  if (n == 0) return;
+  if (type == DType::bf16) {
+    using B = __nv_bfloat16;
+    launch_swiglu_forward(static_cast<const B*>(a), static_cast<const B*>(b), static_cast<B*>(out), n,
+                          stream);
+  } else {
+    TT_CHECK(type == DType::f32, "cuda::swiglu: f32 or bf16 inputs");
+    launch_swiglu_forward(static_cast<const float*>(a), static_cast<const float*>(b),
+                          static_cast<float*>(out), n, stream);
+  }
+}
+
+namespace {
+template <class T, class G>
+void launch_swiglu_backward_as(const G* dout, const T* a, const T* b, T* da, T* db, int64_t n,
+                               cudaStream_t stream) {
+  const bool vectorised = aligned4(dout) && aligned4(a) && aligned4(b) && aligned4(da) && aligned4(db);
+  swiglu_backward_kernel<<<blocks_for(vectorised ? std::max<int64_t>(1, n / 4) : n), kThreads, 0, stream>>>(
+      dout, a, b, da, db, n, vectorised);
+  TT_CUDA_LAUNCH_CHECK();
+}
+
+template <class T>
 void launch_swiglu_backward(const void* dout, DType dout_type, const T* a, const T* b, T* da, T* db,
                             int64_t n, cudaStream_t stream) {
   if (dout_type == DType::bf16) {
-    swiglu_backward_kernel<<<blocks_for(n), kThreads, 0, stream>>>(static_cast<const __nv_bfloat16*>(dout), a,
-                                                                   b, da, db, n);
+    launch_swiglu_backward_as(static_cast<const __nv_bfloat16*>(dout), a, b, da, db, n, stream);
   } else {
     TT_CHECK(dout_type == DType::f32, "cuda::swiglu_backward: f32 or bf16 gradient");
-    swiglu_backward_kernel<<<blocks_for(n), kThreads, 0, stream>>>(static_cast<const float*>(dout), a, b, da,
-                                                                   db, n);
+    launch_swiglu_backward_as(static_cast<const float*>(dout), a, b, da, db, n, stream);
   }
-  TT_CUDA_LAUNCH_CHECK();
 }
 }  // namespace
 

@@ -5,8 +5,10 @@
 
 #include <algorithm>
 #include <cmath>
+#include <initializer_list>
 #include <limits>
 #include <string>
+#include <utility>
 
 #include "kernels/cuda/convert.cuh"
 #include "kernels/cuda/cuda_kernels.h"
@@ -336,34 +338,89 @@ __global__ void __launch_bounds__(32 * kEmbJoinWarps)
 }
 
 // IEEE 1/sqrt rather than rsqrtf, and w * (x * inv) in that order, to stay on the CPU twin's rounding; a bf16
-// y is that f32 value rounded once.
+// y is that f32 value rounded once. With `vec` (dim a multiple of 4, every pointer aligned to 4 elements)
+// each thread moves four elements per access; the order of the sum of squares depends only on `vec` and
+// the shape.
 template <class Y>
 __global__ void rms_norm_forward_kernel(const float* x, const float* w, Y* y, float* inv_rms, int64_t rows,
-                                        int64_t dim, float eps) {
+                                        int64_t dim, float eps, bool vec) {
+  const int64_t groups = dim / 4;
   for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
     const float* xr = x + row * dim;
+    Y* yr = y + row * dim;
     float sum_sq = 0;
-    for (int64_t j = threadIdx.x; j < dim; j += blockDim.x) sum_sq += xr[j] * xr[j];
+    if (vec) {
+      for (int64_t k = threadIdx.x; k < groups; k += blockDim.x) {
+        float v[4];
+        load4(xr, k, v);
+        for (int e = 0; e < 4; ++e) sum_sq += v[e] * v[e];
+      }
+    } else {
+      for (int64_t j = threadIdx.x; j < dim; j += blockDim.x) sum_sq += xr[j] * xr[j];
+    }
     const float mean_sq = block_sum(sum_sq) / static_cast<float>(dim);
     const float inv = 1.0f / sqrtf(mean_sq + eps);
     if (threadIdx.x == 0) inv_rms[row] = inv;
-    Y* yr = y + row * dim;
-    for (int64_t j = threadIdx.x; j < dim; j += blockDim.x) yr[j] = from_float<Y>(w[j] * (xr[j] * inv));
+    if (vec) {
+      for (int64_t k = threadIdx.x; k < groups; k += blockDim.x) {
+        float v[4], wv[4];
+        load4(xr, k, v);
+        load4(w, k, wv);
+        for (int e = 0; e < 4; ++e) v[e] = wv[e] * (v[e] * inv);
+        store4(yr, k, v);
+      }
+    } else {
+      for (int64_t j = threadIdx.x; j < dim; j += blockDim.x) yr[j] = from_float<Y>(w[j] * (xr[j] * inv));
+    }
   }
 }
 
-// dx = inv * (w * dy) - inv^3 / dim * x * sum(w * dy * x)
+// dx = inv * (w * dy) - inv^3 / dim * x * sum(w * dy * x); with `accumulate`, dx += that (rounded once more,
+// as a separate addition would). `vec` as in the forward kernel.
+__device__ inline float rms_dx(float inv, float w, float dy, float coef, float x) {
+  return inv * w * dy - coef * x;
+}
 __global__ void rms_norm_backward_dx_kernel(const float* dy, const float* x, const float* w,
-                                            const float* inv_rms, float* dx, int64_t rows, int64_t dim) {
+                                            const float* inv_rms, float* dx, int64_t rows, int64_t dim,
+                                            bool accumulate, bool vec) {
+  const int64_t groups = dim / 4;
   for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
     const float* xr = x + row * dim;
     const float* dyr = dy + row * dim;
+    float* dxr = dx + row * dim;
     float dot = 0;
-    for (int64_t j = threadIdx.x; j < dim; j += blockDim.x) dot += w[j] * dyr[j] * xr[j];
+    if (vec) {
+      for (int64_t k = threadIdx.x; k < groups; k += blockDim.x) {
+        float xv[4], gv[4], wv[4];
+        load4(xr, k, xv);
+        load4(dyr, k, gv);
+        load4(w, k, wv);
+        for (int e = 0; e < 4; ++e) dot += wv[e] * gv[e] * xv[e];
+      }
+    } else {
+      for (int64_t j = threadIdx.x; j < dim; j += blockDim.x) dot += w[j] * dyr[j] * xr[j];
+    }
     const float inv = inv_rms[row];
     const float coef = inv * inv * inv * block_sum(dot) / static_cast<float>(dim);
-    float* dxr = dx + row * dim;
-    for (int64_t j = threadIdx.x; j < dim; j += blockDim.x) dxr[j] = inv * w[j] * dyr[j] - coef * xr[j];
+    if (vec) {
+      for (int64_t k = threadIdx.x; k < groups; k += blockDim.x) {
+        float xv[4], gv[4], wv[4], out[4];
+        load4(xr, k, xv);
+        load4(dyr, k, gv);
+        load4(w, k, wv);
+        if (accumulate) load4(dxr, k, out);
+        for (int e = 0; e < 4; ++e) {
+          const float v = rms_dx(inv, wv[e], gv[e], coef, xv[e]);
+          out[e] = accumulate ? __fadd_rn(out[e], v) : v;
+        }
+        store4(dxr, k, out);
+      }
+    } else {
+      for (int64_t j = threadIdx.x; j < dim; j += blockDim.x) {
+        const float v = rms_dx(inv, w[j], dyr[j], coef, xr[j]);
+        dxr[j] = accumulate ? __fadd_rn(dxr[j], v) : v;
+      }
+    }
   }
 }
 
@@ -415,25 +472,61 @@ struct RopeFrequencies {
   float inv_freq[kMaxRopePairs];
 };
 
-// One thread per (row, pair). The angle is float(t) * inv_freq and the rotation is rounded step by step
-// (no fused multiply-add), so y matches the CPU up to the last-ulp differences of cosf/sinf.
-// x and y are f32 or bf16 (read as f32; y rounded once).
+// One block per row (looping over rows beyond the grid), its threads over the row's pairs: the row's position
+// is found once per row and the pair's frequency with 32-bit arithmetic (64-bit division per element made
+// this kernel several times slower than its memory traffic). A pair is loaded and stored as one 8-byte (f32)
+// or 4-byte (bf16) vector when the buffers are aligned for it (`paired`, checked on the host).
+// The angle is float(t) * inv_freq and the rotation is rounded step by step (no fused multiply-add), so y
+// matches the CPU up to the last-ulp differences of cosf/sinf. x and y are f32 or bf16 (read as f32; y
+// rounded once).
+template <class T>
+struct Pair;
+template <>
+struct Pair<float> {
+  __device__ static float2 load(const float* p, int64_t i, bool paired) {
+    return paired ? reinterpret_cast<const float2*>(p)[i] : make_float2(p[2 * i], p[2 * i + 1]);
+  }
+  __device__ static void store(float* p, int64_t i, float a, float b, bool paired) {
+    if (paired) {
+      reinterpret_cast<float2*>(p)[i] = make_float2(a, b);
+    } else {
+      p[2 * i] = a;
+      p[2 * i + 1] = b;
+    }
+  }
+};
+template <>
+struct Pair<__nv_bfloat16> {
+  __device__ static float2 load(const __nv_bfloat16* p, int64_t i, bool paired) {
+    if (paired) return __bfloat1622float2(reinterpret_cast<const __nv_bfloat162*>(p)[i]);
+    return make_float2(__bfloat162float(p[2 * i]), __bfloat162float(p[2 * i + 1]));
+  }
+  __device__ static void store(__nv_bfloat16* p, int64_t i, float a, float b, bool paired) {
+    if (paired) {
+      reinterpret_cast<__nv_bfloat162*>(p)[i] = __floats2bfloat162_rn(a, b);
+    } else {
+      p[2 * i] = __float2bfloat16_rn(a);
+      p[2 * i + 1] = __float2bfloat16_rn(b);
+    }
+  }
+};
+
 template <class In, class Out>
-__global__ void rope_kernel(const In* x, Out* y, int64_t rows, int64_t seq, int64_t pairs_per_row,
-                            int64_t pairs_per_head, bool inverse,
+__global__ void rope_kernel(const In* x, Out* y, int64_t rows, int64_t seq, int pairs_per_row,
+                            int pairs_per_head, bool inverse, bool paired,
                             const __grid_constant__ RopeFrequencies freqs) {
-  const int64_t total = rows * pairs_per_row;
-  for (int64_t idx = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; idx < total;
-       idx += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const int64_t row = idx / pairs_per_row;
-    const int64_t pair = idx - row * pairs_per_row;
-    const int64_t t = row % seq;
-    const float angle = static_cast<float>(t) * freqs.inv_freq[pair % pairs_per_head];
-    const float c = cosf(angle);
-    const float s = inverse ? -sinf(angle) : sinf(angle);
-    const float x0 = to_float(x[2 * idx]), x1 = to_float(x[2 * idx + 1]);
-    y[2 * idx] = from_float<Out>(__fsub_rn(__fmul_rn(x0, c), __fmul_rn(x1, s)));
-    y[2 * idx + 1] = from_float<Out>(__fadd_rn(__fmul_rn(x0, s), __fmul_rn(x1, c)));
+  for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
+    const float t = static_cast<float>(row % seq);
+    const int64_t base = row * pairs_per_row;
+    for (int pair = static_cast<int>(threadIdx.x); pair < pairs_per_row;
+         pair += static_cast<int>(blockDim.x)) {
+      const float angle = t * freqs.inv_freq[pair % pairs_per_head];
+      const float c = cosf(angle);
+      const float s = inverse ? -sinf(angle) : sinf(angle);
+      const float2 v = Pair<In>::load(x, base + pair, paired);
+      Pair<Out>::store(y, base + pair, __fsub_rn(__fmul_rn(v.x, c), __fmul_rn(v.y, s)),
+                       __fadd_rn(__fmul_rn(v.x, s), __fmul_rn(v.y, c)), paired);
+    }
   }
 }
 
@@ -531,29 +624,42 @@ void embedding_backward(const float* grad_out, const int32_t* ids, float* grad_w
   TT_CUDA_CHECK(cudaFreeAsync(scratch, stream));
 }
 
+namespace {
+// The four-at-a-time paths of the RMSNorm kernels: rows a multiple of four elements, buffers aligned to four.
+bool rms_vec(int64_t dim, std::initializer_list<std::pair<const void*, size_t>> buffers) {
+  if (dim % 4 != 0) return false;
+  for (const auto& [p, element_bytes] : buffers)
+    if (reinterpret_cast<uintptr_t>(p) % (4 * element_bytes) != 0) return false;
+  return true;
+}
+}  // namespace
+
 void rms_norm_forward(const float* x, const float* w, void* y, DType y_type, float* inv_rms, int64_t rows,
                       int64_t dim, double eps, cudaStream_t stream) {
   if (rows == 0) return;
   const float e = static_cast<float>(eps);
+  const bool vec = rms_vec(dim, {{x, 4}, {w, 4}, {y, dtype_size(y_type)}});
   if (y_type == DType::bf16) {
     rms_norm_forward_kernel<<<row_blocks(rows), kRowThreads, 0, stream>>>(
-        x, w, static_cast<__nv_bfloat16*>(y), inv_rms, rows, dim, e);
+        x, w, static_cast<__nv_bfloat16*>(y), inv_rms, rows, dim, e, vec);
   } else {
     TT_CHECK(y_type == DType::f32, "cuda::rms_norm_forward: the output is f32 or bf16");
     rms_norm_forward_kernel<<<row_blocks(rows), kRowThreads, 0, stream>>>(x, w, static_cast<float*>(y),
-                                                                          inv_rms, rows, dim, e);
+                                                                          inv_rms, rows, dim, e, vec);
   }
   TT_CUDA_LAUNCH_CHECK();
 }
 
 void rms_norm_backward(const float* dy, const float* x, const float* w, const float* inv_rms, float* dx,
-                       float* dw, int64_t rows, int64_t dim, cudaStream_t stream) {
+                       float* dw, int64_t rows, int64_t dim, cudaStream_t stream, bool accumulate_dx) {
   if (dim == 0) return;
   if (rows == 0) {
     TT_CUDA_CHECK(cudaMemsetAsync(dw, 0, static_cast<size_t>(dim) * sizeof(float), stream));
     return;
   }
-  rms_norm_backward_dx_kernel<<<row_blocks(rows), kRowThreads, 0, stream>>>(dy, x, w, inv_rms, dx, rows, dim);
+  const bool vec = rms_vec(dim, {{dy, 4}, {x, 4}, {w, 4}, {dx, 4}});
+  rms_norm_backward_dx_kernel<<<row_blocks(rows), kRowThreads, 0, stream>>>(dy, x, w, inv_rms, dx, rows, dim,
+                                                                            accumulate_dx, vec);
   TT_CUDA_LAUNCH_CHECK();
 
   // The chunking depends only on (rows, dim), so the summation order, and with it dw, is reproducible.
@@ -595,9 +701,14 @@ void rope(const void* x, DType x_type, void* y, DType y_type, int64_t batch, int
   RopeFrequencies freqs{};
   for (int64_t i = 0; i < half; ++i)
     freqs.inv_freq[i] = static_cast<float>(std::pow(theta, -2.0 * static_cast<double>(i) / d_head));
-  const unsigned int blocks = blocks_for(rows * (dim / 2));
+  TT_CHECK(dim / 2 <= std::numeric_limits<int>::max(),
+           "cuda::rope: rows of " + std::to_string(dim) + " elements are too long");
+  // Whole pairs as vectors: both buffers aligned to a pair (every row starts on one, as dim is even).
+  const bool paired = reinterpret_cast<uintptr_t>(x) % (x_type == DType::bf16 ? 4 : 8) == 0 &&
+                      reinterpret_cast<uintptr_t>(y) % (y_type == DType::bf16 ? 4 : 8) == 0;
   auto launch = [&](auto* in, auto* out) {
-    rope_kernel<<<blocks, kThreads, 0, stream>>>(in, out, rows, seq, dim / 2, half, inverse, freqs);
+    rope_kernel<<<row_blocks(rows), kRowThreads, 0, stream>>>(in, out, rows, seq, static_cast<int>(dim / 2),
+                                                              static_cast<int>(half), inverse, paired, freqs);
   };
   using bf = __nv_bfloat16;
   const bool in_bf16 = x_type == DType::bf16, out_bf16 = y_type == DType::bf16;
