@@ -39,6 +39,10 @@ Tensor linear(const Tensor& x, const Tensor& weight);
 // x's gradient comes back in f32 (f64 for f64); the weight's is added straight into the weight's .grad when
 // it is a leaf with a dense .grad buffer (FlatParameters), else returned as usual.
 Tensor linear(const Tensor& x, const Tensor& weight, DType compute, DType out);
+// residual + linear(x, weight, compute, f32 or f64): the residual (that dtype, the product's shape) is added
+// in the GEMM's epilogue, so a transformer's residual addition costs no pass of its own. The residual's
+// gradient is the incoming gradient itself, as add's is.
+Tensor linear_residual(const Tensor& residual, const Tensor& x, const Tensor& weight, DType compute);
 
 // --- model ops ---
 Tensor embedding(const Tensor& weight, const Tensor& ids);  // ids i32 (...), out (..., dim)

@@ -1,4 +1,6 @@
 // Matrix products: batched row-major GEMM on Eigen (CPU) or cuBLASLt (CUDA), and their gradients.
+#include <cstring>
+
 #include "core/ops_internal.h"
 
 namespace tt::ops {
@@ -28,12 +30,22 @@ GemmArgs gemm_args(const Tensor& a, const Tensor& b, bool trans_a, bool trans_b)
 }
 
 // out = alpha * op(a) op(b) + beta * out, for dense a, b of one dtype and a dense `out` of the product's
-// shape: f32/f64 for f32/f64 inputs; f32 or bf16 for bf16 inputs (bf16 only with beta = 0).
+// shape: f32/f64 for f32/f64 inputs; f32 or bf16 for bf16 inputs (bf16 only with beta = 0). With `addend`
+// (dense, out's dtype and size), beta * addend is added instead of beta * out.
 void gemm_into(const Tensor& a, const Tensor& b, bool trans_a, bool trans_b, double alpha, double beta,
-               Tensor& out) {
+               Tensor& out, const Tensor* addend = nullptr) {
   const GemmArgs g = gemm_args(a, b, trans_a, trans_b);
   TT_CHECK(out.is_contiguous() && out.numel() == g.batch * g.m * g.n,
            "matmul: output " + out.describe() + " does not fit the product");
+  if (addend != nullptr) {
+    TT_CHECK(addend->is_contiguous() && addend->numel() == out.numel() && addend->dtype() == out.dtype(),
+             "matmul: addend " + addend->describe() + " does not match the output " + out.describe());
+    if (!a.device().is_cuda()) {
+      // The CPU twin: the addend copied into the output, the product added to it.
+      std::memcpy(out.raw_data(), addend->raw_data(), out.nbytes());
+      addend = nullptr;
+    }
+  }
   const int64_t lda = a.size(-1), ldb = b.size(-1), ldc = g.n;
   const int64_t sa = a.size(-1) * a.size(-2), sb = b.size(-1) * b.size(-2), sc = g.m * g.n;
   const bool mixed = a.dtype() == DType::bf16;
@@ -45,7 +57,8 @@ void gemm_into(const Tensor& a, const Tensor& b, bool trans_a, bool trans_b, dou
     TT_CHECK(a.dtype() == DType::f32 || mixed, "matmul on CUDA supports f32 and bf16 inputs");
     TT_CUDA_ONLY(cuda::gemm(trans_a, trans_b, g.m, g.n, g.k, static_cast<float>(alpha), a.raw_data(), lda, sa,
                             b.raw_data(), ldb, sb, a.dtype(), static_cast<float>(beta), out.raw_data(),
-                            out.dtype(), ldc, sc, g.batch, detail::stream_of(a)));
+                            out.dtype(), ldc, sc, g.batch, detail::stream_of(a),
+                            addend != nullptr ? addend->raw_data() : nullptr));
   } else if (mixed) {
     // The CPU twin of a bf16 output: the f32 product, rounded to bf16 once (as the GPU epilogue does).
     Tensor wide = out.dtype() == DType::f32 ? out : Tensor::empty(out.shape(), DType::f32, out.device());
@@ -117,6 +130,7 @@ struct LinearNode : Node {
   Tensor x2, w;  // (rows, in) and (out, in)
   Shape x_shape;
   DType dx_dtype = DType::f32, dw_dtype = DType::f32;
+  bool residual = false;  // a third input added to the product (linear_residual): its gradient is grad
   const char* name() const override { return "Linear"; }
   bool accumulates_in_place() const override { return true; }
   std::vector<Tensor> apply(const Tensor& grad) override {
@@ -154,6 +168,7 @@ struct LinearNode : Node {
         dw = matmul_raw(g, x2, true, false, 1.0, dw_dtype);
       }
     }
+    if (residual) return {dx, dw, grad};
     return {dx, dw};
   }
   void release_saved() override { x2 = w = Tensor(); }
@@ -212,6 +227,48 @@ Tensor linear(const Tensor& x, const Tensor& weight, DType compute, DType out) {
     node->dx_dtype = wide_dtype(x.dtype());
     node->dw_dtype = weight.dtype();
     attach_node(y, node, {&x, &weight});
+  }
+  return y;
+}
+
+Tensor linear_residual(const Tensor& residual, const Tensor& x, const Tensor& weight, DType compute) {
+  TT_CHECK(weight.dim() == 2, "linear_residual: weight must be 2-D, got " + weight.describe());
+  TT_CHECK(x.size(-1) == weight.size(1), "linear_residual: input features " + std::to_string(x.size(-1)) +
+                                             " do not match weight " + weight.describe());
+  detail::require_same_device(x, weight, "linear_residual");
+  detail::require_same_device(x, residual, "linear_residual");
+  TT_CHECK(
+      compute == weight.dtype() || compute == DType::bf16,
+      "linear_residual: computes in the weight's dtype or in bf16, not " + std::string(dtype_name(compute)));
+  const DType out = wide_dtype(compute);
+  Shape out_shape(x.shape().begin(), x.shape().end() - 1);
+  out_shape.push_back(weight.size(0));
+  TT_CHECK(residual.shape() == out_shape && residual.dtype() == out,
+           "linear_residual: the residual must be " + std::string(dtype_name(out)) + " " +
+               shape_str(out_shape) + ", got " + residual.describe());
+  const int64_t in = weight.size(1), rows = x.numel() / std::max<int64_t>(1, in);
+  const bool record = needs_grad({&x, &weight, &residual});
+  Tensor x2, w, y;
+  {
+    NoGradGuard no_grad;
+    x2 = reshape(detail::dense(x.dtype() == compute ? x : cast(x, compute)), {rows, in});
+    const Tensor& kept = weight.low_precision_copy();
+    w = weight.dtype() == compute                   ? detail::dense(weight)
+        : kept.defined() && kept.dtype() == compute ? detail::dense(kept)
+                                                    : cast(weight, compute);
+    const Tensor r = detail::dense(residual);
+    y = Tensor::empty(out_shape, out, x.device());
+    gemm_into(x2, w, false, true, 1.0, 1.0, y, &r);
+  }
+  if (record) {
+    auto node = std::make_shared<LinearNode>();
+    node->x2 = x2;
+    node->w = w;
+    node->x_shape = x.shape();
+    node->dx_dtype = wide_dtype(x.dtype());
+    node->dw_dtype = weight.dtype();
+    node->residual = true;
+    attach_node(y, node, {&x, &weight, &residual});
   }
   return y;
 }

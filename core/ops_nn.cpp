@@ -47,21 +47,30 @@ struct RmsNormNode : Node {
         pending.defined() && pending.dtype() == x.dtype() && pending.numel() == x.numel();
     Tensor dx =
         into_pending && x.device().is_cuda() ? pending : Tensor::empty(x.shape(), x.dtype(), x.device());
-    // The weight's gradient written straight into its .grad when that holds zeros (FlatParameters).
+    // The weight's gradient written straight into its .grad when that holds zeros (FlatParameters): in the
+    // weight's dtype, or rounded once into a bf16 buffer (FlatParameters::set_grad_dtype).
     bool known_zero = false;
-    Tensor dw = next[1] ? direct_grad_buffer(next[1], weight.shape(), weight.dtype(), &known_zero) : Tensor();
+    Tensor dw;
+    if (next[1]) {
+      dw = direct_grad_buffer(next[1], weight.shape(), weight.dtype(), &known_zero);
+      if (!dw.defined()) dw = direct_grad_buffer(next[1], weight.shape(), DType::bf16, &known_zero);
+    }
     const bool direct_dw = dw.defined() && known_zero;
     if (!direct_dw) dw = Tensor::empty(weight.shape(), weight.dtype(), weight.device());
     if (x.device().is_cuda()) {
       TT_CUDA_ONLY(cuda::rms_norm_backward(g.data<float>(), x.data<float>(), weight.data<float>(),
-                                           inv_rms.data<float>(), dx.data<float>(), dw.data<float>(), rows,
-                                           dim, detail::stream_of(x), into_pending));
+                                           inv_rms.data<float>(), dx.data<float>(), dw.raw_data(), rows, dim,
+                                           detail::stream_of(x), into_pending, dw.dtype()));
     } else {
+      // A bf16 target takes the wide gradient rounded once, as on the GPU.
+      Tensor dw_wide =
+          dw.dtype() == weight.dtype() ? dw : Tensor::empty(weight.shape(), weight.dtype(), x.device());
       dispatch_float(x.dtype(), "rms_norm", [&](auto t) {
         using T = decltype(t);
         cpu::rms_norm_backward(g.data<T>(), x.data<T>(), weight.data<T>(), inv_rms.data<T>(), dx.data<T>(),
-                               dw.data<T>(), rows, dim);
+                               dw_wide.data<T>(), rows, dim);
       });
+      if (dw_wide.raw_data() != dw.raw_data()) cast_into(dw, dw_wide);
       if (into_pending) add_into(pending, dx);  // the engine's own sum, done here
     }
     if (direct_dw) note_direct_contribution(next[1]);

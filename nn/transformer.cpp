@@ -104,6 +104,11 @@ Tensor Linear::forward(const Tensor& x, Precision precision, bool narrow_output)
   return ops::linear(x, weight_);
 }
 
+Tensor Linear::forward_add(const Tensor& x, const Tensor& residual, Precision precision) const {
+  return ops::linear_residual(residual, x, weight_,
+                              precision == Precision::bf16 ? DType::bf16 : weight_.dtype());
+}
+
 Embedding::Embedding(int64_t vocab_size, int64_t dim)
     : weight_(register_parameter("weight", {vocab_size, dim}, {Init::Kind::truncated_normal, 1.0})) {}
 
@@ -125,7 +130,7 @@ CausalSelfAttention::CausalSelfAttention(const ModelConfig& config)
       output_proj_(register_module("output_proj", std::make_unique<Linear>(config.d_model, config.d_model))) {
 }
 
-Tensor CausalSelfAttention::forward(const Tensor& x) const {
+Tensor CausalSelfAttention::forward(const Tensor& x, const Tensor& residual) const {
   const NvtxRange range("attention");
   const int64_t batch = x.size(0), seq = x.size(1), heads = config_.num_heads, d_head = config_.d_head();
   const Precision precision = config_.precision;
@@ -152,7 +157,8 @@ Tensor CausalSelfAttention::forward(const Tensor& x) const {
             : ops::naive_attention(qh, kh, vh, true);
   }
   const Tensor merged = ops::reshape(ops::contiguous(ops::transpose(o, 1, 2)), {batch, seq, heads * d_head});
-  return output_proj_.forward(merged, precision);
+  return residual.defined() ? output_proj_.forward_add(merged, residual, precision)
+                            : output_proj_.forward(merged, precision);
 }
 
 SwiGLU::SwiGLU(int64_t d_model, int64_t d_ff)
@@ -160,11 +166,11 @@ SwiGLU::SwiGLU(int64_t d_model, int64_t d_ff)
       w2_(register_module("w2", std::make_unique<Linear>(d_ff, d_model))),
       w3_(register_module("w3", std::make_unique<Linear>(d_model, d_ff))) {}
 
-Tensor SwiGLU::forward(const Tensor& x, Precision precision) const {
+Tensor SwiGLU::forward(const Tensor& x, Precision precision, const Tensor& residual) const {
   const NvtxRange range("ffn");
   // In bf16 the gate runs on bf16 matmul outputs and hands w2 a bf16 input: no casts of d_ff-wide tensors.
-  return w2_.forward(ops::swiglu(w1_.forward(x, precision, true), w3_.forward(x, precision, true)),
-                     precision);
+  const Tensor gate = ops::swiglu(w1_.forward(x, precision, true), w3_.forward(x, precision, true));
+  return residual.defined() ? w2_.forward_add(gate, residual, precision) : w2_.forward(gate, precision);
 }
 
 TransformerBlock::TransformerBlock(const ModelConfig& config)
@@ -175,8 +181,10 @@ TransformerBlock::TransformerBlock(const ModelConfig& config)
       ffn_(register_module("ffn", std::make_unique<SwiGLU>(config.d_model, config.d_ff))) {}
 
 Tensor TransformerBlock::forward(const Tensor& x) const {
-  const Tensor h = ops::add(x, attn_.forward(ln1_.forward(x, config_.precision)));
-  return ops::add(h, ffn_.forward(ln2_.forward(h, config_.precision), config_.precision));
+  // x + attention(ln1(x)), then h + ffn(ln2(h)): each residual addition happens in the epilogue of the
+  // sublayer's last matmul.
+  const Tensor h = attn_.forward(ln1_.forward(x, config_.precision), x);
+  return ffn_.forward(ln2_.forward(h, config_.precision), config_.precision, h);
 }
 
 TransformerLM::TransformerLM(const ModelConfig& config) : config_(config) {

@@ -49,6 +49,8 @@ class Linear : public Module {
   Linear(int64_t in_features, int64_t out_features);
   // bf16: bf16 operands, f32 accumulation, f32 output (bf16 with narrow_output, for a bf16 consumer).
   Tensor forward(const Tensor& x, Precision precision, bool narrow_output = false) const;
+  // residual + forward(x), the residual (f32, the output's shape) added in the matmul's epilogue.
+  Tensor forward_add(const Tensor& x, const Tensor& residual, Precision precision) const;
   Tensor& weight() { return weight_; }
 
  private:
@@ -90,8 +92,9 @@ class RMSNorm : public Module {
 class CausalSelfAttention : public Module {
  public:
   explicit CausalSelfAttention(const ModelConfig& config);
-  // x: the normalised input (f32, or bf16 in bf16 mode) (batch, seq, d_model) -> f32
-  Tensor forward(const Tensor& x) const;
+  // x: the normalised input (f32, or bf16 in bf16 mode) (batch, seq, d_model) -> f32. With a residual
+  // (f32, x's shape), returns residual + attention(x), the addition done by the output projection.
+  Tensor forward(const Tensor& x, const Tensor& residual = Tensor()) const;
 
  private:
   const ModelConfig config_;
@@ -101,7 +104,8 @@ class CausalSelfAttention : public Module {
 class SwiGLU : public Module {
  public:
   SwiGLU(int64_t d_model, int64_t d_ff);
-  Tensor forward(const Tensor& x, Precision precision) const;
+  // With a residual: residual + ffn(x), the addition done by w2.
+  Tensor forward(const Tensor& x, Precision precision, const Tensor& residual = Tensor()) const;
 
  private:
   Linear &w1_, &w2_, &w3_;

@@ -265,6 +265,13 @@ TEST_CASE("CUDA fused-precision ops equal their CPU twins: bf16 outputs of matmu
     for (size_t i = 0; i < wide.size(); ++i)
       CHECK(std::abs(narrow[i] - wide[i]) <= std::abs(wide[i]) / 256 + 1e-6);
   }
+  // The residual added in the GEMM's epilogue (cuBLASLt reading C from another buffer than D).
+  for (DType compute : {DType::f32, DType::bf16}) {
+    CAPTURE(static_cast<int>(compute));
+    CHECK(cuda_vs_cpu([&](const auto& in) { return ops::linear_residual(in[2], in[0], in[1], compute); },
+                      {randn({4, 16, 96}, 64), randn({80, 96}, 65), randn({4, 16, 80}, 66)}) <
+          (compute == DType::f32 ? kF32 : kBf16));
+  }
   // The weight gradient added in place into a pre-assigned .grad (beta = 1 in cuBLASLt) on both devices.
   for (DType compute : {DType::f32, DType::bf16}) {
     CAPTURE(static_cast<int>(compute));
@@ -317,6 +324,26 @@ TEST_CASE("CUDA gradients added in place (GEMM with beta = 1, RMSNorm accumulati
     set_memory_recorder(nullptr);
     CHECK(linear_allocs == 2);
     CHECK(norm_allocs == 0);
+  }
+}
+
+TEST_CASE("CUDA RMSNorm writes its weight gradient into a zero-marked .grad, f32 or bf16 (rounded once)") {
+  const Device gpu = Device::cuda(0);
+  // 300 rows: several chunks of the two-stage dw sum; 5 rows: one chunk, written by the first stage.
+  for (int64_t rows : {int64_t{300}, int64_t{5}}) {
+    CAPTURE(rows);
+    const Tensor x = randn({rows, 96}, 140).to(gpu), g = randn({rows, 96}, 141).to(gpu);
+    Tensor w = randn({96}, 142).to(gpu);
+    w.set_requires_grad(true);
+    ops::rms_norm(x, w, 1e-5).backward(g);
+    const Tensor returned = w.grad();
+    for (DType type : {DType::f32, DType::bf16}) {
+      w.set_grad(ops::cast(Tensor::full({96}, NAN, DType::f32, gpu), type));
+      mark_grad_zeroed(w);
+      ops::rms_norm(x, w, 1e-5).backward(g);
+      CHECK(w.grad().dtype() == type);
+      CHECK(w.grad().to_floats() == ops::cast(returned, type).to_floats());
+    }
   }
 }
 

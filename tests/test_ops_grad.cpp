@@ -287,6 +287,28 @@ TEST_CASE("gradients added in place by their producers (a linear's GEMM with bet
   for (size_t i = 0; i < twice.size(); ++i) CHECK(twice[i] == doctest::Approx(2 * returned[i]));
 }
 
+TEST_CASE("linear_residual: residual + x W^T in one product, its gradients those of add and linear") {
+  CHECK(gradient_error([](const Inputs& in) { return ops::linear_residual(in[2], in[0], in[1], DType::f64); },
+                       {leaf({2, 3, 5}, 320), leaf({4, 5}, 321), leaf({2, 3, 4}, 322)}) < kTol);
+  // The value: the residual plus the hand-computed product.
+  const Tensor x = testing::random_tensor({3, 5}, 323), w = testing::random_tensor({4, 5}, 324),
+               r = testing::random_tensor({3, 4}, 325);
+  const std::vector<double> y = ops::linear_residual(r, x, w, DType::f64).to_doubles(), xv = x.to_doubles(),
+                            wv = w.to_doubles(), rv = r.to_doubles();
+  for (int64_t i = 0; i < 3; ++i) {
+    for (int64_t o = 0; o < 4; ++o) {
+      double expect = rv[i * 4 + o];
+      for (int64_t k = 0; k < 5; ++k) expect += xv[i * 5 + k] * wv[o * 5 + k];
+      CHECK(y[i * 4 + o] == doctest::Approx(expect).epsilon(1e-12));
+    }
+  }
+  // A residual of the wrong shape or dtype is refused.
+  CHECK_THROWS_WITH_AS(ops::linear_residual(testing::random_tensor({3, 5}, 326), x, w, DType::f64),
+                       doctest::Contains("residual must be"), Error);
+  CHECK_THROWS_WITH_AS(ops::linear_residual(ops::cast(r, DType::f32), x, w, DType::f64),
+                       doctest::Contains("residual must be"), Error);
+}
+
 TEST_CASE("a weight .grad marked as zero is overwritten by the first contribution; the mark lapses") {
   const int64_t rows = 6, in = 5, out = 4;
   Tensor x = leaf({2, 3, in}, 96), w = leaf({out, in}, 97);

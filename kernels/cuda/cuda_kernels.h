@@ -37,12 +37,13 @@ int current_device_major();
 
 // Batched row-major GEMM through cuBLASLt, c = alpha op(a) op(b) + beta c, same contract as cpu::gemm.
 // a_type = b_type in {f32, bf16}; f32 accumulation; c is f32, or bf16 for bf16 inputs (rounded once at the
-// end). beta = 1 adds into c (gradients accumulated in place); beta = 0 never reads c. Layouts and the
-// algorithm are cached.
+// end). beta = 1 adds into c (gradients accumulated in place); beta = 0 never reads c. With `addend`, c =
+// alpha op(a) op(b) + beta addend instead (addend laid out like c: a residual added in the epilogue).
+// Layouts and the algorithm are cached.
 void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const void* a,
           int64_t lda, int64_t stride_a, const void* b, int64_t ldb, int64_t stride_b, DType ab_type,
           float beta, void* c, DType c_type, int64_t ldc, int64_t stride_c, int64_t batch,
-          cudaStream_t stream);
+          cudaStream_t stream, const void* addend = nullptr);
 
 // Plans later GEMMs for all SMs but `sms` (0: all), so that a kernel on another stream (an NCCL all-reduce
 // overlapping backward) finds SMs free instead of waiting behind a GEMM that fills the device.
@@ -61,9 +62,11 @@ void embedding_backward(const float* grad_out, const int32_t* ids, float* grad_w
 // y is f32 or bf16 (y_type): a bf16 y is the f32 result rounded once, for a bf16 consumer.
 void rms_norm_forward(const float* x, const float* w, void* y, DType y_type, float* inv_rms, int64_t rows,
                       int64_t dim, double eps, cudaStream_t stream);
-// accumulate_dx: dx += the gradient (a separate addition's rounding) instead of dx = the gradient.
+// accumulate_dx: dx += the gradient (a separate addition's rounding) instead of dx = the gradient. dw is f32,
+// or bf16 (dw_type; a bf16 gradient buffer takes the f32 sum rounded once).
 void rms_norm_backward(const float* dy, const float* x, const float* w, const float* inv_rms, float* dx,
-                       float* dw, int64_t rows, int64_t dim, cudaStream_t stream, bool accumulate_dx = false);
+                       void* dw, int64_t rows, int64_t dim, cudaStream_t stream, bool accumulate_dx = false,
+                       DType dw_type = DType::f32);
 
 // x and y each f32 or bf16 (x_type, y_type): computed in f32, a bf16 y rounded once.
 void rope(const void* x, DType x_type, void* y, DType y_type, int64_t batch, int64_t seq, int64_t dim,

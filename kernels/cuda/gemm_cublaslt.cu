@@ -134,18 +134,18 @@ struct TrialOutput {
 
 // Times each candidate (one untimed run, then three) on the caller's operands and returns the index of the
 // fastest, or -1 when none could be timed: while the stream is being captured into a graph, or when no
-// memory is left for a trial output. With beta = 0 the trials write c itself (the real call overwrites it
-// anyway); otherwise c is read and the trials write a scratch buffer of c_bytes.
+// memory is left for a trial output. The trials write the output d itself (the real call overwrites it
+// anyway) unless it is also the addend (beta != 0 and c == d): then a scratch buffer of d_bytes.
 int fastest_candidate(const DeviceState& state, const Plan& plan, const std::vector<Algo>& algos,
-                      const float* alpha, const void* a, const void* b, const float* beta, void* c,
-                      size_t c_bytes, cudaStream_t stream) {
+                      const float* alpha, const void* a, const void* b, const float* beta, const void* c,
+                      void* d, size_t d_bytes, cudaStream_t stream) {
   cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
   TT_CUDA_CHECK(cudaStreamIsCapturing(stream, &capture));
   if (capture != cudaStreamCaptureStatusNone) return -1;
-  const bool reads_c = *beta != 0.0f;
-  const TrialOutput scratch(reads_c ? c_bytes : 0, stream);
-  if (reads_c && scratch.ptr == nullptr) return -1;
-  void* out = reads_c ? scratch.ptr : c;
+  const bool reads_d = *beta != 0.0f && c == d;
+  const TrialOutput scratch(reads_d ? d_bytes : 0, stream);
+  if (reads_d && scratch.ptr == nullptr) return -1;
+  void* out = reads_d ? scratch.ptr : d;
   const EventPair events;
   int best = -1;
   float best_ms = 0.0f;
@@ -190,8 +190,10 @@ int gemm_sm_margin() {
 void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const void* a,
           int64_t lda, int64_t stride_a, const void* b, int64_t ldb, int64_t stride_b, DType ab_type,
           float beta, void* c, DType c_type, int64_t ldc, int64_t stride_c, int64_t batch,
-          cudaStream_t stream) {
+          cudaStream_t stream, const void* addend) {
   if (m == 0 || n == 0 || batch == 0) return;
+  // The matrix added with beta: c itself, or another of c's layout.
+  const void* c_in = addend != nullptr ? addend : c;
   TT_CHECK(ab_type == DType::f32 || ab_type == DType::bf16, "cuda::gemm: inputs must be f32 or bf16");
   TT_CHECK(c_type == DType::f32 || (c_type == DType::bf16 && ab_type == DType::bf16),
            "cuda::gemm: the output must be f32, or bf16 for bf16 inputs");
@@ -200,7 +202,7 @@ void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alp
   std::lock_guard<std::mutex> lock(g_mutex);
   DeviceState& state = device_state(device);
   const int align_ab = std::min(alignment_of(a), alignment_of(b));
-  const int align_c = alignment_of(c);
+  const int align_c = std::min(alignment_of(c), alignment_of(c_in));
   // 0: the whole device; else plan for that many SMs, leaving the margin to a concurrent stream (NCCL).
   TT_CHECK(g_sm_margin < g_sm_count[device], "the GEMM SM margin (" + std::to_string(g_sm_margin) +
                                                  ") leaves no SM of the device's " +
@@ -294,7 +296,7 @@ void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alp
     const size_t c_elements = static_cast<size_t>(stride_c) * static_cast<size_t>(batch - 1) +
                               static_cast<size_t>(ldc) * static_cast<size_t>(m - 1) + static_cast<size_t>(n);
     Plan& plan = found->second;
-    const int best = fastest_candidate(state, plan, plan.untimed, &alpha, a, b, &beta, c,
+    const int best = fastest_candidate(state, plan, plan.untimed, &alpha, a, b, &beta, c_in, c,
                                        c_elements * dtype_size(c_type), stream);
     if (best >= 0) {
       plan.algo = plan.untimed[static_cast<size_t>(best)].algo;
@@ -303,7 +305,7 @@ void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alp
   }
   const Plan& plan = found->second;
   TT_CUBLASLT_CHECK(cublasLtMatmul(state.handle, plan.desc, &alpha, b, plan.layout_a, a, plan.layout_b, &beta,
-                                   c, plan.layout_c, c, plan.layout_c, &plan.algo, state.workspace,
+                                   c_in, plan.layout_c, c, plan.layout_c, &plan.algo, state.workspace,
                                    kWorkspaceBytes, stream));
 }
 
