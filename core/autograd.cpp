@@ -212,12 +212,16 @@ void run_backward(const Tensor& root, const Tensor& grad) {
     }
     std::vector<Tensor> input_grads;
     {
+      // The offered gradients go back to the engine alone however apply() ends.
+      struct ClearOffers {
+        Node& node;
+        ~ClearOffers() { node.pending_grads.clear(); }
+      } clear_offers{*node};
       // Allocations of a backward node are attributed to it in memory timelines.
       MemoryTagGuard tag(node->name());
       const NvtxRange range(node->name());
       input_grads = node->apply(node_grad);
     }
-    node->pending_grads.clear();
     node_grad = Tensor();
     node->release_saved();
     node->released = !node->reusable();

@@ -65,7 +65,8 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& targets);
 
 // --- attention ---
 // q, k, v: (batch, heads, seq, d_head), any strides with a contiguous last dim. Returns O with the same
-// dtype as q, contiguous (batch, heads, seq, d_head).
+// dtype as q, (batch, heads, seq, d_head): contiguous, or head-interleaved (a transposed view of a dense
+// (batch, seq, heads, d_head) buffer) when q is, so that merging the heads afterwards is free.
 // deterministic: bit-identical gradients run to run (slower CUDA backward without atomics).
 Tensor flash_attention(const Tensor& q, const Tensor& k, const Tensor& v, bool causal,
                        bool deterministic = false);

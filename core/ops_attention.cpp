@@ -62,8 +62,13 @@ struct FlashAttentionNode : Node {
   bool causal = true, deterministic = false;
   const char* name() const override { return "FlashAttention"; }
   std::vector<Tensor> apply(const Tensor& grad) override {
-    // O is dense, and dO takes its layout.
-    const Tensor d_o = grad.dtype() == o.dtype() ? detail::dense(grad) : cast(grad, o.dtype());
+    // The kernels read dO through O's strides, so dO takes O's layout: dense, or head-interleaved (the
+    // model's layout, where dO arrives as a transposed view of a dense (batch, seq, heads, d) gradient).
+    auto in_o_dtype = [&](const Tensor& t) {
+      return t.dtype() == o.dtype() ? detail::dense(t) : cast(t, o.dtype());
+    };
+    const Tensor d_o =
+        o.is_contiguous() ? in_o_dtype(grad) : in_o_dtype(grad.transpose_view(1, 2)).transpose_view(1, 2);
     Tensor dq = empty_with_layout(q, q.dtype()), dk = empty_with_layout(k, k.dtype());
     Tensor dv = empty_with_layout(v, v.dtype());
     const AttentionProblem p = make_problem(q, k, v, o, causal, deterministic);
@@ -95,7 +100,9 @@ Tensor flash_attention(const Tensor& q_in, const Tensor& k_in, const Tensor& v_i
                 DType::bf16);
   }
   const Tensor q = as_attention_layout(q_in), k = as_attention_layout(k_in), v = as_attention_layout(v_in);
-  Tensor o = Tensor::empty(q.shape(), q.dtype(), q.device());
+  // O in q's layout: a head-interleaved O is already the (batch, seq, heads * d) the output projection
+  // reads, so merging the heads copies nothing.
+  Tensor o = empty_with_layout(q, q.dtype());
   const AttentionProblem p = make_problem(q, k, v, o, causal);
   const int64_t rows = p.batch * p.heads * p.seq;
   Tensor lse;

@@ -143,7 +143,7 @@ struct LinearNode : Node {
       const DType product = wide_dtype(w.dtype());
       Tensor pending = pending_grads.empty() ? Tensor() : pending_grads[0];
       if (pending.defined() && product == dx_dtype && pending.dtype() == dx_dtype &&
-          pending.numel() == x2.numel()) {
+          pending.shape() == x_shape) {
         // Added into the gradient already collected for x (beta = 1): the inputs of q, k and v, of w1 and w3
         // sum their three or two gradients without a separate addition.
         gemm_into(g, w, false, false, 1.0, 1.0, pending);

@@ -44,7 +44,7 @@ struct RmsNormNode : Node {
     // x's gradient added into the one already collected for x (the residual stream's), when offered.
     Tensor pending = pending_grads.empty() ? Tensor() : pending_grads[0];
     const bool into_pending =
-        pending.defined() && pending.dtype() == x.dtype() && pending.numel() == x.numel();
+        pending.defined() && pending.dtype() == x.dtype() && pending.shape() == x.shape();
     Tensor dx =
         into_pending && x.device().is_cuda() ? pending : Tensor::empty(x.shape(), x.dtype(), x.device());
     // The weight's gradient written straight into its .grad when that holds zeros (FlatParameters): in the

@@ -150,6 +150,21 @@ TEST_CASE("attention gradients: naive and flash (CPU tiled), causal and not") {
   }
 }
 
+TEST_CASE(
+    "flash attention gradients through the model's layout (heads split from, and merged back into, rows)") {
+  // Inputs (batch, seq, heads * d) split into heads by a view; the output merged back the model's way.
+  const int64_t b = 1, h = 2, t = 5, d = 4;
+  auto split = [&](const Tensor& x) { return ops::transpose(ops::reshape(x, {b, t, h, d}), 1, 2); };
+  auto merge = [&](const Tensor& o) {
+    return ops::reshape(ops::contiguous(ops::transpose(o, 1, 2)), {b, t, h * d});
+  };
+  CHECK(gradient_error(
+            [&](const Inputs& in) {
+              return merge(ops::flash_attention(split(in[0]), split(in[1]), split(in[2]), true));
+            },
+            {leaf({b, t, h * d}, 106), leaf({b, t, h * d}, 107), leaf({b, t, h * d}, 108)}) < kTol);
+}
+
 TEST_CASE("flash attention equals naive attention on head-interleaved views") {
   // q/k/v as (batch, heads, seq, d) views of (batch, seq, heads*d) buffers, the model's layout.
   const int64_t b = 2, h = 3, t = 70, d = 8;
@@ -157,6 +172,8 @@ TEST_CASE("flash attention equals naive attention on head-interleaved views") {
     return ops::transpose(ops::reshape(testing::random_tensor({b, t, h * d}, seed), {b, t, h, d}), 1, 2);
   };
   const Tensor q = view(1), k = view(2), v = view(3);
+  // O comes back in q's layout, so merging the heads is a view.
+  CHECK(ops::flash_attention(q, k, v, true).transpose_view(1, 2).is_contiguous());
   for (bool causal : {false, true}) {
     const std::vector<double> flash = ops::flash_attention(q, k, v, causal).to_doubles();
     const std::vector<double> naive = ops::naive_attention(q, k, v, causal).to_doubles();

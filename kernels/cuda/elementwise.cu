@@ -222,12 +222,13 @@ struct StridedLayout {
   int ndim;
 };
 
-// I is the index type: 32-bit when every element index and offset fits, as division by a runtime divisor
-// costs several times more in 64 bits and each element pays it once per dimension.
+// I is the type of the index arithmetic: 32-bit when every element index and offset fits, as division by a
+// runtime divisor costs several times more in 64 bits and each element pays it once per dimension. The
+// loop itself counts in 64 bits (the grid may hold more threads than 2^31 - total).
 template <class E, class I>
-__global__ void strided_copy_kernel(const E* in, E* out, I total, StridedLayout layout) {
-  for (I i = static_cast<I>(thread_index()); i < total; i += static_cast<I>(grid_threads())) {
-    I remaining = i, offset = 0;
+__global__ void strided_copy_kernel(const E* in, E* out, int64_t total, StridedLayout layout) {
+  for (int64_t i = thread_index(); i < total; i += grid_threads()) {
+    I remaining = static_cast<I>(i), offset = 0;
 #pragma unroll
     for (int d = kMaxDims - 1; d >= 0; --d) {
       if (d < layout.ndim) {
@@ -246,8 +247,8 @@ void launch_strided_copy(const void* in, void* out, int64_t total, int64_t max_o
                          const StridedLayout& layout, cudaStream_t stream) {
   const unsigned int blocks = blocks_for(total);
   if (total < (int64_t{1} << 31) && max_offset < (int64_t{1} << 31)) {
-    strided_copy_kernel<E, int32_t><<<blocks, kThreads, 0, stream>>>(
-        static_cast<const E*>(in), static_cast<E*>(out), static_cast<int32_t>(total), layout);
+    strided_copy_kernel<E, int32_t>
+        <<<blocks, kThreads, 0, stream>>>(static_cast<const E*>(in), static_cast<E*>(out), total, layout);
   } else {
     strided_copy_kernel<E, int64_t>
         <<<blocks, kThreads, 0, stream>>>(static_cast<const E*>(in), static_cast<E*>(out), total, layout);

@@ -735,9 +735,11 @@ void rope(const void* x, DType x_type, void* y, DType y_type, int64_t batch, int
   // Whole pairs as vectors: both buffers aligned to a pair (every row starts on one, as dim is even).
   const bool paired = reinterpret_cast<uintptr_t>(x) % (x_type == DType::bf16 ? 4 : 8) == 0 &&
                       reinterpret_cast<uintptr_t>(y) % (y_type == DType::bf16 ? 4 : 8) == 0;
+  // Threads for the row's pairs, in whole warps, at most kRowThreads.
+  const int threads = static_cast<int>(std::min<int64_t>(kRowThreads, (dim / 2 + 31) / 32 * 32));
   auto launch = [&](auto* in, auto* out) {
-    rope_kernel<<<row_blocks(rows), kRowThreads, 0, stream>>>(in, out, rows, seq, static_cast<int>(dim / 2),
-                                                              static_cast<int>(half), inverse, paired, freqs);
+    rope_kernel<<<row_blocks(rows), threads, 0, stream>>>(in, out, rows, seq, static_cast<int>(dim / 2),
+                                                          static_cast<int>(half), inverse, paired, freqs);
   };
   using bf = __nv_bfloat16;
   const bool in_bf16 = x_type == DType::bf16, out_bf16 = y_type == DType::bf16;
