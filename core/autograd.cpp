@@ -23,10 +23,11 @@ Tensor accumulate(const Tensor& a, const Tensor& b) {
   const DType wide = (a.dtype() == DType::f64 || b.dtype() == DType::f64) ? DType::f64 : DType::f32;
   return ops::add(ops::cast(a, wide), ops::cast(b, wide));
 }
-// Whether `t` is the only handle on a whole dense storage (the caller's reference included).
-bool sole_dense_owner(const Tensor& t) {
-  return t.defined() && t.impl_ptr().use_count() == 1 && t.storage().use_count() == 1 && t.offset() == 0 &&
-         t.is_contiguous() && t.storage()->bytes() == t.nbytes();
+// Whether `t` is one whole dense storage that at most `handles` references to its TensorImpl can reach
+// (the caller's own included), so that writing to it or adopting it disturbs nobody.
+bool held_only_by(const Tensor& t, long handles) {
+  return t.defined() && t.impl_ptr().use_count() <= handles && t.storage().use_count() == 1 &&
+         t.offset() == 0 && t.is_contiguous() && t.storage()->bytes() == t.nbytes();
 }
 }  // namespace
 
@@ -128,9 +129,7 @@ void AccumulateGrad::accumulate_tensor(const Tensor& grad_output) {
     // Adopt the incoming buffer when nothing else can see it: the engine's reference and ours are the only
     // handles (add's backward hands one tensor to both inputs, which shows up as a third), and it is a whole,
     // dense storage. Otherwise copy. Models pre-assign .grad views of a flat buffer and take the add below.
-    const bool sole_owner = g.impl_ptr().use_count() <= 2 && g.storage().use_count() == 1 &&
-                            g.offset() == 0 && g.is_contiguous() && g.storage()->bytes() == g.nbytes();
-    leaf_.set_grad(sole_owner ? g : g.clone());
+    leaf_.set_grad(held_only_by(g, 2) ? g : g.clone());
   } else if (existing.dtype() != DType::bf16 || g.dtype() == DType::bf16) {
     ops::add_into(existing, g);  // a wider buffer takes the gradient widened
   } else if (was_zero) {
@@ -207,7 +206,7 @@ void run_backward(const Tensor& root, const Tensor& grad) {
         auto it = pending.find(node->next[i].get());
         // Only a buffer nobody else can see (add's backward hands one tensor to both of its inputs, so the
         // residual stream's gradient becomes writable once the other branch has consumed its handle).
-        if (it != pending.end() && sole_dense_owner(it->second)) node->pending_grads[i] = it->second;
+        if (it != pending.end() && held_only_by(it->second, 1)) node->pending_grads[i] = it->second;
       }
     }
     std::vector<Tensor> input_grads;

@@ -195,16 +195,29 @@ Tensor linear(const Tensor& x, const Tensor& weight) {
   return linear(x, weight, weight.dtype(), wide_dtype(weight.dtype()));
 }
 
-Tensor linear(const Tensor& x, const Tensor& weight, DType compute, DType out) {
-  TT_CHECK(weight.dim() == 2, "linear: weight must be 2-D, got " + weight.describe());
-  TT_CHECK(x.size(-1) == weight.size(1), "linear: input features " + std::to_string(x.size(-1)) +
+namespace {
+// y = x W^T in `out`, computed in `compute`; with a residual (out's dtype, y's shape) y = residual + x W^T,
+// the residual added by the GEMM's epilogue and its gradient the incoming one. `op` names the caller in
+// errors.
+Tensor linear_impl(const char* op, const Tensor& x, const Tensor& weight, DType compute, DType out,
+                   const Tensor* residual) {
+  const std::string name(op);
+  TT_CHECK(weight.dim() == 2, name + ": weight must be 2-D, got " + weight.describe());
+  TT_CHECK(x.size(-1) == weight.size(1), name + ": input features " + std::to_string(x.size(-1)) +
                                              " do not match weight " + weight.describe());
-  detail::require_same_device(x, weight, "linear");
+  detail::require_same_device(x, weight, op);
   TT_CHECK(compute == weight.dtype() || compute == DType::bf16,
-           "linear: computes in the weight's dtype or in bf16, not " + std::string(dtype_name(compute)));
-  const int64_t in = weight.size(1), out_features = weight.size(0),
-                rows = x.numel() / std::max<int64_t>(1, in);
-  const bool record = needs_grad({&x, &weight});
+           name + ": computes in the weight's dtype or in bf16, not " + dtype_name(compute));
+  const int64_t in = weight.size(1), rows = x.numel() / std::max<int64_t>(1, in);
+  Shape out_shape(x.shape().begin(), x.shape().end() - 1);
+  out_shape.push_back(weight.size(0));
+  if (residual != nullptr) {
+    detail::require_same_device(x, *residual, op);
+    TT_CHECK(residual->shape() == out_shape && residual->dtype() == out,
+             name + ": the residual must be " + dtype_name(out) + " " + shape_str(out_shape) + ", got " +
+                 residual->describe());
+  }
+  const bool record = residual != nullptr ? needs_grad({&x, &weight, residual}) : needs_grad({&x, &weight});
   Tensor x2, w, y;
   {
     // The operands in the compute dtype; these casts are part of this op, not nodes of their own.
@@ -215,9 +228,13 @@ Tensor linear(const Tensor& x, const Tensor& weight, DType compute, DType out) {
     w = weight.dtype() == compute                   ? detail::dense(weight)
         : kept.defined() && kept.dtype() == compute ? detail::dense(kept)
                                                     : cast(weight, compute);
-    Shape out_shape(x.shape().begin(), x.shape().end() - 1);
-    out_shape.push_back(out_features);
-    y = reshape(matmul_raw(x2, w, false, true, 1.0, out), out_shape);
+    if (residual != nullptr) {
+      const Tensor r = detail::dense(*residual);
+      y = Tensor::empty(out_shape, out, x.device());
+      gemm_into(x2, w, false, true, 1.0, 1.0, y, &r);
+    } else {
+      y = reshape(matmul_raw(x2, w, false, true, 1.0, out), out_shape);
+    }
   }
   if (record) {
     auto node = std::make_shared<LinearNode>();
@@ -226,51 +243,23 @@ Tensor linear(const Tensor& x, const Tensor& weight, DType compute, DType out) {
     node->x_shape = x.shape();
     node->dx_dtype = wide_dtype(x.dtype());
     node->dw_dtype = weight.dtype();
-    attach_node(y, node, {&x, &weight});
+    node->residual = residual != nullptr;
+    if (residual != nullptr) {
+      attach_node(y, node, {&x, &weight, residual});
+    } else {
+      attach_node(y, node, {&x, &weight});
+    }
   }
   return y;
 }
+}  // namespace
+
+Tensor linear(const Tensor& x, const Tensor& weight, DType compute, DType out) {
+  return linear_impl("linear", x, weight, compute, out, nullptr);
+}
 
 Tensor linear_residual(const Tensor& residual, const Tensor& x, const Tensor& weight, DType compute) {
-  TT_CHECK(weight.dim() == 2, "linear_residual: weight must be 2-D, got " + weight.describe());
-  TT_CHECK(x.size(-1) == weight.size(1), "linear_residual: input features " + std::to_string(x.size(-1)) +
-                                             " do not match weight " + weight.describe());
-  detail::require_same_device(x, weight, "linear_residual");
-  detail::require_same_device(x, residual, "linear_residual");
-  TT_CHECK(
-      compute == weight.dtype() || compute == DType::bf16,
-      "linear_residual: computes in the weight's dtype or in bf16, not " + std::string(dtype_name(compute)));
-  const DType out = wide_dtype(compute);
-  Shape out_shape(x.shape().begin(), x.shape().end() - 1);
-  out_shape.push_back(weight.size(0));
-  TT_CHECK(residual.shape() == out_shape && residual.dtype() == out,
-           "linear_residual: the residual must be " + std::string(dtype_name(out)) + " " +
-               shape_str(out_shape) + ", got " + residual.describe());
-  const int64_t in = weight.size(1), rows = x.numel() / std::max<int64_t>(1, in);
-  const bool record = needs_grad({&x, &weight, &residual});
-  Tensor x2, w, y;
-  {
-    NoGradGuard no_grad;
-    x2 = reshape(detail::dense(x.dtype() == compute ? x : cast(x, compute)), {rows, in});
-    const Tensor& kept = weight.low_precision_copy();
-    w = weight.dtype() == compute                   ? detail::dense(weight)
-        : kept.defined() && kept.dtype() == compute ? detail::dense(kept)
-                                                    : cast(weight, compute);
-    const Tensor r = detail::dense(residual);
-    y = Tensor::empty(out_shape, out, x.device());
-    gemm_into(x2, w, false, true, 1.0, 1.0, y, &r);
-  }
-  if (record) {
-    auto node = std::make_shared<LinearNode>();
-    node->x2 = x2;
-    node->w = w;
-    node->x_shape = x.shape();
-    node->dx_dtype = wide_dtype(x.dtype());
-    node->dw_dtype = weight.dtype();
-    node->residual = true;
-    attach_node(y, node, {&x, &weight, &residual});
-  }
-  return y;
+  return linear_impl("linear_residual", x, weight, compute, wide_dtype(compute), &residual);
 }
 
 }  // namespace tt::ops
