@@ -228,6 +228,19 @@ TEST_CASE("CUDA model ops equal the CPU") {
                     {randn({10, 32}, 20), ids}) < kF32);
   CHECK(cuda_vs_cpu([](const auto& in) { return ops::rms_norm(in[0], in[1], 1e-5); },
                     {randn({7, 5, 300}, 21), randn({300}, 22)}) < kF32);
+  // The backward's blocks take runs of rows (here 5, the last run short) for the weight gradient's partial
+  // sums, which live in shared memory: rows of 13000 need more than the default 48 KiB of it.
+  CHECK(cuda_vs_cpu([](const auto& in) { return ops::rms_norm(in[0], in[1], 1e-5); },
+                    {randn({1100, 64}, 31), randn({64}, 32)}) < kF32);
+  CHECK(cuda_vs_cpu([](const auto& in) { return ops::rms_norm(in[0], in[1], 1e-5); },
+                    {randn({3, 13000}, 33), randn({13000}, 34)}) < kF32);
+  {
+    Tensor x = randn({1, 60000}, 35).to(Device::cuda(0)), w = randn({60000}, 36).to(Device::cuda(0));
+    w.set_requires_grad(true);
+    const Tensor g = Tensor::full({1, 60000}, 1.0, DType::f32, Device::cuda(0));
+    CHECK_THROWS_WITH(ops::rms_norm(x, w, 1e-5).backward(g),
+                      doctest::Contains("rows of 60000 elements are too long"));
+  }
   CHECK(cuda_vs_cpu([](const auto& in) { return ops::rope(in[0], 64, 10000.0); },
                     {randn({2, 300, 256}, 23)}) < kF32);
   CHECK(cuda_vs_cpu([](const auto& in) { return ops::rope(in[0], 80, 10000.0); }, {randn({1, 50, 160}, 24)}) <
@@ -358,7 +371,7 @@ TEST_CASE("CUDA gradients added in place (GEMM with beta = 1, RMSNorm accumulati
 
 TEST_CASE("CUDA RMSNorm writes its weight gradient into a zero-marked .grad, f32 or bf16 (rounded once)") {
   const Device gpu = Device::cuda(0);
-  // 300 rows: several chunks of the two-stage dw sum; 5 rows: one chunk, written by the first stage.
+  // 300 rows: blocks of two rows in the two-stage dw sum; 5 rows: a block per row.
   for (int64_t rows : {int64_t{300}, int64_t{5}}) {
     CAPTURE(rows);
     const Tensor x = randn({rows, 96}, 140).to(gpu), g = randn({rows, 96}, 141).to(gpu);

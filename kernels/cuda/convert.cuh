@@ -54,4 +54,42 @@ __device__ inline void store4(__nv_bfloat16* p, int64_t k, const float (&v)[4]) 
   reinterpret_cast<uint2*>(p)[k] = q;
 }
 
+// W consecutive elements, the k-th group of W, for kernels written once for both widths: W = 1 is one
+// element, W = 4 is load4/store4, W = 8 (bf16 only) one 16-byte access.
+template <int W, class T>
+__device__ inline void load_w(const T* p, int64_t k, float (&v)[W]) {
+  if constexpr (W == 1) {
+    v[0] = to_float(p[k]);
+  } else if constexpr (W == 4) {
+    load4(p, k, v);
+  } else {
+    static_assert(W == 8 && sizeof(T) == 2, "load_w: 1, 4, or 8 bf16 elements");
+    const uint4 q = reinterpret_cast<const uint4*>(p)[k];
+    const uint32_t words[4] = {q.x, q.y, q.z, q.w};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const float2 pair = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&words[i]));
+      v[2 * i] = pair.x;
+      v[2 * i + 1] = pair.y;
+    }
+  }
+}
+template <int W, class T>
+__device__ inline void store_w(T* p, int64_t k, const float (&v)[W]) {
+  if constexpr (W == 1) {
+    p[k] = from_float<T>(v[0]);
+  } else if constexpr (W == 4) {
+    store4(p, k, v);
+  } else {
+    static_assert(W == 8 && sizeof(T) == 2, "store_w: 1, 4, or 8 bf16 elements");
+    uint32_t words[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const __nv_bfloat162 pair = __floats2bfloat162_rn(v[2 * i], v[2 * i + 1]);
+      words[i] = *reinterpret_cast<const uint32_t*>(&pair);
+    }
+    reinterpret_cast<uint4*>(p)[k] = make_uint4(words[0], words[1], words[2], words[3]);
+  }
+}
+
 }  // namespace tt::cuda

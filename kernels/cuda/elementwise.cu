@@ -37,54 +37,69 @@ bool aligned4(const T* p) {
   return reinterpret_cast<uintptr_t>(p) % (4 * sizeof(T)) == 0;
 }
 
-// Product and sum rounded separately (no fused multiply-add) so the result matches the CPU twin bit for bit.
-// Four at a time when `vectorised` (the first n / 4 * 4 elements), the rest one by one.
-__global__ void add_kernel(const float* a, const float* b, float* out, int64_t n, float alpha,
-                           bool vectorised) {
+// The loop every vectorised streaming kernel shares. op.apply<W>(k) handles the k-th group of W consecutive
+// elements; with `vectorised` (every pointer aligned to W elements, checked on the host) the first n / W * W
+// elements go W at a time and the rest one by one, otherwise all one by one. An op computes in f32 whatever
+// the storage (f32 or bf16) and rounds once on the store.
+template <int W, class Op>
+__global__ void elementwise_kernel(Op op, int64_t n, bool vectorised) {
   int64_t done = 0;
   if (vectorised) {
-    const int64_t groups = n / 4;
-    for (int64_t k = thread_index(); k < groups; k += grid_threads()) {
-      float va[4], vb[4];
-      load4(a, k, va);
-      load4(b, k, vb);
-#pragma unroll
-      for (int j = 0; j < 4; ++j) va[j] = __fadd_rn(va[j], __fmul_rn(alpha, vb[j]));
-      store4(out, k, va);
-    }
-    done = groups * 4;
+    const int64_t groups = n / W;
+    for (int64_t k = thread_index(); k < groups; k += grid_threads()) op.template apply<W>(k);
+    done = groups * W;
   }
-  for (int64_t i = done + thread_index(); i < n; i += grid_threads())
-    out[i] = __fadd_rn(a[i], __fmul_rn(alpha, b[i]));
+  for (int64_t i = done + thread_index(); i < n; i += grid_threads()) op.template apply<1>(i);
 }
+
+template <int W, class Op>
+void launch_elementwise(const Op& op, int64_t n, bool vectorised, cudaStream_t stream) {
+  if (n == 0) return;
+  elementwise_kernel<W>
+      <<<blocks_for(vectorised ? std::max<int64_t>(1, n / W) : n), kThreads, 0, stream>>>(op, n, vectorised);
+  TT_CUDA_LAUNCH_CHECK();
+}
+
+// out = a + alpha * b, product and sum rounded separately (no fused multiply-add) so the result matches the
+// CPU twin bit for bit.
+struct AddOp {
+  const float* a;
+  const float* b;
+  float* out;
+  float alpha;
+  template <int W>
+  __device__ void apply(int64_t k) const {
+    float va[W], vb[W];
+    load_w<W>(a, k, va);
+    load_w<W>(b, k, vb);
+#pragma unroll
+    for (int j = 0; j < W; ++j) va[j] = __fadd_rn(va[j], __fmul_rn(alpha, vb[j]));
+    store_w<W>(out, k, va);
+  }
+};
 
 __global__ void scale_kernel(const float* a, float* out, int64_t n, float s) {
   for (int64_t i = thread_index(); i < n; i += grid_threads()) out[i] = a[i] * s;
 }
 
-// dst = (dst + src) * scale. Sixteen bytes per thread and step when both pointers allow it (the gradient
-// buckets of the copy-engine all-reduce are large and aligned), one element at a time otherwise.
+// dst = (dst + src) * scale, sixteen bytes per access when both pointers allow it (the gradient buckets of
+// the copy-engine all-reduce are large and aligned).
 template <class T>
-__global__ void add_pair_scaled_kernel(T* dst, const T* src, int64_t n, float scale, bool vectorised) {
-  constexpr int kPack = 16 / sizeof(T);
-  int64_t done = 0;
-  if (vectorised) {
-    const int64_t packs = n / kPack;
-    for (int64_t p = thread_index(); p < packs; p += grid_threads()) {
-      uint4 dv = reinterpret_cast<const uint4*>(dst)[p];
-      const uint4 sv = reinterpret_cast<const uint4*>(src)[p];
-      T* d = reinterpret_cast<T*>(&dv);
-      const T* s = reinterpret_cast<const T*>(&sv);
+struct AddPairScaledOp {
+  static constexpr int kPack = 16 / sizeof(T);
+  T* dst;
+  const T* src;
+  float scale;
+  template <int W>
+  __device__ void apply(int64_t k) const {
+    float d[W], v[W];
+    load_w<W>(dst, k, d);
+    load_w<W>(src, k, v);
 #pragma unroll
-      for (int k = 0; k < kPack; ++k)
-        d[k] = from_float<T>(__fmul_rn(__fadd_rn(to_float(d[k]), to_float(s[k])), scale));
-      reinterpret_cast<uint4*>(dst)[p] = dv;
-    }
-    done = packs * kPack;
+    for (int j = 0; j < W; ++j) d[j] = __fmul_rn(__fadd_rn(d[j], v[j]), scale);
+    store_w<W>(dst, k, d);
   }
-  for (int64_t i = done + thread_index(); i < n; i += grid_threads())
-    dst[i] = from_float<T>(__fmul_rn(__fadd_rn(to_float(dst[i]), to_float(src[i])), scale));
-}
+};
 
 __global__ void wait_flag_kernel(const uint32_t* flag, uint32_t value) {
   if (threadIdx.x != 0) return;
@@ -275,60 +290,47 @@ __device__ void swiglu_grads(float g, float a, float b, float& da, float& db) {
   da = g * b * sig * (1.0f + a * (1.0f - sig));
 }
 
-// Four elements per access when `vectorised` (every pointer aligned to four elements), the tail one by one.
 template <class T>
-__global__ void swiglu_forward_kernel(const T* a, const T* b, T* out, int64_t n, bool vectorised) {
-  int64_t done = 0;
-  if (vectorised) {
-    const int64_t groups = n / 4;
-    for (int64_t k = thread_index(); k < groups; k += grid_threads()) {
-      float va[4], vb[4];
-      load4(a, k, va);
-      load4(b, k, vb);
+struct SwigluForwardOp {
+  const T* a;
+  const T* b;
+  T* out;
+  template <int W>
+  __device__ void apply(int64_t k) const {
+    float va[W], vb[W];
+    load_w<W>(a, k, va);
+    load_w<W>(b, k, vb);
 #pragma unroll
-      for (int j = 0; j < 4; ++j) va[j] = swiglu_value(va[j], vb[j]);
-      store4(out, k, va);
-    }
-    done = groups * 4;
+    for (int j = 0; j < W; ++j) va[j] = swiglu_value(va[j], vb[j]);
+    store_w<W>(out, k, va);
   }
-  for (int64_t i = done + thread_index(); i < n; i += grid_threads())
-    out[i] = from_float<T>(swiglu_value(to_float(a[i]), to_float(b[i])));
-}
+};
 
 template <class T, class G>
-__global__ void swiglu_backward_kernel(const G* dout, const T* a, const T* b, T* da, T* db, int64_t n,
-                                       bool vectorised) {
-  int64_t done = 0;
-  if (vectorised) {
-    const int64_t groups = n / 4;
-    for (int64_t k = thread_index(); k < groups; k += grid_threads()) {
-      float vg[4], va[4], vb[4], vda[4], vdb[4];
-      load4(dout, k, vg);
-      load4(a, k, va);
-      load4(b, k, vb);
+struct SwigluBackwardOp {
+  const G* dout;
+  const T* a;
+  const T* b;
+  T* da;
+  T* db;
+  template <int W>
+  __device__ void apply(int64_t k) const {
+    float vg[W], va[W], vb[W], vda[W], vdb[W];
+    load_w<W>(dout, k, vg);
+    load_w<W>(a, k, va);
+    load_w<W>(b, k, vb);
 #pragma unroll
-      for (int j = 0; j < 4; ++j) swiglu_grads(vg[j], va[j], vb[j], vda[j], vdb[j]);
-      store4(da, k, vda);
-      store4(db, k, vdb);
-    }
-    done = groups * 4;
+    for (int j = 0; j < W; ++j) swiglu_grads(vg[j], va[j], vb[j], vda[j], vdb[j]);
+    store_w<W>(da, k, vda);
+    store_w<W>(db, k, vdb);
   }
-  for (int64_t i = done + thread_index(); i < n; i += grid_threads()) {
-    float gda, gdb;
-    swiglu_grads(to_float(dout[i]), to_float(a[i]), to_float(b[i]), gda, gdb);
-    da[i] = from_float<T>(gda);
-    db[i] = from_float<T>(gdb);
-  }
-}
+};
 
 }  // namespace
 
 void add(const float* a, const float* b, float* out, int64_t n, double alpha, cudaStream_t stream) {
-  if (n == 0) return;
   const bool vectorised = aligned4(a) && aligned4(b) && aligned4(out);
-  add_kernel<<<blocks_for(vectorised ? std::max<int64_t>(1, n / 4) : n), kThreads, 0, stream>>>(
-      a, b, out, n, static_cast<float>(alpha), vectorised);
-  TT_CUDA_LAUNCH_CHECK();
+  launch_elementwise<4>(AddOp{a, b, out, static_cast<float>(alpha)}, n, vectorised, stream);
 }
 
 void scale(const float* a, float* out, int64_t n, double s, cudaStream_t stream) {
@@ -407,16 +409,16 @@ void add_pair_scaled(void* dst, const void* src, DType type, int64_t n, float sc
   if (n == 0) return;
   const bool vectorised =
       reinterpret_cast<uintptr_t>(dst) % 16 == 0 && reinterpret_cast<uintptr_t>(src) % 16 == 0;
-  const int64_t pack = 16 / static_cast<int64_t>(dtype_size(type));
-  const unsigned int blocks = blocks_for(vectorised ? std::max<int64_t>(1, n / pack) : n);
   if (type == DType::f32) {
-    add_pair_scaled_kernel<float><<<blocks, kThreads, 0, stream>>>(
-        static_cast<float*>(dst), static_cast<const float*>(src), n, scale, vectorised);
+    using Op = AddPairScaledOp<float>;
+    launch_elementwise<Op::kPack>(Op{static_cast<float*>(dst), static_cast<const float*>(src), scale}, n,
+                                  vectorised, stream);
   } else {
-    add_pair_scaled_kernel<__nv_bfloat16><<<blocks, kThreads, 0, stream>>>(
-        static_cast<__nv_bfloat16*>(dst), static_cast<const __nv_bfloat16*>(src), n, scale, vectorised);
+    using Op = AddPairScaledOp<__nv_bfloat16>;
+    launch_elementwise<Op::kPack>(
+        Op{static_cast<__nv_bfloat16*>(dst), static_cast<const __nv_bfloat16*>(src), scale}, n, vectorised,
+        stream);
   }
-  TT_CUDA_LAUNCH_CHECK();
 }
 
 void wait_flag_at_least(const uint32_t* flag, uint32_t value, cudaStream_t stream) {
@@ -488,9 +490,7 @@ namespace {
 template <class T>
 void launch_swiglu_forward(const T* a, const T* b, T* out, int64_t n, cudaStream_t stream) {
   const bool vectorised = aligned4(a) && aligned4(b) && aligned4(out);
-  swiglu_forward_kernel<<<blocks_for(vectorised ? std::max<int64_t>(1, n / 4) : n), kThreads, 0, stream>>>(
-      a, b, out, n, vectorised);
-  TT_CUDA_LAUNCH_CHECK();
+  launch_elementwise<4>(SwigluForwardOp<T>{a, b, out}, n, vectorised, stream);
 }
 }  // namespace
 
@@ -512,9 +512,7 @@ template <class T, class G>
 void launch_swiglu_backward_as(const G* dout, const T* a, const T* b, T* da, T* db, int64_t n,
                                cudaStream_t stream) {
   const bool vectorised = aligned4(dout) && aligned4(a) && aligned4(b) && aligned4(da) && aligned4(db);
-  swiglu_backward_kernel<<<blocks_for(vectorised ? std::max<int64_t>(1, n / 4) : n), kThreads, 0, stream>>>(
-      dout, a, b, da, db, n, vectorised);
-  TT_CUDA_LAUNCH_CHECK();
+  launch_elementwise<4>(SwigluBackwardOp<T, G>{dout, a, b, da, db}, n, vectorised, stream);
 }
 
 template <class T>

@@ -380,17 +380,30 @@ __global__ void rms_norm_forward_kernel(const float* x, const float* w, Y* y, fl
 
 // dx = inv * (w * dy) - inv^3 / dim * x * sum(w * dy * x); with `accumulate`, dx += that (rounded once more,
 // as a separate addition would). `vec` as in the forward kernel.
+//
+// dw = sum over rows of dy * x * inv comes out of the same pass, so dy and x are read once for both. For
+// reproducible bits the sum has two fixed-order stages instead of atomics: each block takes a run of
+// consecutive rows and sums them row by row into `acc` (shared memory, one float per column), then writes
+// that as its row of `partials`; column_sum_kernel adds the blocks' rows in a fixed order. Each thread owns
+// the same columns in every row, so its part of `acc` needs no synchronisation between rows.
 __device__ inline float rms_dx(float inv, float w, float dy, float coef, float x) {
   return inv * w * dy - coef * x;
 }
-__global__ void rms_norm_backward_dx_kernel(const float* dy, const float* x, const float* w,
-                                            const float* inv_rms, float* dx, int64_t rows, int64_t dim,
-                                            bool accumulate, bool vec) {
+__global__ void rms_norm_backward_kernel(const float* dy, const float* x, const float* w,
+                                         const float* inv_rms, float* dx, float* partials, int64_t rows,
+                                         int64_t dim, int64_t rows_per_block, bool accumulate, bool vec) {
+  extern __shared__ float4 acc4[];  // declared as float4 for 16-byte alignment
+  float* acc = reinterpret_cast<float*>(acc4);
+  for (int64_t j = threadIdx.x; j < dim; j += blockDim.x) acc[j] = 0;
+  __syncthreads();
   const int64_t groups = dim / 4;
-  for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
+  const int64_t first_row = static_cast<int64_t>(blockIdx.x) * rows_per_block;
+  const int64_t end_row = std::min(first_row + rows_per_block, rows);
+  for (int64_t row = first_row; row < end_row; ++row) {
     const float* xr = x + row * dim;
     const float* dyr = dy + row * dim;
     float* dxr = dx + row * dim;
+    const float inv = inv_rms[row];
     float dot = 0;
     if (vec) {
       for (int64_t k = threadIdx.x; k < groups; k += blockDim.x) {
@@ -398,12 +411,20 @@ __global__ void rms_norm_backward_dx_kernel(const float* dy, const float* x, con
         load4(xr, k, xv);
         load4(dyr, k, gv);
         load4(w, k, wv);
+        float4 a = acc4[k];  // 16-byte accesses: no bank conflicts
+        a.x += gv[0] * xv[0] * inv;
+        a.y += gv[1] * xv[1] * inv;
+        a.z += gv[2] * xv[2] * inv;
+        a.w += gv[3] * xv[3] * inv;
+        acc4[k] = a;
         for (int e = 0; e < 4; ++e) dot += wv[e] * gv[e] * xv[e];
       }
     } else {
-      for (int64_t j = threadIdx.x; j < dim; j += blockDim.x) dot += w[j] * dyr[j] * xr[j];
+      for (int64_t j = threadIdx.x; j < dim; j += blockDim.x) {
+        dot += w[j] * dyr[j] * xr[j];
+        acc[j] += dyr[j] * xr[j] * inv;
+      }
     }
-    const float inv = inv_rms[row];
     const float coef = inv * inv * inv * block_sum(dot) / static_cast<float>(dim);
     if (vec) {
       for (int64_t k = threadIdx.x; k < groups; k += blockDim.x) {
@@ -425,48 +446,35 @@ __global__ void rms_norm_backward_dx_kernel(const float* dy, const float* x, con
       }
     }
   }
+  __syncthreads();
+  for (int64_t j = threadIdx.x; j < dim; j += blockDim.x) partials[blockIdx.x * dim + j] = acc[j];
 }
 
-// dw is a sum over all rows. For reproducible bits it is computed in two fixed-order stages instead of with
-// atomics: each block sums a chunk of rows for a tile of 32 columns (a warp reads 32 consecutive floats of a
-// row), writing one partial per (chunk, column); then one thread per column adds the chunks in order.
-constexpr int kDwTileColumns = 32;
-constexpr int kDwRowLanes = 8;
-constexpr int64_t kDwMinRowsPerChunk = 64;
-constexpr int64_t kDwMaxChunks = 128;
+// Blocks of the backward pass (each a run of rows), hence rows of partial dw sums: the run length depends
+// only on the row count, so the summation order, and with it dw, is reproducible.
+constexpr int64_t kDwMaxPartials = 256;
+// The partial sums of a block live in shared memory: dim floats.
+constexpr int64_t kMaxSharedBytes = 200 * 1024;
 
-// P: f32 partials, or the gradient itself (f32 or bf16, rounded once) when there is one chunk.
-template <class P>
-__global__ void rms_norm_backward_dw_partial_kernel(const float* dy, const float* x, const float* inv_rms,
-                                                    P* partials, int64_t rows, int64_t dim,
-                                                    int64_t rows_per_chunk) {
-  __shared__ float lane_sums[kDwRowLanes][kDwTileColumns];
-  const int64_t col = static_cast<int64_t>(blockIdx.x) * kDwTileColumns + threadIdx.x;
-  const int64_t first_row = static_cast<int64_t>(blockIdx.y) * rows_per_chunk;
-  const int64_t end_row = std::min(first_row + rows_per_chunk, rows);
-  float acc = 0;
+// out[col] = sum over r of m[r * dim + col], in a fixed order: a block takes a tile of 32 columns (a warp
+// reads 32 consecutive floats of a row); its 32 lanes of rows each sum every 32nd row, then lane 0 adds the
+// 32 lane sums in order. O: f32, or bf16 (the f32 sum rounded once).
+constexpr int kSumTileColumns = 32;
+constexpr int kSumRowLanes = 32;
+template <class O>
+__global__ void column_sum_kernel(const float* m, O* out, int64_t rows, int64_t dim) {
+  __shared__ float lane_sums[kSumRowLanes][kSumTileColumns];
+  const int64_t col = static_cast<int64_t>(blockIdx.x) * kSumTileColumns + threadIdx.x;
+  float total = 0;
   if (col < dim) {
-    for (int64_t r = first_row + threadIdx.y; r < end_row; r += kDwRowLanes)
-      acc += dy[r * dim + col] * x[r * dim + col] * inv_rms[r];
+    for (int64_t r = threadIdx.y; r < rows; r += kSumRowLanes) total += m[r * dim + col];
   }
-  lane_sums[threadIdx.y][threadIdx.x] = acc;
+  lane_sums[threadIdx.y][threadIdx.x] = total;
   __syncthreads();
   if (threadIdx.y == 0 && col < dim) {
-    float total = 0;
-    for (int lane = 0; lane < kDwRowLanes; ++lane) total += lane_sums[lane][threadIdx.x];
-    partials[blockIdx.y * dim + col] = from_float<P>(total);
-  }
-}
-
-// D: f32, or bf16 (a bf16 gradient buffer: the f32 sum rounded once).
-template <class D>
-__global__ void rms_norm_backward_dw_reduce_kernel(const float* partials, D* dw, int64_t chunks,
-                                                   int64_t dim) {
-  for (int64_t col = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; col < dim;
-       col += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    float total = 0;
-    for (int64_t c = 0; c < chunks; ++c) total += partials[c * dim + col];
-    dw[col] = from_float<D>(total);
+    float sum = 0;
+    for (int lane = 0; lane < kSumRowLanes; ++lane) sum += lane_sums[lane][threadIdx.x];
+    out[col] = from_float<O>(sum);
   }
 }
 
@@ -673,43 +681,33 @@ void rms_norm_backward(const float* dy, const float* x, const float* w, const fl
     return;
   }
   const bool vec = rms_vec(dim, {{dy, 4}, {x, 4}, {w, 4}, {dx, 4}});
-  rms_norm_backward_dx_kernel<<<row_blocks(rows), kRowThreads, 0, stream>>>(dy, x, w, inv_rms, dx, rows, dim,
-                                                                            accumulate_dx, vec);
-  TT_CUDA_LAUNCH_CHECK();
-
-  // The chunking depends only on (rows, dim), so the summation order, and with it dw, is reproducible.
-  const int64_t chunks = std::clamp(rows / kDwMinRowsPerChunk, int64_t{1}, kDwMaxChunks);
-  const int64_t rows_per_chunk = (rows + chunks - 1) / chunks;
-  const dim3 grid(static_cast<unsigned int>((dim + kDwTileColumns - 1) / kDwTileColumns),
-                  static_cast<unsigned int>(chunks));
-  const dim3 block(kDwTileColumns, kDwRowLanes);
-  const bool bf16 = dw_type == DType::bf16;
-  auto* dw_f32 = static_cast<float*>(dw);
-  auto* dw_bf16 = static_cast<__nv_bfloat16*>(dw);
-  if (chunks == 1) {
-    if (bf16) {
-      rms_norm_backward_dw_partial_kernel<<<grid, block, 0, stream>>>(dy, x, inv_rms, dw_bf16, rows, dim,
-                                                                      rows_per_chunk);
-    } else {
-      rms_norm_backward_dw_partial_kernel<<<grid, block, 0, stream>>>(dy, x, inv_rms, dw_f32, rows, dim,
-                                                                      rows_per_chunk);
-    }
-    TT_CUDA_LAUNCH_CHECK();
-    return;
+  const size_t shared = static_cast<size_t>(dim) * sizeof(float);
+  TT_CHECK(static_cast<int64_t>(shared) <= kMaxSharedBytes,
+           "cuda::rms_norm_backward: rows of " + std::to_string(dim) + " elements are too long (at most " +
+               std::to_string(kMaxSharedBytes / 4) + ")");
+  if (shared > 48 * 1024) {  // beyond 48 KiB a kernel must opt in (per device)
+    TT_CUDA_CHECK(cudaFuncSetAttribute(rms_norm_backward_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                       static_cast<int>(kMaxSharedBytes)));
   }
-  // Stream-ordered scratch of chunks * dim floats (at most 128 rows of dw), freed right after the reduction.
+  const int64_t rows_per_block = (rows + kDwMaxPartials - 1) / kDwMaxPartials;
+  const int64_t blocks = (rows + rows_per_block - 1) / rows_per_block;
+  // Stream-ordered scratch for the blocks' partial sums (at most 256 rows of dw), freed after the sum.
   float* partials = nullptr;
   TT_CUDA_CHECK(cudaMallocAsync(reinterpret_cast<void**>(&partials),
-                                static_cast<size_t>(chunks * dim) * sizeof(float), stream));
-  rms_norm_backward_dw_partial_kernel<<<grid, block, 0, stream>>>(dy, x, inv_rms, partials, rows, dim,
-                                                                  rows_per_chunk);
+                                static_cast<size_t>(blocks * dim) * sizeof(float), stream));
+  // A thread per four-element group (or element) of a row, in whole warps, 128 to 1024: with only 256
+  // blocks, fewer threads would leave HBM bandwidth unused.
+  const int64_t units = vec ? dim / 4 : dim;
+  const int threads = static_cast<int>(std::clamp<int64_t>((units + 31) / 32 * 32, 128, 1024));
+  rms_norm_backward_kernel<<<static_cast<unsigned int>(blocks), threads, shared, stream>>>(
+      dy, x, w, inv_rms, dx, partials, rows, dim, rows_per_block, accumulate_dx, vec);
   TT_CUDA_LAUNCH_CHECK();
-  if (bf16) {
-    rms_norm_backward_dw_reduce_kernel<<<blocks_for(dim), kThreads, 0, stream>>>(partials, dw_bf16, chunks,
-                                                                                 dim);
+  const dim3 grid(static_cast<unsigned int>((dim + kSumTileColumns - 1) / kSumTileColumns));
+  const dim3 block(kSumTileColumns, kSumRowLanes);
+  if (dw_type == DType::bf16) {
+    column_sum_kernel<<<grid, block, 0, stream>>>(partials, static_cast<__nv_bfloat16*>(dw), blocks, dim);
   } else {
-    rms_norm_backward_dw_reduce_kernel<<<blocks_for(dim), kThreads, 0, stream>>>(partials, dw_f32, chunks,
-                                                                                 dim);
+    column_sum_kernel<<<grid, block, 0, stream>>>(partials, static_cast<float*>(dw), blocks, dim);
   }
   TT_CUDA_LAUNCH_CHECK();
   TT_CUDA_CHECK(cudaFreeAsync(partials, stream));
