@@ -383,17 +383,22 @@ __global__ void rms_norm_forward_kernel(const float* x, const float* w, Y* y, fl
 //
 // dw = sum over rows of dy * x * inv comes out of the same pass, so dy and x are read once for both. For
 // reproducible bits the sum has two fixed-order stages instead of atomics: each block takes a run of
-// consecutive rows and sums them row by row into `acc` (shared memory, one float per column), then writes
-// that as its row of `partials`; column_sum_kernel adds the blocks' rows in a fixed order. Each thread owns
-// the same columns in every row, so its part of `acc` needs no synchronisation between rows.
+// consecutive rows and sums them row by row into `acc`, one float per column, then that is its row of
+// `partials`; column_sum_kernel adds the blocks' rows in a fixed order. `acc` lives in shared memory when a
+// row's floats fit there (`in_shared`), else it is the block's row of `partials` itself: each thread owns
+// the same columns in every row, so either way its part needs no synchronisation between rows, and both
+// give the same bits.
 __device__ inline float rms_dx(float inv, float w, float dy, float coef, float x) {
   return inv * w * dy - coef * x;
 }
-__global__ void rms_norm_backward_kernel(const float* dy, const float* x, const float* w,
-                                         const float* inv_rms, float* dx, float* partials, int64_t rows,
-                                         int64_t dim, int64_t rows_per_block, bool accumulate, bool vec) {
-  extern __shared__ float4 acc4[];  // declared as float4 for 16-byte alignment
-  float* acc = reinterpret_cast<float*>(acc4);
+__global__ void __launch_bounds__(1024)
+    rms_norm_backward_kernel(const float* dy, const float* x, const float* w, const float* inv_rms, float* dx,
+                             float* partials, int64_t rows, int64_t dim, int64_t rows_per_block,
+                             bool accumulate, bool vec, bool in_shared) {
+  extern __shared__ float4 shared4[];  // declared as float4 for 16-byte alignment
+  float* const own_partials = partials + static_cast<int64_t>(blockIdx.x) * dim;
+  float* const acc = in_shared ? reinterpret_cast<float*>(shared4) : own_partials;
+  float4* const acc4 = reinterpret_cast<float4*>(acc);  // aligned: vec implies dim % 4 == 0
   for (int64_t j = threadIdx.x; j < dim; j += blockDim.x) acc[j] = 0;
   __syncthreads();
   const int64_t groups = dim / 4;
@@ -446,15 +451,14 @@ __global__ void rms_norm_backward_kernel(const float* dy, const float* x, const 
       }
     }
   }
+  if (!in_shared) return;
   __syncthreads();
-  for (int64_t j = threadIdx.x; j < dim; j += blockDim.x) partials[blockIdx.x * dim + j] = acc[j];
+  for (int64_t j = threadIdx.x; j < dim; j += blockDim.x) own_partials[j] = acc[j];
 }
 
 // Blocks of the backward pass (each a run of rows), hence rows of partial dw sums: the run length depends
 // only on the row count, so the summation order, and with it dw, is reproducible.
 constexpr int64_t kDwMaxPartials = 256;
-// The partial sums of a block live in shared memory: dim floats.
-constexpr int64_t kMaxSharedBytes = 200 * 1024;
 
 // out[col] = sum over r of m[r * dim + col], in a fixed order: a block takes a tile of 32 columns (a warp
 // reads 32 consecutive floats of a row); its 32 lanes of rows each sum every 32nd row, then lane 0 adds the
@@ -681,13 +685,18 @@ void rms_norm_backward(const float* dy, const float* x, const float* w, const fl
     return;
   }
   const bool vec = rms_vec(dim, {{dy, 4}, {x, 4}, {w, 4}, {dx, 4}});
-  const size_t shared = static_cast<size_t>(dim) * sizeof(float);
-  TT_CHECK(static_cast<int64_t>(shared) <= kMaxSharedBytes,
-           "cuda::rms_norm_backward: rows of " + std::to_string(dim) + " elements are too long (at most " +
-               std::to_string(kMaxSharedBytes / 4) + ")");
-  if (shared > 48 * 1024) {  // beyond 48 KiB a kernel must opt in (per device)
+  // The block's partial sums in shared memory when a row's floats fit beside the kernel's static 128 bytes
+  // (beyond 48 KiB a kernel must opt in, per device, up to the device's limit), else in global memory.
+  size_t shared = static_cast<size_t>(dim) * sizeof(float);
+  int device = 0, optin = 0;
+  TT_CUDA_CHECK(cudaGetDevice(&device));
+  TT_CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+  const bool in_shared = shared + 1024 <= static_cast<size_t>(optin);
+  if (!in_shared) {
+    shared = 0;
+  } else if (shared > 48 * 1024) {
     TT_CUDA_CHECK(cudaFuncSetAttribute(rms_norm_backward_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                       static_cast<int>(kMaxSharedBytes)));
+                                       static_cast<int>(shared)));
   }
   const int64_t rows_per_block = (rows + kDwMaxPartials - 1) / kDwMaxPartials;
   const int64_t blocks = (rows + rows_per_block - 1) / rows_per_block;
@@ -700,7 +709,7 @@ void rms_norm_backward(const float* dy, const float* x, const float* w, const fl
   const int64_t units = vec ? dim / 4 : dim;
   const int threads = static_cast<int>(std::clamp<int64_t>((units + 31) / 32 * 32, 128, 1024));
   rms_norm_backward_kernel<<<static_cast<unsigned int>(blocks), threads, shared, stream>>>(
-      dy, x, w, inv_rms, dx, partials, rows, dim, rows_per_block, accumulate_dx, vec);
+      dy, x, w, inv_rms, dx, partials, rows, dim, rows_per_block, accumulate_dx, vec, in_shared);
   TT_CUDA_LAUNCH_CHECK();
   const dim3 grid(static_cast<unsigned int>((dim + kSumTileColumns - 1) / kSumTileColumns));
   const dim3 block(kSumTileColumns, kSumRowLanes);
