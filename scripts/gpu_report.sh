@@ -20,6 +20,7 @@
 #              TORCH_SIZES (default small,medium,large; then xl,2.7b in another call) / TORCH_VARIANTS
 #              choose, TORCH_ADAMW=default times torch.optim.AdamW's foreach
 #              implementation instead of fused=True (what REFERENCE.md's figures used); run after `ours`
+#              (same OUT) and it ends with the side-by-side table (scripts/step_table.py)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-gpu-results}
@@ -155,7 +156,15 @@ for s in "$@"; do
       timeout 580 python3 apps/python/model_baseline.py --sizes "${TORCH_SIZES:-small,medium,large}" \
         --ctx 256 --variants "${TORCH_VARIANTS:-eager-f32,compile-bf16}" --adamw "${TORCH_ADAMW:-fused}" \
         --json "$out/torch_all.jsonl" 2>&1 |
-        tee "$out/torch_all.md" | tail -12 ;;
+        tee "$out/torch_all.md" | tail -12
+      # Ours next to PyTorch's, when the `ours` section ran before in the same output folder; sizes PyTorch
+      # was not timed for take REFERENCE.md's figures for this GPU.
+      if [ -f "$out/ours_all.jsonl" ]; then
+        gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
+        ref=(); case "$gpu" in *H100*) ref=(--reference h100) ;; *H200*) ref=(--reference h200) ;; esac
+        python3 scripts/step_table.py "$out/ours_all.jsonl" "$out/torch_all.jsonl" "${ref[@]}" |
+          tee "$out/step_table.md"
+      fi ;;
     profile)
       # Where one step's GPU time goes, per kernel: ours (Nsight Compute over the measured step only,
       # --profile-steps), then the PyTorch reference's torch.compile step (torch.profiler).
