@@ -254,14 +254,10 @@ int main(int argc, char** argv) {
       TT_CHECK(dtype == "f32" || dtype == "bf16",
                "--grad-comm-dtype takes f32 and/or bf16, got '" + dtype + "'");
     }
-    const std::string grad_dtype = flags.str("grad-dtype");
-    TT_CHECK(grad_dtype == "f32" || grad_dtype == "bf16",
-             "--grad-dtype must be f32 or bf16, got '" + grad_dtype + "'");
-    const bool grads_bf16 = grad_dtype == "bf16";
-    TT_CHECK(!grads_bf16 || flags.str("precision") == "bf16", "--grad-dtype bf16 needs --precision bf16");
-    TT_CHECK(
-        !grads_bf16 || std::find(dtypes.begin(), dtypes.end(), "bf16") == dtypes.end(),
-        "--grad-comm-dtype bf16 is for f32 gradients; with --grad-dtype bf16 they already travel in bf16");
+    const bool grads_bf16 =
+        grads_bf16_from_flags(flags, flags.str("precision") == "bf16",
+                              std::find(dtypes.begin(), dtypes.end(), "bf16") != dtypes.end());
+    const std::string grad_dtype = grads_bf16 ? "bf16" : "f32";
     const auto runs_ddp = [](const Config& c) { return c.strategy.has_value(); };
     configs = expand_rows(configs, dtypes, runs_ddp, [](Config& c, const std::string& dtype) {
       c.bf16_communication = dtype == "bf16";

@@ -82,12 +82,14 @@ Tensor AccumulateGrad::grad_buffer(const Shape& shape, DType dtype) const {
 }
 
 Tensor direct_grad_buffer(const std::shared_ptr<Node>& edge, const Shape& shape, DType dtype,
-                          bool* known_zero) {
+                          bool* known_zero, bool or_bf16) {
   const auto* accumulator = dynamic_cast<const AccumulateGrad*>(edge.get());
   Tensor buffer = accumulator ? accumulator->grad_buffer(shape, dtype) : Tensor();
   const bool zero = buffer.defined() && grad_known_zero(accumulator->leaf());
   // A bf16 buffer only to overwrite: adding in place would round once per addition.
   if (dtype == DType::bf16 && !zero) buffer = Tensor();
+  if (!buffer.defined() && or_bf16 && dtype != DType::bf16)
+    return direct_grad_buffer(edge, shape, DType::bf16, known_zero);
   if (known_zero) *known_zero = zero && buffer.defined();
   return buffer;
 }

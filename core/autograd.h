@@ -66,9 +66,11 @@ class AccumulateGrad : public Node {
 // gradient into it in place (a GEMM with beta = 1, say) then calls note_direct_contribution(edge) and returns
 // no tensor for that input; the engine still runs the accumulator, so the leaf's grad-ready hooks fire.
 // `known_zero`, when given, says whether that buffer is marked as holding zeros (mark_grad_zeroed below): the
-// producer may then overwrite it instead of adding.
+// producer may then overwrite it instead of adding. With `or_bf16`, a leaf without such a buffer of `dtype`
+// may instead offer a bf16 one marked as holding zeros (the bf16 gradients of wider parameters,
+// FlatParameters::set_grad_dtype), for a producer that can round its result once as it writes it.
 Tensor direct_grad_buffer(const std::shared_ptr<Node>& edge, const Shape& shape, DType dtype,
-                          bool* known_zero = nullptr);
+                          bool* known_zero = nullptr, bool or_bf16 = false);
 void note_direct_contribution(const std::shared_ptr<Node>& edge);
 
 // Gradient buffers known to hold zeros. Whoever zeroes a leaf's .grad (FlatParameters::zero_grad,

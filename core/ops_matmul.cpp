@@ -155,11 +155,11 @@ struct LinearNode : Node {
     }
     if (next[1]) {
       bool known_zero = false;
-      Tensor target = direct_grad_buffer(next[1], w.shape(), dw_dtype, &known_zero);
       // A bf16 .grad of an f32 weight computed in bf16 (FlatParameters::set_grad_dtype) takes the product
-      // rounded once by the GEMM's epilogue, when it holds zeros; otherwise the accumulator adds.
-      if (!target.defined() && w.dtype() == DType::bf16)
-        target = direct_grad_buffer(next[1], w.shape(), DType::bf16, &known_zero);
+      // rounded once by the GEMM's epilogue (which needs bf16 operands), when it holds zeros; otherwise the
+      // accumulator adds.
+      Tensor target =
+          direct_grad_buffer(next[1], w.shape(), dw_dtype, &known_zero, /*or_bf16=*/w.dtype() == DType::bf16);
       if (target.defined()) {
         // Overwrite a buffer known to hold zeros (no read of it), else add.
         gemm_into(g, x2, true, false, 1.0, known_zero ? 0.0 : 1.0, target);

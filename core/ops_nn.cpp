@@ -52,8 +52,7 @@ struct RmsNormNode : Node {
     bool known_zero = false;
     Tensor dw;
     if (next[1]) {
-      dw = direct_grad_buffer(next[1], weight.shape(), weight.dtype(), &known_zero);
-      if (!dw.defined()) dw = direct_grad_buffer(next[1], weight.shape(), DType::bf16, &known_zero);
+      dw = direct_grad_buffer(next[1], weight.shape(), weight.dtype(), &known_zero, /*or_bf16=*/true);
     }
     const bool direct_dw = dw.defined() && known_zero;
     if (!direct_dw) dw = Tensor::empty(weight.shape(), weight.dtype(), weight.device());

@@ -69,4 +69,15 @@ nn::ModelConfig model_config_from_flags(const Flags& flags, Device device, int64
   return config;
 }
 
+bool grads_bf16_from_flags(const Flags& flags, bool bf16_precision, bool bf16_communication) {
+  const std::string grad_dtype = flags.str("grad-dtype");
+  TT_CHECK(grad_dtype == "f32" || grad_dtype == "bf16",
+           "--grad-dtype must be f32 or bf16, got '" + grad_dtype + "'");
+  const bool grads_bf16 = grad_dtype == "bf16";
+  TT_CHECK(!grads_bf16 || bf16_precision, "--grad-dtype bf16 needs --precision bf16");
+  TT_CHECK(!grads_bf16 || !bf16_communication,
+           "--grad-comm-dtype bf16 is for f32 gradients; with --grad-dtype bf16 they already travel in bf16");
+  return grads_bf16;
+}
+
 }  // namespace tt::app

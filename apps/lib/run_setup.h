@@ -18,6 +18,9 @@ nn::ModelConfig model_config_from_flags(const Flags& flags, Device device, int64
 std::string device_name(Device device);
 // naive | flash | auto (flash on CUDA, naive on the CPU).
 nn::AttentionKind resolve_attention(const std::string& text, Device device);
+// --grad-dtype (f32 | bf16): whether the gradient buffer is bf16. bf16 needs bf16 precision, and excludes
+// bf16 gradient communication (`bf16_communication`), which is for f32 gradients.
+bool grads_bf16_from_flags(const Flags& flags, bool bf16_precision, bool bf16_communication);
 // Only the settings that may differ between runs of one checkpoint (precision, attention).
 void apply_runtime_model_flags(const Flags& flags, nn::ModelConfig& config, Device device);
 

@@ -242,14 +242,8 @@ int run_training(const Flags& flags, Device device, const std::string& data_dir,
   TT_CHECK(grad_comm == "f32" || !zero || zero_grads == "ddp",
            "--grad-comm-dtype bf16 applies to the DDP all-reduce; with --zero 1 use --zero-grads ddp");
   const bool grad_comm_bf16 = grad_comm == "bf16";
-  const std::string grad_dtype = flags.str("grad-dtype");
-  TT_CHECK(grad_dtype == "f32" || grad_dtype == "bf16",
-           "--grad-dtype must be f32 or bf16, got '" + grad_dtype + "'");
-  const bool grads_bf16 = grad_dtype == "bf16";
-  TT_CHECK(!grads_bf16 || config.precision == nn::Precision::bf16,
-           "--grad-dtype bf16 needs --precision bf16");
-  TT_CHECK(!grads_bf16 || !grad_comm_bf16,
-           "--grad-comm-dtype bf16 is for f32 gradients; with --grad-dtype bf16 they already travel in bf16");
+  const bool grads_bf16 =
+      grads_bf16_from_flags(flags, config.precision == nn::Precision::bf16, grad_comm_bf16);
   TT_CHECK(zero_grads == "reduce-scatter" || zero_grads == "ddp",
            "--zero-grads must be reduce-scatter or ddp, got '" + zero_grads + "'");
   const TokenFile train_file(data_dir + "/train.bin", config.vocab_size);
