@@ -269,6 +269,9 @@ TEST_SUITE("gpu") {
     for (const bool causal : {false, true}) {
       run_all_paths({1, 3, 333, 128, causal});
       run_all_paths({1, 2, 1000, 128, causal});
+      // Head dims whose rows take 10 or 12 of a 16-lane group in D's vectorised pass: a partial last block.
+      run_all_paths({1, 2, 77, 80, causal});
+      run_all_paths({1, 2, 77, 96, causal});
     }
   }
 

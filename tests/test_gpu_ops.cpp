@@ -241,6 +241,12 @@ TEST_CASE("CUDA model ops equal the CPU") {
                     {randn({2, 300, 256}, 23)}) < kF32);
   CHECK(cuda_vs_cpu([](const auto& in) { return ops::rope(in[0], 80, 10000.0); }, {randn({1, 50, 160}, 24)}) <
         kF32);
+  // Heads of 3 pairs (a pair at a time, element by element), and rows of 2048 four-element groups (each
+  // thread loops over two).
+  CHECK(cuda_vs_cpu([](const auto& in) { return ops::rope(in[0], 6, 10000.0); }, {randn({2, 9, 24}, 39)}) <
+        kF32);
+  CHECK(cuda_vs_cpu([](const auto& in) { return ops::rope(in[0], 64, 10000.0); }, {randn({1, 3, 8192}, 40)}) <
+        kF32);
   // A pair straddling an 8-byte boundary (the input starts one element in): the element-wise path.
   {
     const Tensor flat = randn({2 * 50 * 160 + 1}, 30);
@@ -278,6 +284,11 @@ TEST_CASE("CUDA fused-precision ops equal their CPU twins: bf16 outputs of matmu
   // RoPE from f32 to bf16 (the model's Q and K), its gradient coming back in bf16.
   CHECK(cuda_vs_cpu([](const auto& in) { return ops::rope(in[0], 64, 10000.0, DType::bf16); },
                     {randn({2, 33, 128}, 56)}) < kBf16);
+  // bf16 in and out (eight-element groups): heads of 80 as in the 2.7b model, and rows of 2048 groups.
+  CHECK(cuda_vs_cpu([](const auto& in) { return ops::rope(in[0], 80, 10000.0); },
+                    {bf(randn({2, 33, 320}, 57))}) < kBf16);
+  CHECK(cuda_vs_cpu([](const auto& in) { return ops::rope(in[0], 128, 10000.0); },
+                    {bf(randn({1, 3, 16384}, 58))}) < kBf16);
   // The model's path: bf16 SwiGLU receiving an f32 gradient (from the f32 product of the next matmul).
   {
     const Tensor a = bf(randn({33, 257}, 59)), b = bf(randn({33, 257}, 60)), g = randn({33, 257}, 61);

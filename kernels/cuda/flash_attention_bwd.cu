@@ -291,16 +291,23 @@ __global__ void delta_kernel(const Params p, int d_head) {
 }
 
 // The same for bf16 rows of D elements with 16-byte aligned rows: D/8 lanes per row, each multiplying 8
-// elements loaded in one 16-byte access, so a warp covers 32 / (D/8) rows at once.
+// elements loaded in one 16-byte access. A row takes the next power of two of lanes (16 for D = 80, the
+// lanes beyond D/8 adding nothing), so a warp covers 32 / that many rows at once.
+__host__ __device__ constexpr int next_power_of_two(int n) {
+  int p = 1;
+  while (p < n) p *= 2;
+  return p;
+}
 template <int D>
 __global__ void delta_bf16_vec_kernel(const Params p) {
-  constexpr int kLanesPerRow = D / 8;
+  constexpr int kUsedLanes = D / 8;
+  constexpr int kLanesPerRow = next_power_of_two(kUsedLanes);
   constexpr int kRowsPerWarp = 32 / kLanesPerRow;
   const int lane = threadIdx.x % 32;
   const int64_t warp_index = (int64_t{blockIdx.x} * blockDim.x + threadIdx.x) / 32, bh = blockIdx.y;
   const int64_t i = warp_index * kRowsPerWarp + lane / kLanesPerRow;
   float sum = 0;
-  if (i < p.seq) {
+  if (i < p.seq && lane % kLanesPerRow < kUsedLanes) {
     const int64_t offset = head_offset(p.so, bh, p.heads) + i * p.so.seq + (lane % kLanesPerRow) * 8;
     const uint4 o = *reinterpret_cast<const uint4*>(static_cast<const bf16*>(p.o) + offset);
     const uint4 d_o = *reinterpret_cast<const uint4*>(static_cast<const bf16*>(p.d_o) + offset);
@@ -427,9 +434,9 @@ void flash_attention_backward(const AttentionProblem& p, DType dtype, const void
   dispatch_head_dim(p.d_head, [&](auto head_dim) {
     constexpr int D = decltype(head_dim)::value;
     bool vectorised = false;
-    if constexpr (32 % (D / 8) == 0) {  // D/8 lanes per row divide a warp
+    if constexpr (D / 8 <= 32) {  // a row's 16-byte groups fit in a warp
       if (fast) {
-        constexpr int kRowsPerBlock = 4 * (32 / (D / 8));  // 4 warps
+        constexpr int kRowsPerBlock = 4 * (32 / next_power_of_two(D / 8));  // 4 warps
         const dim3 grid(ceil_div(p.seq, kRowsPerBlock), static_cast<unsigned>(batch_heads));
         delta_bf16_vec_kernel<D><<<grid, 128, 0, cuda_stream>>>(params);
         vectorised = true;

@@ -8,6 +8,7 @@
 #include <initializer_list>
 #include <limits>
 #include <string>
+#include <type_traits>
 #include <utility>
 
 #include "kernels/cuda/convert.cuh"
@@ -491,66 +492,68 @@ struct RopeFrequencies {
   float inv_freq[kMaxRopePairs];
 };
 
-// One block per row (looping over rows beyond the grid), its threads over the row's pairs: the row's position
-// is found once per row and the pair's frequency with 32-bit arithmetic (64-bit division per element made
-// this kernel several times slower than its memory traffic). A pair is loaded and stored as one 8-byte (f32)
-// or 4-byte (bf16) vector when the buffers are aligned for it (`paired`, checked on the host).
+// W elements of one row, the k-th group of W: load_w/store_w's vectors, or (W = 2) one pair element by
+// element, which any alignment allows.
+template <int W, class T>
+__device__ inline void load_group(const T* p, int64_t k, float (&v)[W]) {
+  if constexpr (W == 2) {
+    v[0] = to_float(p[2 * k]);
+    v[1] = to_float(p[2 * k + 1]);
+  } else {
+    load_w<W>(p, k, v);
+  }
+}
+template <int W, class T>
+__device__ inline void store_group(T* p, int64_t k, const float (&v)[W]) {
+  if constexpr (W == 2) {
+    p[2 * k] = from_float<T>(v[0]);
+    p[2 * k + 1] = from_float<T>(v[1]);
+  } else {
+    store_w<W>(p, k, v);
+  }
+}
+
+// One block per row (looping over rows beyond the grid). A row's position is the same for all its heads, so
+// the block first computes cos and sin of the row's angles once per frequency into shared memory (a head
+// has at most kMaxRopePairs of them); then each thread rotates W consecutive elements (W/2 pairs of one
+// head) with one vector access: W = 8 (16 bytes) for bf16 in and out, W = 4 (16 bytes of f32 or 8 of bf16),
+// or W = 2 (one pair, element by element) when the heads or the buffers are not aligned for more (checked on
+// the host).
 // The angle is float(t) * inv_freq and the rotation is rounded step by step (no fused multiply-add), so y
 // matches the CPU up to the last-ulp differences of cosf/sinf. x and y are f32 or bf16 (read as f32; y
 // rounded once).
-template <class T>
-struct Pair;
-template <>
-struct Pair<float> {
-  __device__ static float2 load(const float* p, int64_t i, bool paired) {
-    return paired ? reinterpret_cast<const float2*>(p)[i] : make_float2(p[2 * i], p[2 * i + 1]);
-  }
-  __device__ static void store(float* p, int64_t i, float a, float b, bool paired) {
-    if (paired) {
-      reinterpret_cast<float2*>(p)[i] = make_float2(a, b);
-    } else {
-      p[2 * i] = a;
-      p[2 * i + 1] = b;
-    }
-  }
-};
-template <>
-struct Pair<__nv_bfloat16> {
-  __device__ static float2 load(const __nv_bfloat16* p, int64_t i, bool paired) {
-    if (paired) return __bfloat1622float2(reinterpret_cast<const __nv_bfloat162*>(p)[i]);
-    return make_float2(__bfloat162float(p[2 * i]), __bfloat162float(p[2 * i + 1]));
-  }
-  __device__ static void store(__nv_bfloat16* p, int64_t i, float a, float b, bool paired) {
-    if (paired) {
-      reinterpret_cast<__nv_bfloat162*>(p)[i] = __floats2bfloat162_rn(a, b);
-    } else {
-      p[2 * i] = __float2bfloat16_rn(a);
-      p[2 * i + 1] = __float2bfloat16_rn(b);
-    }
-  }
-};
-
-template <class In, class Out>
-__global__ void rope_kernel(const In* x, Out* y, int64_t rows, int64_t seq, int pairs_per_row,
-                            int pairs_per_head, bool inverse, bool paired,
-                            const __grid_constant__ RopeFrequencies freqs) {
-  // The frequencies in shared memory: indexing the parameter bank with a different index per lane would
-  // serialise every warp's reads.
+template <int W, class In, class Out>
+__global__ void rope_kernel(const In* x, Out* y, int64_t rows, int64_t seq, int groups_per_row,
+                            int pairs_per_head, bool inverse, const __grid_constant__ RopeFrequencies freqs) {
+  // Indexing the parameter bank with a different index per lane would serialise every warp's reads.
   __shared__ float inv_freq[kMaxRopePairs];
+  __shared__ float2 rotation[kMaxRopePairs];  // (cos, sin) of this row's angles, sin negated for the inverse
   for (int i = static_cast<int>(threadIdx.x); i < pairs_per_head; i += static_cast<int>(blockDim.x))
     inv_freq[i] = freqs.inv_freq[i];
-  __syncthreads();
+  constexpr int kPairs = W / 2;
+  const int64_t dim = int64_t{groups_per_row} * W;
   for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
+    __syncthreads();  // inv_freq written; the previous row's rotations read
     const float t = static_cast<float>(row % seq);
-    const int64_t base = row * pairs_per_row;
-    for (int pair = static_cast<int>(threadIdx.x); pair < pairs_per_row;
-         pair += static_cast<int>(blockDim.x)) {
-      const float angle = t * inv_freq[pair % pairs_per_head];
-      const float c = cosf(angle);
-      const float s = inverse ? -sinf(angle) : sinf(angle);
-      const float2 v = Pair<In>::load(x, base + pair, paired);
-      Pair<Out>::store(y, base + pair, __fsub_rn(__fmul_rn(v.x, c), __fmul_rn(v.y, s)),
-                       __fadd_rn(__fmul_rn(v.x, s), __fmul_rn(v.y, c)), paired);
+    for (int i = static_cast<int>(threadIdx.x); i < pairs_per_head; i += static_cast<int>(blockDim.x)) {
+      const float angle = t * inv_freq[i];
+      const float sn = sinf(angle);
+      rotation[i] = make_float2(cosf(angle), inverse ? -sn : sn);
+    }
+    __syncthreads();
+    const In* xr = x + row * dim;
+    Out* yr = y + row * dim;
+    for (int g = static_cast<int>(threadIdx.x); g < groups_per_row; g += static_cast<int>(blockDim.x)) {
+      float v[W], out[W];
+      load_group<W>(xr, g, v);
+      const int first = (g * kPairs) % pairs_per_head;  // a group's pairs lie in one head
+#pragma unroll
+      for (int j = 0; j < kPairs; ++j) {
+        const float2 cs = rotation[first + j];
+        out[2 * j] = __fsub_rn(__fmul_rn(v[2 * j], cs.x), __fmul_rn(v[2 * j + 1], cs.y));
+        out[2 * j + 1] = __fadd_rn(__fmul_rn(v[2 * j], cs.y), __fmul_rn(v[2 * j + 1], cs.x));
+      }
+      store_group<W>(yr, g, out);
     }
   }
 }
@@ -739,21 +742,40 @@ void rope(const void* x, DType x_type, void* y, DType y_type, int64_t batch, int
     freqs.inv_freq[i] = static_cast<float>(std::pow(theta, -2.0 * static_cast<double>(i) / d_head));
   TT_CHECK(dim / 2 <= std::numeric_limits<int>::max(),
            "cuda::rope: rows of " + std::to_string(dim) + " elements are too long");
-  // Whole pairs as vectors: both buffers aligned to a pair (every row starts on one, as dim is even).
-  const bool paired = reinterpret_cast<uintptr_t>(x) % (x_type == DType::bf16 ? 4 : 8) == 0 &&
-                      reinterpret_cast<uintptr_t>(y) % (y_type == DType::bf16 ? 4 : 8) == 0;
-  // Threads for the row's pairs, in whole warps, at most kRowThreads.
-  const int threads = static_cast<int>(std::min<int64_t>(kRowThreads, (dim / 2 + 31) / 32 * 32));
-  auto launch = [&](auto* in, auto* out) {
-    rope_kernel<<<row_blocks(rows), threads, 0, stream>>>(in, out, rows, seq, static_cast<int>(dim / 2),
-                                                          static_cast<int>(half), inverse, paired, freqs);
+  // The widest group that keeps every group inside one head and every access aligned: rows and heads are
+  // multiples of W elements and both buffers start on a multiple of W elements.
+  const bool in_bf16 = x_type == DType::bf16, out_bf16 = y_type == DType::bf16;
+  auto fits = [&](int64_t w) {
+    return d_head % w == 0 && reinterpret_cast<uintptr_t>(x) % (w * (in_bf16 ? 2 : 4)) == 0 &&
+           reinterpret_cast<uintptr_t>(y) % (w * (out_bf16 ? 2 : 4)) == 0;
+  };
+  const int width = in_bf16 && out_bf16 && fits(8) ? 8 : fits(4) ? 4 : 2;
+  const int64_t groups = dim / width;
+  // Threads for the row's groups in whole warps: one group each up to 1024 threads, then an even share.
+  const int64_t passes = (groups + 1023) / 1024;
+  const int threads =
+      static_cast<int>(std::max<int64_t>(64, ((groups + passes - 1) / passes + 31) / 32 * 32));
+  auto launch = [&](auto vec, auto* in, auto* out) {
+    rope_kernel<decltype(vec)::value><<<row_blocks(rows), threads, 0, stream>>>(
+        in, out, rows, seq, static_cast<int>(groups), static_cast<int>(half), inverse, freqs);
+  };
+  auto dispatch = [&](auto* in, auto* out) {
+    if (width == 8) {
+      if constexpr (std::is_same_v<std::remove_cv_t<std::remove_pointer_t<decltype(in)>>, __nv_bfloat16> &&
+                    std::is_same_v<std::remove_pointer_t<decltype(out)>, __nv_bfloat16>) {
+        launch(std::integral_constant<int, 8>{}, in, out);
+      }
+    } else if (width == 4) {
+      launch(std::integral_constant<int, 4>{}, in, out);
+    } else {
+      launch(std::integral_constant<int, 2>{}, in, out);
+    }
   };
   using bf = __nv_bfloat16;
-  const bool in_bf16 = x_type == DType::bf16, out_bf16 = y_type == DType::bf16;
-  if (!in_bf16 && !out_bf16) launch(static_cast<const float*>(x), static_cast<float*>(y));
-  if (!in_bf16 && out_bf16) launch(static_cast<const float*>(x), static_cast<bf*>(y));
-  if (in_bf16 && !out_bf16) launch(static_cast<const bf*>(x), static_cast<float*>(y));
-  if (in_bf16 && out_bf16) launch(static_cast<const bf*>(x), static_cast<bf*>(y));
+  if (!in_bf16 && !out_bf16) dispatch(static_cast<const float*>(x), static_cast<float*>(y));
+  if (!in_bf16 && out_bf16) dispatch(static_cast<const float*>(x), static_cast<bf*>(y));
+  if (in_bf16 && !out_bf16) dispatch(static_cast<const bf*>(x), static_cast<float*>(y));
+  if (in_bf16 && out_bf16) dispatch(static_cast<const bf*>(x), static_cast<bf*>(y));
   TT_CUDA_LAUNCH_CHECK();
 }
 
