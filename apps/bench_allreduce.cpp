@@ -76,9 +76,10 @@ int main(int argc, char** argv) {
   flags.add("sizes-mb", "1,10,100,1000", "comma-separated message sizes in MB");
   flags.add("dtype", "f32", "f32 | bf16 (bf16 needs CUDA)");
   flags.add("device", "auto", "cpu | cuda | auto (rank i uses GPU local rank i)");
-  flags.add("all-reduce", "library",
-            "comma-separated transports: library (NCCL on GPUs, MPI on CPU) | copy-engine (CUDA, 2 ranks on "
-            "one host: peer DMA copies and one add kernel)");
+  flags.add(
+      "all-reduce", "library",
+      "comma-separated transports: library (NCCL on GPUs, MPI on CPU) | copy-engine (CUDA, 2 to 8 ranks, "
+      "all on one host: peer DMA copies and one add kernel)");
   flags.add("warmup", "5", "untimed all-reduces per size");
   flags.add("iters", "20", "timed all-reduces per size");
   flags.add("json", "", "also write one JSON object per size to this file (rank 0)");

@@ -205,9 +205,10 @@ int main(int argc, char** argv) {
   flags.add("grad-comm-dtype", "f32",
             "comma-separated dtypes the DDP strategies' gradients travel in: f32 | bf16 (half the bytes, "
             "gradients rounded to bf16); each communicating row once per dtype");
-  flags.add("all-reduce", "library",
-            "comma-separated transports of the DDP all-reduce: library (NCCL) | copy-engine (2 ranks on one "
-            "host: peer DMA copies and one add kernel, no NCCL kernels); each DDP row once per transport");
+  flags.add(
+      "all-reduce", "library",
+      "comma-separated transports of the DDP all-reduce: library (NCCL) | copy-engine (2 to 8 ranks, all "
+      "on one host: peer DMA copies and one add kernel, no NCCL kernels); each DDP row once per transport");
   flags.add("zero-chunk-mb", "128",
             "ZeRO-1 updates its slice and all-gathers it in chunks of this many MB of parameters per rank, "
             "each chunk's gather overlapping the next chunk's update");
@@ -270,8 +271,9 @@ int main(int argc, char** argv) {
     const bool copy_engine = std::find(transports.begin(), transports.end(),
                                        dist::AllReduceTransport::copy_engine) != transports.end();
     // Checked before any row runs, not at the first copy-engine row.
-    TT_CHECK(!copy_engine || (device.is_cuda() && runtime->world_size() == 2 && runtime->local_size() == 2),
-             "--all-reduce copy-engine needs CUDA and exactly 2 ranks on one host; this job has " +
+    TT_CHECK(!copy_engine || (device.is_cuda() && runtime->world_size() >= 2 && runtime->world_size() <= 8 &&
+                              runtime->local_size() == runtime->world_size()),
+             "--all-reduce copy-engine needs CUDA and 2 to 8 ranks, all on one host; this job has " +
                  std::to_string(runtime->world_size()) + " ranks, " + std::to_string(runtime->local_size()) +
                  " on this host, device " + device.str());
     configs = expand_rows(configs, transports, runs_ddp, [](Config& c, dist::AllReduceTransport t) {

@@ -1,6 +1,7 @@
 #include "dist/communicator.h"
 
 #include <cstdlib>
+#include <vector>
 
 #include "dist/backends.h"
 #include "dist/mpi_check.h"
@@ -37,19 +38,23 @@ std::string select_all_reduce_transport(Communicator& comm, const std::string& t
     comm.set_all_reduce_transport(parse_all_reduce_transport(text));
     return "";
   }
-  // Candidates: a DDP all-reduce will run, CUDA, exactly 2 ranks on one host, peer-to-peer not disabled for
-  // NCCL (people set NCCL_P2P_DISABLE=1 where it is broken), each GPU able to map the other's memory.
+  // Candidates: a DDP all-reduce will run, CUDA, 2 to kAutoCopyEngineMaxRanks ranks all on one host,
+  // peer-to-peer not disabled for NCCL (people set NCCL_P2P_DISABLE=1 where it is broken), each GPU able to
+  // map every other's memory.
   int usable = 0;
 #ifdef TT_WITH_CUDA
   const char* p2p_disable = std::getenv("NCCL_P2P_DISABLE");
   const bool p2p_disabled = p2p_disable != nullptr && std::string(p2p_disable) == "1";
-  if (will_all_reduce && !p2p_disabled && comm.device().is_cuda() && runtime.world_size() == 2 &&
-      runtime.local_size() == 2) {
+  const int world = runtime.world_size();
+  if (will_all_reduce && !p2p_disabled && comm.device().is_cuda() && world >= 2 &&
+      world <= kAutoCopyEngineMaxRanks && runtime.local_size() == world) {
     const int mine = comm.device().index;
-    int theirs = -1;
-    TT_MPI_CHECK(MPI_Sendrecv(&mine, 1, MPI_INT, 1 - runtime.rank(), 72, &theirs, 1, MPI_INT,
-                              1 - runtime.rank(), 72, MPI_COMM_WORLD, MPI_STATUS_IGNORE));
-    usable = cuda::can_access_peer(mine, theirs) ? 1 : 0;
+    std::vector<int> devices(static_cast<size_t>(world), -1);
+    TT_MPI_CHECK(MPI_Allgather(&mine, 1, MPI_INT, devices.data(), 1, MPI_INT, MPI_COMM_WORLD));
+    usable = 1;
+    for (int p = 0; p < world; ++p) {
+      if (p != runtime.rank() && !cuda::can_access_peer(mine, devices[p])) usable = 0;
+    }
   }
 #endif
   int all = 0;

@@ -23,10 +23,11 @@ const char* reduce_op_name(ReduceOp op);
 
 // How all_reduce moves data.
 //   library      the backend's collective library: NCCL for CUDA tensors, MPI for CPU tensors.
-//   copy_engine  NCCL backend, exactly two ranks on one host whose GPUs can map each other's memory: an
-//                all-reduce of a tensor inside a registered buffer pulls the peer's half with the copy
-//                engines and adds it with one short kernel (see dist/peer_all_reduce.h), leaving the SMs to
-//                the backward pass it overlaps; other tensors and collectives still use NCCL.
+//   copy_engine  NCCL backend, 2 to 8 ranks, all on one host, whose GPUs can map each other's memory: an
+//                all-reduce of a tensor inside a registered buffer pulls the other ranks' copies of this
+//                rank's slice with the copy engines and adds them with one short kernel (see
+//                dist/peer_all_reduce.h), leaving the SMs to the backward pass it overlaps; other tensors and
+//                collectives still use NCCL.
 enum class AllReduceTransport { library, copy_engine };
 const char* all_reduce_transport_name(AllReduceTransport transport);     // "library", "copy-engine"
 AllReduceTransport parse_all_reduce_transport(const std::string& text);  // throws tt::Error on unknown names
@@ -34,10 +35,14 @@ AllReduceTransport parse_all_reduce_transport(const std::string& text);  // thro
 void check_all_reduce_flag(const std::string& text);
 
 // Sets comm's transport from a flag value: "library", "copy-engine" (errors propagate), or "auto": the copy
-// engine where it can work - a DDP all-reduce will run (will_all_reduce), a CUDA communicator, exactly 2
-// ranks on one host, each GPU able to map the other's memory, NCCL_P2P_DISABLE not 1 - else the library;
+// engine where it can work - a DDP all-reduce will run (will_all_reduce), a CUDA communicator, 2 to
+// kAutoCopyEngineMaxRanks ranks, all on one host, each GPU able to map every other's memory,
+// NCCL_P2P_DISABLE not 1 - else the library;
 // when the copy engine was a candidate but could not be set up, the library, and the returned note says
 // why (empty otherwise). Collective.
+// Measured on 4 x H200 (docs/distributed.md): with more ranks the copy engine beats NCCL only for some
+// bucket sizes and models, so auto picks it for two ranks only.
+constexpr int kAutoCopyEngineMaxRanks = 2;
 std::string select_all_reduce_transport(Communicator& comm, const std::string& text,
                                         const DistRuntime& runtime, bool will_all_reduce);
 

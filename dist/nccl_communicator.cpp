@@ -285,11 +285,12 @@ class NcclCommunicator : public Communicator {
     TT_CHECK(registered_ == 0, "set_all_reduce_transport: " + std::to_string(registered_) +
                                    " buffers are still registered with the current transport");
     if (transport == AllReduceTransport::copy_engine) {
-      TT_CHECK(world_size() == 2 && local_size_ == 2,
-               "the copy-engine all-reduce needs exactly 2 ranks on one host; this job has " +
-                   std::to_string(world_size()) + " ranks, " + std::to_string(local_size_) + " on this host");
+      TT_CHECK(world_size() >= 2 && world_size() <= PeerAllReduce::kMaxRanks && local_size_ == world_size(),
+               "the copy-engine all-reduce needs 2 to " + std::to_string(PeerAllReduce::kMaxRanks) +
+                   " ranks, all on one host; this job has " + std::to_string(world_size()) + " ranks, " +
+                   std::to_string(local_size_) + " on this host");
       synchronize();
-      peer_ = std::make_unique<PeerAllReduce>(rank(), device().index, comm_stream_.get());
+      peer_ = std::make_unique<PeerAllReduce>(rank(), world_size(), device().index, comm_stream_.get());
     } else {
       synchronize();
       peer_.reset();
@@ -416,11 +417,11 @@ class NcclCommunicator : public Communicator {
   }
   static const char* all_reduce_name(bool peer) { return peer ? "all_reduce (copy engine)" : "all_reduce"; }
 
-  // On the communication stream `s`: by the copy-engine transport (peer; averaging two ranks is * 0.5), or by
-  // NCCL.
+  // On the communication stream `s`: by the copy-engine transport (peer; averaging N ranks is * (1/N)), or
+  // by NCCL.
   void issue_all_reduce(Tensor& t, ReduceOp op, cudaStream_t s, bool peer) {
     if (peer) {
-      peer_->issue(t, op == ReduceOp::avg ? 0.5f : 1.0f);
+      peer_->issue(t, op == ReduceOp::avg ? 1.0f / static_cast<float>(world_size()) : 1.0f);
       return;
     }
     TT_NCCL_CHECK(ncclAllReduce(t.raw_data(), t.raw_data(), static_cast<size_t>(t.numel()),

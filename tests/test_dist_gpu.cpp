@@ -6,6 +6,7 @@
 
 #include "core/cuda_context.h"
 #include "core/ops.h"
+#include "dist/peer_all_reduce.h"
 #include "dist_test_util.h"
 
 using namespace tt;
@@ -164,9 +165,10 @@ class CopyEngineTransport {
   dist::Communicator& comm_;
 };
 
-bool two_ranks_on_one_host() {
-  if (runtime().world_size() == 2 && runtime().local_size() == 2) return true;
-  MESSAGE("the copy-engine all-reduce needs exactly 2 ranks on one host; skipped");
+bool ranks_on_one_host() {
+  const int world = runtime().world_size();
+  if (world >= 2 && world <= dist::PeerAllReduce::kMaxRanks && runtime().local_size() == world) return true;
+  MESSAGE("the copy-engine all-reduce needs 2 to 8 ranks, all on one host; skipped");
   return false;
 }
 
@@ -177,13 +179,18 @@ static void check_copy_engine_all_reduce() {
   dist::Communicator& comm = communicator(gpu);
   const CopyEngineTransport transport(comm);
   CHECK(comm.all_reduce_transport() == dist::AllReduceTransport::copy_engine);
-  const int rank = comm.rank();
-  // Multiples of 1/4 below 16: every sum is exact in f32 and in bf16, so results must match exactly.
-  auto expect_sum = [](int64_t i) {
-    return static_cast<float>(0.25 * static_cast<double>(i % 13) * 2 + 5.0);
+  const int rank = comm.rank(), world = comm.world_size();
+  // Rank r holds 0.25 * (i % 13) + 5 r: sums are multiples of 1/4 below 256, exact in f32 in any order of
+  // adding them, so results must match exactly (bf16 ones: the exact sum rounded once).
+  auto expect_sum = [world](int64_t i) {
+    return static_cast<float>(0.25 * static_cast<double>(i % 13) * world + 2.5 * world * (world - 1));
   };
+  // The average is the sum times 1/N, rounded as the transport rounds it (one f32 product).
+  const float inverse = 1.0f / static_cast<float>(world);
+  auto expect_avg = [&](int64_t i) { return expect_sum(i) * inverse; };
 
-  // 40 M f32 elements: each rank's half (80 MB) is more than the 64 MiB scratch, so it is reduced in chunks.
+  // 40 M f32 elements: each rank's slice (40-80 MB) is more than its scratch slot (64 MiB / (N - 1)), so it
+  // is reduced in chunks.
   const int64_t n = 40'000'003;
   Tensor big = Tensor::from_floats(rank_floats(rank, n), {n}, gpu);
   comm.register_buffer(big);
@@ -193,11 +200,15 @@ static void check_copy_engine_all_reduce() {
     int64_t wrong = 0;
     for (int64_t i = 0; i < n; ++i) wrong += got[i] != expect_sum(i);
     CHECK(wrong == 0);
-    // Rank 1 owns the upper half: look at both sides of the split and the ends.
-    CHECK(got[0] == expect_sum(0));
-    CHECK(got[n / 2] == expect_sum(n / 2));
-    CHECK(got[n - 1] == expect_sum(n - 1));
-    CHECK(same_on_all_ranks({got[0], got[n / 2 - 1], got[n / 2], got[n - 1]}));
+    // Each rank owns a slice: look at both sides of the borders near n * r / N and at the ends.
+    std::vector<double> borders = {got[0], got[n - 1]};
+    for (int r = 1; r < world; ++r) {
+      for (int64_t i = n * r / world - 70; i < n * r / world + 2; ++i) {
+        CHECK(got[i] == expect_sum(i));
+        borders.push_back(got[i]);
+      }
+    }
+    CHECK(same_on_all_ranks(borders));
   }
   comm.unregister_buffer(big);
   big = Tensor();
@@ -222,7 +233,7 @@ static void check_copy_engine_all_reduce() {
   for (const auto& [offset, count] : views)
     for (int64_t i = offset; i < offset + count; ++i) in_view[i] = true;
   int64_t wrong = 0;
-  for (int64_t i = 0; i < m; ++i) wrong += got[i] != (in_view[i] ? expect_sum(i) / 2 : original[i]);
+  for (int64_t i = 0; i < m; ++i) wrong += got[i] != (in_view[i] ? expect_avg(i) : original[i]);
   CHECK(wrong == 0);
   CHECK(same_on_all_ranks(std::vector<double>(got.begin() + 1001, got.begin() + 101'004)));
 
@@ -235,7 +246,8 @@ static void check_copy_engine_all_reduce() {
   got = buffer.to_floats();
   // Now every element is a sum over the ranks, so the whole buffer must agree.
   CHECK(same_on_all_ranks(std::vector<double>(got.begin(), got.end())));
-  CHECK(got[250'000] == 2 * expect_sum(250'000));
+  // The 200 small sums left element 250'000 at the sum; the whole-buffer sum multiplied that by N.
+  CHECK(got[250'000] == world * expect_sum(250'000));
   comm.unregister_buffer(buffer);
 
   // bf16, and a tensor outside every registered buffer (NCCL carries it).
@@ -244,7 +256,7 @@ static void check_copy_engine_all_reduce() {
   comm.all_reduce(halves, dist::ReduceOp::sum);
   const std::vector<float> got_bf16 = halves.to_floats();
   wrong = 0;
-  for (int64_t i = 0; i < 4099; ++i) wrong += got_bf16[i] != expect_sum(i);
+  for (int64_t i = 0; i < 4099; ++i) wrong += got_bf16[i] != static_cast<float>(bf16(expect_sum(i)));
   CHECK(wrong == 0);
   comm.unregister_buffer(halves);
   Tensor outside = Tensor::from_floats(rank_floats(rank, 1000), {1000}, gpu);
@@ -254,7 +266,7 @@ static void check_copy_engine_all_reduce() {
 }
 
 TEST_CASE("copy-engine all-reduce: sums and averages of views of a registered buffer, f32 and bf16") {
-  if (!two_ranks_on_one_host()) return;
+  if (!ranks_on_one_host()) return;
   // Both ways of waiting for the peer's signals: the stream's own wait and a polling kernel.
   for (const char* wait : {"stream", "kernel"}) {
     CAPTURE(wait);
@@ -266,7 +278,7 @@ TEST_CASE("copy-engine all-reduce: sums and averages of views of a registered bu
 
 TEST_CASE(
     "copy-engine all-reduce: every strategy equals single-process training; bf16 communication and buffers") {
-  if (!two_ranks_on_one_host()) return;
+  if (!ranks_on_one_host()) return;
   const Device gpu = my_gpu();
   const CopyEngineTransport transport(communicator(gpu));
   for (ModelKind model : {ModelKind::mlp, ModelKind::transformer}) {

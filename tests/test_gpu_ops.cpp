@@ -142,30 +142,40 @@ TEST_CASE("CUDA casts round exactly like the CPU") {
 }
 
 #ifdef TT_WITH_CUDA
-TEST_CASE("CUDA add_pair_scaled (the copy-engine all-reduce's reduction) equals its CPU twin bit for bit") {
+TEST_CASE("CUDA add_ranks_scaled (the copy-engine all-reduce's reduction) equals its CPU twin bit for bit") {
   for (DType type : {DType::f32, DType::bf16}) {
     for (int64_t start : {0, 1, 3, 8}) {
-      const std::string dtype_text = dtype_name(type);
-      CAPTURE(dtype_text);
-      CAPTURE(start);
-      const int64_t n = 10007 - 9;  // room for both offsets
-      const Tensor a = ops::cast(randn({10007}, 21), type), b = ops::cast(randn({10007}, 22), type);
-      Tensor cpu_dst = a.clone();
-      const Tensor cpu_src = b.clone();
-      Tensor gpu_dst = a.to(Device::cuda(0));
-      const Tensor gpu_src = b.to(Device::cuda(0));
-      // Unaligned starts (and src and dst misaligned differently) take the scalar path.
-      Tensor gd = gpu_dst.narrow_view(0, start, n);
-      const Tensor gs = gpu_src.narrow_view(0, (start * 2) % 9, n);
-      Tensor cd = cpu_dst.narrow_view(0, start, n);
-      const Tensor cs = cpu_src.narrow_view(0, (start * 2) % 9, n);
-      for (float scale : {1.0f, 0.5f}) {
-        cuda::add_pair_scaled(gd.raw_data(), gs.raw_data(), type, n, scale,
-                              static_cast<cudaStream_t>(compute_stream(0)));
-        cpu::add_pair_scaled(cd.raw_data(), cs.raw_data(), type, n, scale);
+      for (int count : {1, 2, 4, 8}) {
+        const std::string dtype_text = dtype_name(type);
+        CAPTURE(dtype_text);
+        CAPTURE(start);
+        CAPTURE(count);
+        const int64_t n = 10007 - 9;  // room for the offsets
+        const Tensor a = ops::cast(randn({10007}, 21), type);
+        std::vector<Tensor> others;
+        for (int i = 0; i < count; ++i) others.push_back(ops::cast(randn({10007}, 22 + i), type));
+        Tensor cpu_dst = a.clone(), gpu_dst = a.to(Device::cuda(0));
+        std::vector<Tensor> gpu_others;
+        for (const Tensor& t : others) gpu_others.push_back(t.to(Device::cuda(0)));
+        // Unaligned starts (dst and the inputs misaligned differently) take the scalar path. dst is one of
+        // the inputs (the all-reduce's own copy), at position count / 2, as the rank order puts it.
+        Tensor gd = gpu_dst.narrow_view(0, start, n), cd = cpu_dst.narrow_view(0, start, n);
+        std::vector<const void*> gpu_in, cpu_in;
+        for (int i = 0; i < count; ++i) {
+          const int64_t offset = i == 0 ? 0 : (start * (i + 1)) % 9;
+          gpu_in.push_back(gpu_others[i].narrow_view(0, offset, n).raw_data());
+          cpu_in.push_back(others[i].narrow_view(0, offset, n).raw_data());
+        }
+        gpu_in[count / 2] = gd.raw_data();
+        cpu_in[count / 2] = cd.raw_data();
+        for (float scale : {1.0f, 0.5f, 1.0f / 3.0f}) {
+          cuda::add_ranks_scaled(gd.raw_data(), gpu_in.data(), count, type, n, scale,
+                                 static_cast<cudaStream_t>(compute_stream(0)));
+          cpu::add_ranks_scaled(cd.raw_data(), cpu_in.data(), count, type, n, scale);
+        }
+        CHECK(gpu_dst.to_floats() == cpu_dst.to_floats());
+        CHECK(gpu_dst.to_floats() != a.to_floats());
       }
-      CHECK(gpu_dst.to_floats() == cpu_dst.to_floats());
-      CHECK(gpu_dst.to_floats() != a.to_floats());
     }
   }
 }

@@ -74,9 +74,10 @@ template <class T>
 double sum(const T* x, int64_t n);
 template <class T>
 double sum_squares(const T* x, int64_t n);
-// dst = (dst + src) * scale, f32 or bf16 (added and scaled in f32, rounded once); the CUDA twin is the
-// reduction step of the copy-engine all-reduce.
-void add_pair_scaled(void* dst, const void* src, DType type, int64_t n, float scale);
+// dst = (inputs[0] + ... + inputs[count - 1]) * scale, f32 or bf16 (added in that order and scaled in f32,
+// rounded once); dst may be one of the inputs. The CUDA twin is the reduction step of the copy-engine
+// all-reduce.
+void add_ranks_scaled(void* dst, const void* const* inputs, int count, DType type, int64_t n, float scale);
 // Converts n elements between any two of f32, f64, bf16, i32 (float -> int truncates).
 void cast(const void* in, DType in_type, void* out, DType out_type, int64_t n);
 // Gathers a strided view (ndim <= 8) into a contiguous buffer; elem_bytes is 2, 4 or 8.

@@ -1,5 +1,6 @@
 // Elementwise CPU kernels: add, scale, fill, sums, casts, strided gathers, SwiGLU gate.
 #include <cmath>
+#include <type_traits>
 
 #include "kernels/cpu/cpu_kernels.h"
 
@@ -37,23 +38,23 @@ double sum_squares(const T* x, int64_t n) {
   return acc;
 }
 
-void add_pair_scaled(void* dst, const void* src, DType type, int64_t n, float scale) {
+void add_ranks_scaled(void* dst, const void* const* inputs, int count, DType type, int64_t n, float scale) {
   TT_CHECK(type == DType::f32 || type == DType::bf16,
-           std::string("add_pair_scaled: f32 or bf16 only, got ") + dtype_name(type));
-  if (type == DType::f32) {
-    float* d = static_cast<float*>(dst);
-    const float* s = static_cast<const float*>(src);
+           std::string("add_ranks_scaled: f32 or bf16 only, got ") + dtype_name(type));
+  TT_CHECK(count >= 1, "add_ranks_scaled: no inputs");
+  auto run = [&](auto* d) {
+    using T = std::remove_pointer_t<decltype(d)>;
+    // Element by element across the inputs, so that dst may be one of them.
     for (int64_t i = 0; i < n; ++i) {
-      const float sum = d[i] + s[i];
-      d[i] = sum * scale;
+      float acc = static_cast<float>(static_cast<const T*>(inputs[0])[i]);
+      for (int k = 1; k < count; ++k) acc += static_cast<float>(static_cast<const T*>(inputs[k])[i]);
+      d[i] = T(acc * scale);
     }
-    return;
-  }
-  bf16* d = static_cast<bf16*>(dst);
-  const bf16* s = static_cast<const bf16*>(src);
-  for (int64_t i = 0; i < n; ++i) {
-    const float sum = static_cast<float>(d[i]) + static_cast<float>(s[i]);
-    d[i] = bf16(sum * scale);
+  };
+  if (type == DType::f32) {
+    run(static_cast<float*>(dst));
+  } else {
+    run(static_cast<bf16*>(dst));
   }
 }
 

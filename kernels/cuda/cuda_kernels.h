@@ -99,9 +99,12 @@ void sum(const bf16* x, int64_t n, bool squares, float* out, cudaStream_t stream
 void cast(const void* in, DType in_type, void* out, DType out_type, int64_t n, cudaStream_t stream);
 void strided_copy(const void* in, void* out, int64_t elem_bytes, int ndim, const int64_t* shape,
                   const int64_t* in_strides, cudaStream_t stream);
-// dst = (dst + src) * scale, f32 or bf16 (added and scaled in f32, rounded once): the reduction step of the
-// two-rank copy-engine all-reduce, where src holds the peer's values.
-void add_pair_scaled(void* dst, const void* src, DType type, int64_t n, float scale, cudaStream_t stream);
+// dst = (inputs[0] + ... + inputs[count - 1]) * scale, f32 or bf16 (added in that order and scaled in f32,
+// rounded once), 1 <= count <= kMaxAddInputs; dst may be one of the inputs. The reduction step of the
+// copy-engine all-reduce: the ranks' copies of a slice, in rank order.
+constexpr int kMaxAddInputs = 8;
+void add_ranks_scaled(void* dst, const void* const* inputs, int count, DType type, int64_t n, float scale,
+                      cudaStream_t stream);
 // One warp that returns once *flag >= value (wrap-around compare), polling with a short sleep: a wait between
 // GPUs whose flag the other GPU writes, which holds one SM slot instead of the stream's hardware queue.
 void wait_flag_at_least(const uint32_t* flag, uint32_t value, cudaStream_t stream);

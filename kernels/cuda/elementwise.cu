@@ -82,22 +82,28 @@ __global__ void scale_kernel(const float* a, float* out, int64_t n, float s) {
   for (int64_t i = thread_index(); i < n; i += grid_threads()) out[i] = a[i] * s;
 }
 
-// dst = (dst + src) * scale, sixteen bytes per access when both pointers allow it (the gradient buckets of
-// the copy-engine all-reduce are large and aligned).
+// dst = (inputs[0] + inputs[1] + ... ) * scale, added in that order in f32 and rounded once, sixteen bytes
+// per access when every pointer allows it (the gradient buckets of the copy-engine all-reduce are large and
+// aligned). dst may be one of the inputs: each element is read before it is written, by the same thread.
 template <class T>
-struct AddPairScaledOp {
+struct AddRanksScaledOp {
   static constexpr int kPack = 16 / sizeof(T);
   T* dst;
-  const T* src;
+  const T* inputs[kMaxAddInputs];
+  int count;
   float scale;
   template <int W>
   __device__ void apply(int64_t k) const {
-    float d[W], v[W];
-    load_w<W>(dst, k, d);
-    load_w<W>(src, k, v);
+    float acc[W], v[W];
+    load_w<W>(inputs[0], k, acc);
+    for (int i = 1; i < count; ++i) {
+      load_w<W>(inputs[i], k, v);
 #pragma unroll
-    for (int j = 0; j < W; ++j) d[j] = __fmul_rn(__fadd_rn(d[j], v[j]), scale);
-    store_w<W>(dst, k, d);
+      for (int j = 0; j < W; ++j) acc[j] = __fadd_rn(acc[j], v[j]);
+    }
+#pragma unroll
+    for (int j = 0; j < W; ++j) acc[j] = __fmul_rn(acc[j], scale);
+    store_w<W>(dst, k, acc);
   }
 };
 
@@ -403,21 +409,26 @@ void cast(const void* in, DType in_type, void* out, DType out_type, int64_t n, c
               dtype_name(out_type) + " (supported: f32<->bf16, i32<->f32)");
 }
 
-void add_pair_scaled(void* dst, const void* src, DType type, int64_t n, float scale, cudaStream_t stream) {
+void add_ranks_scaled(void* dst, const void* const* inputs, int count, DType type, int64_t n, float scale,
+                      cudaStream_t stream) {
   TT_CHECK(type == DType::f32 || type == DType::bf16,
-           std::string("cuda::add_pair_scaled: f32 or bf16 only, got ") + dtype_name(type));
+           std::string("cuda::add_ranks_scaled: f32 or bf16 only, got ") + dtype_name(type));
+  TT_CHECK(count >= 1 && count <= kMaxAddInputs, "cuda::add_ranks_scaled: 1 to " +
+                                                     std::to_string(kMaxAddInputs) + " inputs, got " +
+                                                     std::to_string(count));
   if (n == 0) return;
-  const bool vectorised =
-      reinterpret_cast<uintptr_t>(dst) % 16 == 0 && reinterpret_cast<uintptr_t>(src) % 16 == 0;
+  bool vectorised = reinterpret_cast<uintptr_t>(dst) % 16 == 0;
+  for (int i = 0; i < count; ++i) vectorised = vectorised && reinterpret_cast<uintptr_t>(inputs[i]) % 16 == 0;
+  auto launch = [&](auto* typed_dst) {
+    using T = std::remove_pointer_t<decltype(typed_dst)>;
+    AddRanksScaledOp<T> op{typed_dst, {}, count, scale};
+    for (int i = 0; i < count; ++i) op.inputs[i] = static_cast<const T*>(inputs[i]);
+    launch_elementwise<AddRanksScaledOp<T>::kPack>(op, n, vectorised, stream);
+  };
   if (type == DType::f32) {
-    using Op = AddPairScaledOp<float>;
-    launch_elementwise<Op::kPack>(Op{static_cast<float*>(dst), static_cast<const float*>(src), scale}, n,
-                                  vectorised, stream);
+    launch(static_cast<float*>(dst));
   } else {
-    using Op = AddPairScaledOp<__nv_bfloat16>;
-    launch_elementwise<Op::kPack>(
-        Op{static_cast<__nv_bfloat16*>(dst), static_cast<const __nv_bfloat16*>(src), scale}, n, vectorised,
-        stream);
+    launch(static_cast<__nv_bfloat16*>(dst));
   }
 }
 
