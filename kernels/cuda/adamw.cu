@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <string>
 
+#include "kernels/cuda/convert.cuh"
 #include "kernels/cuda/cuda_kernels.h"
 
 namespace tt::cuda {
@@ -48,22 +49,6 @@ __device__ void adamw_update(float& param, float grad, float& exp_avg, float& ex
 // low (optional) receives each updated parameter rounded to bf16: the bf16 weights of the next forward,
 // written here instead of cast there (8-byte aligned when the vector path runs, checked on the host).
 // Gradients are f32, or bf16 (FlatParameters::set_grad_dtype): four at a time, widened exactly.
-__device__ float4 load_grad4(const float* grad, int64_t k) {
-  return __ldcs(reinterpret_cast<const float4*>(grad) + k);
-}
-__device__ float4 load_grad4(const __nv_bfloat16* grad, int64_t k) {
-  const uint2 packed = __ldcs(reinterpret_cast<const uint2*>(grad) + k);
-  const float2 lo = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&packed.x));
-  const float2 hi = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&packed.y));
-  return make_float4(lo.x, lo.y, hi.x, hi.y);
-}
-__device__ float load_grad(const float* grad, int64_t i) {
-  return grad[i];
-}
-__device__ float load_grad(const __nv_bfloat16* grad, int64_t i) {
-  return __bfloat162float(grad[i]);
-}
-
 template <class G>
 __global__ void adamw_kernel(float* param, const G* grad, float* exp_avg, float* exp_avg_sq, int64_t n,
                              int64_t vector_groups, AdamWFactors f, const float* step_factors,
@@ -76,30 +61,20 @@ __global__ void adamw_kernel(float* param, const G* grad, float* exp_avg, float*
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
   for (int64_t k = first; k < vector_groups; k += stride) {
     // Every byte is touched once per step: streaming loads and stores (evict-first) keep the L2 for others.
-    float4 p = __ldcs(reinterpret_cast<const float4*>(param) + k);
-    float4 g = load_grad4(grad, k);
-    if (grad_scale)
-      g = make_float4(__fmul_rn(g.x, scale), __fmul_rn(g.y, scale), __fmul_rn(g.z, scale),
-                      __fmul_rn(g.w, scale));
-    float4 m = __ldcs(reinterpret_cast<const float4*>(exp_avg) + k);
-    float4 v = __ldcs(reinterpret_cast<const float4*>(exp_avg_sq) + k);
-    adamw_update(p.x, g.x, m.x, v.x, f);
-    adamw_update(p.y, g.y, m.y, v.y, f);
-    adamw_update(p.z, g.z, m.z, v.z, f);
-    adamw_update(p.w, g.w, m.w, v.w, f);
-    __stcs(reinterpret_cast<float4*>(param) + k, p);
-    __stcs(reinterpret_cast<float4*>(exp_avg) + k, m);
-    __stcs(reinterpret_cast<float4*>(exp_avg_sq) + k, v);
-    if (low != nullptr) {
-      const __nv_bfloat162 lo = __floats2bfloat162_rn(p.x, p.y), hi = __floats2bfloat162_rn(p.z, p.w);
-      uint2 packed;
-      packed.x = *reinterpret_cast<const uint32_t*>(&lo);
-      packed.y = *reinterpret_cast<const uint32_t*>(&hi);
-      reinterpret_cast<uint2*>(low)[k] = packed;
-    }
+    float p[4], g[4], m[4], v[4];
+    load4<true>(param, k, p);
+    load4<true>(grad, k, g);
+    load4<true>(exp_avg, k, m);
+    load4<true>(exp_avg_sq, k, v);
+#pragma unroll
+    for (int j = 0; j < 4; ++j) adamw_update(p[j], grad_scale ? __fmul_rn(g[j], scale) : g[j], m[j], v[j], f);
+    store4<true>(param, k, p);
+    store4<true>(exp_avg, k, m);
+    store4<true>(exp_avg_sq, k, v);
+    if (low != nullptr) store4(low, k, p);
   }
   for (int64_t i = vector_groups * 4 + first; i < n; i += stride) {
-    const float g = load_grad(grad, i);
+    const float g = to_float(__ldcs(grad + i));
     adamw_update(param[i], grad_scale ? __fmul_rn(g, scale) : g, exp_avg[i], exp_avg_sq[i], f);
     if (low != nullptr) low[i] = __float2bfloat16_rn(param[i]);
   }

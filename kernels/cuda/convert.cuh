@@ -26,16 +26,35 @@ __device__ inline __nv_bfloat16 from_float<__nv_bfloat16>(float x) {
 }
 
 // Four consecutive elements as one access (16 bytes of f32, 8 of bf16), widened to f32 / rounded once.
-// Callers use them only when every pointer is aligned to four elements (aligned4 on the host).
+// Callers use them only when every pointer is aligned to four elements (aligned4 on the host). kStreaming
+// marks data touched once (cache hint evict-first: __ldcs / __stcs), such as the optimizer's buffers.
+template <bool kStreaming, class V>
+__device__ inline V load_vector(const V* p) {
+  if constexpr (kStreaming) {
+    return __ldcs(p);
+  } else {
+    return *p;
+  }
+}
+template <bool kStreaming, class V>
+__device__ inline void store_vector(V* p, const V& value) {
+  if constexpr (kStreaming) {
+    __stcs(p, value);
+  } else {
+    *p = value;
+  }
+}
+template <bool kStreaming = false>
 __device__ inline void load4(const float* p, int64_t k, float (&v)[4]) {
-  const float4 q = reinterpret_cast<const float4*>(p)[k];
+  const float4 q = load_vector<kStreaming>(reinterpret_cast<const float4*>(p) + k);
   v[0] = q.x;
   v[1] = q.y;
   v[2] = q.z;
   v[3] = q.w;
 }
+template <bool kStreaming = false>
 __device__ inline void load4(const __nv_bfloat16* p, int64_t k, float (&v)[4]) {
-  const uint2 q = reinterpret_cast<const uint2*>(p)[k];
+  const uint2 q = load_vector<kStreaming>(reinterpret_cast<const uint2*>(p) + k);
   const float2 lo = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&q.x));
   const float2 hi = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&q.y));
   v[0] = lo.x;
@@ -43,15 +62,17 @@ __device__ inline void load4(const __nv_bfloat16* p, int64_t k, float (&v)[4]) {
   v[2] = hi.x;
   v[3] = hi.y;
 }
+template <bool kStreaming = false>
 __device__ inline void store4(float* p, int64_t k, const float (&v)[4]) {
-  reinterpret_cast<float4*>(p)[k] = make_float4(v[0], v[1], v[2], v[3]);
+  store_vector<kStreaming>(reinterpret_cast<float4*>(p) + k, make_float4(v[0], v[1], v[2], v[3]));
 }
+template <bool kStreaming = false>
 __device__ inline void store4(__nv_bfloat16* p, int64_t k, const float (&v)[4]) {
   const __nv_bfloat162 lo = __floats2bfloat162_rn(v[0], v[1]), hi = __floats2bfloat162_rn(v[2], v[3]);
   uint2 q;
   q.x = *reinterpret_cast<const uint32_t*>(&lo);
   q.y = *reinterpret_cast<const uint32_t*>(&hi);
-  reinterpret_cast<uint2*>(p)[k] = q;
+  store_vector<kStreaming>(reinterpret_cast<uint2*>(p) + k, q);
 }
 
 // W consecutive elements, the k-th group of W, for kernels written once for both widths: W = 1 is one
