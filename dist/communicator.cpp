@@ -38,16 +38,20 @@ std::string select_all_reduce_transport(Communicator& comm, const std::string& t
     comm.set_all_reduce_transport(parse_all_reduce_transport(text));
     return "";
   }
-  // Candidates: a DDP all-reduce will run, CUDA, 2 to kAutoCopyEngineMaxRanks ranks all on one host,
-  // peer-to-peer not disabled for NCCL (people set NCCL_P2P_DISABLE=1 where it is broken), each GPU able to
-  // map every other's memory.
+  // A rank is a candidate when a DDP all-reduce will run, on CUDA, with 2 to kAutoCopyEngineMaxRanks ranks
+  // all on one host, and peer-to-peer is not disabled for NCCL (people set NCCL_P2P_DISABLE=1 where it is
+  // broken). Only when every rank is one (so that all ranks enter the same collectives) is each GPU asked
+  // whether it can map every other's memory.
   int usable = 0;
 #ifdef TT_WITH_CUDA
   const char* p2p_disable = std::getenv("NCCL_P2P_DISABLE");
   const bool p2p_disabled = p2p_disable != nullptr && std::string(p2p_disable) == "1";
   const int world = runtime.world_size();
-  if (will_all_reduce && !p2p_disabled && comm.device().is_cuda() && world >= 2 &&
-      world <= kAutoCopyEngineMaxRanks && runtime.local_size() == world) {
+  const int candidate = will_all_reduce && !p2p_disabled && comm.device().is_cuda() && world >= 2 &&
+                        world <= kAutoCopyEngineMaxRanks && runtime.local_size() == world;
+  int every = 0;
+  TT_MPI_CHECK(MPI_Allreduce(&candidate, &every, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD));
+  if (every == 1) {
     const int mine = comm.device().index;
     std::vector<int> devices(static_cast<size_t>(world), -1);
     TT_MPI_CHECK(MPI_Allgather(&mine, 1, MPI_INT, devices.data(), 1, MPI_INT, MPI_COMM_WORLD));
@@ -61,7 +65,7 @@ std::string select_all_reduce_transport(Communicator& comm, const std::string& t
   TT_MPI_CHECK(MPI_Allreduce(&usable, &all, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD));
   if (all != 1) return "";
   try {
-    // Fails on every rank or on none (the transport agrees on each step), so both fall back together.
+    // Fails on every rank or on none (the transport agrees on each step), so all fall back together.
     comm.set_all_reduce_transport(AllReduceTransport::copy_engine);
   } catch (const Error& e) {
     return std::string("the copy-engine all-reduce is not available, using ") + comm.backend() + ": " +

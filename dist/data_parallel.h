@@ -10,7 +10,8 @@
 //             bucket_mb MiB) reduced asynchronously as soon as all their parameters' gradients are ready.
 //
 // Gradients travel in their own dtype (f32), or, with bf16 communication, rounded to bf16 into a staging
-// buffer, averaged in bf16 by the collective (each pairwise sum rounded to bf16) and widened back: half the
+// buffer, averaged in bf16 by the collective (NCCL rounds each partial sum to bf16, the copy-engine
+// transport the f32 sum once) and widened back: half the
 // bytes on the wire, gradients exact to about 3 significant digits (PyTorch's bf16 compression hook).
 //
 // Per step (set_sync(false) on all but the last micro-batch when accumulating gradients):

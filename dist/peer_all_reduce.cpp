@@ -24,6 +24,8 @@ constexpr size_t kMaxScratchBytes = size_t{64} << 20;
 constexpr int64_t kSplitElements = 64;
 constexpr int kFlagWords = 64;      // one allocation: inbox words [0, 3 * kMaxRanks), staging words [32, 35)
 constexpr int kStagingOffset = 32;  // its own 128-byte line
+static_assert(3 * PeerAllReduce::kMaxRanks <= kStagingOffset, "the inbox words overlap the staging words");
+static_assert(PeerAllReduce::kMaxRanks <= cuda::kMaxAddInputs, "the add kernel takes every rank's copy");
 
 template <class F>
 F driver_function(const char* name) {
@@ -167,13 +169,15 @@ void PeerAllReduce::release() {
 }
 
 void PeerAllReduce::agree_or_throw(const std::string& local_error, const char* step, bool constructing) {
-  const int ok = local_error.empty() ? 1 : 0;
-  int all = 0;
-  TT_MPI_CHECK(MPI_Allreduce(&ok, &all, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD));
-  if (all == 1) return;
+  // The lowest failing rank, or world_ when every rank succeeded.
+  const int mine = local_error.empty() ? world_ : rank_;
+  int failed = 0;
+  TT_MPI_CHECK(MPI_Allreduce(&mine, &failed, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD));
+  if (failed == world_) return;
   if (constructing) release();  // a failed construction: the destructor will not run
-  throw Error(local_error.empty() ? std::string("copy-engine all-reduce: another rank failed to ") + step
-                                  : local_error);
+  throw Error(local_error.empty()
+                  ? "copy-engine all-reduce: rank " + std::to_string(failed) + " failed to " + step
+                  : local_error);
 }
 
 void PeerAllReduce::register_buffer(const Tensor& buffer) {
@@ -230,12 +234,27 @@ void PeerAllReduce::register_buffer(const Tensor& buffer) {
       grown = allocate_bytes(Device::cuda(device_), static_cast<size_t>(world_ - 1) * wanted);
   } catch (const std::exception& e) {
     error = e.what();
+  }
+  try {
+    agree_or_throw(error, "register its buffer", false);
+  } catch (...) {
+    // This rank or another failed: nothing of this registration is kept.
     for (void* o : opened) {
       if (o != nullptr) cudaIpcCloseMemHandle(o);
     }
+    if (grown != nullptr) free_bytes(Device::cuda(device_), grown, static_cast<size_t>(world_ - 1) * wanted);
     cudaGetLastError();
+    throw;
   }
-  agree_or_throw(error, "register its buffer", false);
+  if (grown != nullptr) {
+    // Grown to the largest slice a tensor of this buffer can have (up to the cap); the old one may still be
+    // read by queued copies.
+    TT_CUDA_CHECK(cudaStreamSynchronize(stream_));
+    if (scratch_ != nullptr)
+      free_bytes(Device::cuda(device_), scratch_, static_cast<size_t>(world_ - 1) * scratch_slot_bytes_);
+    scratch_ = static_cast<char*>(grown);
+    scratch_slot_bytes_ = wanted;
+  }
   Registration reg{buffer, first, {}, mine.bytes, {}};
   for (int p = 0; p < world_; ++p) {
     if (p == rank_) {
@@ -253,15 +272,6 @@ void PeerAllReduce::register_buffer(const Tensor& buffer) {
     ++mappings_[index].users;
     reg.remote[p] = static_cast<char*>(mappings_[index].base) + all[p].offset;
     reg.mapping[p] = index;
-  }
-  if (grown != nullptr) {
-    // Grown to the largest slice a tensor of this buffer can have (up to the cap); the old one may still be
-    // read by queued copies.
-    TT_CUDA_CHECK(cudaStreamSynchronize(stream_));
-    if (scratch_ != nullptr)
-      free_bytes(Device::cuda(device_), scratch_, static_cast<size_t>(world_ - 1) * scratch_slot_bytes_);
-    scratch_ = static_cast<char*>(grown);
-    scratch_slot_bytes_ = wanted;
   }
   registrations_.push_back(reg);
 }

@@ -401,11 +401,11 @@ void check_zero_bf16_gradients(Device device) {
       const std::vector<double> sharded = train_zero(kind, device, DType::f32, true, &bytes, mb, 0, true);
       std::string why;
       // The reduce-scatter (or the bucketed all-reduce) and the flat all-reduce add the same bf16
-      // gradients, in the same order with Open MPI (2 and 3 ranks) and with NCCL on 2 ranks: identical
-      // results, and the f32 test's tolerance. NCCL on more ranks adds them in other orders, rounding partial
-      // sums to bf16, so a few gradients differ by a bf16 unit, which AdamW carries into the parameters
-      // (lr 1e-2, 10 steps: a parameter moves up to 0.1; measured on 4 ranks: at most 5.2e-4 apart). Bound
-      // there: 2% of that movement.
+      // gradients, in the same order with Open MPI (CI runs 2 and 3 ranks) and with NCCL on 2 ranks:
+      // identical results, and the f32 test's tolerance. NCCL on more ranks adds them in other orders,
+      // rounding partial sums to bf16, so a few gradients differ by a bf16 unit, which AdamW carries into the
+      // parameters (lr 1e-2, 10 steps: a parameter moves up to 0.1; measured on 4 ranks: at most 5.2e-4
+      // apart). Bound there: 2% of that movement.
       const bool same_order = device.is_cpu() || runtime().world_size() <= 2;
       CHECK_MESSAGE(allclose(sharded, whole, same_order ? 1e-5 : 1e-3, same_order ? 1e-8 : 2e-3, &why), why);
       CHECK(same_on_all_ranks(sharded));

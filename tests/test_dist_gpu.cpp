@@ -198,8 +198,8 @@ static void check_copy_engine_all_reduce() {
   const float inverse = 1.0f / static_cast<float>(world);
   auto expect_avg = [&](int64_t i) { return expect_sum(i) * inverse; };
 
-  // 40 M f32 elements: each rank's slice (40-80 MB) is more than its scratch slot (64 MiB / (N - 1)), so it
-  // is reduced in chunks.
+  // 40 M f32 elements: each rank's slice (160 MB / N) is more than its scratch slot (64 MiB / (N - 1)), so
+  // it is reduced in chunks.
   const int64_t n = 40'000'003;
   Tensor big = Tensor::from_floats(rank_floats(rank, n), {n}, gpu);
   comm.register_buffer(big);
@@ -255,7 +255,9 @@ static void check_copy_engine_all_reduce() {
   got = buffer.to_floats();
   // Now every element is a sum over the ranks, so the whole buffer must agree.
   CHECK(same_on_all_ranks(std::vector<double>(got.begin(), got.end())));
-  // The 200 small sums left element 250'000 at the sum; the whole-buffer sum multiplied that by N.
+  // Element 250'000 (i % 13 = 10) was averaged by the view {200'000, 100'001}, to fl(S * fl(1/N)), which is
+  // S / N exactly for this element for every N from 2 to 8 (not for every residue when N = 7); the first of
+  // the 200 small sums made it S again, and the whole-buffer sum N * S.
   CHECK(got[250'000] == world * expect_sum(250'000));
   comm.unregister_buffer(buffer);
 

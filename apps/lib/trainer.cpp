@@ -57,7 +57,7 @@ void declare_train_flags(Flags& f) {
   f.add("all-reduce", "auto",
         "how the DDP all-reduce moves gradients: library (NCCL on GPUs, MPI on CPU) | copy-engine (2 to 8 "
         "ranks, all on one host, with peer-to-peer GPUs: DMA copies and one add kernel instead of NCCL's "
-        "kernels) | auto (copy-engine where it works, else library)");
+        "kernels) | auto (copy-engine for 2 ranks on one host where it works, else library)");
   f.add("zero", "0", "1: shard the AdamW state across ranks (ZeRO-1); checkpoints load at any world size");
   f.add("gemm-sm-margin", "0",
         "SMs to keep free of matmuls (CUDA), so the gradient all-reduce's kernels overlap backward without "
