@@ -301,7 +301,9 @@ int main(int argc, char** argv) {
     flags.add("graph", "auto",
               "on | off | both | auto (on for CUDA): capture the whole iteration in a CUDA graph");
     flags.add("json", "", "also write one JSON object per row to this file");
-    flags.add("memory-timeline", "", "record every allocation of one step into FILE.svg and FILE.json");
+    flags.add("memory-timeline", "",
+              "record every allocation of one step into FILE.svg (plot), FILE.json (events) and FILE.pickle "
+              "(a snapshot for pytorch.org/memory_viz, Active Memory Timeline)");
     if (!flags.parse(argc, argv)) return 0;
     const Device device = pick_device(flags.str("device"));
     const int64_t sm_margin = flags.integer("gemm-sm-margin");

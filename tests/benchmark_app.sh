@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Runs `benchmark` on the CPU with the tiny preset and checks its JSON rows: one row per mode, the reported
-# phase means add up to the step mean (within 2%), and the Markdown table is printed.
+# phase means add up to the step mean (within 2%), and the Markdown table is printed; then --memory-timeline's
+# three files, the memory_viz snapshot replayed against the recorded events.
 set -euo pipefail
-bench=$1
+bench=$(cd "$(dirname "$1")" && pwd)/$(basename "$1")  # absolute: one run below starts in another folder
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 "$bench" --sizes tiny --ctx 32 --batch 2 --device cpu --warmup 1 --steps 3 --mode forward,backward,step,step-fused \
@@ -19,4 +20,36 @@ for r in rows:
 # step-fused runs AdamW inside backward: no optimizer phase of its own.
 assert "optimizer_ms" in rows[2] and "optimizer_ms" not in rows[3], rows
 print("benchmark rows ok:", [(r["mode"], round(r["step_ms"], 2)) for r in rows])
+PY
+# --memory-timeline: the plot, the events, and a pytorch.org/memory_viz snapshot that replays to the same
+# active-memory curve as the events (what the viewer's "Active Memory Timeline" draws).
+(cd "$work" && "$bench" --sizes tiny --ctx 32 --batch 2 --device cpu --warmup 1 --steps 1 --memory-timeline mem \
+  >/dev/null 2>&1)
+grep -q "<svg" "$work/mem.svg"
+python3 - "$work/mem.pickle" "$work/mem.json" <<'PY'
+import json, pickle, sys
+snap = pickle.load(open(sys.argv[1], "rb"))
+events = [json.loads(line) for line in open(sys.argv[2])]
+trace = snap["device_traces"][0]
+assert len(trace) == len(events) > 0, (len(trace), len(events))
+# Live when the trace starts: the snapshot's active blocks, and blocks the trace frees without allocating them.
+allocated, freed_from_before = set(), 0
+for t in trace:
+    assert t["action"] in ("alloc", "free_completed") and t["size"] > 0 and t["frames"], t
+    if t["action"] == "alloc":
+        allocated.add(t["addr"])
+    elif t["addr"] in allocated:
+        allocated.remove(t["addr"])
+    else:
+        freed_from_before += t["size"]
+live = freed_from_before + sum(
+    b["size"] for s in snap["segments"] for b in s["blocks"] if b["state"] == "active_allocated")
+assert live > 0
+peak = 0
+for t, e in zip(trace, events):
+    assert t["size"] == e["bytes"] and t["action"].startswith(e["action"]), (t, e)
+    live += t["size"] if t["action"] == "alloc" else -t["size"]
+    assert live == e["active_bytes"], (t, e, live)
+    peak = max(peak, live)
+print("memory_viz snapshot ok:", len(trace), "events, peak", peak, "bytes")
 PY

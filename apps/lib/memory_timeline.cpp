@@ -1,6 +1,7 @@
 #include "apps/lib/memory_timeline.h"
 
 #include <algorithm>
+#include <cstdint>
 #include <cstdio>
 #include <fstream>
 #include <map>
@@ -11,6 +12,140 @@
 
 namespace tt::app {
 
+namespace {
+
+// Just enough of Python's pickle format (protocol 2) for nested dicts, lists, strings and integers: what
+// pytorch.org/memory_viz reads from a snapshot file. Python's own unpickler reads it too.
+class PickleWriter {
+ public:
+  PickleWriter() : out_("\x80\x02") {}  // PROTO 2
+  void begin_dict() { out_ += "}("; }   // EMPTY_DICT, MARK: the items follow as key, value, key, value ...
+  void end_dict() { out_ += 'u'; }      // SETITEMS
+  void begin_list() { out_ += "]("; }   // EMPTY_LIST, MARK
+  void end_list() { out_ += 'e'; }      // APPENDS
+  void text(const std::string& s) {
+    out_ += 'X';  // BINUNICODE: 4-byte little-endian length, UTF-8 bytes
+    put_le(static_cast<uint64_t>(s.size()), 4);
+    out_ += s;
+  }
+  void integer(int64_t v) {
+    if (v >= INT32_MIN && v <= INT32_MAX) {
+      out_ += 'J';  // BININT: 4-byte little-endian two's complement
+      put_le(static_cast<uint64_t>(v), 4);
+    } else {
+      out_ += '\x8a';  // LONG1: a length byte, then that many little-endian two's complement bytes
+      out_ += '\x08';
+      put_le(static_cast<uint64_t>(v), 8);
+    }
+  }
+  void key(const char* name) { text(name); }
+  std::string finish() { return out_ + '.'; }  // STOP
+
+ private:
+  void put_le(uint64_t v, int bytes) {
+    for (int i = 0; i < bytes; ++i) out_ += static_cast<char>((v >> (8 * i)) & 0xff);
+  }
+  std::string out_;
+};
+
+// One frame of a memory_viz "stack trace": the viewer prints it as filename:line:name.
+void write_frames(PickleWriter& w, const std::string& filename, const std::string& name) {
+  w.begin_list();
+  w.begin_dict();
+  w.key("filename");
+  w.text(filename);
+  w.key("line");
+  w.integer(0);
+  w.key("name");
+  w.text(name);
+  w.end_dict();
+  w.end_list();
+}
+
+// A snapshot for pytorch.org/memory_viz's "Active Memory Timeline": the step's allocations and frees as the
+// device's trace, and the memory already allocated when the step began (parameters, gradients, optimizer
+// state...) as one block, since the events carry no history for it. Frees of blocks allocated before the
+// step appear as such by themselves, so they are left out of that block.
+std::string memory_viz_snapshot(const std::vector<MemoryEvent>& events,
+                                const std::vector<std::string>& phase_of, Device device, double t0) {
+  int64_t before = 0;
+  if (!events.empty()) {
+    const MemoryEvent& e = events.front();
+    before = e.current_bytes - (e.is_alloc ? e.bytes : -e.bytes);
+  }
+  std::map<const void*, bool> allocated_here;
+  for (const MemoryEvent& e : events) {
+    if (e.is_alloc) {
+      allocated_here[e.address] = true;
+    } else if (!allocated_here.count(e.address)) {
+      before -= e.bytes;  // a block from before the step, freed during it: the trace accounts for it
+    } else {
+      allocated_here.erase(e.address);
+    }
+  }
+  const int device_index = device.is_cuda() ? device.index : 0;
+  PickleWriter w;
+  w.begin_dict();
+  w.key("segments");
+  w.begin_list();
+  if (before > 0) {
+    w.begin_dict();
+    w.key("device");
+    w.integer(device_index);
+    w.key("address");
+    w.integer(0);
+    w.key("total_size");
+    w.integer(before);
+    w.key("stream");
+    w.integer(0);
+    w.key("blocks");
+    w.begin_list();
+    w.begin_dict();
+    w.key("size");
+    w.integer(before);
+    w.key("requested_size");
+    w.integer(before);
+    w.key("state");
+    w.text("active_allocated");
+    w.key("frames");
+    write_frames(w, "before the step", "parameters, gradients, optimizer state and other live tensors");
+    w.end_dict();
+    w.end_list();
+    w.end_dict();
+  }
+  w.end_list();
+  w.key("device_traces");
+  w.begin_list();
+  for (int d = 0; d < device_index; ++d) {
+    w.begin_list();
+    w.end_list();
+  }
+  w.begin_list();
+  for (size_t i = 0; i < events.size(); ++i) {
+    const MemoryEvent& e = events[i];
+    w.begin_dict();
+    w.key("action");
+    w.text(e.is_alloc ? "alloc" : "free_completed");
+    w.key("addr");
+    w.integer(static_cast<int64_t>(reinterpret_cast<uintptr_t>(e.address)));
+    w.key("size");
+    w.integer(e.bytes);
+    w.key("stream");
+    w.integer(0);
+    w.key("time_us");
+    w.integer(static_cast<int64_t>(e.time_us - t0));
+    w.key("frames");
+    write_frames(w, phase_of[i], e.tag.empty() ? "(untagged)" : e.tag);
+    w.end_dict();
+  }
+  w.end_list();
+  w.end_list();
+  w.end_dict();
+  return w.finish();
+}
+
+}  // namespace
+
 void record_memory_timeline(const std::string& path_prefix, Device device, const std::vector<Phase>& phases,
                             const std::function<void()>& sync) {
   std::vector<MemoryEvent> events;
@@ -18,8 +153,10 @@ void record_memory_timeline(const std::string& path_prefix, Device device, const
   sync();
   set_memory_recorder([&](const MemoryEvent& e) { events.push_back(e); });
   const double start_us = now_seconds() * 1e6;
+  std::vector<size_t> phase_first_event;
   for (const Phase& p : phases) {
     phase_starts.emplace_back(now_seconds() * 1e6 - start_us, p.name);
+    phase_first_event.push_back(events.size());
     MemoryTagGuard tag(p.name.c_str());
     p.run();
     sync();
@@ -36,6 +173,15 @@ void record_memory_timeline(const std::string& path_prefix, Device device, const
            << "\", \"active_bytes\": " << e.current_bytes << ", \"owner\": " << JsonlWriter::quote(e.tag)
            << "}\n";
     }
+  }
+  {
+    std::vector<std::string> phase_of(events.size());
+    for (size_t p = 0; p < phases.size(); ++p) {
+      const size_t end = p + 1 < phases.size() ? phase_first_event[p + 1] : events.size();
+      for (size_t i = phase_first_event[p]; i < end; ++i) phase_of[i] = phases[p].name;
+    }
+    std::ofstream pickle(path_prefix + ".pickle", std::ios::binary);
+    pickle << memory_viz_snapshot(events, phase_of, device, t0);
   }
   // SVG: active bytes against event index (allocation order reads better than wall time, which is dominated
   // by a few long kernels), with the owner of the largest allocations labelled.
@@ -100,8 +246,9 @@ void record_memory_timeline(const std::string& path_prefix, Device device, const
   if (at != std::string::npos)
     text.replace(at, old_height.size(), "height='" + format_fixed(legend_y + 20, 0) + "'");
   std::ofstream(path_prefix + ".svg") << text;
-  std::fprintf(stderr, "  memory timeline: %s.svg, %s.json (%zu events)\n", path_prefix.c_str(),
-               path_prefix.c_str(), events.size());
+  std::fprintf(stderr,
+               "  memory timeline: %s.svg, %s.json, %s.pickle (pytorch.org/memory_viz) (%zu events)\n",
+               path_prefix.c_str(), path_prefix.c_str(), path_prefix.c_str(), events.size());
 }
 
 }  // namespace tt::app

@@ -1,5 +1,6 @@
 // --memory-timeline: records every allocation and free of one training step and draws "active memory over
-// time" (SVG), with the raw events as JSON lines (time, bytes, address, owner) for other tools.
+// time" (SVG), with the raw events as JSON lines (time, bytes, address, owner) for other tools, and as a
+// snapshot that pytorch.org/memory_viz opens (PREFIX.pickle: its "Active Memory Timeline" view).
 #pragma once
 
 #include <functional>
