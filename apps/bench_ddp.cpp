@@ -271,11 +271,13 @@ int main(int argc, char** argv) {
     const bool copy_engine = std::find(transports.begin(), transports.end(),
                                        dist::AllReduceTransport::copy_engine) != transports.end();
     // Checked before any row runs, not at the first copy-engine row.
-    TT_CHECK(!copy_engine || (device.is_cuda() && runtime->world_size() >= 2 && runtime->world_size() <= 8 &&
+    TT_CHECK(!copy_engine || (device.is_cuda() && runtime->world_size() >= 2 &&
+                              runtime->world_size() <= dist::kCopyEngineMaxRanks &&
                               runtime->local_size() == runtime->world_size()),
-             "--all-reduce copy-engine needs CUDA and 2 to 8 ranks, all on one host; this job has " +
-                 std::to_string(runtime->world_size()) + " ranks, " + std::to_string(runtime->local_size()) +
-                 " on this host, device " + device.str());
+             "--all-reduce copy-engine needs CUDA and 2 to " + std::to_string(dist::kCopyEngineMaxRanks) +
+                 " ranks, all on one host; this job has " + std::to_string(runtime->world_size()) +
+                 " ranks, " + std::to_string(runtime->local_size()) + " on this host, device " +
+                 device.str());
     configs = expand_rows(configs, transports, runs_ddp, [](Config& c, dist::AllReduceTransport t) {
       c.transport = t;
       if (t != dist::AllReduceTransport::library) c.label += " (copy engine)";

@@ -40,8 +40,10 @@ void check_all_reduce_flag(const std::string& text);
 // NCCL_P2P_DISABLE not 1 - else the library;
 // when the copy engine was a candidate but could not be set up, the library, and the returned note says
 // why (empty otherwise). Collective.
-// Measured on 4 x H200 (docs/distributed.md): with more ranks the copy engine beats NCCL only for some
-// bucket sizes and models, so auto picks it for two ranks only.
+// The copy-engine transport serves up to kCopyEngineMaxRanks ranks of one host. Measured on 4 x H200
+// (docs/distributed.md): with more than two ranks it beats NCCL only for some bucket sizes and models, so
+// auto picks it for two ranks only.
+constexpr int kCopyEngineMaxRanks = 8;
 constexpr int kAutoCopyEngineMaxRanks = 2;
 std::string select_all_reduce_transport(Communicator& comm, const std::string& text,
                                         const DistRuntime& runtime, bool will_all_reduce);

@@ -36,12 +36,13 @@
 #include <vector>
 
 #include "core/tensor.h"
+#include "dist/communicator.h"
 
 namespace tt::dist {
 
 class PeerAllReduce {
  public:
-  static constexpr int kMaxRanks = 8;
+  static constexpr int kMaxRanks = kCopyEngineMaxRanks;
 
   // Collective over MPI_COMM_WORLD, which must hold 2 to kMaxRanks ranks, all on one host. Each all-reduce is
   // ordered after the work queued on `comm_stream` and the work queued there afterwards after it; in
