@@ -318,6 +318,7 @@ int main(int argc, char** argv) {
                 static_cast<long long>(flags.integer("steps")));
     std::unique_ptr<JsonlWriter> json;
     if (!flags.str("json").empty()) json = std::make_unique<JsonlWriter>(flags.str("json"), false);
+    if (!flags.str("memory-timeline").empty()) check_memory_timeline_writable(flags.str("memory-timeline"));
     const std::string graph_flag = flags.str("graph");
     std::vector<bool> graph_modes;
     if (graph_flag == "both")

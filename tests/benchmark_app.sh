@@ -53,3 +53,15 @@ for t, e in zip(trace, events):
     peak = max(peak, live)
 print("memory_viz snapshot ok:", len(trace), "events, peak", peak, "bytes")
 PY
+# A folder that does not exist: a one-line error before anything runs, and a non-zero exit.
+if "$bench" --sizes tiny --device cpu --steps 1 --warmup 0 --memory-timeline "$work/missing/mem" >"$work/out.txt" \
+  2>"$work/err.txt"; then
+  echo "benchmark accepted an unwritable --memory-timeline path"
+  exit 1
+fi
+grep -q "cannot write $work/missing/mem.svg" "$work/err.txt"
+if grep -q "| tiny |" "$work/out.txt"; then
+  echo "benchmark measured before rejecting the --memory-timeline path"
+  exit 1
+fi
+echo "unwritable --memory-timeline path rejected up front"

@@ -9,6 +9,7 @@
 
 #include "apps/lib/report.h"
 #include "core/allocator.h"
+#include "kernels/common.h"
 
 namespace tt::app {
 
@@ -144,7 +145,24 @@ std::string memory_viz_snapshot(const std::vector<MemoryEvent>& events,
   return w.finish();
 }
 
+const char* const kTimelineSuffixes[] = {".svg", ".json", ".pickle"};
+
+void write_file(const std::string& path, const std::string& contents) {
+  std::ofstream out(path, std::ios::binary);
+  out << contents;
+  out.close();
+  TT_CHECK(out.good(), "--memory-timeline: cannot write " + path);
+}
+
 }  // namespace
+
+void check_memory_timeline_writable(const std::string& path_prefix) {
+  for (const char* suffix : kTimelineSuffixes) {
+    const std::string path = path_prefix + suffix;
+    std::ofstream probe(path, std::ios::app);  // creates it if need be, changes nothing that exists
+    TT_CHECK(probe.good(), "--memory-timeline: cannot write " + path + " (does its folder exist?)");
+  }
+}
 
 void record_memory_timeline(const std::string& path_prefix, Device device, const std::vector<Phase>& phases,
                             const std::function<void()>& sync) {
@@ -166,13 +184,14 @@ void record_memory_timeline(const std::string& path_prefix, Device device, const
   // Event times come from the allocator's own clock; rebase them on the first event.
   const double t0 = events.empty() ? 0 : events.front().time_us;
   {
-    std::ofstream json(path_prefix + ".json");
+    std::ostringstream json;
     for (const MemoryEvent& e : events) {
       json << "{\"t_us\": " << e.time_us - t0 << ", \"action\": \"" << (e.is_alloc ? "alloc" : "free")
            << "\", \"bytes\": " << e.bytes << ", \"address\": \"" << e.address
            << "\", \"active_bytes\": " << e.current_bytes << ", \"owner\": " << JsonlWriter::quote(e.tag)
            << "}\n";
     }
+    write_file(path_prefix + ".json", json.str());
   }
   {
     std::vector<std::string> phase_of(events.size());
@@ -180,8 +199,7 @@ void record_memory_timeline(const std::string& path_prefix, Device device, const
       const size_t end = p + 1 < phases.size() ? phase_first_event[p + 1] : events.size();
       for (size_t i = phase_first_event[p]; i < end; ++i) phase_of[i] = phases[p].name;
     }
-    std::ofstream pickle(path_prefix + ".pickle", std::ios::binary);
-    pickle << memory_viz_snapshot(events, phase_of, device, t0);
+    write_file(path_prefix + ".pickle", memory_viz_snapshot(events, phase_of, device, t0));
   }
   // SVG: active bytes against event index (allocation order reads better than wall time, which is dominated
   // by a few long kernels), with the owner of the largest allocations labelled.
@@ -245,7 +263,7 @@ void record_memory_timeline(const std::string& path_prefix, Device device, const
   const size_t at = text.find(old_height);
   if (at != std::string::npos)
     text.replace(at, old_height.size(), "height='" + format_fixed(legend_y + 20, 0) + "'");
-  std::ofstream(path_prefix + ".svg") << text;
+  write_file(path_prefix + ".svg", text);
   std::fprintf(stderr,
                "  memory timeline: %s.svg, %s.json, %s.pickle (pytorch.org/memory_viz) (%zu events)\n",
                path_prefix.c_str(), path_prefix.c_str(), path_prefix.c_str(), events.size());
