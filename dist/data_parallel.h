@@ -9,10 +9,10 @@
 //   bucketed  contiguous ranges of the gradient buffer ("buckets", filled in reverse parameter order up to
 //             bucket_mb MiB) reduced asynchronously as soon as all their parameters' gradients are ready.
 //
-// Gradients travel in their own dtype (f32), or, with bf16 communication, rounded to bf16 into a staging
-// buffer, averaged in bf16 by the collective (NCCL rounds each partial sum to bf16, the copy-engine
-// transport the f32 sum once) and widened back: half the
-// bytes on the wire, gradients exact to about 3 significant digits (PyTorch's bf16 compression hook).
+// Gradients travel in their own dtype (f32, or bf16 with bf16 gradient buffers), or, with bf16 communication,
+// rounded to bf16 into a staging buffer, averaged in bf16 by the collective (NCCL rounds each partial sum to
+// bf16, the copy-engine transport the f32 sum once) and widened back: half the bytes on the wire, gradients
+// exact to about 3 significant digits (PyTorch's bf16 compression hook).
 //
 // Per step (set_sync(false) on all but the last micro-batch when accumulating gradients):
 //   ddp.set_sync(last_micro_batch);  ddp.begin_backward();  loss.backward();  ddp.finish_backward();

@@ -69,7 +69,7 @@ for s in "$@"; do
       section ddp
       np=$gpus
       mpi=(mpirun --allow-run-as-root -np "$np" --bind-to none -x NCCL_NVLS_ENABLE=0 -x PATH -x LD_LIBRARY_PATH)
-      ce=library; [ "$np" -eq 2 ] && ce=library,copy-engine  # the copy engines serve two GPUs of one host
+      ce=library; [ "$np" -eq 2 ] && ce=library,copy-engine  # auto's choice for two GPUs of one host
       timeout 120 "${mpi[@]}" $b/bench_allreduce --sizes-mb 1,10,100,1000 --all-reduce "$ce" \
         --json "$out/allreduce.jsonl" 2>&1 | tee "$out/allreduce.md" | tail -12
       # NCCL against the copy-engine all-reduce under xl's backward (20 timed steps each).
