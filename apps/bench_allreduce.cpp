@@ -83,9 +83,13 @@ int main(int argc, char** argv) {
   flags.add("warmup", "5", "untimed all-reduces per size");
   flags.add("iters", "20", "timed all-reduces per size");
   flags.add("json", "", "also write one JSON object per size to this file (rank 0)");
-  if (!flags.parse(argc, argv)) return 0;
   std::unique_ptr<dist::DistRuntime> runtime;
   try {
+    if (!flags.parse(argc, argv)) return 0;
+    for (double mb : flags.number_list("sizes-mb")) {
+      TT_CHECK(std::isfinite(mb) && mb > 0,
+               "--sizes-mb takes positive sizes, got '" + flags.str("sizes-mb") + "'");
+    }
     runtime = std::make_unique<dist::DistRuntime>(&argc, &argv);
     const Device device = pick_device(flags.str("device"), runtime->gpu_index());
     const std::string dtype_text = flags.str("dtype");

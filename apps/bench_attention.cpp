@@ -133,6 +133,14 @@ int main(int argc, char** argv) {
     std::unique_ptr<JsonlWriter> json;
     if (!flags.str("json").empty()) json = std::make_unique<JsonlWriter>(flags.str("json"), false);
     const int64_t warmup = flags.integer("warmup"), iters = flags.integer("iters");
+    TT_CHECK(warmup >= 0 && iters > 0, "--warmup must be >= 0 and --iters positive");
+    TT_CHECK(flags.integer("max-seq") > 0, "--max-seq must be positive");
+    TT_CHECK(flags.str("dtype") == "f32" || flags.str("dtype") == "bf16",
+             "--dtype must be f32 or bf16, got '" + flags.str("dtype") + "'");
+    for (const std::string& suite : flags.list("suite")) {
+      TT_CHECK(suite == "course" || suite == "sweep" || suite == "leaderboard",
+               "unknown --suite '" + suite + "' (expected course, sweep or leaderboard)");
+    }
     const std::string device_label = device_name(device);
     std::printf("device: %s; %lld warm-up and %lld timed iterations per row\n\n", device_label.c_str(),
                 static_cast<long long>(warmup), static_cast<long long>(iters));
@@ -160,7 +168,12 @@ int main(int argc, char** argv) {
         throw Error("unknown --suite '" + suite + "' (expected course, sweep or leaderboard)");
       }
       std::vector<std::vector<std::string>> rows;
-      for (const Config& c : configs) {
+      for (size_t i = 0; i < configs.size(); ++i) {
+        const Config& c = configs[i];
+        // Announced before it runs: a large case on the CPU takes minutes.
+        std::fprintf(stderr, "  [%zu/%zu] %s %lldx%lldx%lldx%lld %s ...\n", i + 1, configs.size(),
+                     c.impl.c_str(), static_cast<long long>(c.batch), static_cast<long long>(c.heads),
+                     static_cast<long long>(c.seq), static_cast<long long>(c.d_head), dtype_name(c.dtype));
         const Result r = run(c, device, warmup, iters, ones);
         const double f = forward_flops(c);
         rows.push_back(
@@ -189,7 +202,6 @@ int main(int argc, char** argv) {
                        {"memory_before_backward_mib", JsonlWriter::number(r.memory_before_backward_mib)},
                        {"device", JsonlWriter::quote(device_label)}});
         }
-        std::fprintf(stderr, "  %s %s done\n", rows.back()[0].c_str(), rows.back()[1].c_str());
       }
       std::printf("## suite: %s\n\n%s\n", suite.c_str(),
                   markdown_table({"impl", "BxHxTxd", "dtype", "causal", "fwd ms", "bwd ms", "fwd+bwd ms",

@@ -5,6 +5,7 @@
 #include <mpi.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <memory>
 #include <optional>
@@ -213,16 +214,26 @@ int main(int argc, char** argv) {
             "ZeRO-1 updates its slice and all-gathers it in chunks of this many MB of parameters per rank, "
             "each chunk's gather overlapping the next chunk's update");
   flags.add("json", "", "also write one JSON object per row to this file (rank 0)");
-  if (!flags.parse(argc, argv)) return 0;
   std::unique_ptr<dist::DistRuntime> runtime;
   try {
+    if (!flags.parse(argc, argv)) return 0;
     runtime = std::make_unique<dist::DistRuntime>(&argc, &argv);
     const Device device = pick_device(flags.str("device"), runtime->gpu_index());
     const int64_t batch = flags.integer("batch"), ctx = flags.integer("ctx"),
                   warmup = flags.integer("warmup"), steps = flags.integer("steps");
-    TT_CHECK(batch > 0 && ctx > 0 && steps > 0 && warmup >= 0, "--batch, --ctx, --steps must be positive");
+    TT_CHECK(batch > 0 && ctx > 0 && steps > 0 && warmup >= 0,
+             "--batch, --ctx and --steps must be positive and --warmup >= 0");
+    TT_CHECK(flags.integer("vocab") > 0, "--vocab must be positive");
+    const int64_t single = flags.integer("single-gpu-baseline"), zero = flags.integer("zero");
+    TT_CHECK(single == 0 || single == 1, "--single-gpu-baseline takes 0 or 1");
+    TT_CHECK(zero == 0 || zero == 1, "--zero takes 0 or 1 (ZeRO stage 1)");
+    // Every preset and bucket size is checked before the first row runs.
+    for (const std::string& preset : flags.list("preset")) nn::preset(preset);
+    for (double mb : flags.number_list("bucket-mb"))
+      TT_CHECK(std::isfinite(mb) && mb > 0,
+               "--bucket-mb takes positive sizes, got '" + flags.str("bucket-mb") + "'");
     std::vector<Config> configs;
-    if (flags.integer("single-gpu-baseline") != 0) configs.push_back({"single", std::nullopt, 0});
+    if (single == 1) configs.push_back({"single", std::nullopt, 0});
     for (const std::string& name : flags.list("strategy")) {
       const dist::DdpStrategy strategy = dist::parse_ddp_strategy(name);
       if (strategy != dist::DdpStrategy::bucketed) {
@@ -231,7 +242,7 @@ int main(int argc, char** argv) {
       }
       for (double mb : flags.number_list("bucket-mb")) configs.push_back({name, strategy, mb});
     }
-    if (flags.integer("zero") == 1) {
+    if (zero == 1) {
       configs.push_back({"zero1", std::nullopt, 0, true});
       // ZeRO-1 fed by the bucketed all-reduce, for each bucket size asked for.
       const std::vector<std::string> names = flags.list("strategy");

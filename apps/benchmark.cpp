@@ -43,7 +43,7 @@ struct Row {
 nn::ModelConfig bench_config(const Flags& flags, Device device, const std::string& size, int64_t max_ctx,
                              const std::string& precision, const std::string& attention) {
   nn::ModelConfig config = nn::preset(size);
-  config.vocab_size = flags.integer("vocab") > 0 ? flags.integer("vocab") : 10000;
+  config.vocab_size = flags.integer("vocab");
   config.context_length = max_ctx;
   config.precision = nn::parse_precision(precision);
   config.attention = resolve_attention(attention, device);
@@ -346,6 +346,20 @@ int main(int argc, char** argv) {
     const std::vector<int64_t> warmups = flags.int_list("warmup");
     TT_CHECK(!warmups.empty(), "--warmup needs at least one value");
     for (int64_t w : warmups) TT_CHECK(w >= 0, "--warmup values must not be negative");
+    for (int64_t c : contexts) TT_CHECK(c > 0, "--ctx values must be positive");
+    TT_CHECK(flags.integer("batch") > 0, "--batch must be positive");
+    TT_CHECK(flags.integer("steps") > 0, "--steps must be positive");
+    TT_CHECK(flags.integer("vocab") > 0, "--vocab must be positive");
+    TT_CHECK(device.is_cuda() || graph_flag == "off" || graph_flag == "auto",
+             "--graph " + graph_flag + " needs a CUDA device (CUDA graphs); use --graph off on the CPU");
+    // Every list item is checked before the first row runs, so a typo does not end a long sweep midway.
+    for (const std::string& size : flags.list("sizes")) nn::preset(size);
+    for (const std::string& precision : flags.list("precision")) nn::parse_precision(precision);
+    for (const std::string& attention : flags.list("attention")) resolve_attention(attention, device);
+    for (const std::string& mode : flags.list("mode")) {
+      TT_CHECK(mode == "forward" || mode == "backward" || mode == "step" || mode == "step-fused",
+               "unknown --mode '" + mode + "' (expected forward, backward, step or step-fused)");
+    }
     const int64_t max_ctx = *std::max_element(contexts.begin(), contexts.end());
     for (const std::string& size : flags.list("sizes")) {
       for (const std::string& precision : flags.list("precision")) {
@@ -360,8 +374,6 @@ int main(int argc, char** argv) {
           }
           for (int64_t ctx : contexts) {
             for (const std::string& mode : flags.list("mode")) {
-              TT_CHECK(mode == "forward" || mode == "backward" || mode == "step" || mode == "step-fused",
-                       "unknown --mode '" + mode + "' (expected forward, backward, step or step-fused)");
               for (int64_t warmup : warmups) {
                 for (bool graph : graph_modes) {
                   for (bool mirror : weight_modes) {
@@ -370,14 +382,14 @@ int main(int argc, char** argv) {
                       const bool f32_row = config.precision != nn::Precision::bf16;
                       if (f32_row && (mirror != weight_modes.front() || grads_bf16 != grad_modes.front()))
                         continue;
-                      rows.push_back(measure(flags, device, bundle.get(), config, size, ctx, mode, graph,
-                                             warmup, mirror, grads_bf16 && !f32_row));
-                      if (json) json->write_raw(rows.back().json);
-                      std::fprintf(stderr, "  measured %s %s%s %s ctx %lld %s warm-up %lld graph %s\n",
+                      std::fprintf(stderr, "  measuring %s %s%s %s ctx %lld %s warm-up %lld graph %s ...\n",
                                    size.c_str(), precision.c_str(),
                                    grads_bf16 && !f32_row ? " (bf16 grads)" : "", attention.c_str(),
                                    static_cast<long long>(ctx), mode.c_str(), static_cast<long long>(warmup),
                                    graph ? "on" : "off");
+                      rows.push_back(measure(flags, device, bundle.get(), config, size, ctx, mode, graph,
+                                             warmup, mirror, grads_bf16 && !f32_row));
+                      if (json) json->write_raw(rows.back().json);
                     }
                   }
                 }

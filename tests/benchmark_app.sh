@@ -59,9 +59,24 @@ if "$bench" --sizes tiny --device cpu --steps 1 --warmup 0 --memory-timeline "$w
   echo "benchmark accepted an unwritable --memory-timeline path"
   exit 1
 fi
-grep -q "cannot write $work/missing/mem.svg" "$work/err.txt"
+grep -q "cannot write --memory-timeline file '$work/missing/mem.svg'" "$work/err.txt"
 if grep -q "| tiny |" "$work/out.txt"; then
   echo "benchmark measured before rejecting the --memory-timeline path"
   exit 1
 fi
 echo "unwritable --memory-timeline path rejected up front"
+# A bad flag after --json: refused before the first row, and the earlier file keeps its rows.
+cp "$work/rows.jsonl" "$work/kept.jsonl"
+if "$bench" --sizes tiny --device cpu --steps 1 --json "$work/kept.jsonl" --mode fwd >/dev/null 2>"$work/err.txt"; then
+  echo "benchmark accepted --mode fwd"
+  exit 1
+fi
+grep -q "unknown --mode 'fwd'" "$work/err.txt"
+cmp -s "$work/rows.jsonl" "$work/kept.jsonl" || { echo "a refused run changed the --json file"; exit 1; }
+# Empty list items are refused, not skipped.
+if "$bench" --sizes tiny,,small --device cpu --steps 1 >/dev/null 2>"$work/err.txt"; then
+  echo "benchmark accepted --sizes tiny,,small"
+  exit 1
+fi
+grep -q "flag --sizes has an empty item" "$work/err.txt"
+echo "bad flags rejected up front, --json file kept"

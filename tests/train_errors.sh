@@ -77,5 +77,43 @@ expect_ok "prepare_data on one file" "$prepare" --input "$work/one.txt" --out "$
 printf 'steps = 2\nprompt = Once upon a time\nsample-tokens = 5\n' >"$work/run.cfg"
 expect_ok "config file" "$train" --config "$work/run.cfg" --data "$work/one" --ctx 16 --batch 2 --eval-batches 1 --out "$work/cfg"
 grep -q "^Once upon a time" "$work/cfg/sample.txt" || { echo "FAIL: config prompt with spaces was cut"; failures=$((failures + 1)); }
+# Resumes that must leave --out as it is: nothing left to do, and another folder's checkpoint.
+expect_ok "train 6 steps" "$train" "${common[@]}" --out "$work/keep" --steps 6 --ckpt-every 2 --keep-ckpts 0
+metrics_before=$(md5sum "$work/keep/metrics.jsonl" | cut -d' ' -f1)
+expect_error "nothing to do" "nothing to do: the checkpoint is at step 4" \
+  "$train" "${common[@]}" --out "$work/keep" --steps 4 --resume "$work/keep/checkpoints/step_4.h5"
+[ -e "$work/keep/checkpoints/step_6.h5" ] || { echo "FAIL nothing to do: step_6.h5 was removed"; failures=$((failures + 1)); }
+[ "$(md5sum "$work/keep/metrics.jsonl" | cut -d' ' -f1)" = "$metrics_before" ] ||
+  { echo "FAIL nothing to do: metrics.jsonl changed"; failures=$((failures + 1)); }
+expect_error "another folder's checkpoint" "already holds checkpoints of another run than" \
+  "$train" "${common[@]}" --out "$work/keep" --steps 8 --resume "$ckpt"
+[ -e "$work/keep/checkpoints/step_6.h5" ] || { echo "FAIL foreign resume: step_6.h5 was removed"; failures=$((failures + 1)); }
+[ "$(md5sum "$work/keep/metrics.jsonl" | cut -d' ' -f1)" = "$metrics_before" ] ||
+  { echo "FAIL foreign resume: metrics.jsonl changed"; failures=$((failures + 1)); }
+expect_ok "another folder's checkpoint into a new --out" "$train" "${common[@]}" --out "$work/fresh" --steps 5 --resume "$ckpt"
+
+# Numbers that would train nonsense, refused before anything runs.
+expect_error "NaN learning rate" "--lr-max must be a finite number" "$train" "${common[@]}" --lr-max nan --steps 1
+expect_error "beta out of range" "--beta1 must be in \[0, 1)" "$train" "${common[@]}" --beta1 1.5 --steps 1
+expect_error "negative weight decay" "--weight-decay must be a finite number" "$train" "${common[@]}" --weight-decay -5 --steps 1
+expect_error "no evaluation batches" "--eval-batches must be >= 1" "$train" "${common[@]}" --eval-batches 0 --steps 1
+expect_error "negative warm-up" "--warmup must be >= 0" "$train" "${common[@]}" --warmup -10 --steps 1
+expect_error "--json without --eval-only" "--json writes the result of --eval-only" "$train" "${common[@]}" --json "$work/x.json" --steps 1
+expect_error "empty --out" "--out must name a folder" "$train" "${common[@]}" --out "" --steps 1
+# A validation file too short for the context: refused at start-up, not at the first evaluation.
+head -c 100 "$work/data/val.bin" >"$work/shortval.bin"
+mkdir -p "$work/short" && cp "$work/data/train.bin" "$work/data/meta.json" "$work/short/" && mv "$work/shortval.bin" "$work/short/val.bin"
+expect_error "validation file too short" "needs at least 66 tokens, but '$work/short/val.bin' has 50" \
+  "$train" --data "$work/short" --ctx 64 --batch 2 --eval-batches 1 --sample-tokens 0 --steps 3 --out "$work/shortrun"
+[ -e "$work/shortrun/checkpoints/step_0.h5" ] && { echo "FAIL short val: training started"; failures=$((failures + 1)); }
+
+# prepare_data keeps an existing dataset: refused without --overwrite, and untouched by a failed write.
+data_sum=$(cat "$work/data/"* | md5sum | cut -d' ' -f1)
+expect_error "dataset already in --out" "already holds a dataset" "$prepare" --input "$work/one.txt" --out "$work/data"
+expect_error "dataset write on a full disk" "write failed for" \
+  bash -c "ulimit -f 1; exec \"$prepare\" --input \"$work/text\" --out \"$work/data\" --separator % --overwrite"
+[ "$(cat "$work/data/"* | md5sum | cut -d' ' -f1)" = "$data_sum" ] || { echo "FAIL prepare_data: the dataset changed"; failures=$((failures + 1)); }
+ls "$work/data/"*.tmp >/dev/null 2>&1 && { echo "FAIL prepare_data: a temporary file was left"; failures=$((failures + 1)); }
+
 echo "$failures failure(s)"
 [ $failures -eq 0 ]

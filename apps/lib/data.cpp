@@ -60,14 +60,15 @@ Sampling parse_sampling(const std::string& text) {
   throw Error("unknown sampling '" + text + "' (expected random or sequential)");
 }
 
-namespace {
-void check_length(const TokenFile& file, int64_t context) {
+void check_context_fits(const TokenFile& file, int64_t context) {
   if (file.size() < context + 2) {
     throw Error("context length " + std::to_string(context) + " needs at least " +
                 std::to_string(context + 2) + " tokens, but '" + file.path() + "' has " +
                 std::to_string(file.size()));
   }
 }
+
+namespace {
 
 void copy_window(const TokenFile& file, int64_t start, int64_t context, Batch& out, int64_t row) {
   const uint16_t* tokens = file.data() + start;
@@ -78,7 +79,7 @@ void copy_window(const TokenFile& file, int64_t start, int64_t context, Batch& o
 }
 
 Batch windows(const TokenFile& file, int64_t batch, int64_t context, int64_t first_window) {
-  check_length(file, context);
+  check_context_fits(file, context);
   Batch out;
   out.inputs.resize(static_cast<size_t>(batch * context));
   out.targets.resize(out.inputs.size());
@@ -98,7 +99,7 @@ BatchSampler::BatchSampler(const TokenFile& file, int64_t batch, int64_t context
       world_(world),
       sampling_(sampling),
       rng_{seed, 0} {
-  check_length(file, context);
+  check_context_fits(file, context);
 }
 
 Batch BatchSampler::next(int64_t step) {
@@ -153,15 +154,26 @@ std::string read_tokenizer(const std::string& data_dir) {
 }
 
 namespace {
-void write_tokens(const std::string& path, const std::vector<uint16_t>& tokens) {
+// Written to PATH.tmp and renamed into place, so PATH is either the old file or the whole new one; a failed
+// write removes the temporary file.
+void write_whole_file(const std::string& path, const char* data, size_t bytes) {
   const std::string tmp = path + ".tmp";
   {
     std::ofstream out(tmp, std::ios::binary);
     if (!out) throw Error("cannot write '" + tmp + "'");
-    out.write(reinterpret_cast<const char*>(tokens.data()), static_cast<std::streamsize>(tokens.size() * 2));
-    if (!out) throw Error("write failed for '" + tmp + "' (disk full?)");
+    out.write(data, static_cast<std::streamsize>(bytes));
+    out.close();
+    if (!out) {
+      std::error_code ignored;
+      fs::remove(tmp, ignored);
+      throw Error("write failed for '" + path + "' (disk full?); nothing was replaced");
+    }
   }
   fs::rename(tmp, path);
+}
+
+void write_tokens(const std::string& path, const std::vector<uint16_t>& tokens) {
+  write_whole_file(path, reinterpret_cast<const char*>(tokens.data()), tokens.size() * 2);
 }
 }  // namespace
 
@@ -171,7 +183,9 @@ PrepareStats prepare_text(const std::string& input, const std::string& out_dir,
   if (fs::is_directory(input)) {
     for (const auto& entry : fs::recursive_directory_iterator(input)) {
       const std::string ext = entry.path().extension().string();
-      if (entry.is_regular_file() && ext != ".dat" && ext != ".u8") files.push_back(entry.path());
+      // Token files (ours: .bin) and other binary data are not text.
+      if (entry.is_regular_file() && ext != ".dat" && ext != ".u8" && ext != ".bin")
+        files.push_back(entry.path());
     }
     std::sort(files.begin(), files.end());
   } else if (fs::is_regular_file(input)) {
@@ -216,10 +230,12 @@ PrepareStats prepare_text(const std::string& input, const std::string& out_dir,
   fs::create_directories(out_dir);
   write_tokens(out_dir + "/train.bin", train);
   write_tokens(out_dir + "/val.bin", val);
-  std::ofstream meta(out_dir + "/meta.json");
+  std::ostringstream meta;
   meta << "{\"tokenizer\": \"bytes\", \"vocab_size\": " << kByteVocab << ", \"end_of_text\": " << kEndOfText
        << ", \"documents\": " << stats.documents << ", \"train_tokens\": " << train.size()
        << ", \"val_tokens\": " << val.size() << "}\n";
+  const std::string meta_text = meta.str();
+  write_whole_file(out_dir + "/meta.json", meta_text.data(), meta_text.size());
   stats.train_tokens = static_cast<int64_t>(train.size());
   stats.val_tokens = static_cast<int64_t>(val.size());
   return stats;

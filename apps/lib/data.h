@@ -31,6 +31,9 @@ class TokenFile {
   size_t bytes_ = 0;
 };
 
+// Throws tt::Error unless `file` holds at least one window of `context` tokens and its target.
+void check_context_fits(const TokenFile& file, int64_t context);
+
 enum class Sampling { random, sequential };
 Sampling parse_sampling(const std::string& text);
 

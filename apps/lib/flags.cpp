@@ -148,12 +148,15 @@ bool Flags::boolean(const std::string& name) const {
 }
 
 std::vector<std::string> Flags::list(const std::string& name) const {
+  const std::string text = str(name);
   std::vector<std::string> out;
-  std::istringstream in(str(name));
+  std::istringstream in(text);
   std::string item;
-  while (std::getline(in, item, ',')) {
-    if (!item.empty()) out.push_back(item);
-  }
+  while (std::getline(in, item, ',')) out.push_back(item);
+  if (!text.empty() && text.back() == ',') out.emplace_back();
+  TT_CHECK(!out.empty(), "flag --" + name + " needs at least one value");
+  for (const std::string& i : out)
+    TT_CHECK(!i.empty(), "flag --" + name + " has an empty item in '" + text + "'");
   return out;
 }
 

@@ -157,11 +157,7 @@ void write_file(const std::string& path, const std::string& contents) {
 }  // namespace
 
 void check_memory_timeline_writable(const std::string& path_prefix) {
-  for (const char* suffix : kTimelineSuffixes) {
-    const std::string path = path_prefix + suffix;
-    std::ofstream probe(path, std::ios::app);  // creates it if need be, changes nothing that exists
-    TT_CHECK(probe.good(), "--memory-timeline: cannot write " + path + " (does its folder exist?)");
-  }
+  for (const char* suffix : kTimelineSuffixes) check_writable(path_prefix + suffix, "--memory-timeline file");
 }
 
 void record_memory_timeline(const std::string& path_prefix, Device device, const std::vector<Phase>& phases,

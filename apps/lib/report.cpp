@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
 #include <regex>
 #include <sstream>
 
@@ -17,22 +18,45 @@ double now_seconds() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
-JsonlWriter::JsonlWriter(const std::string& path, bool append)
-    : out_(path, append ? std::ios::app : std::ios::trunc) {
-  if (!out_) throw Error("cannot write '" + path + "'");
+void check_writable(const std::string& path, const std::string& what) {
+  const bool existed = std::filesystem::exists(path);
+  {
+    std::ofstream probe(path, std::ios::app);  // creates the file if need be, changes nothing in it
+    if (!probe) throw Error("cannot write " + what + " '" + path + "' (does its folder exist?)");
+  }
+  if (!existed) std::filesystem::remove(path);
+}
+
+JsonlWriter::JsonlWriter(const std::string& path, bool append) : path_(path) {
+  if (append) {
+    out_.open(path, std::ios::app);
+    if (!out_) throw Error("cannot write '" + path + "'");
+  } else {
+    check_writable(path, "JSON lines");
+  }
+}
+
+std::ofstream& JsonlWriter::stream() {
+  if (!out_.is_open()) {
+    out_.open(path_, std::ios::trunc);
+    if (!out_) throw Error("cannot write '" + path_ + "'");
+  }
+  return out_;
 }
 
 void JsonlWriter::write(const std::vector<std::pair<std::string, std::string>>& fields) {
-  out_ << "{";
+  std::ofstream& out = stream();
+  out << "{";
   for (size_t i = 0; i < fields.size(); ++i)
-    out_ << (i ? ", " : "") << quote(fields[i].first) << ": " << fields[i].second;
-  out_ << "}\n";
-  out_.flush();
+    out << (i ? ", " : "") << quote(fields[i].first) << ": " << fields[i].second;
+  out << "}\n";
+  out.flush();
 }
 
 void JsonlWriter::write_raw(const std::string& object_json) {
-  out_ << object_json << "\n";
-  out_.flush();
+  std::ofstream& out = stream();
+  out << object_json << "\n";
+  out.flush();
 }
 
 std::string JsonlWriter::number(double v) {

@@ -12,6 +12,13 @@
 namespace tt::app {
 
 // One JSON object per line, flushed as written so a crash loses nothing already reported.
+// Throws tt::Error when `path` cannot be opened for writing. Changes nothing: an existing file keeps its
+// contents, and a file this check had to create is removed again.
+void check_writable(const std::string& path, const std::string& what);
+
+// JSON lines to a file. Appending opens at once; otherwise the constructor only checks that the file can be
+// written, and the old contents are replaced at the first write, so a run that fails before producing a row
+// (a bad flag, say) leaves an existing file as it was.
 class JsonlWriter {
  public:
   JsonlWriter(const std::string& path, bool append);
@@ -21,6 +28,8 @@ class JsonlWriter {
   static std::string quote(const std::string& s);
 
  private:
+  std::ofstream& stream();
+  std::string path_;
   std::ofstream out_;
 };
 

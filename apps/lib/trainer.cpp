@@ -214,11 +214,43 @@ void truncate_metrics(const std::string& path, int64_t step) {
   std::string line;
   while (std::getline(in, line)) {
     const size_t at = line.find("\"step\": ");
-    if (at != std::string::npos && std::stoll(line.substr(at + 8)) <= step) kept.push_back(line);
+    if (at == std::string::npos) continue;
+    int64_t line_step = 0;
+    try {
+      line_step = std::stoll(line.substr(at + 8));
+    } catch (const std::exception&) {
+      throw Error("cannot read the step of a line of " + path + ": '" + line.substr(0, 60) + "'");
+    }
+    if (line_step <= step) kept.push_back(line);
   }
   in.close();
   std::ofstream out(path, std::ios::trunc);
   for (const std::string& l : kept) out << l << "\n";
+}
+
+// The numbers the optimizer, schedule and logging take, checked before anything runs.
+void check_training_numbers(const Flags& flags) {
+  auto finite_at_least = [&](const char* name, double low) {
+    const double v = flags.number(name);
+    TT_CHECK(std::isfinite(v) && v >= low, std::string("--") + name + " must be a finite number >= " +
+                                               std::to_string(low).substr(0, 3) + ", got " + flags.str(name));
+  };
+  finite_at_least("lr-max", 0);
+  finite_at_least("lr-min", 0);
+  finite_at_least("weight-decay", 0);
+  finite_at_least("clip", 0);
+  for (const char* name : {"beta1", "beta2"}) {
+    const double v = flags.number(name);
+    TT_CHECK(std::isfinite(v) && v >= 0 && v < 1,
+             std::string("--") + name + " must be in [0, 1), got " + flags.str(name));
+  }
+  for (const char* name :
+       {"warmup", "cosine-steps", "eval-every", "ckpt-every", "keep-ckpts", "sample-tokens"})
+    TT_CHECK(flags.integer(name) >= 0, std::string("--") + name + " must be >= 0, got " + flags.str(name));
+  for (const char* name : {"eval-batches", "log-every", "top-k"})
+    TT_CHECK(flags.integer(name) >= 1, std::string("--") + name + " must be >= 1, got " + flags.str(name));
+  TT_CHECK(flags.str("json").empty() || flags.boolean("eval-only"),
+           "--json writes the result of --eval-only; training writes metrics.jsonl in --out");
 }
 
 }  // namespace
@@ -234,6 +266,8 @@ int run_training(const Flags& flags, Device device, const std::string& data_dir,
   const int64_t ctx = config.context_length, zero = flags.integer("zero");
   TT_CHECK(steps > 0, "--steps must be positive");
   TT_CHECK(batch > 0 && accum > 0, "--batch and --grad-accum must be positive");
+  check_training_numbers(flags);
+  TT_CHECK(!out.empty(), "--out must name a folder");
   TT_CHECK(zero == 0 || zero == 1, "--zero must be 0 or 1");
   const std::string zero_grads = flags.str("zero-grads");
   const std::string grad_comm = flags.str("grad-comm-dtype");
@@ -248,6 +282,7 @@ int run_training(const Flags& flags, Device device, const std::string& data_dir,
            "--zero-grads must be reduce-scatter or ddp, got '" + zero_grads + "'");
   const TokenFile train_file(data_dir + "/train.bin", config.vocab_size);
   const TokenFile val_file(data_dir + "/val.bin", config.vocab_size);
+  check_context_fits(val_file, ctx);  // now, not at the first evaluation
   const Sampling sampling = parse_sampling(flags.str("sampling"));
   const uint64_t seed = static_cast<uint64_t>(flags.integer("seed"));
 
@@ -314,12 +349,28 @@ int run_training(const Flags& flags, Device device, const std::string& data_dir,
     state.args = flags.summary_line();  // later checkpoints record this run's flags
     // Each rank keeps its own seed; the draw count is the same on every rank.
     sampler.rng().counter = state.rng_counter;
+    // Before anything in --out changes: a run with nothing to do must not cut its folder back.
+    TT_CHECK(state.step < steps, "nothing to do: the checkpoint is at step " + std::to_string(state.step) +
+                                     " and --steps is " + std::to_string(steps));
     if (root) {
       std::printf("resumed from %s at step %lld\n", resume.c_str(), static_cast<long long>(state.step));
       warn_if_schedule_differs(written_by, flags);
-      // What came after the checkpoint in this folder belongs to a future this run replaces.
-      truncate_metrics(out + "/metrics.jsonl", state.step);
-      remove_checkpoints_after(out + "/checkpoints", state.step);
+      std::error_code ec;
+      const bool own = fs::equivalent(fs::path(resume).parent_path(), out + "/checkpoints", ec);
+      if (own) {
+        // What came after the checkpoint in this folder belongs to a future this run replaces.
+        truncate_metrics(out + "/metrics.jsonl", state.step);
+        remove_checkpoints_after(out + "/checkpoints", state.step);
+      } else {
+        // A checkpoint from another folder: this folder's checkpoints and metrics belong to another run.
+        if (has_checkpoints(out + "/checkpoints")) {
+          TT_CHECK(flags.boolean("overwrite"),
+                   out + "/checkpoints already holds checkpoints of another run than " + resume +
+                       "; pass a new --out, or --overwrite to replace them");
+          remove_checkpoints_after(out + "/checkpoints", -1);
+        }
+        std::remove((out + "/metrics.jsonl").c_str());
+      }
     }
   } else if (root) {
     if (has_checkpoints(out + "/checkpoints")) {
@@ -331,8 +382,6 @@ int run_training(const Flags& flags, Device device, const std::string& data_dir,
     }
     std::remove((out + "/metrics.jsonl").c_str());
   }
-  TT_CHECK(state.step < steps, "nothing to do: the checkpoint is at step " + std::to_string(state.step) +
-                                   " and --steps is " + std::to_string(steps));
 
   const double entropy = unigram_entropy(train_file, config.vocab_size);
   const PeakFlops peak = device_peak_flops(device_name(device), config.precision == nn::Precision::bf16);
