@@ -54,6 +54,9 @@ std::string data_dir_or_default(const Flags& flags) {
 int run_eval_only(const Flags& flags, Device device) {
   const std::string ckpt = flags.str("resume");
   if (ckpt.empty()) throw Error("--eval-only needs --resume CHECKPOINT");
+  // The result's file is checked before the evaluation, which can take long.
+  std::unique_ptr<JsonlWriter> json;
+  if (!flags.str("json").empty()) json = std::make_unique<JsonlWriter>(flags.str("json"), false);
   nn::ModelConfig config = read_checkpoint_config(ckpt);
   apply_runtime_model_flags(flags, config, device);
   const int64_t ctx = flags.given("ctx") ? flags.integer("ctx") : config.context_length;
@@ -71,13 +74,12 @@ int run_eval_only(const Flags& flags, Device device) {
   std::printf("eval %s: mean loss %.6f (perplexity %.4f) over %lld windows of %lld tokens from %s/val.bin\n",
               ckpt.c_str(), loss, std::exp(loss), static_cast<long long>(batch * batches),
               static_cast<long long>(ctx), data.c_str());
-  if (!flags.str("json").empty()) {
-    JsonlWriter json(flags.str("json"), false);
-    json.write({{"checkpoint", JsonlWriter::quote(ckpt)},
-                {"loss", JsonlWriter::number(loss)},
-                {"perplexity", JsonlWriter::number(std::exp(loss))},
-                {"windows", std::to_string(batch * batches)},
-                {"context", std::to_string(ctx)}});
+  if (json) {
+    json->write({{"checkpoint", JsonlWriter::quote(ckpt)},
+                 {"loss", JsonlWriter::number(loss)},
+                 {"perplexity", JsonlWriter::number(std::exp(loss))},
+                 {"windows", std::to_string(batch * batches)},
+                 {"context", std::to_string(ctx)}});
   }
   return 0;
 }

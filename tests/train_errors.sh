@@ -107,6 +107,25 @@ expect_error "validation file too short" "needs at least 66 tokens, but '$work/s
   "$train" --data "$work/short" --ctx 64 --batch 2 --eval-batches 1 --sample-tokens 0 --steps 3 --out "$work/shortrun"
 [ -e "$work/shortrun/checkpoints/step_0.h5" ] && { echo "FAIL short val: training started"; failures=$((failures + 1)); }
 
+# Flags and config files: a folder as config, a name set twice, a switch with a non-boolean value, values a
+# single process would otherwise ignore.
+expect_error "config is a folder" "is a folder" "$train" "${common[@]}" --config "$work/data" --steps 1
+printf 'steps = 2\nsteps = 3\n' >"$work/twice.cfg"
+expect_error "config sets a flag twice" "flag 'steps' is set twice in $work/twice.cfg (lines 1 and 2)" \
+  "$train" "${common[@]}" --config "$work/twice.cfg"
+expect_error "switch value" "flag --overwrite expects on/off, got 'maybe'" "$train" "${common[@]}" --overwrite=maybe --steps 1
+expect_error "unknown DDP strategy" "foo" "$train" "${common[@]}" --ddp foo --steps 1
+expect_error "bucket of 0 MiB" "--bucket-mb must be positive" "$train" "${common[@]}" --bucket-mb 0 --steps 1
+expect_error "negative model size" "--d-model must be >= 0" "$train" "${common[@]}" --d-model -30 --steps 1
+# --eval-only's result file is checked before the evaluation; a damaged checkpoint is named.
+expect_error "eval-only json folder" "cannot write JSON lines '$work/nodir/x.json'" \
+  "$train" --eval-only --resume "$ckpt" --data "$work/data" --ctx 16 --json "$work/nodir/x.json"
+cp "$ckpt" "$work/damaged.h5"
+size=$(stat -c %s "$work/damaged.h5")
+dd if=/dev/zero of="$work/damaged.h5" bs=1 seek=$((size - 4000)) count=4000 conv=notrunc 2>/dev/null
+expect_error "damaged checkpoint" "checkpoint $work/damaged.h5 is damaged" \
+  "$train" "${common[@]}" --out "$work/fromdamaged" --steps 6 --resume "$work/damaged.h5"
+
 # prepare_data keeps an existing dataset: refused without --overwrite, and untouched by a failed write.
 data_sum=$(cat "$work/data/"* | md5sum | cut -d' ' -f1)
 expect_error "dataset already in --out" "already holds a dataset" "$prepare" --input "$work/one.txt" --out "$work/data"

@@ -145,7 +145,20 @@ void save_checkpoint(const std::string& path, const nn::ModelConfig& config, nn:
   }
 }
 
-nn::ModelConfig read_checkpoint_config(const std::string& path) {
+namespace {
+// HDF5's messages name the call and the object, not the file: a damaged checkpoint is reported by its path.
+template <class F>
+auto naming_file(const std::string& path, F&& read) {
+  try {
+    return read();
+  } catch (const Error& e) {
+    const std::string message = e.what();
+    if (message.rfind("HDF5 error", 0) == 0) throw Error("checkpoint " + path + " is damaged: " + message);
+    throw;
+  }
+}
+
+nn::ModelConfig read_checkpoint_config_unnamed(const std::string& path) {
   const io::H5File file = io::H5File::open_read(path);
   nn::ModelConfig c;
   c.vocab_size = file.attr_int("/", "vocab_size");
@@ -158,8 +171,8 @@ nn::ModelConfig read_checkpoint_config(const std::string& path) {
   return c;
 }
 
-void load_checkpoint(const std::string& path, nn::FlatParameters& params, OptimizerState* optimizer,
-                     TrainState* state) {
+void load_checkpoint_unnamed(const std::string& path, nn::FlatParameters& params, OptimizerState* optimizer,
+                             TrainState* state) {
   const io::H5File file = io::H5File::open_read(path);
   const auto& named = params.parameters();
   // Check every dataset (and the optimizer's and trainer's attributes) first, so a file that does not fit
@@ -207,6 +220,17 @@ void load_checkpoint(const std::string& path, nn::FlatParameters& params, Optimi
     state->tokens_seen = file.attr_int("/train", "tokens_seen");
     state->args = file.attr_string("/train", "args");
   }
+}
+
+}  // namespace
+
+nn::ModelConfig read_checkpoint_config(const std::string& path) {
+  return naming_file(path, [&] { return read_checkpoint_config_unnamed(path); });
+}
+
+void load_checkpoint(const std::string& path, nn::FlatParameters& params, OptimizerState* optimizer,
+                     TrainState* state) {
+  naming_file(path, [&] { load_checkpoint_unnamed(path, params, optimizer, state); });
 }
 
 void prune_checkpoints(const std::string& dir, int64_t keep, int64_t up_to_step) {

@@ -146,7 +146,16 @@ std::string meta_field(const std::string& data_dir, const std::string& pattern) 
 
 int64_t read_vocab_size(const std::string& data_dir) {
   const std::string value = meta_field(data_dir, "\"vocab_size\"\\s*:\\s*([0-9]+)");
-  return value.empty() ? 0 : std::stoll(value);
+  if (value.empty()) return 0;
+  int64_t vocab = 0;
+  try {
+    vocab = std::stoll(value);
+  } catch (const std::exception&) {
+    vocab = -1;
+  }
+  TT_CHECK(vocab > 0 && vocab <= 65536, data_dir + "/meta.json: vocab_size " + value +
+                                            " is not a vocabulary uint16 token files can hold (1..65536)");
+  return vocab;
 }
 
 std::string read_tokenizer(const std::string& data_dir) {

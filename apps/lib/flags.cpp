@@ -1,6 +1,7 @@
 #include "apps/lib/flags.h"
 
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 
@@ -18,16 +19,29 @@ void Flags::add_switch(const std::string& name, const std::string& help) {
   specs_[name] = {"false", help, true};
 }
 
+namespace {
+// A switch's explicit value (--name=VALUE, or "name VALUE" in a config file) must read as on or off.
+void check_switch_value(const std::string& name, const std::string& value) {
+  static const char* const kValues[] = {"true", "1", "on", "yes", "false", "0", "off", "no"};
+  for (const char* v : kValues) {
+    if (value == v) return;
+  }
+  throw Error("flag --" + name + " expects on/off, got '" + value + "'");
+}
+}  // namespace
+
 void Flags::set(const std::string& name, const std::string& value, const std::string& origin) {
   if (!specs_.count(name)) throw Error("unknown flag --" + name + origin + " (see --help)");
   values_[name] = value;
 }
 
 void Flags::read_config(const std::string& path) {
+  TT_CHECK(!std::filesystem::is_directory(path), "config file '" + path + "' is a folder");
   std::ifstream in(path);
   if (!in) throw Error("cannot read config file '" + path + "'");
   std::string line;
   int number = 0;
+  std::map<std::string, int> line_of;  // each name's line: a name given twice is an error
   while (std::getline(in, line)) {
     ++number;
     const size_t hash = line.find('#');
@@ -60,6 +74,12 @@ void Flags::read_config(const std::string& path) {
     if (value.empty() && !specs_[name].is_switch) {
       throw Error("flag '" + name + "' in " + path + ":" + std::to_string(number) + " has no value");
     }
+    if (line_of.count(name)) {
+      throw Error("flag '" + name + "' is set twice in " + path + " (lines " + std::to_string(line_of[name]) +
+                  " and " + std::to_string(number) + ")");
+    }
+    line_of[name] = number;
+    if (specs_[name].is_switch && !value.empty()) check_switch_value(name, value);
     // Command-line values were parsed first and win.
     if (!values_.count(name)) values_[name] = value.empty() ? "true" : value;
   }
@@ -88,11 +108,14 @@ bool Flags::parse(int argc, char** argv) {
         if (i + 1 >= argc) throw Error("flag --config needs a file name");
         value = argv[++i];
       }
+      TT_CHECK(config_path.empty(), "--config is given twice ('" + config_path + "' and '" + value + "')");
+      TT_CHECK(!value.empty(), "flag --config needs a file name");
       config_path = value;
       continue;
     }
     if (!specs_.count(arg)) throw Error("unknown flag --" + arg + " (see --help)");
     if (specs_[arg].is_switch) {
+      if (has_inline) check_switch_value(arg, value);
       set(arg, has_inline ? value : "true", "");
       continue;
     }

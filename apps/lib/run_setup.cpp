@@ -57,6 +57,10 @@ void apply_runtime_model_flags(const Flags& flags, nn::ModelConfig& config, Devi
 
 nn::ModelConfig model_config_from_flags(const Flags& flags, Device device, int64_t data_vocab) {
   nn::ModelConfig config = nn::preset(flags.str("preset"));
+  // 0 keeps the preset's value (the data's vocabulary for --vocab); anything else must be a real size.
+  for (const char* name : {"vocab", "d-model", "layers", "heads", "d-ff"})
+    TT_CHECK(flags.integer(name) >= 0,
+             std::string("--") + name + " must be >= 0 (0: the preset's), got " + flags.str(name));
   const int64_t vocab = flags.integer("vocab");
   config.vocab_size = vocab > 0 ? vocab : (data_vocab > 0 ? data_vocab : 10000);
   if (flags.integer("d-model") > 0) config.d_model = flags.integer("d-model");

@@ -280,6 +280,10 @@ int run_training(const Flags& flags, Device device, const std::string& data_dir,
       grads_bf16_from_flags(flags, config.precision == nn::Precision::bf16, grad_comm_bf16);
   TT_CHECK(zero_grads == "reduce-scatter" || zero_grads == "ddp",
            "--zero-grads must be reduce-scatter or ddp, got '" + zero_grads + "'");
+  // Checked in a single process too, so that a launch script's flags fail on one machine before many.
+  dist::parse_ddp_strategy(flags.str("ddp"));
+  TT_CHECK(std::isfinite(flags.number("bucket-mb")) && flags.number("bucket-mb") > 0,
+           "--bucket-mb must be positive, got " + flags.str("bucket-mb"));
   const TokenFile train_file(data_dir + "/train.bin", config.vocab_size);
   const TokenFile val_file(data_dir + "/val.bin", config.vocab_size);
   check_context_fits(val_file, ctx);  // now, not at the first evaluation
