@@ -1,5 +1,7 @@
 #include "apps/lib/checkpoint.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <filesystem>
 #include <regex>
@@ -140,7 +142,11 @@ void save_checkpoint(const std::string& path, const nn::ModelConfig& config, nn:
     io::atomic_write(path,
                      [&](io::H5File& file) { write_contents(&file, config, params, optimizer, state); });
   } catch (const Error& e) {
-    throw Error("cannot write checkpoint " + path + " (disk full?): " + e.what() +
+    // A folder this process may not write to is the other common cause besides a full disk.
+    const std::string folder = std::filesystem::path(path).parent_path().string();
+    const bool writable = access(folder.empty() ? "." : folder.c_str(), W_OK) == 0;
+    throw Error("cannot write checkpoint " + path +
+                (writable ? " (disk full?): " : " (folder not writable): ") + e.what() +
                 "; earlier checkpoints are intact");
   }
 }

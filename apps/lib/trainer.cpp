@@ -360,7 +360,7 @@ int run_training(const Flags& flags, Device device, const std::string& data_dir,
       std::printf("resumed from %s at step %lld\n", resume.c_str(), static_cast<long long>(state.step));
       warn_if_schedule_differs(written_by, flags);
       std::error_code ec;
-      const bool own = fs::equivalent(fs::path(resume).parent_path(), out + "/checkpoints", ec);
+      const bool own = fs::equivalent(fs::absolute(resume).parent_path(), out + "/checkpoints", ec);
       if (own) {
         // What came after the checkpoint in this folder belongs to a future this run replaces.
         truncate_metrics(out + "/metrics.jsonl", state.step);
