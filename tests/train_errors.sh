@@ -133,6 +133,23 @@ expect_error "dataset write on a full disk" "write failed for" \
   bash -c "ulimit -f 1; exec \"$prepare\" --input \"$work/text\" --out \"$work/data\" --separator % --overwrite"
 [ "$(cat "$work/data/"* | md5sum | cut -d' ' -f1)" = "$data_sum" ] || { echo "FAIL prepare_data: the dataset changed"; failures=$((failures + 1)); }
 ls "$work/data/"*.tmp >/dev/null 2>&1 && { echo "FAIL prepare_data: a temporary file was left"; failures=$((failures + 1)); }
+# The last file of the dataset fails (a folder in the way of meta.json.tmp): the first ones stay old too.
+mkdir "$work/data/meta.json.tmp"
+expect_error "dataset's last file fails" "cannot write" \
+  "$prepare" --input "$work/one.txt" --out "$work/data" --overwrite
+rmdir "$work/data/meta.json.tmp"
+[ "$(cat "$work/data/"* | md5sum | cut -d' ' -f1)" = "$data_sum" ] || { echo "FAIL prepare_data: a partly new dataset"; failures=$((failures + 1)); }
+ls "$work/data/"*.tmp >/dev/null 2>&1 && { echo "FAIL prepare_data: temporary files were left"; failures=$((failures + 1)); }
+# Resumes the same folder reached another way: through a link to the checkpoint, and a foreign resume that
+# may replace --out's run with --overwrite.
+ln -s "$work/keep/checkpoints/step_4.h5" "$work/latest.h5"
+expect_ok "resume through a link into the run's own folder" "$train" "${common[@]}" --out "$work/keep" --steps 7 --resume "$work/latest.h5"
+[ -e "$work/keep/checkpoints/step_4.h5" ] || { echo "FAIL linked resume: its checkpoint was removed"; failures=$((failures + 1)); }
+expect_ok "foreign resume with --overwrite" "$train" "${common[@]}" --out "$work/keep" --steps 6 --resume "$ckpt" --overwrite
+[ -e "$work/keep/checkpoints/step_2.h5" ] && { echo "FAIL foreign resume: the old run's step_2.h5 is still there"; failures=$((failures + 1)); }
+# A refused resume into a new folder leaves no folder behind.
+expect_error "refused resume, new folder" "nothing to do" "$train" "${common[@]}" --out "$work/brandnew" --steps 4 --resume "$ckpt"
+[ -e "$work/brandnew" ] && { echo "FAIL refused resume: $work/brandnew was created"; failures=$((failures + 1)); }
 
 echo "$failures failure(s)"
 [ $failures -eq 0 ]

@@ -163,27 +163,37 @@ std::string read_tokenizer(const std::string& data_dir) {
 }
 
 namespace {
-// Written to PATH.tmp and renamed into place, so PATH is either the old file or the whole new one; a failed
-// write removes the temporary file.
-void write_whole_file(const std::string& path, const char* data, size_t bytes) {
-  const std::string tmp = path + ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::binary);
-    if (!out) throw Error("cannot write '" + tmp + "'");
-    out.write(data, static_cast<std::streamsize>(bytes));
-    out.close();
-    if (!out) {
+// A dataset's files are each written to NAME.tmp first; only when all of them are complete are they renamed
+// into place, so a failed write (a full disk, say) leaves the old dataset whole and no temporary files.
+class DatasetWriter {
+ public:
+  explicit DatasetWriter(std::string dir) : dir_(std::move(dir)) {}
+  ~DatasetWriter() {
+    for (const std::string& tmp : pending_) {
       std::error_code ignored;
       fs::remove(tmp, ignored);
-      throw Error("write failed for '" + path + "' (disk full?); nothing was replaced");
     }
   }
-  fs::rename(tmp, path);
-}
+  void add(const std::string& name, const char* data, size_t bytes) {
+    const std::string path = dir_ + "/" + name, tmp = path + ".tmp";
+    TT_CHECK(!fs::is_directory(path), "cannot write '" + path + "': a folder of that name is in the way");
+    std::ofstream out(tmp, std::ios::binary);
+    if (!out) throw Error("cannot write '" + tmp + "'");
+    pending_.push_back(tmp);  // ours from here on: removed unless committed
+    out.write(data, static_cast<std::streamsize>(bytes));
+    out.close();
+    if (!out) throw Error("write failed for '" + path + "' (disk full?); nothing was replaced");
+  }
+  // Every file complete: into place.
+  void commit() {
+    for (const std::string& tmp : pending_) fs::rename(tmp, tmp.substr(0, tmp.size() - 4));
+    pending_.clear();
+  }
 
-void write_tokens(const std::string& path, const std::vector<uint16_t>& tokens) {
-  write_whole_file(path, reinterpret_cast<const char*>(tokens.data()), tokens.size() * 2);
-}
+ private:
+  std::string dir_;
+  std::vector<std::string> pending_;
+};
 }  // namespace
 
 PrepareStats prepare_text(const std::string& input, const std::string& out_dir,
@@ -237,14 +247,16 @@ PrepareStats prepare_text(const std::string& input, const std::string& out_dir,
   }
   if (train.empty() || val.empty()) throw Error("input '" + input + "' has too little text to split");
   fs::create_directories(out_dir);
-  write_tokens(out_dir + "/train.bin", train);
-  write_tokens(out_dir + "/val.bin", val);
+  DatasetWriter writer(out_dir);
+  writer.add("train.bin", reinterpret_cast<const char*>(train.data()), train.size() * 2);
+  writer.add("val.bin", reinterpret_cast<const char*>(val.data()), val.size() * 2);
   std::ostringstream meta;
   meta << "{\"tokenizer\": \"bytes\", \"vocab_size\": " << kByteVocab << ", \"end_of_text\": " << kEndOfText
        << ", \"documents\": " << stats.documents << ", \"train_tokens\": " << train.size()
        << ", \"val_tokens\": " << val.size() << "}\n";
   const std::string meta_text = meta.str();
-  write_whole_file(out_dir + "/meta.json", meta_text.data(), meta_text.size());
+  writer.add("meta.json", meta_text.data(), meta_text.size());
+  writer.commit();
   stats.train_tokens = static_cast<int64_t>(train.size());
   stats.val_tokens = static_cast<int64_t>(val.size());
   return stats;

@@ -19,7 +19,10 @@ double now_seconds() {
 }
 
 void check_writable(const std::string& path, const std::string& what) {
-  const bool existed = std::filesystem::exists(path);
+  const std::filesystem::file_status link = std::filesystem::symlink_status(path);
+  // A link to nothing: opening it would create its target; the write itself will, if the user meant that.
+  if (std::filesystem::is_symlink(link) && !std::filesystem::exists(path)) return;
+  const bool existed = std::filesystem::exists(link);
   {
     std::ofstream probe(path, std::ios::app);  // creates the file if need be, changes nothing in it
     if (!probe) throw Error("cannot write " + what + " '" + path + "' (does its folder exist?)");

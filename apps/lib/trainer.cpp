@@ -346,7 +346,6 @@ int run_training(const Flags& flags, Device device, const std::string& data_dir,
   state.rng_seed = sampler.rng().seed;
   state.args = flags.summary_line();
   const std::string resume = flags.str("resume");
-  if (root) fs::create_directories(out + "/checkpoints");
   if (!resume.empty()) {
     load_checkpoint(resume, params, opt_state.get(), &state);
     const std::string written_by = state.args;
@@ -359,8 +358,10 @@ int run_training(const Flags& flags, Device device, const std::string& data_dir,
     if (root) {
       std::printf("resumed from %s at step %lld\n", resume.c_str(), static_cast<long long>(state.step));
       warn_if_schedule_differs(written_by, flags);
+      // The folder the checkpoint really lies in (links resolved) against --out's checkpoints folder.
       std::error_code ec;
-      const bool own = fs::equivalent(fs::absolute(resume).parent_path(), out + "/checkpoints", ec);
+      const fs::path from = fs::weakly_canonical(fs::absolute(resume), ec).parent_path();
+      const bool own = !ec && fs::equivalent(from, out + "/checkpoints", ec) && !ec;
       if (own) {
         // What came after the checkpoint in this folder belongs to a future this run replaces.
         truncate_metrics(out + "/metrics.jsonl", state.step);
@@ -386,6 +387,8 @@ int run_training(const Flags& flags, Device device, const std::string& data_dir,
     }
     std::remove((out + "/metrics.jsonl").c_str());
   }
+  // Only now, so that a refused run leaves no new folder behind.
+  if (root) fs::create_directories(out + "/checkpoints");
 
   const double entropy = unigram_entropy(train_file, config.vocab_size);
   const PeakFlops peak = device_peak_flops(device_name(device), config.precision == nn::Precision::bf16);
