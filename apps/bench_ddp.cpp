@@ -282,9 +282,8 @@ int main(int argc, char** argv) {
     const bool copy_engine = std::find(transports.begin(), transports.end(),
                                        dist::AllReduceTransport::copy_engine) != transports.end();
     // Checked before any row runs, not at the first copy-engine row.
-    TT_CHECK(!copy_engine || (device.is_cuda() && runtime->world_size() >= 2 &&
-                              runtime->world_size() <= dist::kCopyEngineMaxRanks &&
-                              runtime->local_size() == runtime->world_size()),
+    TT_CHECK(!copy_engine ||
+                 (device.is_cuda() && dist::copy_engine_layout(runtime->world_size(), runtime->local_size())),
              "--all-reduce copy-engine needs CUDA and 2 to " + std::to_string(dist::kCopyEngineMaxRanks) +
                  " ranks, all on one host; this job has " + std::to_string(runtime->world_size()) +
                  " ranks, " + std::to_string(runtime->local_size()) + " on this host, device " +

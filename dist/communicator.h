@@ -45,6 +45,11 @@ void check_all_reduce_flag(const std::string& text);
 // auto picks it for two ranks only.
 constexpr int kCopyEngineMaxRanks = 8;
 constexpr int kAutoCopyEngineMaxRanks = 2;
+// Whether a job of `world_size` ranks, `local_size` of them on this host, is one the copy-engine transport
+// can serve: 2 to kCopyEngineMaxRanks ranks, all on one host.
+inline bool copy_engine_layout(int world_size, int local_size) {
+  return world_size >= 2 && world_size <= kCopyEngineMaxRanks && local_size == world_size;
+}
 std::string select_all_reduce_transport(Communicator& comm, const std::string& text,
                                         const DistRuntime& runtime, bool will_all_reduce);
 

@@ -285,7 +285,7 @@ class NcclCommunicator : public Communicator {
     TT_CHECK(registered_ == 0, "set_all_reduce_transport: " + std::to_string(registered_) +
                                    " buffers are still registered with the current transport");
     if (transport == AllReduceTransport::copy_engine) {
-      TT_CHECK(world_size() >= 2 && world_size() <= PeerAllReduce::kMaxRanks && local_size_ == world_size(),
+      TT_CHECK(copy_engine_layout(world_size(), local_size_),
                "the copy-engine all-reduce needs 2 to " + std::to_string(PeerAllReduce::kMaxRanks) +
                    " ranks, all on one host; this job has " + std::to_string(world_size()) + " ranks, " +
                    std::to_string(local_size_) + " on this host");

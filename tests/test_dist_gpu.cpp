@@ -175,8 +175,7 @@ class CopyEngineTransport {
 };
 
 bool ranks_on_one_host() {
-  const int world = runtime().world_size();
-  if (world >= 2 && world <= dist::PeerAllReduce::kMaxRanks && runtime().local_size() == world) return true;
+  if (dist::copy_engine_layout(runtime().world_size(), runtime().local_size())) return true;
   MESSAGE("the copy-engine all-reduce needs 2 to 8 ranks, all on one host; skipped");
   return false;
 }

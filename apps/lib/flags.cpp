@@ -20,13 +20,12 @@ void Flags::add_switch(const std::string& name, const std::string& help) {
 }
 
 namespace {
-// A switch's explicit value (--name=VALUE, or "name VALUE" in a config file) must read as on or off.
-void check_switch_value(const std::string& name, const std::string& value) {
-  static const char* const kValues[] = {"true", "1", "on", "yes", "false", "0", "off", "no"};
-  for (const char* v : kValues) {
-    if (value == v) return;
-  }
-  throw Error("flag --" + name + " expects on/off, got '" + value + "'");
+// A switch's value: on (true, 1, on, yes) or off (false, 0, off, no); anything else is an error. Used for
+// explicit values as they are given (--name=VALUE, or "name VALUE" in a config file) and when read back.
+bool switch_value(const std::string& name, const std::string& text) {
+  if (text == "true" || text == "1" || text == "on" || text == "yes") return true;
+  if (text == "false" || text == "0" || text == "off" || text == "no") return false;
+  throw Error("flag --" + name + " expects on/off, got '" + text + "'");
 }
 }  // namespace
 
@@ -79,7 +78,7 @@ void Flags::read_config(const std::string& path) {
                   " and " + std::to_string(number) + ")");
     }
     line_of[name] = number;
-    if (specs_[name].is_switch && !value.empty()) check_switch_value(name, value);
+    if (specs_[name].is_switch && !value.empty()) switch_value(name, value);
     // Command-line values were parsed first and win.
     if (!values_.count(name)) values_[name] = value.empty() ? "true" : value;
   }
@@ -115,7 +114,7 @@ bool Flags::parse(int argc, char** argv) {
     }
     if (!specs_.count(arg)) throw Error("unknown flag --" + arg + " (see --help)");
     if (specs_[arg].is_switch) {
-      if (has_inline) check_switch_value(arg, value);
+      if (has_inline) switch_value(arg, value);
       set(arg, has_inline ? value : "true", "");
       continue;
     }
@@ -164,10 +163,7 @@ double Flags::number(const std::string& name) const {
 }
 
 bool Flags::boolean(const std::string& name) const {
-  const std::string text = str(name);
-  if (text == "true" || text == "1" || text == "on" || text == "yes") return true;
-  if (text == "false" || text == "0" || text == "off" || text == "no") return false;
-  throw Error("flag --" + name + " expects on/off, got '" + text + "'");
+  return switch_value(name, str(name));
 }
 
 std::vector<std::string> Flags::list(const std::string& name) const {
