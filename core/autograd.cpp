@@ -94,6 +94,18 @@ Tensor direct_grad_buffer(const std::shared_ptr<Node>& edge, const Shape& shape,
   return buffer;
 }
 
+void set_factored_grad_consumer(const Tensor& leaf, FactoredGradConsumer consumer) {
+  TT_CHECK(leaf.grad_fn() == nullptr, "set_factored_grad_consumer: " + leaf.describe() + " is not a leaf");
+  leaf.impl()->factored_grad_consumer = std::move(consumer);
+}
+
+bool consume_factored_grad(const std::shared_ptr<Node>& edge, const Tensor& dy, const Tensor& x) {
+  const auto* accumulator = dynamic_cast<const AccumulateGrad*>(edge.get());
+  if (accumulator == nullptr) return false;
+  const FactoredGradConsumer& consumer = accumulator->leaf().impl()->factored_grad_consumer;
+  return consumer && consumer(dy, x);
+}
+
 void mark_grad_zeroed(const Tensor& leaf) {
   leaf.impl()->grad_zero_pass = g_backward_passes.load() + (g_backward_depth > 0 ? 1 : 0);
 }

@@ -73,6 +73,16 @@ Tensor direct_grad_buffer(const std::shared_ptr<Node>& edge, const Shape& shape,
                           bool* known_zero = nullptr, bool or_bf16 = false);
 void note_direct_contribution(const std::shared_ptr<Node>& edge);
 
+// A leaf's consumer of its gradient in factored form. A linear layer's backward offers its weight's gradient
+// dW = dy^T x as the pair (dy: rows x out, x: rows x in, both in the compute dtype) before computing it. A
+// consumer that uses the gradient itself (an optimizer update fused into the weight-gradient matmul) returns
+// true: the gradient is then neither computed nor stored, the leaf's .grad is left as it was, and its
+// grad-ready hooks still fire. Returning false lets backward compute the gradient as usual. An empty
+// function removes the consumer.
+void set_factored_grad_consumer(const Tensor& leaf, FactoredGradConsumer consumer);
+// Offers (dy, x) to the consumer of the leaf behind `edge`, if it has one; true when it took the gradient.
+bool consume_factored_grad(const std::shared_ptr<Node>& edge, const Tensor& dy, const Tensor& x);
+
 // Gradient buffers known to hold zeros. Whoever zeroes a leaf's .grad (FlatParameters::zero_grad,
 // Optimizer::zero_grad, an update fused into backward) marks it; the first contribution of the next backward
 // pass may then overwrite the buffer instead of adding to it (a GEMM with beta = 0 reads no C). The mark

@@ -153,7 +153,10 @@ struct LinearNode : Node {
         dx = reshape(dx, x_shape);
       }
     }
-    if (next[1]) {
+    if (next[1] && consume_factored_grad(next[1], g, x2)) {
+      // Someone took dW = g^T x2 in factored form (an optimizer update fused into this matmul).
+      note_direct_contribution(next[1]);
+    } else if (next[1]) {
       bool known_zero = false;
       // A bf16 .grad of an f32 weight computed in bf16 (FlatParameters::set_grad_dtype) takes the product
       // rounded once by the GEMM's epilogue (which needs bf16 operands), when it holds zeros; otherwise the

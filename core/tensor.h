@@ -38,6 +38,8 @@ class Node;
 class Tensor;
 struct TensorImpl;
 using GradHook = std::function<void(Tensor&)>;
+// Takes a weight's gradient in factored form, dW = dy^T x (autograd.h, set_factored_grad_consumer).
+using FactoredGradConsumer = std::function<bool(const Tensor& dy, const Tensor& x)>;
 
 class Tensor {
  public:
@@ -135,6 +137,7 @@ struct TensorImpl {
   std::weak_ptr<Node> grad_accumulator;                         // the unique AccumulateGrad node of a leaf
   std::vector<std::pair<uint64_t, GradHook>> grad_ready_hooks;  // (handle, hook) in registration order
   uint64_t next_hook_handle = 1;
+  FactoredGradConsumer factored_grad_consumer;  // empty: none (autograd.h)
   // The backward pass (autograd.cpp's count) in which .grad is known to hold zeros (mark_grad_zeroed), or
   // kNoZeroPass when it is not known.
   static constexpr uint64_t kNoZeroPass = UINT64_MAX;

@@ -143,7 +143,10 @@ void FlatParameters::set_grad_dtype(DType dtype) {
   // an update fused into backward) would keep working on the old buffer: refuse instead. Expected holders:
   // our handle and the flat tensor's .grad (one TensorImpl), and one view per parameter (the storage).
   bool hooked = false;
-  for (const NamedParameter& p : params_) hooked = hooked || !p.tensor->impl()->grad_ready_hooks.empty();
+  for (const NamedParameter& p : params_) {
+    hooked =
+        hooked || !p.tensor->impl()->grad_ready_hooks.empty() || p.tensor->impl()->factored_grad_consumer;
+  }
   TT_CHECK(!hooked && flat_grads_.impl_ptr().use_count() <= 2 &&
                flat_grads_.storage().use_count() <= static_cast<long>(params_.size()) + 1,
            "set_grad_dtype: the gradient buffer is already in use (data parallelism, ZeRO or an update fused "

@@ -125,24 +125,72 @@ void AdamW::apply_range(size_t index, int64_t begin, int64_t count, void* stream
   } else {
     TT_CHECK(!grad_scale_.defined(), "AdamW: device gradient scaling is for CUDA parameters");
     TT_CHECK(step_ >= 1, "AdamW::apply() before prepare_step()");
-    // bf16 gradients of f32 parameters are widened exactly first.
-    const Tensor grads = g.dtype() == p.dtype()
-                             ? g.view({-1}).narrow_view(0, begin, count)
-                             : ops::cast(g.view({-1}).narrow_view(0, begin, count), p.dtype());
-    auto update = [&](auto tag) {
-      using T = decltype(tag);
-      cpu::adamw(p.data<T>() + begin, grads.data<T>(), exp_avg_[index].data<T>() + begin,
-                 exp_avg_sq_[index].data<T>() + begin, count, lr_, options_.beta1, options_.beta2,
-                 options_.eps, options_.weight_decay, step_);
-    };
-    if (p.dtype() == DType::f64)
-      update(double{});
-    else
-      update(float{});
-    if (const Tensor* mirror = current_mirror()) {
-      cpu::cast(p.data<float>() + begin, DType::f32, mirror->data<bf16>() + begin, DType::bf16, count);
-    }
+    apply_on_cpu(index, begin, g.view({-1}).narrow_view(0, begin, count));
   }
+}
+
+void AdamW::apply_on_cpu(size_t index, int64_t begin, const Tensor& grads) {
+  Tensor& p = params_[index];
+  const int64_t count = grads.numel();
+  // bf16 gradients of f32 parameters are widened exactly first.
+  const Tensor wide = grads.dtype() == p.dtype() ? ops::contiguous(grads) : ops::cast(grads, p.dtype());
+  auto update = [&](auto tag) {
+    using T = decltype(tag);
+    cpu::adamw(p.data<T>() + begin, wide.data<T>(), exp_avg_[index].data<T>() + begin,
+               exp_avg_sq_[index].data<T>() + begin, count, lr_, options_.beta1, options_.beta2, options_.eps,
+               options_.weight_decay, step_);
+  };
+  if (p.dtype() == DType::f64)
+    update(double{});
+  else
+    update(float{});
+  if (const Tensor* mirror = current_mirror()) {
+    cpu::cast(p.data<float>() + begin, DType::f32, mirror->data<bf16>() + begin, DType::bf16, count);
+  }
+}
+
+bool AdamW::apply_factored_gradient(size_t index, int64_t begin, const Tensor& dy, const Tensor& x,
+                                    void* stream) {
+  TT_CHECK(index < params_.size(), "AdamW::apply_factored_gradient: no parameter " + std::to_string(index));
+  Tensor& p = params_[index];
+  const Tensor g = p.grad();
+  TT_CHECK(g.defined(), "AdamW::apply_factored_gradient: parameter " + std::to_string(index) +
+                            " has no gradient buffer (its dtype says how the gradient is rounded)");
+  TT_CHECK(!grad_scale_.defined(), "AdamW::apply_factored_gradient: gradients are scaled (clipping)");
+  TT_CHECK(dy.dim() == 2 && x.dim() == 2 && dy.size(0) == x.size(0) && dy.dtype() == x.dtype(),
+           "AdamW::apply_factored_gradient: dy and x must be (rows, out) and (rows, in) of one dtype, got " +
+               dy.describe() + " and " + x.describe());
+  const int64_t out = dy.size(1), in = x.size(1), count = out * in;
+  TT_CHECK(p.is_contiguous() && begin >= 0 && begin + count <= p.numel(),
+           "AdamW::apply_factored_gradient: range out of bounds");
+  TT_CHECK(step_ >= 1, "AdamW::apply_factored_gradient before prepare_step()");
+  if (p.device().is_cuda()) {
+#ifdef TT_WITH_CUDA
+    if (p.dtype() != DType::f32 || dy.dtype() != DType::bf16 || !dy.is_contiguous() || !x.is_contiguous() ||
+        (g.dtype() != DType::f32 && g.dtype() != DType::bf16)) {
+      return false;
+    }
+    TT_CHECK(device_factors_.defined(), "AdamW::apply_factored_gradient before prepare_step()");
+    cudaStream_t s = static_cast<cudaStream_t>(stream ? stream : compute_stream(p.device().index));
+    const Tensor* mirror = current_mirror();
+    return cuda::gemm_adamw(dy.raw_data(), out, x.raw_data(), in, out, in, dy.size(0),
+                            p.data<float>() + begin, exp_avg_[index].data<float>() + begin,
+                            exp_avg_sq_[index].data<float>() + begin,
+                            mirror ? mirror->data<bf16>() + begin : nullptr, g.dtype() == DType::bf16,
+                            device_factors_.data<float>(), options_.beta1, options_.beta2, options_.eps, s);
+#else
+    return false;
+#endif
+  }
+  // The CPU twin: the gradient computed, rounded as the gradient buffer would hold it, then applied.
+  Tensor dw;
+  {
+    NoGradGuard no_grad;
+    dw = ops::matmul(dy, x, true, false);
+    if (dw.dtype() != g.dtype()) dw = ops::cast(dw, g.dtype());
+  }
+  apply_on_cpu(index, begin, dw.view({-1}));
+  return true;
 }
 
 double cosine_lr(int64_t it, double lr_max, double lr_min, int64_t warmup_steps, int64_t cosine_steps) {

@@ -57,6 +57,15 @@ class AdamW : public Optimizer {
   // The update of elements [begin, begin + count) of parameter `index` only (after prepare_step()), on
   // `stream` (a cudaStream_t; nullptr: the compute stream). Updating every range once equals apply().
   void apply_range(size_t index, int64_t begin, int64_t count, void* stream = nullptr) override;
+  // The update of one weight from its gradient in factored form: elements [begin, begin + out * in) of
+  // parameter `index` are an (out, in) row-major matrix W whose gradient is dW = dy^T x, with dy (rows, out)
+  // and x (rows, in) (a linear layer's backward: set_factored_grad_consumer). dW is rounded to the dtype of
+  // the parameter's gradient buffer, as if stored there, and applied; the buffer itself is neither read nor
+  // written. On CUDA the product and the update are one kernel (cuda::gemm_adamw) on `stream`; where that
+  // kernel does not apply (not a Hopper GPU, f32 operands, unaligned rows) this returns false having done
+  // nothing, and the caller computes the gradient and calls apply_range instead. After prepare_step().
+  bool apply_factored_gradient(size_t index, int64_t begin, const Tensor& dy, const Tensor& x,
+                               void* stream = nullptr);
   size_t parameter_count() const { return params_.size(); }
   // Multiplies gradients by this device scalar (CUDA clipping without a host round trip); undefined = 1.
   void set_grad_scale(const Tensor& scale) { grad_scale_ = scale; }
@@ -80,6 +89,8 @@ class AdamW : public Optimizer {
   Tensor grad_scale_;
   const nn::FlatParameters* mirror_owner_ = nullptr;
   const Tensor* current_mirror() const;  // the bf16 mirror to write, or null
+  // The CPU update of parameter `index` from `begin` on, with `grads` (1-D, the range's gradients).
+  void apply_on_cpu(size_t index, int64_t begin, const Tensor& grads);
 };
 
 // Cosine schedule with linear warm-up (REFERENCE.md): it < warmup: max*it/warmup; it > cosine_steps: min.

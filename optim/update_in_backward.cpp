@@ -17,8 +17,10 @@ struct UpdateInBackward::State {
   AdamW& optimizer;
   Device device;
   bool armed = false;
-  int64_t hook_updates = 0;
+  bool in_matmul = false;
+  int64_t hook_updates = 0, matmul_updates = 0;
   std::vector<bool> done;                           // per parameter, this pass
+  std::vector<bool> in_product;                     // per parameter: updated by its matmul this pass
   std::vector<std::unique_ptr<StreamEvent>> ready;  // per parameter: its gradient is complete
   std::unique_ptr<StreamEvent> updates_done;        // join of the side stream into the compute stream
   std::vector<uint64_t> hooks;                      // per parameter: its hook's handle
@@ -55,11 +57,35 @@ struct UpdateInBackward::State {
     updates_done->block(compute_stream(device.index));
   }
 
-  void on_gradient_ready(size_t index) {
-    if (!armed) return;
-    TT_CHECK(!done[index],
+  void check_first_gradient(size_t index) const {
+    TT_CHECK(!done[index] && !in_product[index],
              "UpdateInBackward: parameter " + params.parameters()[index].name +
                  " got its gradient twice in one pass (gradient accumulation is not supported)");
+  }
+
+  // The factored-gradient consumer of parameter `index`: the update inside its weight-gradient matmul.
+  bool consume(size_t index, const Tensor& dy, const Tensor& x) {
+    if (!armed) return false;
+    check_first_gradient(index);
+    const Tensor& p = *params.parameters()[index].tensor;
+    if (p.dim() != 2 || dy.dim() != 2 || x.dim() != 2 || dy.size(1) != p.size(0) || x.size(1) != p.size(1))
+      return false;
+    if (!optimizer.apply_factored_gradient(0, params.offsets()[index], dy, x)) return false;
+    in_product[index] = true;
+    return true;
+  }
+
+  void on_gradient_ready(size_t index) {
+    if (!armed) return;
+    if (in_product[index] && !done[index]) {
+      // Updated by its matmul already; its gradient buffer was never written and still holds zeros.
+      done[index] = true;
+      ++hook_updates;
+      ++matmul_updates;
+      mark_grad_zeroed(*params.parameters()[index].tensor);
+      return;
+    }
+    check_first_gradient(index);
     done[index] = true;
     ++hook_updates;
     if (device.is_cuda()) {
@@ -71,7 +97,7 @@ struct UpdateInBackward::State {
   }
 };
 
-UpdateInBackward::UpdateInBackward(nn::FlatParameters& params, AdamW& optimizer)
+UpdateInBackward::UpdateInBackward(nn::FlatParameters& params, AdamW& optimizer, bool in_matmul)
     : state_(std::make_shared<State>(params, optimizer)) {
   TT_CHECK(optimizer.parameter_count() == 1 && optimizer.params()[0].impl() == params.flat_params().impl(),
            "UpdateInBackward needs an AdamW over the flat parameter buffer");
@@ -82,12 +108,21 @@ UpdateInBackward::UpdateInBackward(nn::FlatParameters& params, AdamW& optimizer)
   if (cuda) s.updates_done = std::make_unique<StreamEvent>(s.device.index);
   const size_t n = params.parameters().size();
   s.done.assign(n, false);
+  s.in_product.assign(n, false);
+  s.in_matmul = in_matmul;
   for (size_t i = 0; i < n; ++i) {
     s.ready.push_back(cuda ? std::make_unique<StreamEvent>(s.device.index) : nullptr);
     std::weak_ptr<State> weak = state_;
-    s.hooks.push_back(params.parameters()[i].tensor->register_grad_ready_hook([weak, i](Tensor&) {
+    const Tensor& p = *params.parameters()[i].tensor;
+    s.hooks.push_back(p.register_grad_ready_hook([weak, i](Tensor&) {
       if (auto state = weak.lock()) state->on_gradient_ready(i);
     }));
+    if (in_matmul && p.dim() == 2) {
+      set_factored_grad_consumer(p, [weak, i](const Tensor& dy, const Tensor& x) {
+        auto state = weak.lock();
+        return state && state->consume(i, dy, x);
+      });
+    }
   }
 }
 
@@ -101,12 +136,19 @@ UpdateInBackward::~UpdateInBackward() {
     }
   }
   s.armed = false;
-  for (size_t i = 0; i < s.hooks.size(); ++i)
-    s.params.parameters()[i].tensor->remove_grad_ready_hook(s.hooks[i]);
+  for (size_t i = 0; i < s.hooks.size(); ++i) {
+    const Tensor& p = *s.params.parameters()[i].tensor;
+    p.remove_grad_ready_hook(s.hooks[i]);
+    if (s.in_matmul && p.dim() == 2) set_factored_grad_consumer(p, nullptr);
+  }
 }
 
 int64_t UpdateInBackward::updated_in_backward() const {
   return state_->hook_updates;
+}
+
+int64_t UpdateInBackward::updated_in_matmul() const {
+  return state_->matmul_updates;
 }
 
 void UpdateInBackward::begin() {
@@ -117,7 +159,9 @@ void UpdateInBackward::begin() {
       !s.optimizer.has_grad_scale(),
       "UpdateInBackward: gradients are scaled (clipping); a fused update cannot wait for the global norm");
   s.done.assign(s.done.size(), false);
+  s.in_product.assign(s.in_product.size(), false);
   s.hook_updates = 0;
+  s.matmul_updates = 0;
   s.armed = true;
 }
 
@@ -131,7 +175,7 @@ void UpdateInBackward::finish() {
     s.updates_done->block(side_stream(s.device.index));
   }
   for (size_t i = 0; i < s.done.size(); ++i) {
-    if (!s.done[i]) s.update_parameter(i);
+    if (!s.done[i] && !s.in_product[i]) s.update_parameter(i);
   }
   const int64_t total = s.params.flat_params().numel();
   s.update(s.params.numel(), total - s.params.numel());  // padding (ZeRO layouts): zeros stay zeros

@@ -7,6 +7,11 @@
 // whenever nothing rescales the gradients between backward and the step: no clipping, no accumulation over
 // micro-batches, no data-parallel averaging. Parameters that receive no gradient (frozen ones, or unused
 // in this pass) and the flat buffer's padding are updated in finish(), as a whole-buffer step would.
+// With `in_matmul`, a linear layer's weight goes one step further: its update runs inside the matmul that
+// computes its gradient (AdamW::apply_factored_gradient, the factored-gradient consumer of autograd.h), so
+// the gradient is never stored, read back or zeroed; on the compute stream, in backward's order. The
+// result then differs from the unfused step only by the matmul's summation order (another kernel computes
+// the same product). Weights that kernel does not take fall back to the hook path above.
 // begin() refuses an AdamW with a gradient scale (clipping needs the global norm first) and a parameter whose
 // gradient arrives twice in one pass (accumulation); do not combine it with dist::DataParallel, whose hooks
 // communicate the very gradients these updates consume and zero.
@@ -23,7 +28,7 @@ class UpdateInBackward {
  public:
   // `optimizer` must be an AdamW over exactly {params.flat_params()}. Registers a grad-ready hook on every
   // parameter; the hooks do nothing outside begin()/finish() and after this object is gone.
-  UpdateInBackward(nn::FlatParameters& params, AdamW& optimizer);
+  UpdateInBackward(nn::FlatParameters& params, AdamW& optimizer, bool in_matmul = false);
   ~UpdateInBackward();
   UpdateInBackward(const UpdateInBackward&) = delete;
   UpdateInBackward& operator=(const UpdateInBackward&) = delete;
@@ -35,6 +40,8 @@ class UpdateInBackward {
   void finish();
   // Parameters the hooks updated during the last backward (the rest were updated by finish()).
   int64_t updated_in_backward() const;
+  // Of those, the ones updated inside their weight-gradient matmul (in_matmul).
+  int64_t updated_in_matmul() const;
 
  private:
   struct State;

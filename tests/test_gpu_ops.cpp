@@ -645,6 +645,145 @@ TEST_CASE("AdamW fused into backward on CUDA (side stream; eager and graph-captu
   }
 }
 
+namespace {
+// Whether the GPU is a Hopper, where the weight-gradient matmul with AdamW in its epilogue runs.
+bool hopper_gpu() {
+#ifdef TT_WITH_CUDA
+  return cuda::current_device_major() == 9;
+#else
+  return false;
+#endif
+}
+}  // namespace
+
+TEST_CASE("AdamW inside the weight-gradient matmul (Hopper kernel) equals its CPU twin") {
+  if (!hopper_gpu()) {
+    MESSAGE("skipped: the kernel is for Hopper GPUs");
+    return;
+  }
+  // Shapes off every tile boundary (128 x 128 weights, 64 tokens), one exact with many token stages, and one
+  // with more tiles than an H100 has SMs (blocks that take several tiles, stage loads running ahead into
+  // the next tile); the weight sits at an offset inside the flat buffer, between other parameters.
+  struct Shape3 {
+    int64_t out, in, tokens;
+  };
+  for (const Shape3 shape : {Shape3{200, 136, 77}, Shape3{256, 384, 1024}, Shape3{2056, 1280, 100}}) {
+    for (const DType grad_dtype : {DType::f32, DType::bf16}) {
+      const std::string dtype_text = dtype_name(grad_dtype);
+      CAPTURE(shape.out);
+      CAPTURE(shape.in);
+      CAPTURE(shape.tokens);
+      CAPTURE(dtype_text);
+      const int64_t offset = 12, count = shape.out * shape.in, n = count + 2 * offset;
+      Tensor cpu_p = randn({n}, 40), gpu_p = cpu_p.to(Device::cuda(0));
+      cpu_p.set_requires_grad(true);
+      gpu_p.set_requires_grad(true);
+      cpu_p.set_grad(Tensor::zeros({n}, grad_dtype, Device::cpu()));
+      gpu_p.set_grad(Tensor::zeros({n}, grad_dtype, Device::cuda(0)));
+      optim::AdamW cpu_opt({cpu_p}), gpu_opt({gpu_p});
+      // Moments from earlier steps (the second one non-negative), step 5: every term of the update matters.
+      cpu_opt.exp_avg()[0] = randn({n}, 41, 0.1);
+      cpu_opt.exp_avg_sq()[0] = ops::mul(randn({n}, 42, 0.1), randn({n}, 42, 0.1));
+      gpu_opt.exp_avg()[0] = cpu_opt.exp_avg()[0].to(Device::cuda(0));
+      gpu_opt.exp_avg_sq()[0] = cpu_opt.exp_avg_sq()[0].to(Device::cuda(0));
+      for (optim::AdamW* o : {&cpu_opt, &gpu_opt}) {
+        o->set_step_count(4);
+        o->prepare_step();
+      }
+      const Tensor dy = ops::cast(randn({shape.tokens, shape.out}, 43), DType::bf16),
+                   x = ops::cast(randn({shape.tokens, shape.in}, 44), DType::bf16);
+      CHECK(cpu_opt.apply_factored_gradient(0, offset, dy, x));
+      CHECK(gpu_opt.apply_factored_gradient(0, offset, dy.to(Device::cuda(0)), x.to(Device::cuda(0))));
+      synchronize(Device::cuda(0));
+      // The products differ in summation order only; a bf16 gradient may then round to the neighbouring
+      // value, which moves the first moment by at most 0.1 * 2^-8 of it.
+      const double tolerance = grad_dtype == DType::f32 ? 1e-5 : 2e-4;
+      CHECK(relative_error(gpu_p.to_doubles(), cpu_p.to_doubles()) < tolerance);
+      CHECK(relative_error(gpu_opt.exp_avg()[0].to_doubles(), cpu_opt.exp_avg()[0].to_doubles()) < tolerance);
+      CHECK(relative_error(gpu_opt.exp_avg_sq()[0].to_doubles(), cpu_opt.exp_avg_sq()[0].to_doubles()) <
+            tolerance);
+      // Elements outside the weight are untouched, and the gradient buffer is neither read nor written.
+      const std::vector<float> before = randn({n}, 40).to_floats(), after = gpu_p.to_floats();
+      for (int64_t i : {int64_t{0}, offset - 1, offset + count, n - 1}) CHECK(after[i] == before[i]);
+      const std::vector<double> g = gpu_p.grad().to_doubles();
+      CHECK(std::all_of(g.begin(), g.end(), [](double v) { return v == 0.0; }));
+    }
+  }
+}
+
+TEST_CASE(
+    "AdamW inside the weight-gradient matmul, in a model on CUDA (eager and graph-captured), trains like "
+    "the plain step") {
+  const bool hopper = hopper_gpu();
+  for (const DType grad_dtype : {DType::f32, DType::bf16}) {
+    const std::string dtype_text = dtype_name(grad_dtype);
+    CAPTURE(dtype_text);
+    const nn::ModelConfig config = tiny_bf16_config(nn::AttentionKind::naive);
+    const Device gpu = Device::cuda(0);
+    nn::TransformerLM plain_model(config), fused_model(config), graph_model(config);
+    nn::FlatParameters plain(plain_model, gpu, 9), fused(fused_model, gpu, 9), graphed(graph_model, gpu, 9);
+    for (nn::FlatParameters* f : {&plain, &fused, &graphed}) {
+      f->set_grad_dtype(grad_dtype);
+      f->enable_bf16_mirror();
+    }
+    optim::AdamW plain_opt({plain.flat_params()}), fused_opt({fused.flat_params()}),
+        graph_opt({graphed.flat_params()});
+    plain_opt.write_bf16_mirror(&plain);
+    fused_opt.write_bf16_mirror(&fused);
+    graph_opt.write_bf16_mirror(&graphed);
+    optim::UpdateInBackward fused_update(fused, fused_opt, true), graph_update(graphed, graph_opt, true);
+    std::vector<int32_t> ids(2 * 32), targets(2 * 32);
+    CounterRng rng{6, 0};
+    for (auto& v : ids) v = static_cast<int32_t>(rng.next_below(200));
+    for (auto& v : targets) v = static_cast<int32_t>(rng.next_below(200));
+    const Tensor x = Tensor::from_ints(ids, {2, 32}, gpu), y = Tensor::from_ints(targets, {2, 32}, gpu);
+    std::vector<double> plain_losses;
+    auto plain_step = [&] {
+      plain_opt.prepare_step();
+      const Tensor loss = plain_model.loss(x, y);
+      loss.backward();
+      plain_opt.apply();
+      plain.zero_grad();
+      plain_losses.push_back(loss.item());
+    };
+    std::vector<double> fused_losses;
+    auto fused_body = [&](nn::TransformerLM& model, optim::UpdateInBackward& update, bool record) {
+      update.begin();
+      const Tensor loss = model.loss(x, y);
+      loss.backward();
+      update.finish();
+      if (record) fused_losses.push_back(loss.item());
+    };
+    plain_step();
+    fused_opt.prepare_step();
+    fused_body(fused_model, fused_update, true);
+    graph_opt.prepare_step();
+    fused_body(graph_model, graph_update, false);
+    synchronize(gpu);
+    CudaGraph graph(gpu);
+    graph.capture([&] { fused_body(graph_model, graph_update, false); });
+    for (int step = 2; step <= 6; ++step) {
+      plain_step();
+      fused_opt.prepare_step();
+      fused_body(fused_model, fused_update, true);
+      graph_opt.prepare_step();
+      graph.replay();
+    }
+    synchronize(gpu);
+    // Another kernel sums the weight gradients in another order: close, not identical.
+    const double tolerance = 2e-3;
+    CHECK(relative_error(fused.flat_params().to_doubles(), plain.flat_params().to_doubles()) < tolerance);
+    CHECK(relative_error(graphed.flat_params().to_doubles(), fused.flat_params().to_doubles()) < tolerance);
+    CHECK(relative_error(fused_losses, plain_losses) < 1e-3);
+    CHECK(fused.bf16_mirror_is_current());
+    CHECK(graphed.bf16_mirror_is_current());
+    // q, k, v, o, w1, w2, w3 of both layers and the output projection, on Hopper.
+    CHECK(fused_update.updated_in_matmul() == (hopper ? 2 * 7 + 1 : 0));
+    const std::vector<float> g = fused.flat_grads().to_floats();
+    CHECK(std::all_of(g.begin(), g.end(), [](float v) { return v == 0.0f; }));
+  }
+}
+
 TEST_CASE(
     "bf16 gradients on CUDA: the f32 gradients rounded (within bf16 rounding), written by the matmuls") {
   const nn::ModelConfig config = tiny_bf16_config(nn::AttentionKind::naive);

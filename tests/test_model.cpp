@@ -191,6 +191,7 @@ namespace {
 // after backward or fused into it, in f32 or bf16, with or without the bf16 weight mirror.
 struct TinyRun {
   bool in_backward = false;  // AdamW fused into backward (UpdateInBackward)
+  bool in_matmul = false;    // and linear weights updated inside their weight-gradient matmul
   bool bf16 = false;
   bool mirror = false;      // bf16 weights read from the mirror AdamW writes
   bool freeze = false;      // layers.1.ln2.weight frozen
@@ -202,6 +203,7 @@ struct TinyRun {
 struct TinyResult {
   std::vector<double> params, grads_after, losses;
   int64_t hook_updates = 0;    // of the last step, with in_backward
+  int64_t matmul_updates = 0;  // of those, inside a matmul (in_matmul)
   bool mirror_current = true;  // after every step, with mirror
 };
 
@@ -230,7 +232,7 @@ TinyResult train_tiny(Device device, const TinyRun& run) {
     adamw.write_bf16_mirror(&flat);
   }
   std::unique_ptr<optim::UpdateInBackward> fused;
-  if (run.in_backward) fused = std::make_unique<optim::UpdateInBackward>(flat, adamw);
+  if (run.in_backward) fused = std::make_unique<optim::UpdateInBackward>(flat, adamw, run.in_matmul);
   TinyResult result;
   for (int step = 0; step < run.steps; ++step) {
     std::vector<int32_t> x(2 * 12), y(2 * 12);
@@ -246,6 +248,7 @@ TinyResult train_tiny(Device device, const TinyRun& run) {
       loss.backward();
       fused->finish();
       result.hook_updates = fused->updated_in_backward();
+      result.matmul_updates = fused->updated_in_matmul();
     } else {
       loss.backward();
       adamw.step();
@@ -282,6 +285,29 @@ TEST_CASE("AdamW fused into backward equals backward, then step, then zero_grad"
   // Every trainable parameter was updated from its hook during backward; only the frozen one waited.
   nn::TransformerLM probe(tiny_config(false));
   CHECK(hook_updates == static_cast<int64_t>(probe.named_parameters().size()) - 1);
+}
+
+TEST_CASE("AdamW inside the weight-gradient matmul equals backward, then step, then zero_grad (CPU)") {
+  // f32: the factored gradient goes through the same CPU GEMM as backward's own, so the bits agree.
+  // bf16 with bf16 gradients and the mirror: the gradient is rounded to bf16 as the buffer would hold it.
+  for (const bool bf16 : {false, true}) {
+    CAPTURE(bf16);
+    TinyRun run;
+    run.freeze = true;
+    run.bf16 = run.mirror = run.grads_bf16 = bf16;
+    const TinyResult plain = train_tiny(Device::cpu(), run);
+    run.in_backward = run.in_matmul = true;
+    const TinyResult fused = train_tiny(Device::cpu(), run);
+    CHECK(fused.params == plain.params);
+    CHECK(fused.losses == plain.losses);
+    CHECK(std::all_of(fused.grads_after.begin(), fused.grads_after.end(), [](double g) { return g == 0.0; }));
+    CHECK(fused.mirror_current);
+    // Every 2-D weight but the embedding (not a matmul's weight) went through its matmul: q, k, v, o, w1, w2,
+    // w3 per layer and the output projection.
+    nn::TransformerLM probe(tiny_config(bf16));
+    CHECK(fused.matmul_updates == 7 * probe.config().num_layers + 1);
+    CHECK(fused.hook_updates == static_cast<int64_t>(probe.named_parameters().size()) - 1);
+  }
 }
 
 namespace {

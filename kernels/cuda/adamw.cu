@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <string>
 
+#include "kernels/cuda/adamw.cuh"
 #include "kernels/cuda/convert.cuh"
 #include "kernels/cuda/cuda_kernels.h"
 
@@ -19,27 +20,6 @@ constexpr int kThreads = 256;
 // streaming kernel moved about 6% more bytes per second with the whole grid launched than with 8192 blocks
 // looping over the data.
 constexpr int64_t kMaxBlocks = int64_t{1} << 30;
-
-// Constant for a run; passed by value.
-struct AdamWFactors {
-  float step_size;   // lr / (1 - beta1^step)   (read from device memory at run time)
-  float bias2_sqrt;  // sqrt(1 - beta2^step)    (idem)
-  float decay;       // 1 - lr * weight_decay   (idem)
-  float beta1, beta2;
-  float one_minus_beta1, one_minus_beta2;
-  float eps;
-};
-
-// Each product, sum, quotient and root is rounded on its own (no fused multiply-add) and in the CPU twin's
-// order, so the GPU and CPU updates agree bit for bit.
-__device__ void adamw_update(float& param, float grad, float& exp_avg, float& exp_avg_sq,
-                             const AdamWFactors& f) {
-  param = __fmul_rn(param, f.decay);
-  exp_avg = __fadd_rn(__fmul_rn(f.beta1, exp_avg), __fmul_rn(f.one_minus_beta1, grad));
-  exp_avg_sq = __fadd_rn(__fmul_rn(f.beta2, exp_avg_sq), __fmul_rn(__fmul_rn(f.one_minus_beta2, grad), grad));
-  const float denom = __fadd_rn(__fdiv_rn(__fsqrt_rn(exp_avg_sq), f.bias2_sqrt), f.eps);
-  param = __fsub_rn(param, __fdiv_rn(__fmul_rn(f.step_size, exp_avg), denom));
-}
 
 // The first vector_groups * 4 elements go through 16-byte loads and stores (the buffers are aligned for it,
 // checked on the host); the rest, fewer than 4 or everything when unaligned, element by element.
@@ -53,9 +33,7 @@ template <class G>
 __global__ void adamw_kernel(float* param, const G* grad, float* exp_avg, float* exp_avg_sq, int64_t n,
                              int64_t vector_groups, AdamWFactors f, const float* step_factors,
                              const float* grad_scale, __nv_bfloat16* low) {
-  f.step_size = step_factors[0];
-  f.bias2_sqrt = step_factors[1];
-  f.decay = step_factors[2];
+  adamw_load_step_factors(f, step_factors);
   const float scale = grad_scale ? *grad_scale : 1.0f;
   const int64_t first = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
@@ -93,6 +71,16 @@ bool aligned_16(const void* p) {
 
 }  // namespace
 
+AdamWFactors adamw_constant_factors(double beta1, double beta2, double eps) {
+  AdamWFactors f{};
+  f.beta1 = static_cast<float>(beta1);
+  f.beta2 = static_cast<float>(beta2);
+  f.one_minus_beta1 = 1.0f - f.beta1;  // in float, as the CPU twin computes T(1) - b1
+  f.one_minus_beta2 = 1.0f - f.beta2;
+  f.eps = static_cast<float>(eps);
+  return f;
+}
+
 void adamw_upload_factors(float* device_factors, double lr, double beta1, double beta2, double weight_decay,
                           int64_t step, cudaStream_t stream) {
   TT_CHECK(step >= 1, "cuda::adamw: step counts from 1, got " + std::to_string(step));
@@ -109,12 +97,7 @@ void adamw_apply(float* param, const void* grad, bool grad_bf16, float* exp_avg,
                  const float* device_factors, const float* grad_scale, double beta1, double beta2, double eps,
                  cudaStream_t stream, void* bf16_copy) {
   if (n == 0) return;
-  AdamWFactors f{};
-  f.beta1 = static_cast<float>(beta1);
-  f.beta2 = static_cast<float>(beta2);
-  f.one_minus_beta1 = 1.0f - f.beta1;  // in float, as the CPU twin computes T(1) - b1
-  f.one_minus_beta2 = 1.0f - f.beta2;
-  f.eps = static_cast<float>(eps);
+  const AdamWFactors f = adamw_constant_factors(beta1, beta2, eps);
   // Views into the flat buffers (ZeRO shards, buckets) may start at any element, so alignment is checked.
   const bool grad_aligned = grad_bf16 ? reinterpret_cast<uintptr_t>(grad) % 8 == 0 : aligned_16(grad);
   const bool vectorisable = aligned_16(param) && grad_aligned && aligned_16(exp_avg) &&

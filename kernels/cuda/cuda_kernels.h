@@ -119,6 +119,16 @@ void adamw_upload_factors(float* device_factors, double lr, double beta1, double
 void adamw_apply(float* param, const void* grad, bool grad_bf16, float* exp_avg, float* exp_avg_sq, int64_t n,
                  const float* device_factors, const float* grad_scale, double beta1, double beta2, double eps,
                  cudaStream_t stream, void* bf16_copy = nullptr);
+// The weight gradient of y = x W^T, dW = dy^T x (dy: tokens x out, x: tokens x in, bf16, rows ld_dy and ld_x
+// elements apart), applied at once as an AdamW step to W (out x in, row-major f32) and its moments, with the
+// factors adamw_upload_factors wrote; round_grad_bf16 rounds dW to bf16 first (as a bf16 gradient buffer
+// would hold it); bf16_copy (nullable) receives the updated W rounded to bf16. dW is never stored.
+// Hopper only (gemm_adamw.cu): returns false, having done nothing, on another GPU or for shapes and
+// alignments it does not take (in and both row strides multiples of 8, 16-byte aligned dy and x).
+bool gemm_adamw(const void* dy, int64_t ld_dy, const void* x, int64_t ld_x, int64_t out, int64_t in,
+                int64_t tokens, float* param, float* exp_avg, float* exp_avg_sq, void* bf16_copy,
+                bool round_grad_bf16, const float* device_factors, double beta1, double beta2, double eps,
+                cudaStream_t stream);
 // *scale = min(1, max_norm / (sqrt(*norm_sq) + 1e-6)) (1 when max_norm <= 0), *norm = sqrt(*norm_sq).
 void clip_scale(const float* norm_sq, double max_norm, float* scale, float* norm, cudaStream_t stream);
 

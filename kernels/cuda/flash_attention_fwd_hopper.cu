@@ -462,6 +462,21 @@ bool make_tensor_map(CUtensorMap* map, const void* base, const AttentionStrides&
                 CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
+bool make_matrix_map(CUtensorMap* map, const void* base, int64_t cols, int64_t rows, int64_t row_stride,
+                     uint32_t box_rows) {
+  const PFN_cuTensorMapEncodeTiled_v12000 encode = tensor_map_encoder();
+  if (encode == nullptr) return false;
+  const cuuint64_t dims[4] = {static_cast<cuuint64_t>(cols), static_cast<cuuint64_t>(rows), 1, 1};
+  const cuuint64_t strides[3] = {static_cast<cuuint64_t>(row_stride) * 2,
+                                 static_cast<cuuint64_t>(row_stride * rows) * 2,
+                                 static_cast<cuuint64_t>(row_stride * rows) * 2};
+  const cuuint32_t box[4] = {64, box_rows, 1, 1};
+  const cuuint32_t element_strides[4] = {1, 1, 1, 1};
+  return encode(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 4, const_cast<void*>(base), dims, strides, box,
+                element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+
 bool make_dq_accum_map(CUtensorMap* map, float* base, int64_t seq, int64_t d_head, int64_t batch_heads,
                        uint32_t rows) {
   const PFN_cuTensorMapEncodeTiled_v12000 encode = tensor_map_encoder();

@@ -96,6 +96,10 @@ __device__ inline void bulk_wait_all() {
 // (the caller falls back).
 bool make_tensor_map(CUtensorMap* map, const void* base, const AttentionStrides& s, const Params& p,
                      int64_t d_head, int64_t batch, uint32_t rows);
+// A bf16 matrix of `rows` rows of `cols` elements, rows `row_stride` elements apart, as a 4-d map (cols,
+// rows, 1, 1) for tma_load, with boxes of 64 columns x `box_rows` rows.
+bool make_matrix_map(CUtensorMap* map, const void* base, int64_t cols, int64_t rows, int64_t row_stride,
+                     uint32_t box_rows);
 // A 3-d (d, seq, batch*head) map over the backward's contiguous f32 dQ accumulator, boxes of 32 columns (128
 // bytes, the widest a 128-byte swizzle allows) x `rows` rows.
 bool make_dq_accum_map(CUtensorMap* map, float* base, int64_t seq, int64_t d_head, int64_t batch_heads,
