@@ -295,8 +295,8 @@ int main(int argc, char** argv) {
     flags.add("update-in-matmul", "off",
               "on | off: in step-fused rows, update each linear weight inside the matmul that computes its "
               "gradient (Hopper GPUs; the gradient is never stored; elsewhere, or where that kernel does not "
-              "apply, on the side stream like the other parameters). Measured on an H100: 0.5 ms faster for "
-              "2.7b, slower for smaller models (docs/benchmarks.md)");
+              "apply, on the side stream like the other parameters). One H100 run: 0.5 ms faster for 2.7b, "
+              "slower for small and xl (docs/benchmarks.md)");
     flags.add("gemm-sm-margin", "0",
               "SMs to keep free of matmuls (cuBLASLt plans for the rest), e.g. for step-fused's side stream");
     flags.add("gemm-autotune", "0",

@@ -96,6 +96,8 @@ Tensor direct_grad_buffer(const std::shared_ptr<Node>& edge, const Shape& shape,
 
 void set_factored_grad_consumer(const Tensor& leaf, FactoredGradConsumer consumer) {
   TT_CHECK(leaf.grad_fn() == nullptr, "set_factored_grad_consumer: " + leaf.describe() + " is not a leaf");
+  TT_CHECK(!consumer || !leaf.impl()->factored_grad_consumer,
+           "set_factored_grad_consumer: " + leaf.describe() + " has a consumer already (remove it first)");
   leaf.impl()->factored_grad_consumer = std::move(consumer);
 }
 
@@ -114,15 +116,15 @@ bool grad_known_zero(const Tensor& leaf) {
   return leaf.impl()->grad_zero_pass == g_backward_passes.load();
 }
 
-void AccumulateGrad::note_direct_contribution() {
+void AccumulateGrad::note_direct_contribution(bool written) {
   direct_ = true;
-  leaf_.impl()->grad_zero_pass = TensorImpl::kNoZeroPass;
+  if (written) leaf_.impl()->grad_zero_pass = TensorImpl::kNoZeroPass;
 }
 
-void note_direct_contribution(const std::shared_ptr<Node>& edge) {
+void note_direct_contribution(const std::shared_ptr<Node>& edge, bool written) {
   auto* accumulator = dynamic_cast<AccumulateGrad*>(edge.get());
   TT_CHECK(accumulator != nullptr, "note_direct_contribution: not a leaf accumulator");
-  accumulator->note_direct_contribution();
+  accumulator->note_direct_contribution(written);
 }
 
 std::vector<Tensor> AccumulateGrad::apply(const Tensor& grad_output) {

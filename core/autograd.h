@@ -51,7 +51,9 @@ class AccumulateGrad : public Node {
   bool reusable() const override { return true; }
   bool has_direct_contribution() const override { return direct_; }
   Tensor grad_buffer(const Shape& shape, DType dtype) const;
-  void note_direct_contribution();
+  // written: the producer wrote into .grad (so it no longer holds zeros); false for a gradient taken in
+  // factored form, which leaves .grad as it was.
+  void note_direct_contribution(bool written = true);
   const Tensor& leaf() const { return leaf_; }
 
  private:
@@ -71,14 +73,15 @@ class AccumulateGrad : public Node {
 // FlatParameters::set_grad_dtype), for a producer that can round its result once as it writes it.
 Tensor direct_grad_buffer(const std::shared_ptr<Node>& edge, const Shape& shape, DType dtype,
                           bool* known_zero = nullptr, bool or_bf16 = false);
-void note_direct_contribution(const std::shared_ptr<Node>& edge);
+void note_direct_contribution(const std::shared_ptr<Node>& edge, bool written = true);
 
 // A leaf's consumer of its gradient in factored form. A linear layer's backward offers its weight's gradient
 // dW = dy^T x as the pair (dy: rows x out, x: rows x in, both in the compute dtype) before computing it. A
 // consumer that uses the gradient itself (an optimizer update fused into the weight-gradient matmul) returns
 // true: the gradient is then neither computed nor stored, the leaf's .grad is left as it was, and its
-// grad-ready hooks still fire. Returning false lets backward compute the gradient as usual. An empty
-// function removes the consumer.
+// grad-ready hooks still fire; its zero mark (mark_grad_zeroed) stays, so a consumer can tell from it in the
+// hook whether anything else wrote a gradient. Returning false lets backward compute the gradient as usual.
+// One consumer per leaf; an empty function removes it.
 void set_factored_grad_consumer(const Tensor& leaf, FactoredGradConsumer consumer);
 // Offers (dy, x) to the consumer of the leaf behind `edge`, if it has one; true when it took the gradient.
 bool consume_factored_grad(const std::shared_ptr<Node>& edge, const Tensor& dy, const Tensor& x);

@@ -154,8 +154,9 @@ struct LinearNode : Node {
       }
     }
     if (next[1] && consume_factored_grad(next[1], g, x2)) {
-      // Someone took dW = g^T x2 in factored form (an optimizer update fused into this matmul).
-      note_direct_contribution(next[1]);
+      // Someone took dW = g^T x2 in factored form (an optimizer update fused into this matmul): .grad is
+      // untouched.
+      note_direct_contribution(next[1], /*written=*/false);
     } else if (next[1]) {
       bool known_zero = false;
       // A bf16 .grad of an f32 weight computed in bf16 (FlatParameters::set_grad_dtype) takes the product

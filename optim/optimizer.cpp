@@ -163,6 +163,9 @@ bool AdamW::apply_factored_gradient(size_t index, int64_t begin, const Tensor& d
   const int64_t out = dy.size(1), in = x.size(1), count = out * in;
   TT_CHECK(p.is_contiguous() && begin >= 0 && begin + count <= p.numel(),
            "AdamW::apply_factored_gradient: range out of bounds");
+  TT_CHECK(dy.device() == p.device() && x.device() == p.device(),
+           "AdamW::apply_factored_gradient: dy and x must be on the parameter's device, got " +
+               dy.describe() + " and " + x.describe() + " for " + p.describe());
   TT_CHECK(step_ >= 1, "AdamW::apply_factored_gradient before prepare_step()");
   if (p.device().is_cuda()) {
 #ifdef TT_WITH_CUDA

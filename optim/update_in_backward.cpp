@@ -70,6 +70,9 @@ struct UpdateInBackward::State {
     const Tensor& p = *params.parameters()[index].tensor;
     if (p.dim() != 2 || dy.dim() != 2 || x.dim() != 2 || dy.size(1) != p.size(0) || x.size(1) != p.size(1))
       return false;
+    // A gradient already in .grad (another contribution of this pass, or one left from before begin()) must
+    // be part of the update: the hook path applies the whole buffer.
+    if (!grad_known_zero(p)) return false;
     if (!optimizer.apply_factored_gradient(0, params.offsets()[index], dy, x)) return false;
     in_product[index] = true;
     return true;
@@ -78,7 +81,12 @@ struct UpdateInBackward::State {
   void on_gradient_ready(size_t index) {
     if (!armed) return;
     if (in_product[index] && !done[index]) {
-      // Updated by its matmul already; its gradient buffer was never written and still holds zeros.
+      // Updated by its matmul already; its gradient buffer was never written and still holds zeros, unless
+      // another op of this pass added to it, which that update did not see.
+      const Tensor& p = *params.parameters()[index].tensor;
+      TT_CHECK(grad_known_zero(p), "UpdateInBackward: parameter " + params.parameters()[index].name +
+                                       " was updated inside its matmul but got another gradient in the same "
+                                       "pass (use in_matmul = false for weights used twice)");
       done[index] = true;
       ++hook_updates;
       ++matmul_updates;
@@ -107,6 +115,14 @@ UpdateInBackward::UpdateInBackward(nn::FlatParameters& params, AdamW& optimizer,
   const bool cuda = s.device.is_cuda();
   if (cuda) s.updates_done = std::make_unique<StreamEvent>(s.device.index);
   const size_t n = params.parameters().size();
+  if (in_matmul) {
+    // Checked before anything is registered, so a refusal leaves no hooks behind.
+    for (const nn::NamedParameter& p : params.parameters()) {
+      TT_CHECK(!p.tensor->impl()->factored_grad_consumer,
+               "UpdateInBackward: " + p.name +
+                   " has a consumer already (another UpdateInBackward with in_matmul)");
+    }
+  }
   s.done.assign(n, false);
   s.in_product.assign(n, false);
   s.in_matmul = in_matmul;

@@ -11,7 +11,9 @@
 // computes its gradient (AdamW::apply_factored_gradient, the factored-gradient consumer of autograd.h), so
 // the gradient is never stored, read back or zeroed; on the compute stream, in backward's order. The
 // result then differs from the unfused step only by the matmul's summation order (another kernel computes
-// the same product). Weights that kernel does not take fall back to the hook path above.
+// the same product). Weights that kernel does not take fall back to the hook path above, and so does a weight
+// whose .grad already holds a gradient when its matmul runs (left from before begin()); a weight that gets
+// another gradient after its matmul's update in the same pass (used twice) is an error.
 // begin() refuses an AdamW with a gradient scale (clipping needs the global norm first) and a parameter whose
 // gradient arrives twice in one pass (accumulation); do not combine it with dist::DataParallel, whose hooks
 // communicate the very gradients these updates consume and zero.

@@ -310,6 +310,60 @@ TEST_CASE("AdamW inside the weight-gradient matmul equals backward, then step, t
   }
 }
 
+TEST_CASE(
+    "AdamW inside the matmul: a gradient already in .grad takes the hook path; a second source is refused") {
+  const nn::ModelConfig config = tiny_config(false);
+  std::vector<int32_t> ids(2 * 12), targets(2 * 12);
+  CounterRng rng{4, 0};
+  for (auto& v : ids) v = static_cast<int32_t>(rng.next_below(40));
+  for (auto& v : targets) v = static_cast<int32_t>(rng.next_below(40));
+  const Tensor x = Tensor::from_ints(ids, {2, 12}, Device::cpu()),
+               y = Tensor::from_ints(targets, {2, 12}, Device::cpu());
+  // Two backward passes accumulate, then one step: with the second pass fused, the weights whose .grad
+  // already holds the first pass's gradient must not be updated from the product alone.
+  auto accumulate_then_step = [&](bool fused_second_pass, int64_t* in_matmul) {
+    nn::TransformerLM model(config);
+    nn::FlatParameters flat(model, Device::cpu(), 3);
+    optim::AdamW adamw({flat.flat_params()});
+    optim::UpdateInBackward update(flat, adamw, /*in_matmul=*/true);
+    model.loss(x, y).backward();  // not armed: an ordinary pass, its gradients left in .grad
+    if (fused_second_pass) {
+      adamw.prepare_step();
+      update.begin();
+      model.loss(x, y).backward();
+      update.finish();
+      *in_matmul = update.updated_in_matmul();
+    } else {
+      model.loss(x, y).backward();
+      adamw.step();
+    }
+    return flat.flat_params().to_doubles();
+  };
+  int64_t in_matmul = -1;
+  const std::vector<double> fused = accumulate_then_step(true, &in_matmul),
+                            plain = accumulate_then_step(false, nullptr);
+  CHECK(fused == plain);
+  CHECK(in_matmul == 0);
+  // A weight used by its linear and by another op in the same pass: the update inside the matmul could not
+  // see the other gradient, so the pass is refused.
+  nn::TransformerLM model(config);
+  nn::FlatParameters flat(model, Device::cpu(), 3);
+  optim::AdamW adamw({flat.flat_params()});
+  optim::UpdateInBackward update(flat, adamw, /*in_matmul=*/true);
+  const Tensor* q = nullptr;
+  for (const nn::NamedParameter& p : flat.parameters()) {
+    if (p.name == "layers.0.attn.q_proj.weight") q = p.tensor;
+  }
+  REQUIRE(q != nullptr);
+  adamw.prepare_step();
+  update.begin();
+  const Tensor loss = ops::add(model.loss(x, y), ops::sum(ops::mul(*q, *q)));
+  CHECK_THROWS_WITH_AS(loss.backward(), doctest::Contains("got another gradient in the same pass"), Error);
+  // Two consumers for one weight are refused too.
+  CHECK_THROWS_WITH_AS(optim::UpdateInBackward(flat, adamw, true),
+                       doctest::Contains("has a consumer already"), Error);
+}
+
 namespace {
 // Four bf16 steps with the mirror (after backward or fused into it) or with every matmul casting its weight.
 // Returns the parameters; the losses and whether the mirror matched the parameters after every step go to

@@ -123,8 +123,9 @@ void adamw_apply(float* param, const void* grad, bool grad_bf16, float* exp_avg,
 // elements apart), applied at once as an AdamW step to W (out x in, row-major f32) and its moments, with the
 // factors adamw_upload_factors wrote; round_grad_bf16 rounds dW to bf16 first (as a bf16 gradient buffer
 // would hold it); bf16_copy (nullable) receives the updated W rounded to bf16. dW is never stored.
-// Hopper only (gemm_adamw.cu): returns false, having done nothing, on another GPU or for shapes and
-// alignments it does not take (in and both row strides multiples of 8, 16-byte aligned dy and x).
+// Hopper only (gemm_adamw.cu): returns false, having done nothing, on another GPU or for layouts it does not
+// take: in, ld_dy and ld_x must be multiples of 8, dy and x 16-byte aligned, W and the moments 16-byte
+// aligned, bf16_copy 8-byte aligned.
 bool gemm_adamw(const void* dy, int64_t ld_dy, const void* x, int64_t ld_x, int64_t out, int64_t in,
                 int64_t tokens, float* param, float* exp_avg, float* exp_avg_sq, void* bf16_copy,
                 bool round_grad_bf16, const float* device_factors, double beta1, double beta2, double eps,

@@ -47,7 +47,7 @@ constexpr int kBatchPasses = 8;                   // passes whose loads an updat
 constexpr uint32_t kBoxBytes = 64 * kBlockK * 2;  // one TMA box: 64 columns x 64 token rows of bf16
 constexpr int kBarriers = 2 * kStages + 2;
 
-// The shape of a tile: kBlockM x kBlockN.
+// The shape of a tile: kBlockM x N.
 struct Tile {
   static constexpr int N = 128;
   static constexpr int kHalves = N / 64;  // 64-column swizzle blocks of X per stage
