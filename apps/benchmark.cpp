@@ -379,6 +379,10 @@ int main(int argc, char** argv) {
       TT_CHECK(mode == "forward" || mode == "backward" || mode == "step" || mode == "step-fused",
                "unknown --mode '" + mode + "' (expected forward, backward, step or step-fused)");
     }
+    const std::vector<std::string> modes = flags.list("mode");
+    TT_CHECK(!flags.boolean("update-in-matmul") ||
+                 std::find(modes.begin(), modes.end(), "step-fused") != modes.end(),
+             "--update-in-matmul on applies to step-fused rows; add step-fused to --mode");
     const int64_t max_ctx = *std::max_element(contexts.begin(), contexts.end());
     for (const std::string& size : flags.list("sizes")) {
       for (const std::string& precision : flags.list("precision")) {

@@ -91,4 +91,9 @@ if "$bench" --sizes tiny --device cpu --steps 1 --update-in-matmul maybe >/dev/n
   exit 1
 fi
 grep -q "flag --update-in-matmul expects on/off, got 'maybe'" "$work/err.txt"
+if "$bench" --sizes tiny --device cpu --steps 1 --mode step --update-in-matmul on >/dev/null 2>"$work/err.txt"; then
+  echo "benchmark accepted --update-in-matmul on without a step-fused row"
+  exit 1
+fi
+grep -q "add step-fused to --mode" "$work/err.txt"
 echo "bad flags rejected up front, --json file kept"
