@@ -254,9 +254,11 @@ Row measure(const Flags& flags, Device device, Bundle* bundle, const nn::ModelCo
       const int64_t in_matmul = update_in_backward->updated_in_matmul();
       json += ", \"updated_in_matmul\": " + std::to_string(in_matmul) +
               ", \"parameters\": " + std::to_string(params.parameters().size());
-      std::fprintf(stderr, "  %s ctx %lld step-fused: %lld of %zu parameters updated inside their matmul\n",
-                   size.c_str(), static_cast<long long>(ctx), static_cast<long long>(in_matmul),
-                   params.parameters().size());
+      if (flags.boolean("update-in-matmul")) {
+        std::fprintf(stderr, "  %s ctx %lld step-fused: %lld of %zu parameters updated inside their matmul\n",
+                     size.c_str(), static_cast<long long>(ctx), static_cast<long long>(in_matmul),
+                     params.parameters().size());
+      }
     }
     row.json = "{" + json + "}";
   } catch (const OutOfMemory&) {
