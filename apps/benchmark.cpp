@@ -100,10 +100,8 @@ Row measure(const Flags& flags, Device device, Bundle* bundle, const nn::ModelCo
     // step-fused: each parameter's AdamW update runs as soon as backward has finished its gradient.
     std::unique_ptr<optim::UpdateInBackward> update_in_backward;
     // With --update-in-matmul, linear weights are updated inside their weight-gradient matmul instead.
-    if (fused) {
-      update_in_backward =
-          std::make_unique<optim::UpdateInBackward>(params, *optimizer, flags.boolean("update-in-matmul"));
-    }
+    const bool in_matmul = fused && flags.boolean("update-in-matmul");
+    if (fused) update_in_backward = std::make_unique<optim::UpdateInBackward>(params, *optimizer, in_matmul);
     params.zero_grad();
     CounterRng rng{7, 0};
     std::vector<int32_t> ids(static_cast<size_t>(batch * ctx)), targets(ids.size());
@@ -254,7 +252,7 @@ Row measure(const Flags& flags, Device device, Bundle* bundle, const nn::ModelCo
       const int64_t in_matmul = update_in_backward->updated_in_matmul();
       json += ", \"updated_in_matmul\": " + std::to_string(in_matmul) +
               ", \"parameters\": " + std::to_string(params.parameters().size());
-      if (flags.boolean("update-in-matmul")) {
+      if (in_matmul) {
         std::fprintf(stderr, "  %s ctx %lld step-fused: %lld of %zu parameters updated inside their matmul\n",
                      size.c_str(), static_cast<long long>(ctx), static_cast<long long>(in_matmul),
                      params.parameters().size());
@@ -326,7 +324,6 @@ int main(int argc, char** argv) {
               "(a snapshot for pytorch.org/memory_viz, Active Memory Timeline)");
     if (!flags.parse(argc, argv)) return 0;
     const Device device = pick_device(flags.str("device"));
-    flags.boolean("update-in-matmul");  // an on/off value, checked before any row runs
     const int64_t sm_margin = flags.integer("gemm-sm-margin");
     TT_CHECK(sm_margin >= 0, "--gemm-sm-margin must be >= 0");
     set_matmul_sm_margin(static_cast<int>(sm_margin));
@@ -382,6 +379,7 @@ int main(int argc, char** argv) {
                "unknown --mode '" + mode + "' (expected forward, backward, step or step-fused)");
     }
     const std::vector<std::string> modes = flags.list("mode");
+    // Also the check that its value is on or off, before any row runs.
     TT_CHECK(!flags.boolean("update-in-matmul") ||
                  std::find(modes.begin(), modes.end(), "step-fused") != modes.end(),
              "--update-in-matmul on applies to step-fused rows; add step-fused to --mode");
