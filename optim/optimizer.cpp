@@ -13,6 +13,28 @@
 
 namespace tt::optim {
 
+#ifdef TT_WITH_CUDA
+namespace {
+
+// The kernel's description of one weight of `p` (moments m and v, bf16 mirror or null) and its gradient.
+cuda::GemmAdamwProblem cuda_problem(const Tensor& p, const Tensor& m, const Tensor& v, const Tensor* mirror,
+                                    const AdamW::FactoredGradient& fg) {
+  const int64_t out = fg.dy.size(1), in = fg.x.size(1);
+  return {fg.dy.raw_data(),
+          fg.x.raw_data(),
+          out,
+          in,
+          out,
+          in,
+          p.data<float>() + fg.begin,
+          m.data<float>() + fg.begin,
+          v.data<float>() + fg.begin,
+          mirror ? mirror->data<bf16>() + fg.begin : nullptr};
+}
+
+}  // namespace
+#endif
+
 void Optimizer::zero_grad() {
   for (Tensor& p : params_) {
     Tensor g = p.grad();
@@ -149,50 +171,82 @@ void AdamW::apply_on_cpu(size_t index, int64_t begin, const Tensor& grads) {
   }
 }
 
-bool AdamW::apply_factored_gradient(size_t index, int64_t begin, const Tensor& dy, const Tensor& x,
-                                    void* stream) {
-  TT_CHECK(index < params_.size(), "AdamW::apply_factored_gradient: no parameter " + std::to_string(index));
-  Tensor& p = params_[index];
+bool AdamW::takes_factored_gradient(size_t index, const FactoredGradient& fg) const {
+  TT_CHECK(index < params_.size(), "AdamW: factored gradient for no parameter " + std::to_string(index));
+  const Tensor& p = params_[index];
   const Tensor g = p.grad();
-  TT_CHECK(g.defined(), "AdamW::apply_factored_gradient: parameter " + std::to_string(index) +
-                            " has no gradient buffer (its dtype says how the gradient is rounded)");
-  TT_CHECK(!grad_scale_.defined(), "AdamW::apply_factored_gradient: gradients are scaled (clipping)");
+  TT_CHECK(g.defined(), "AdamW: factored gradient for parameter " + std::to_string(index) +
+                            ", which has no gradient buffer (its dtype says how the gradient is rounded)");
+  TT_CHECK(!grad_scale_.defined(), "AdamW: factored gradient while gradients are scaled (clipping)");
+  const Tensor &dy = fg.dy, &x = fg.x;
   TT_CHECK(dy.dim() == 2 && x.dim() == 2 && dy.size(0) == x.size(0) && dy.dtype() == x.dtype(),
-           "AdamW::apply_factored_gradient: dy and x must be (rows, out) and (rows, in) of one dtype, got " +
+           "AdamW: a factored gradient's dy and x must be (rows, out) and (rows, in) of one dtype, got " +
                dy.describe() + " and " + x.describe());
-  const int64_t out = dy.size(1), in = x.size(1), count = out * in;
-  TT_CHECK(p.is_contiguous() && begin >= 0 && begin + count <= p.numel(),
-           "AdamW::apply_factored_gradient: range out of bounds");
+  TT_CHECK(p.is_contiguous() && fg.begin >= 0 && fg.begin + dy.size(1) * x.size(1) <= p.numel(),
+           "AdamW: factored gradient's range out of bounds");
   TT_CHECK(dy.device() == p.device() && x.device() == p.device(),
-           "AdamW::apply_factored_gradient: dy and x must be on the parameter's device, got " +
-               dy.describe() + " and " + x.describe() + " for " + p.describe());
-  TT_CHECK(step_ >= 1, "AdamW::apply_factored_gradient before prepare_step()");
+           "AdamW: a factored gradient's dy and x must be on the parameter's device, got " + dy.describe() +
+               " and " + x.describe() + " for " + p.describe());
+  TT_CHECK(step_ >= 1, "AdamW: factored gradient before prepare_step()");
+  if (!p.device().is_cuda()) return true;
+#ifdef TT_WITH_CUDA
+  if (p.dtype() != DType::f32 || dy.dtype() != DType::bf16 || !dy.is_contiguous() || !x.is_contiguous() ||
+      (g.dtype() != DType::f32 && g.dtype() != DType::bf16)) {
+    return false;
+  }
+  return cuda::gemm_adamw_takes(
+      cuda_problem(params_[index], exp_avg_[index], exp_avg_sq_[index], current_mirror(), fg), dy.size(0));
+#else
+  return false;
+#endif
+}
+
+void AdamW::apply_factored_gradients(size_t index, const std::vector<FactoredGradient>& grads, void* stream) {
+  for (const FactoredGradient& fg : grads) {
+    TT_CHECK(
+        takes_factored_gradient(index, fg),
+        "AdamW::apply_factored_gradients: a gradient its kernel does not take (ask takes_factored_gradient)");
+  }
+  if (grads.empty()) return;
+  Tensor& p = params_[index];
+  const DType grad_dtype = p.grad().dtype();
   if (p.device().is_cuda()) {
 #ifdef TT_WITH_CUDA
-    if (p.dtype() != DType::f32 || dy.dtype() != DType::bf16 || !dy.is_contiguous() || !x.is_contiguous() ||
-        (g.dtype() != DType::f32 && g.dtype() != DType::bf16)) {
-      return false;
-    }
-    TT_CHECK(device_factors_.defined(), "AdamW::apply_factored_gradient before prepare_step()");
+    static_assert(kFactoredGroup == static_cast<size_t>(cuda::kGemmAdamwMaxProblems));
+    TT_CHECK(device_factors_.defined(), "AdamW::apply_factored_gradients before prepare_step()");
     cudaStream_t s = static_cast<cudaStream_t>(stream ? stream : compute_stream(p.device().index));
-    const Tensor* mirror = current_mirror();
-    return cuda::gemm_adamw(dy.raw_data(), out, x.raw_data(), in, out, in, dy.size(0),
-                            p.data<float>() + begin, exp_avg_[index].data<float>() + begin,
-                            exp_avg_sq_[index].data<float>() + begin,
-                            mirror ? mirror->data<bf16>() + begin : nullptr, g.dtype() == DType::bf16,
-                            device_factors_.data<float>(), options_.beta1, options_.beta2, options_.eps, s);
-#else
-    return false;
+    // One launch per run of up to kFactoredGroup weights with the same number of rows.
+    std::vector<cuda::GemmAdamwProblem> group;
+    for (size_t i = 0; i < grads.size(); ++i) {
+      group.push_back(
+          cuda_problem(params_[index], exp_avg_[index], exp_avg_sq_[index], current_mirror(), grads[i]));
+      const int64_t rows = grads[i].dy.size(0);
+      if (i + 1 == grads.size() || group.size() == kFactoredGroup || grads[i + 1].dy.size(0) != rows) {
+        cuda::gemm_adamw(group.data(), static_cast<int>(group.size()), rows, grad_dtype == DType::bf16,
+                         device_factors_.data<float>(), options_.beta1, options_.beta2, options_.eps, s);
+        group.clear();
+      }
+    }
 #endif
+    return;
   }
-  // The CPU twin: the gradient computed, rounded as the gradient buffer would hold it, then applied.
-  Tensor dw;
-  {
-    NoGradGuard no_grad;
-    dw = ops::matmul(dy, x, true, false);
-    if (dw.dtype() != g.dtype()) dw = ops::cast(dw, g.dtype());
+  // The CPU twin: each gradient computed, rounded as the gradient buffer would hold it, then applied.
+  for (const FactoredGradient& fg : grads) {
+    Tensor dw;
+    {
+      NoGradGuard no_grad;
+      dw = ops::matmul(fg.dy, fg.x, true, false);
+      if (dw.dtype() != grad_dtype) dw = ops::cast(dw, grad_dtype);
+    }
+    apply_on_cpu(index, fg.begin, dw.view({-1}));
   }
-  apply_on_cpu(index, begin, dw.view({-1}));
+}
+
+bool AdamW::apply_factored_gradient(size_t index, int64_t begin, const Tensor& dy, const Tensor& x,
+                                    void* stream) {
+  std::vector<FactoredGradient> one{{begin, dy, x}};
+  if (!takes_factored_gradient(index, one[0])) return false;
+  apply_factored_gradients(index, one, stream);
   return true;
 }
 

@@ -57,13 +57,29 @@ class AdamW : public Optimizer {
   // The update of elements [begin, begin + count) of parameter `index` only (after prepare_step()), on
   // `stream` (a cudaStream_t; nullptr: the compute stream). Updating every range once equals apply().
   void apply_range(size_t index, int64_t begin, int64_t count, void* stream = nullptr) override;
-  // The update of one weight from its gradient in factored form: elements [begin, begin + out * in) of
-  // parameter `index` are an (out, in) row-major matrix W whose gradient is dW = dy^T x, with dy (rows, out)
-  // and x (rows, in) (a linear layer's backward: set_factored_grad_consumer). dW is rounded to the dtype of
-  // the parameter's gradient buffer, as if stored there, and applied; the buffer itself is neither read nor
-  // written. On CUDA the product and the update are one kernel (cuda::gemm_adamw) on `stream`; where that
-  // kernel does not apply (not a Hopper GPU, f32 operands, unaligned rows) this returns false having done
-  // nothing, and the caller computes the gradient and calls apply_range instead. After prepare_step().
+  // A weight's gradient in factored form: elements [begin, begin + out * in) of a parameter are an (out, in)
+  // row-major matrix W whose gradient is dW = dy^T x, with dy (rows, out) and x (rows, in) (a linear layer's
+  // backward: set_factored_grad_consumer).
+  struct FactoredGradient {
+    int64_t begin = 0;
+    Tensor dy, x;
+  };
+  // Weights one launch of the CUDA kernel below updates together.
+  static constexpr size_t kFactoredGroup = 8;
+  // Whether apply_factored_gradients takes `g` for parameter `index`: always on the CPU; on CUDA where the
+  // kernel applies (a Hopper GPU, bf16 operands in contiguous rows, an f32 parameter, aligned rows).
+  // Arguments that do not fit the parameter at all are an error. After prepare_step().
+  bool takes_factored_gradient(size_t index, const FactoredGradient& g) const;
+  // Updates the weights of parameter `index` from their factored gradients (each one that
+  // takes_factored_gradient takes, the ranges disjoint): each dW is rounded to the dtype of the parameter's
+  // gradient buffer, as if stored there, and applied; the buffer itself is neither read nor written. On
+  // CUDA the products and the updates are one kernel (cuda::gemm_adamw) on `stream`, one launch for each
+  // run of up to kFactoredGroup weights with the same number of rows; on the CPU the product, then
+  // apply_range's update. After prepare_step().
+  void apply_factored_gradients(size_t index, const std::vector<FactoredGradient>& grads,
+                                void* stream = nullptr);
+  // One weight: false, having done nothing, where takes_factored_gradient does not take it (the caller
+  // computes the gradient and calls apply_range instead).
   bool apply_factored_gradient(size_t index, int64_t begin, const Tensor& dy, const Tensor& x,
                                void* stream = nullptr);
   size_t parameter_count() const { return params_.size(); }

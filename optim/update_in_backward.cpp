@@ -24,6 +24,14 @@ struct UpdateInBackward::State {
   std::vector<std::unique_ptr<StreamEvent>> ready;  // per parameter: its gradient is complete
   std::unique_ptr<StreamEvent> updates_done;        // join of the side stream into the compute stream
   std::vector<uint64_t> hooks;                      // per parameter: its hook's handle
+  std::vector<AdamW::FactoredGradient> pending;     // taken by consume(), not yet applied
+
+  // Applies the pending factored gradients (one launch per AdamW::kFactoredGroup on CUDA).
+  void flush() {
+    std::vector<AdamW::FactoredGradient> group;
+    group.swap(pending);
+    optimizer.apply_factored_gradients(0, group);
+  }
 
   // Updates elements [begin, begin + count) of the flat buffer and zeroes their gradients.
   void update(int64_t begin, int64_t count) {
@@ -73,8 +81,13 @@ struct UpdateInBackward::State {
     // A gradient already in .grad (another contribution of this pass, or one left from before begin()) must
     // be part of the update: the hook path applies the whole buffer.
     if (!grad_known_zero(p)) return false;
-    if (!optimizer.apply_factored_gradient(0, params.offsets()[index], dy, x)) return false;
+    AdamW::FactoredGradient g{params.offsets()[index], dy, x};
+    if (!optimizer.takes_factored_gradient(0, g)) return false;
+    // Applied with the next ones, a group per launch: one weight alone leaves most SMs idle in its last
+    // round of tiles. Holding dy and x keeps them from being reused until then.
+    pending.push_back(std::move(g));
     in_product[index] = true;
+    if (pending.size() == AdamW::kFactoredGroup) flush();
     return true;
   }
 
@@ -152,6 +165,7 @@ UpdateInBackward::~UpdateInBackward() {
     }
   }
   s.armed = false;
+  s.pending.clear();
   for (size_t i = 0; i < s.hooks.size(); ++i) {
     const Tensor& p = *s.params.parameters()[i].tensor;
     p.remove_grad_ready_hook(s.hooks[i]);
@@ -178,6 +192,7 @@ void UpdateInBackward::begin() {
   s.in_product.assign(s.in_product.size(), false);
   s.hook_updates = 0;
   s.matmul_updates = 0;
+  s.pending.clear();
   s.armed = true;
 }
 
@@ -185,6 +200,7 @@ void UpdateInBackward::finish() {
   State& s = *state_;
   TT_CHECK(s.armed, "UpdateInBackward::finish() without begin()");
   s.armed = false;
+  s.flush();
   if (s.device.is_cuda()) {
     // What no hook reached goes after everything backward queued.
     s.updates_done->record(compute_stream(s.device.index));

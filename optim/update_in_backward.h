@@ -8,8 +8,10 @@
 // micro-batches, no data-parallel averaging. Parameters that receive no gradient (frozen ones, or unused
 // in this pass) and the flat buffer's padding are updated in finish(), as a whole-buffer step would.
 // With `in_matmul`, a linear layer's weight goes one step further: its update runs inside the matmul that
-// computes its gradient (AdamW::apply_factored_gradient, the factored-gradient consumer of autograd.h), so
-// the gradient is never stored, read back or zeroed; on the compute stream, in backward's order. The
+// computes its gradient (AdamW::apply_factored_gradients, the factored-gradient consumer of autograd.h), so
+// the gradient is never stored, read back or zeroed. Those updates run on the compute stream in groups of
+// AdamW::kFactoredGroup weights, one launch each, as soon as a group is complete and at finish(); each
+// weight's dy and x stay allocated until its group has run. The
 // result then differs from the unfused step only by the matmul's summation order (another kernel computes
 // the same product). Weights that kernel does not take fall back to the hook path above, and so does a weight
 // whose .grad already holds a gradient when its matmul runs (left from before begin()); a weight that gets

@@ -661,20 +661,25 @@ TEST_CASE("AdamW inside the weight-gradient matmul (Hopper kernel) equals its CP
     MESSAGE("skipped: the kernel is for Hopper GPUs");
     return;
   }
-  // Shapes off every tile boundary (128 x 128 weights, 64 tokens), one exact with many token stages, and one
-  // with more tiles than an H100 has SMs (blocks that take several tiles, stage loads running ahead into
-  // the next tile); the weight sits at an offset inside the flat buffer, between other parameters.
-  struct Shape3 {
-    int64_t out, in, tokens;
+  // Three weights of one flat buffer, updated by one launch: one off every tile boundary (128 x 128 tiles),
+  // one exact, and one with more tiles than an H100 has SMs (blocks that take several tiles, stage loads
+  // running ahead into the next tile and the next weight). Gaps between the weights, and token counts off the
+  // 64-token stage and with many stages.
+  struct Weight {
+    int64_t out, in, begin;
   };
-  for (const Shape3 shape : {Shape3{200, 136, 77}, Shape3{256, 384, 1024}, Shape3{2056, 1280, 100}}) {
+  const int64_t gap = 12;
+  std::vector<Weight> weights;
+  int64_t n = gap;
+  for (const auto& [out, in] : {std::pair<int64_t, int64_t>{200, 136}, {256, 384}, {2056, 1280}}) {
+    weights.push_back({out, in, n});
+    n += out * in + gap;
+  }
+  for (const int64_t tokens : {int64_t{77}, int64_t{1024}}) {
     for (const DType grad_dtype : {DType::f32, DType::bf16}) {
       const std::string dtype_text = dtype_name(grad_dtype);
-      CAPTURE(shape.out);
-      CAPTURE(shape.in);
-      CAPTURE(shape.tokens);
+      CAPTURE(tokens);
       CAPTURE(dtype_text);
-      const int64_t offset = 12, count = shape.out * shape.in, n = count + 2 * offset;
       Tensor cpu_p = randn({n}, 40), gpu_p = cpu_p.to(Device::cuda(0));
       cpu_p.set_requires_grad(true);
       gpu_p.set_requires_grad(true);
@@ -690,21 +695,45 @@ TEST_CASE("AdamW inside the weight-gradient matmul (Hopper kernel) equals its CP
         o->set_step_count(4);
         o->prepare_step();
       }
-      const Tensor dy = ops::cast(randn({shape.tokens, shape.out}, 43), DType::bf16),
-                   x = ops::cast(randn({shape.tokens, shape.in}, 44), DType::bf16);
-      CHECK(cpu_opt.apply_factored_gradient(0, offset, dy, x));
-      CHECK(gpu_opt.apply_factored_gradient(0, offset, dy.to(Device::cuda(0)), x.to(Device::cuda(0))));
+      std::vector<optim::AdamW::FactoredGradient> on_cpu, on_gpu;
+      uint32_t seed = 43;
+      for (const Weight& w : weights) {
+        const Tensor dy = ops::cast(randn({tokens, w.out}, seed++), DType::bf16),
+                     x = ops::cast(randn({tokens, w.in}, seed++), DType::bf16);
+        on_cpu.push_back({w.begin, dy, x});
+        on_gpu.push_back({w.begin, dy.to(Device::cuda(0)), x.to(Device::cuda(0))});
+        CHECK(gpu_opt.takes_factored_gradient(0, on_gpu.back()));
+      }
+      cpu_opt.apply_factored_gradients(0, on_cpu);
+      gpu_opt.apply_factored_gradients(0, on_gpu);
       synchronize(Device::cuda(0));
       // The products differ in summation order only; a bf16 gradient may then round to the neighbouring
-      // value, which moves the first moment by at most 0.1 * 2^-8 of it.
+      // value, which moves the first moment by at most 0.1 * 2^-8 of it. Compared weight by weight.
       const double tolerance = grad_dtype == DType::f32 ? 1e-5 : 2e-4;
-      CHECK(relative_error(gpu_p.to_doubles(), cpu_p.to_doubles()) < tolerance);
-      CHECK(relative_error(gpu_opt.exp_avg()[0].to_doubles(), cpu_opt.exp_avg()[0].to_doubles()) < tolerance);
-      CHECK(relative_error(gpu_opt.exp_avg_sq()[0].to_doubles(), cpu_opt.exp_avg_sq()[0].to_doubles()) <
-            tolerance);
-      // Elements outside the weight are untouched, and the gradient buffer is neither read nor written.
+      const std::vector<double> gpu_values[3] = {gpu_p.to_doubles(), gpu_opt.exp_avg()[0].to_doubles(),
+                                                 gpu_opt.exp_avg_sq()[0].to_doubles()};
+      const std::vector<double> cpu_values[3] = {cpu_p.to_doubles(), cpu_opt.exp_avg()[0].to_doubles(),
+                                                 cpu_opt.exp_avg_sq()[0].to_doubles()};
+      for (const Weight& w : weights) {
+        CAPTURE(w.out);
+        CAPTURE(w.in);
+        for (int k = 0; k < 3; ++k) {
+          CAPTURE(k);
+          const auto range = [&](const std::vector<double>& v) {
+            return std::vector<double>(v.begin() + w.begin, v.begin() + w.begin + w.out * w.in);
+          };
+          CHECK(relative_error(range(gpu_values[k]), range(cpu_values[k])) < tolerance);
+        }
+      }
+      // Elements between and around the weights are untouched, and the gradient buffer is neither read nor
+      // written.
       const std::vector<float> before = randn({n}, 40).to_floats(), after = gpu_p.to_floats();
-      for (int64_t i : {int64_t{0}, offset - 1, offset + count, n - 1}) CHECK(after[i] == before[i]);
+      int64_t at = 0;
+      for (const Weight& w : weights) {
+        for (int64_t i = at; i < w.begin; ++i) CHECK(after[i] == before[i]);
+        at = w.begin + w.out * w.in;
+      }
+      for (int64_t i = at; i < n; ++i) CHECK(after[i] == before[i]);
       const std::vector<double> g = gpu_p.grad().to_doubles();
       CHECK(std::all_of(g.begin(), g.end(), [](double v) { return v == 0.0; }));
     }
@@ -737,15 +766,17 @@ TEST_CASE(
     for (auto& v : ids) v = static_cast<int32_t>(rng.next_below(200));
     for (auto& v : targets) v = static_cast<int32_t>(rng.next_below(200));
     const Tensor x = Tensor::from_ints(ids, {2, 32}, gpu), y = Tensor::from_ints(targets, {2, 32}, gpu);
+    // Each model's steps one after another: a gradient's zero mark lasts until the next backward pass of any
+    // model ends, and the update inside the matmul is taken only for a .grad known to hold zeros.
     std::vector<double> plain_losses;
-    auto plain_step = [&] {
+    for (int step = 1; step <= 6; ++step) {
       plain_opt.prepare_step();
       const Tensor loss = plain_model.loss(x, y);
       loss.backward();
       plain_opt.apply();
       plain.zero_grad();
       plain_losses.push_back(loss.item());
-    };
+    }
     std::vector<double> fused_losses;
     auto fused_body = [&](nn::TransformerLM& model, optim::UpdateInBackward& update, bool record) {
       update.begin();
@@ -754,18 +785,20 @@ TEST_CASE(
       update.finish();
       if (record) fused_losses.push_back(loss.item());
     };
-    plain_step();
-    fused_opt.prepare_step();
-    fused_body(fused_model, fused_update, true);
+    for (int step = 1; step <= 6; ++step) {
+      fused_opt.prepare_step();
+      fused_body(fused_model, fused_update, true);
+    }
+    // q, k, v, o, w1, w2, w3 of both layers and the output projection on Hopper, in two launches (a group
+    // of AdamW::kFactoredGroup, then the rest at finish()).
+    CHECK(fused_update.updated_in_matmul() == (hopper ? 2 * 7 + 1 : 0));
     graph_opt.prepare_step();
     fused_body(graph_model, graph_update, false);
     synchronize(gpu);
     CudaGraph graph(gpu);
     graph.capture([&] { fused_body(graph_model, graph_update, false); });
+    CHECK(graph_update.updated_in_matmul() == (hopper ? 2 * 7 + 1 : 0));
     for (int step = 2; step <= 6; ++step) {
-      plain_step();
-      fused_opt.prepare_step();
-      fused_body(fused_model, fused_update, true);
       graph_opt.prepare_step();
       graph.replay();
     }
@@ -777,8 +810,6 @@ TEST_CASE(
     CHECK(relative_error(fused_losses, plain_losses) < 1e-3);
     CHECK(fused.bf16_mirror_is_current());
     CHECK(graphed.bf16_mirror_is_current());
-    // q, k, v, o, w1, w2, w3 of both layers and the output projection, on Hopper.
-    CHECK(fused_update.updated_in_matmul() == (hopper ? 2 * 7 + 1 : 0));
     const std::vector<float> g = fused.flat_grads().to_floats();
     CHECK(std::all_of(g.begin(), g.end(), [](float v) { return v == 0.0f; }));
   }

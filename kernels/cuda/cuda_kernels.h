@@ -123,13 +123,26 @@ void adamw_apply(float* param, const void* grad, bool grad_bf16, float* exp_avg,
 // elements apart), applied at once as an AdamW step to W (out x in, row-major f32) and its moments, with the
 // factors adamw_upload_factors wrote; round_grad_bf16 rounds dW to bf16 first (as a bf16 gradient buffer
 // would hold it); bf16_copy (nullable) receives the updated W rounded to bf16. dW is never stored.
-// Hopper only (gemm_adamw.cu): returns false, having done nothing, on another GPU or for layouts it does not
-// take: in, ld_dy and ld_x must be multiples of 8, dy and x 16-byte aligned, W and the moments 16-byte
-// aligned, bf16_copy 8-byte aligned.
-bool gemm_adamw(const void* dy, int64_t ld_dy, const void* x, int64_t ld_x, int64_t out, int64_t in,
-                int64_t tokens, float* param, float* exp_avg, float* exp_avg_sq, void* bf16_copy,
-                bool round_grad_bf16, const float* device_factors, double beta1, double beta2, double eps,
-                cudaStream_t stream);
+// One weight for gemm_adamw: W (out, in) row-major f32 with its moments and optional bf16 copy, updated
+// from dW = dY^T X, dY (tokens, out) and X (tokens, in) bf16 with rows ld_dy and ld_x elements apart.
+struct GemmAdamwProblem {
+  const void* dy;
+  const void* x;
+  int64_t ld_dy, ld_x, out, in;
+  float* param;
+  float* exp_avg;
+  float* exp_avg_sq;
+  void* bf16_copy;  // nullable
+};
+constexpr int kGemmAdamwMaxProblems = 8;  // weights one gemm_adamw launch takes
+// Whether gemm_adamw takes this weight: a Hopper GPU, in, ld_dy and ld_x multiples of 8, dy and x 16-byte
+// aligned, W and the moments 16-byte aligned, bf16_copy 8-byte aligned.
+bool gemm_adamw_takes(const GemmAdamwProblem& problem, int64_t tokens);
+// AdamW (adamw.cu's update, step factors from prepare_step) of `count` weights (1 to kGemmAdamwMaxProblems,
+// each one gemm_adamw_takes), each from its gradient dW = dY^T X computed in the same kernel, rounded to
+// bf16 first when round_grad_bf16. One launch on `stream` (gemm_adamw.cu, Hopper).
+void gemm_adamw(const GemmAdamwProblem* problems, int count, int64_t tokens, bool round_grad_bf16,
+                const float* device_factors, double beta1, double beta2, double eps, cudaStream_t stream);
 // *scale = min(1, max_norm / (sqrt(*norm_sq) + 1e-6)) (1 when max_norm <= 0), *norm = sqrt(*norm_sq).
 void clip_scale(const float* norm_sq, double max_norm, float* scale, float* norm, cudaStream_t stream);
 

@@ -11,7 +11,11 @@
 // The update moves ~26 bytes per element and the product costs ~2 * tokens flops per element, so at 1024
 // tokens the tile's memory traffic takes about three times as long as its product. The kernel is built so
 // that memory never waits for the product:
-//  - Persistent: one block per SM walks over the tiles (blockIdx.x, + gridDim.x, ...).
+//  - Persistent: one block per SM walks over the tiles (blockIdx.x, + gridDim.x, ...). One launch takes a
+//    group of weights (up to kGemmAdamwMaxProblems) whose tiles are numbered one after the other, so the
+//    last, partly filled round of tiles and the first tile's product, which no update overlaps, are paid
+//    once per group instead of once per weight (a 2560 x 2560 weight alone is 400 tiles: 3 rounds on an
+//    H100's 132 SMs and a fourth for 4 tiles).
 //  - Warpgroups 0 and 1 compute the product, 64 weight rows each (wgmma, both operands "MN-major": the token,
 //    i.e. reduction, index is the slow one in memory, read with the transpose flags). Thread 0 also feeds
 //    them: per stage of 64 tokens the Tensor Memory Accelerator (hopper.cuh) copies four 64 x 64 boxes (the
@@ -28,6 +32,7 @@
 #include <cuda_bf16.h>
 
 #include <algorithm>
+#include <string>
 
 #include "kernels/cuda/adamw.cuh"
 #include "kernels/cuda/cuda_kernels.h"
@@ -39,37 +44,46 @@ namespace {
 
 using bf16 = __nv_bfloat16;
 
-constexpr int kBlockM = 128;  // weight rows (output features) per tile: 64 per product warpgroup
-constexpr int kBlockK = 64;   // tokens per stage
+constexpr int kBlockK = 64;  // tokens per stage
 constexpr int kStages = 3;
-constexpr int kProductThreads = 256, kUpdateThreads = 256, kThreads = kProductThreads + kUpdateThreads;
-constexpr int kBatchPasses = 8;                   // passes whose loads an update thread issues together
+constexpr int kProductThreads = 256;
 constexpr uint32_t kBoxBytes = 64 * kBlockK * 2;  // one TMA box: 64 columns x 64 token rows of bf16
 constexpr int kBarriers = 2 * kStages + 2;
 
-// The shape of a tile: kBlockM x N.
+// The tile: M weight rows x N columns; each product warpgroup takes 64 of its rows.
 struct Tile {
-  static constexpr int N = 128;
-  static constexpr int kHalves = N / 64;  // 64-column swizzle blocks of X per stage
-  static constexpr int kPitch = N + 8;    // staged row, floats (bank-conflict padding)
-  static constexpr uint32_t kStageBytes = (2 + kHalves) * kBoxBytes;  // dY's two column halves, then X's
-  static constexpr uint32_t kStagingBytes = kBlockM * kPitch * 4;
+  static constexpr int M = 128, N = 128;
+  static constexpr int kDyBoxes = M / 64, kXBoxes = N / 64;  // 64-column swizzle blocks per stage
+  static constexpr int kPitch = N + 8;                       // staged row, floats (bank-conflict padding)
+  static constexpr uint32_t kStageBytes = (kDyBoxes + kXBoxes) * kBoxBytes;  // dY's boxes, then X's
+  static constexpr uint32_t kStagingBytes = M * kPitch * 4;
   static constexpr size_t kSmemBytes =
       kStages * kStageBytes + kStagingBytes + kBarriers * sizeof(uint64_t) + 1024;
-  static constexpr int kLanesPerRow = N / 4;              // 4 columns a lane
-  static constexpr int kRowsPerWarp = 32 / kLanesPerRow;  // rows a warp updates per pass
-  static constexpr int kRowsPerPass = (kUpdateThreads / 32) * kRowsPerWarp;
-  static constexpr int kBatches = kBlockM / (kRowsPerPass * kBatchPasses);
-  static_assert(kBatches * kRowsPerPass * kBatchPasses == kBlockM, "whole batches per tile");
 };
 
-struct Args {
+// The update warps: kUpdateThreads of them, 4 columns a thread, each issuing the loads of kPasses rows
+// together (all a thread's registers allow).
+constexpr int kUpdateThreads = 256, kThreads = kProductThreads + kUpdateThreads;
+constexpr int kPasses = 8;
+constexpr int kRowsPerPass = kUpdateThreads * 4 / Tile::N;
+constexpr int kBatches = Tile::M / (kRowsPerPass * kPasses);
+static_assert(kBatches * kRowsPerPass * kPasses == Tile::M, "whole batches per tile");
+
+// One weight of the group; its tiles are numbers first_tile .. first_tile + tiles_m * tiles_n - 1.
+struct Problem {
   float* param;    // W, (out, in) row-major
   float* exp_avg;  // its moments, same layout
   float* exp_avg_sq;
   bf16* bf16_copy;  // nullable: W rounded to bf16, same layout
   int64_t out, in;
-  int tokens, tiles_n, tiles;
+  int tiles_n, first_tile;
+};
+
+struct Params {
+  CUtensorMap map_dy[kGemmAdamwMaxProblems];  // per weight: dY (tokens, out) and X (tokens, in)
+  CUtensorMap map_x[kGemmAdamwMaxProblems];
+  Problem problem[kGemmAdamwMaxProblems];
+  int problems, tokens, tiles;  // tiles: of all weights together
   const float* step_factors;
   AdamWFactors f;
   int round_grad_bf16;  // the gradient rounded to bf16 first, as a bf16 gradient buffer would hold it
@@ -77,17 +91,23 @@ struct Args {
 
 #if TT_HAVE_WGMMA
 
-// The first weight row and column of tile `tile`: consecutive tiles (side by side on the SMs) step along the
-// weight's columns, sharing dY's columns.
-__device__ inline void tile_origin(const Args& a, int tile, int64_t& m0, int64_t& n0) {
-  m0 = static_cast<int64_t>(tile / a.tiles_n) * kBlockM;
-  n0 = static_cast<int64_t>(tile % a.tiles_n) * Tile::N;
+// Where tile number `tile` lies: its weight, and its first row and column there. Consecutive tiles (side by
+// side on the SMs) step along the weight's columns, sharing dY's columns.
+struct TileAt {
+  int problem;
+  int64_t m0, n0;
+};
+__device__ inline TileAt locate(const Params& p, int tile) {
+  int q = 0;
+  while (q + 1 < p.problems && tile >= p.problem[q + 1].first_tile) ++q;
+  const int local = tile - p.problem[q].first_tile, tiles_n = p.problem[q].tiles_n;
+  return {q, static_cast<int64_t>(local / tiles_n) * Tile::M,
+          static_cast<int64_t>(local % tiles_n) * Tile::N};
 }
 
 // The product warpgroups: the tiles' products, staged one after another.
-__device__ void compute_products(const CUtensorMap& map_dy, const CUtensorMap& map_x, const Args& a,
-                                 unsigned char* smem, float* staging, uint64_t* full, uint64_t* empty,
-                                 uint64_t* staged, uint64_t* freed) {
+__device__ void compute_products(const Params& a, unsigned char* smem, float* staging, uint64_t* full,
+                                 uint64_t* empty, uint64_t* staged, uint64_t* freed) {
   using namespace flash;
   using T = Tile;
   const int tid = static_cast<int>(threadIdx.x), warp = tid / 32, lane = tid % 32, warpgroup = tid / 128;
@@ -95,19 +115,23 @@ __device__ void compute_products(const CUtensorMap& map_dy, const CUtensorMap& m
   const int my_tiles = (a.tiles - static_cast<int>(blockIdx.x) + static_cast<int>(gridDim.x) - 1) /
                        static_cast<int>(gridDim.x);
   const int total = my_tiles * k_tiles;  // stage loads of this block, numbered g = tile * k_tiles + t
+  const uint64_t policy = l2_evict_last_policy();
   auto load = [&](int g) {
     const int tile = static_cast<int>(blockIdx.x) + (g / k_tiles) * static_cast<int>(gridDim.x);
-    int64_t m0, n0;
-    tile_origin(a, tile, m0, n0);
-    const int s = g % kStages, row = g % k_tiles * kBlockK, m = static_cast<int>(m0),
-              n = static_cast<int>(n0);
+    const TileAt at = locate(a, tile);
+    const CUtensorMap &map_dy = a.map_dy[at.problem], &map_x = a.map_x[at.problem];
+    const int s = g % kStages, row = g % k_tiles * kBlockK, m = static_cast<int>(at.m0),
+              n = static_cast<int>(at.n0);
     unsigned char* stage = smem + s * T::kStageBytes;
     mbarrier_arrive_expect_bytes(&full[s], T::kStageBytes);  // zero-filled bytes count too
-    tma_load(stage, map_dy, m, row, 0, 0, &full[s]);
-    tma_load(stage + kBoxBytes, map_dy, m + 64, row, 0, 0, &full[s]);
+    // dY and X are read again by the tiles beside this one (in this round of tiles and the next); each round
+    // streams more parameter and moment bytes through L2 than it holds, so they are kept with evict_last.
 #pragma unroll
-    for (int h = 0; h < T::kHalves; ++h)
-      tma_load(stage + (2 + h) * kBoxBytes, map_x, n + 64 * h, row, 0, 0, &full[s]);
+    for (int d = 0; d < T::kDyBoxes; ++d)
+      tma_load_hinted(stage + d * kBoxBytes, map_dy, m + 64 * d, row, 0, 0, &full[s], policy);
+#pragma unroll
+    for (int h = 0; h < T::kXBoxes; ++h)
+      tma_load_hinted(stage + (T::kDyBoxes + h) * kBoxBytes, map_x, n + 64 * h, row, 0, 0, &full[s], policy);
   };
   // The stage of load g is read: thread 0 refills it with load g + kStages once every product warp is done.
   auto release = [&](int g) {
@@ -120,13 +144,13 @@ __device__ void compute_products(const CUtensorMap& map_dy, const CUtensorMap& m
   if (tid == 0) {
     for (int g = 0; g < kStages && g < total; ++g) load(g);
   }
-  float acc[T::kHalves][32];  // the warpgroup's 64 rows x (64-column halves)
+  float acc[T::kXBoxes][32];  // the warpgroup's 64 rows x (64-column halves)
   for (int it = 0; it < my_tiles; ++it) {
     for (int t = 0; t < k_tiles; ++t) {
       const int g = it * k_tiles + t, s = g % kStages;
       mbarrier_wait(&full[s], static_cast<uint32_t>(g / kStages) & 1);
       const uint32_t stage = shared_address(smem + s * T::kStageBytes);
-      const uint32_t a_base = stage + warpgroup * kBoxBytes, b_base = stage + 2 * kBoxBytes;
+      const uint32_t a_base = stage + warpgroup * kBoxBytes, b_base = stage + T::kDyBoxes * kBoxBytes;
       wgmma::fence();
 #pragma unroll
       for (int kk = 0; kk < kBlockK / 16; ++kk) {
@@ -134,7 +158,7 @@ __device__ void compute_products(const CUtensorMap& map_dy, const CUtensorMap& m
         const uint64_t desc_a = wgmma::smem_descriptor(a_base + kk * 16 * 128, 0);
         const int accumulate = (t > 0 || kk > 0) ? 1 : 0;
 #pragma unroll
-        for (int h = 0; h < T::kHalves; ++h) {
+        for (int h = 0; h < T::kXBoxes; ++h) {
           wgmma::mma_m64n64k16_ss<1, 1>(
               acc[h], desc_a, wgmma::smem_descriptor(b_base + h * kBoxBytes + kk * 16 * 128, 0), accumulate);
         }
@@ -145,13 +169,13 @@ __device__ void compute_products(const CUtensorMap& map_dy, const CUtensorMap& m
     }
     wgmma::wait_group<0>();
 #pragma unroll
-    for (int h = 0; h < T::kHalves; ++h) wgmma::fence_operands(acc[h]);
+    for (int h = 0; h < T::kXBoxes; ++h) wgmma::fence_operands(acc[h]);
     release(it * k_tiles + k_tiles - 1);
     // Stage the tile once the update warps are done with the previous one.
     if (it > 0) mbarrier_wait(freed, static_cast<uint32_t>(it - 1) & 1);
     const int row = 64 * warpgroup + 16 * (warp % 4) + lane / 4, col = 2 * (lane % 4);
 #pragma unroll
-    for (int h = 0; h < T::kHalves; ++h) {
+    for (int h = 0; h < T::kXBoxes; ++h) {
 #pragma unroll
       for (int j = 0; j < 8; ++j) {
 #pragma unroll
@@ -165,40 +189,40 @@ __device__ void compute_products(const CUtensorMap& map_dy, const CUtensorMap& m
   }
 }
 
-// The update warpgroups: AdamW on each staged tile, a batch of kBatchPasses rows per thread at a time, all
-// of whose loads are issued before the first is used.
-__device__ void update_tiles(const Args& a, const float* staging, uint64_t* staged, uint64_t* freed) {
+// The update warpgroups: AdamW on each staged tile, a batch of kPasses rows per thread at a time, all of
+// whose loads are issued before the first is used.
+__device__ void update_tiles(const Params& a, const float* staging, uint64_t* staged, uint64_t* freed) {
   using namespace flash;
   using T = Tile;
-  const int u = static_cast<int>(threadIdx.x) - kProductThreads;  // 0 .. 255
-  const int lane = u % 32;
-  const int first_row = (u / 32) * T::kRowsPerWarp + lane / T::kLanesPerRow;
-  const int col = 4 * (lane % T::kLanesPerRow);
+  const int u = static_cast<int>(threadIdx.x) - kProductThreads;
+  // Per pass, the update threads take kRowsPerPass whole rows of the tile, 4 columns each: every warp's
+  // loads and stores are 512-byte runs.
+  const int first_row = u * 4 / T::N, col = u * 4 % T::N;
   AdamWFactors f = a.f;
   adamw_load_step_factors(f, a.step_factors);
   int it = 0;
   for (int tile = static_cast<int>(blockIdx.x); tile < a.tiles; tile += static_cast<int>(gridDim.x), ++it) {
-    int64_t m0, n0;
-    tile_origin(a, tile, m0, n0);
-    const bool col_ok = n0 + col < a.in;  // in is a multiple of 4: a lane's 4 columns are wholly in or out
+    const TileAt at = locate(a, tile);
+    const Problem& w = a.problem[at.problem];
+    const bool col_ok = at.n0 + col < w.in;  // in is a multiple of 4: a lane's 4 columns are wholly in or out
     mbarrier_wait(staged, static_cast<uint32_t>(it) & 1);
 #pragma unroll 1
-    for (int batch = 0; batch < T::kBatches; ++batch) {
-      float4 p[kBatchPasses], m[kBatchPasses], v[kBatchPasses];
+    for (int batch = 0; batch < kBatches; ++batch) {
+      float4 p[kPasses], m[kPasses], v[kPasses];
 #pragma unroll
-      for (int r = 0; r < kBatchPasses; ++r) {
-        const int row = (batch * kBatchPasses + r) * T::kRowsPerPass + first_row;
-        if (col_ok && m0 + row < a.out) {
-          const int64_t at = (m0 + row) * a.in + n0 + col;
-          p[r] = __ldcs(reinterpret_cast<const float4*>(a.param + at));
-          m[r] = __ldcs(reinterpret_cast<const float4*>(a.exp_avg + at));
-          v[r] = __ldcs(reinterpret_cast<const float4*>(a.exp_avg_sq + at));
+      for (int r = 0; r < kPasses; ++r) {
+        const int row = (batch * kPasses + r) * kRowsPerPass + first_row;
+        if (col_ok && at.m0 + row < w.out) {
+          const int64_t i = (at.m0 + row) * w.in + at.n0 + col;
+          p[r] = __ldcs(reinterpret_cast<const float4*>(w.param + i));
+          m[r] = __ldcs(reinterpret_cast<const float4*>(w.exp_avg + i));
+          v[r] = __ldcs(reinterpret_cast<const float4*>(w.exp_avg_sq + i));
         }
       }
 #pragma unroll
-      for (int r = 0; r < kBatchPasses; ++r) {
-        const int row = (batch * kBatchPasses + r) * T::kRowsPerPass + first_row;
-        if (!col_ok || m0 + row >= a.out) continue;
+      for (int r = 0; r < kPasses; ++r) {
+        const int row = (batch * kPasses + r) * kRowsPerPass + first_row;
+        if (!col_ok || at.m0 + row >= w.out) continue;
         float4 g = *reinterpret_cast<const float4*>(staging + row * T::kPitch + col);
         if (a.round_grad_bf16) {
           g.x = __bfloat162float(__float2bfloat16_rn(g.x));
@@ -210,14 +234,14 @@ __device__ void update_tiles(const Args& a, const float* staging, uint64_t* stag
         adamw_update(p[r].y, g.y, m[r].y, v[r].y, f);
         adamw_update(p[r].z, g.z, m[r].z, v[r].z, f);
         adamw_update(p[r].w, g.w, m[r].w, v[r].w, f);
-        const int64_t at = (m0 + row) * a.in + n0 + col;
-        __stcs(reinterpret_cast<float4*>(a.param + at), p[r]);
-        __stcs(reinterpret_cast<float4*>(a.exp_avg + at), m[r]);
-        __stcs(reinterpret_cast<float4*>(a.exp_avg_sq + at), v[r]);
-        if (a.bf16_copy != nullptr) {
+        const int64_t i = (at.m0 + row) * w.in + at.n0 + col;
+        __stcs(reinterpret_cast<float4*>(w.param + i), p[r]);
+        __stcs(reinterpret_cast<float4*>(w.exp_avg + i), m[r]);
+        __stcs(reinterpret_cast<float4*>(w.exp_avg_sq + i), v[r]);
+        if (w.bf16_copy != nullptr) {
           const __nv_bfloat162 low[2] = {__floats2bfloat162_rn(p[r].x, p[r].y),
                                          __floats2bfloat162_rn(p[r].z, p[r].w)};
-          *reinterpret_cast<uint2*>(a.bf16_copy + at) = *reinterpret_cast<const uint2*>(low);
+          __stcs(reinterpret_cast<uint2*>(w.bf16_copy + i), *reinterpret_cast<const uint2*>(low));
         }
       }
     }
@@ -227,9 +251,7 @@ __device__ void update_tiles(const Args& a, const float* staging, uint64_t* stag
 
 #endif  // TT_HAVE_WGMMA
 
-__global__ void __launch_bounds__(kThreads, 1)
-    gemm_adamw_kernel(const __grid_constant__ CUtensorMap map_dy, const __grid_constant__ CUtensorMap map_x,
-                      Args a) {
+__global__ void __launch_bounds__(kThreads, 1) gemm_adamw_kernel(const __grid_constant__ Params a) {
 #if TT_HAVE_WGMMA
   using namespace flash;
   using T = Tile;
@@ -254,7 +276,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   // than the product threads, whose accumulators take 64.
   if (threadIdx.x < kProductThreads) {
     wgmma::release_registers<104>();
-    compute_products(map_dy, map_x, a, smem, staging, full, empty, staged, freed);
+    compute_products(a, smem, staging, full, empty, staged, freed);
   } else {
     wgmma::claim_registers<152>();
     update_tiles(a, staging, staged, freed);
@@ -272,46 +294,68 @@ int64_t ceil_div(int64_t a, int64_t b) {
   return (a + b - 1) / b;
 }
 
-}  // namespace
-
-bool gemm_adamw(const void* dy, int64_t ld_dy, const void* x, int64_t ld_x, int64_t out, int64_t in,
-                int64_t tokens, float* param, float* exp_avg, float* exp_avg_sq, void* bf16_copy,
-                bool round_grad_bf16, const float* device_factors, double beta1, double beta2, double eps,
-                cudaStream_t stream) {
+// The problem's tiles, or 0 where the kernel does not take it (layout, alignment, sizes), and its maps.
+int64_t tiles_of(const GemmAdamwProblem& q, int64_t tokens, CUtensorMap* map_dy, CUtensorMap* map_x) {
   // The tensor maps need 16-byte aligned rows; the update reads and writes the weight's rows 16 bytes at a
   // time (4 floats, so in % 4 == 0, implied).
-  const bool fits =
-      out >= 1 && in >= 1 && tokens >= 1 && in % 8 == 0 && ld_dy % 8 == 0 && ld_x % 8 == 0 && ld_dy >= out &&
-      ld_x >= in && ceil_div(out, kBlockM) * ceil_div(in, Tile::N) < (int64_t{1} << 31) &&
-      tokens < (int64_t{1} << 24) && aligned(dy, 16) && aligned(x, 16) && aligned(param, 16) &&
-      aligned(exp_avg, 16) && aligned(exp_avg_sq, 16) && (bf16_copy == nullptr || aligned(bf16_copy, 8));
-  if (!fits || current_device_major() != 9) return false;
-  CUtensorMap map_dy, map_x;
-  if (!flash::make_matrix_map(&map_dy, dy, out, tokens, ld_dy, kBlockK) ||
-      !flash::make_matrix_map(&map_x, x, in, tokens, ld_x, kBlockK)) {
-    return false;
+  const bool fits = q.out >= 1 && q.in >= 1 && tokens >= 1 && q.in % 8 == 0 && q.ld_dy % 8 == 0 &&
+                    q.ld_x % 8 == 0 && q.ld_dy >= q.out && q.ld_x >= q.in && tokens < (int64_t{1} << 24) &&
+                    aligned(q.dy, 16) && aligned(q.x, 16) && aligned(q.param, 16) && aligned(q.exp_avg, 16) &&
+                    aligned(q.exp_avg_sq, 16) && (q.bf16_copy == nullptr || aligned(q.bf16_copy, 8));
+  if (!fits || !flash::make_matrix_map(map_dy, q.dy, q.out, tokens, q.ld_dy, kBlockK) ||
+      !flash::make_matrix_map(map_x, q.x, q.in, tokens, q.ld_x, kBlockK)) {
+    return 0;
   }
-  Args a{};
-  a.param = param;
-  a.exp_avg = exp_avg;
-  a.exp_avg_sq = exp_avg_sq;
-  a.bf16_copy = static_cast<bf16*>(bf16_copy);
-  a.out = out;
-  a.in = in;
+  return ceil_div(q.out, Tile::M) * ceil_div(q.in, Tile::N);
+}
+
+}  // namespace
+
+bool gemm_adamw_takes(const GemmAdamwProblem& problem, int64_t tokens) {
+  if (current_device_major() != 9) return false;
+  CUtensorMap map_dy, map_x;
+  const int64_t tiles = tiles_of(problem, tokens, &map_dy, &map_x);
+  return tiles > 0 && tiles < (int64_t{1} << 30);
+}
+
+void gemm_adamw(const GemmAdamwProblem* problems, int count, int64_t tokens, bool round_grad_bf16,
+                const float* device_factors, double beta1, double beta2, double eps, cudaStream_t stream) {
+  TT_CHECK(count >= 1 && count <= kGemmAdamwMaxProblems, "gemm_adamw: " + std::to_string(count) +
+                                                             " weights in one launch (1 to " +
+                                                             std::to_string(kGemmAdamwMaxProblems) + ")");
+  TT_CHECK(current_device_major() == 9, "gemm_adamw: not a Hopper GPU");
+  Params a{};
+  int64_t tiles = 0;
+  for (int i = 0; i < count; ++i) {
+    const GemmAdamwProblem& q = problems[i];
+    const int64_t own = tiles_of(q, tokens, &a.map_dy[i], &a.map_x[i]);
+    TT_CHECK(own > 0, "gemm_adamw: weight " + std::to_string(i) + " of the group (" + std::to_string(q.out) +
+                          " x " + std::to_string(q.in) + ") has a layout the kernel does not take");
+    Problem& w = a.problem[i];
+    w.param = q.param;
+    w.exp_avg = q.exp_avg;
+    w.exp_avg_sq = q.exp_avg_sq;
+    w.bf16_copy = static_cast<bf16*>(q.bf16_copy);
+    w.out = q.out;
+    w.in = q.in;
+    w.tiles_n = static_cast<int>(ceil_div(q.in, Tile::N));
+    w.first_tile = static_cast<int>(tiles);
+    tiles += own;
+    TT_CHECK(tiles < (int64_t{1} << 31), "gemm_adamw: more than 2^31 tiles in one launch");
+  }
+  a.problems = count;
   a.tokens = static_cast<int>(tokens);
+  a.tiles = static_cast<int>(tiles);
   a.step_factors = device_factors;
   a.f = adamw_constant_factors(beta1, beta2, eps);
   a.round_grad_bf16 = round_grad_bf16 ? 1 : 0;
-  a.tiles_n = static_cast<int>(ceil_div(in, Tile::N));
-  a.tiles = static_cast<int>(ceil_div(out, kBlockM)) * a.tiles_n;
   int device = 0, sms = 0;
   TT_CUDA_CHECK(cudaGetDevice(&device));
   TT_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
   flash::allow_shared_memory(gemm_adamw_kernel, Tile::kSmemBytes);
   const auto blocks = static_cast<unsigned>(std::min(a.tiles, sms));  // persistent: one per SM
-  gemm_adamw_kernel<<<blocks, kThreads, Tile::kSmemBytes, stream>>>(map_dy, map_x, a);
+  gemm_adamw_kernel<<<blocks, kThreads, Tile::kSmemBytes, stream>>>(a);
   TT_CUDA_LAUNCH_CHECK();
-  return true;
 }
 
 }  // namespace tt::cuda

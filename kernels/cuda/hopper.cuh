@@ -58,6 +58,22 @@ __device__ inline void mbarrier_wait(uint64_t* bar, uint32_t parity) {
   }
 }
 
+// An L2 cache policy for loads whose lines should outlive streamed ones (evict_last), for tma_load_hinted.
+__device__ inline uint64_t l2_evict_last_policy() {
+  uint64_t policy;
+  asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;\n" : "=l"(policy));
+  return policy;
+}
+// tma_load with an L2 cache policy (l2_evict_last_policy).
+__device__ inline void tma_load_hinted(void* smem, const CUtensorMap& map, int col, int row, int head,
+                                       int batch, uint64_t* bar, uint64_t policy) {
+  asm volatile(
+      "cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.L2::cache_hint [%0], "
+      "[%1, {%2, %3, %4, %5}], [%6], %7;\n" ::"r"(shared_address(smem)),
+      "l"(reinterpret_cast<uint64_t>(&map)), "r"(col), "r"(row), "r"(head), "r"(batch),
+      "r"(shared_address(bar)), "l"(policy)
+      : "memory");
+}
 // One TMA copy of the box at (col, row, head, batch) of a 4-d (d, seq, head, batch) tensor map.
 __device__ inline void tma_load(void* smem, const CUtensorMap& map, int col, int row, int head, int batch,
                                 uint64_t* bar) {
