@@ -21,12 +21,20 @@ for r in rows:
 assert "optimizer_ms" in rows[2] and "optimizer_ms" not in rows[3], rows
 print("benchmark rows ok:", [(r["mode"], round(r["step_ms"], 2)) for r in rows])
 PY
-# --update-in-matmul on: the CPU runs the factored path too (the product, then AdamW on the CPU); the row says
-# how many parameters took it: q, k, v, o, w1, w2, w3 of both layers and the output projection.
-"$bench" --sizes tiny --ctx 32 --batch 2 --device cpu --warmup 1 --steps 2 --mode step-fused --update-in-matmul on \
+# --update-in-matmul (on by default): the CPU runs the factored path too (the product, then AdamW on the CPU);
+# the row says how many parameters took it: q, k, v, o, w1, w2, w3 of both layers and the output projection.
+"$bench" --sizes tiny --ctx 32 --batch 2 --device cpu --warmup 1 --steps 2 --mode step-fused \
   --json "$work/matmul.jsonl" >/dev/null 2>"$work/err.txt"
 grep -q "step-fused: 15 of 21 parameters updated inside their matmul" "$work/err.txt"
 grep -q '"updated_in_matmul": 15, "parameters": 21' "$work/matmul.jsonl"
+# off: every parameter on the side-stream path.
+"$bench" --sizes tiny --ctx 32 --batch 2 --device cpu --warmup 1 --steps 2 --mode step-fused --update-in-matmul off \
+  --json "$work/matmul_off.jsonl" >/dev/null 2>"$work/err.txt"
+if grep -q "updated inside their matmul" "$work/err.txt"; then
+  echo "--update-in-matmul off still updated parameters inside their matmul"
+  exit 1
+fi
+grep -q '"updated_in_matmul": 0, "parameters": 21' "$work/matmul_off.jsonl"
 echo "step-fused with the update in the matmuls ok"
 # --memory-timeline: the plot, the events, and a pytorch.org/memory_viz snapshot that replays to the same
 # active-memory curve as the events (what the viewer's "Active Memory Timeline" draws).
