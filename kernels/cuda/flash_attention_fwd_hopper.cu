@@ -445,16 +445,12 @@ PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
   return encoder;
 }
 
-}  // namespace
-
-bool make_tensor_map(CUtensorMap* map, const void* base, const AttentionStrides& s, const Params& p,
-                     int64_t d_head, int64_t batch, uint32_t rows) {
+// A 4-d bf16 tensor map (strides in bytes for dimensions 1 to 3) with boxes of 64 elements (128 bytes, the
+// 128-byte swizzle) x `rows` x 1 x 1.
+bool encode_bf16_map(CUtensorMap* map, const void* base, const cuuint64_t (&dims)[4],
+                     const cuuint64_t (&strides)[3], uint32_t rows) {
   const PFN_cuTensorMapEncodeTiled_v12000 encode = tensor_map_encoder();
   if (encode == nullptr) return false;
-  const cuuint64_t dims[4] = {static_cast<cuuint64_t>(d_head), static_cast<cuuint64_t>(p.seq),
-                              static_cast<cuuint64_t>(p.heads), static_cast<cuuint64_t>(batch)};
-  const cuuint64_t strides[3] = {static_cast<cuuint64_t>(s.seq) * 2, static_cast<cuuint64_t>(s.head) * 2,
-                                 static_cast<cuuint64_t>(s.batch) * 2};
   const cuuint32_t box[4] = {64, rows, 1, 1};
   const cuuint32_t element_strides[4] = {1, 1, 1, 1};
   return encode(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 4, const_cast<void*>(base), dims, strides, box,
@@ -462,19 +458,23 @@ bool make_tensor_map(CUtensorMap* map, const void* base, const AttentionStrides&
                 CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
+}  // namespace
+
+bool make_tensor_map(CUtensorMap* map, const void* base, const AttentionStrides& s, const Params& p,
+                     int64_t d_head, int64_t batch, uint32_t rows) {
+  const cuuint64_t dims[4] = {static_cast<cuuint64_t>(d_head), static_cast<cuuint64_t>(p.seq),
+                              static_cast<cuuint64_t>(p.heads), static_cast<cuuint64_t>(batch)};
+  const cuuint64_t strides[3] = {static_cast<cuuint64_t>(s.seq) * 2, static_cast<cuuint64_t>(s.head) * 2,
+                                 static_cast<cuuint64_t>(s.batch) * 2};
+  return encode_bf16_map(map, base, dims, strides, rows);
+}
+
 bool make_matrix_map(CUtensorMap* map, const void* base, int64_t cols, int64_t rows, int64_t row_stride,
                      uint32_t box_rows) {
-  const PFN_cuTensorMapEncodeTiled_v12000 encode = tensor_map_encoder();
-  if (encode == nullptr) return false;
   const cuuint64_t dims[4] = {static_cast<cuuint64_t>(cols), static_cast<cuuint64_t>(rows), 1, 1};
-  const cuuint64_t strides[3] = {static_cast<cuuint64_t>(row_stride) * 2,
-                                 static_cast<cuuint64_t>(row_stride * rows) * 2,
-                                 static_cast<cuuint64_t>(row_stride * rows) * 2};
-  const cuuint32_t box[4] = {64, box_rows, 1, 1};
-  const cuuint32_t element_strides[4] = {1, 1, 1, 1};
-  return encode(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 4, const_cast<void*>(base), dims, strides, box,
-                element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-                CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+  const cuuint64_t matrix_bytes = static_cast<cuuint64_t>(row_stride * rows) * 2;
+  const cuuint64_t strides[3] = {static_cast<cuuint64_t>(row_stride) * 2, matrix_bytes, matrix_bytes};
+  return encode_bf16_map(map, base, dims, strides, box_rows);
 }
 
 bool make_dq_accum_map(CUtensorMap* map, float* base, int64_t seq, int64_t d_head, int64_t batch_heads,

@@ -35,6 +35,7 @@
 #include <string>
 
 #include "kernels/cuda/adamw.cuh"
+#include "kernels/cuda/convert.cuh"
 #include "kernels/cuda/cuda_kernels.h"
 #include "kernels/cuda/hopper.cuh"
 #include "kernels/cuda/wgmma.cuh"
@@ -208,41 +209,33 @@ __device__ void update_tiles(const Params& a, const float* staging, uint64_t* st
     mbarrier_wait(staged, static_cast<uint32_t>(it) & 1);
 #pragma unroll 1
     for (int batch = 0; batch < kBatches; ++batch) {
-      float4 p[kPasses], m[kPasses], v[kPasses];
+      float p[kPasses][4], m[kPasses][4], v[kPasses][4];
 #pragma unroll
       for (int r = 0; r < kPasses; ++r) {
         const int row = (batch * kPasses + r) * kRowsPerPass + first_row;
         if (col_ok && at.m0 + row < w.out) {
-          const int64_t i = (at.m0 + row) * w.in + at.n0 + col;
-          p[r] = __ldcs(reinterpret_cast<const float4*>(w.param + i));
-          m[r] = __ldcs(reinterpret_cast<const float4*>(w.exp_avg + i));
-          v[r] = __ldcs(reinterpret_cast<const float4*>(w.exp_avg_sq + i));
+          const int64_t k = ((at.m0 + row) * w.in + at.n0 + col) / 4;  // in units of 4 elements
+          load4<true>(w.param, k, p[r]);
+          load4<true>(w.exp_avg, k, m[r]);
+          load4<true>(w.exp_avg_sq, k, v[r]);
         }
       }
 #pragma unroll
       for (int r = 0; r < kPasses; ++r) {
         const int row = (batch * kPasses + r) * kRowsPerPass + first_row;
         if (!col_ok || at.m0 + row >= w.out) continue;
-        float4 g = *reinterpret_cast<const float4*>(staging + row * T::kPitch + col);
-        if (a.round_grad_bf16) {
-          g.x = __bfloat162float(__float2bfloat16_rn(g.x));
-          g.y = __bfloat162float(__float2bfloat16_rn(g.y));
-          g.z = __bfloat162float(__float2bfloat16_rn(g.z));
-          g.w = __bfloat162float(__float2bfloat16_rn(g.w));
+        const float4 product = *reinterpret_cast<const float4*>(staging + row * T::kPitch + col);
+        const float g[4] = {product.x, product.y, product.z, product.w};
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          adamw_update(p[r][e], a.round_grad_bf16 ? __bfloat162float(__float2bfloat16_rn(g[e])) : g[e],
+                       m[r][e], v[r][e], f);
         }
-        adamw_update(p[r].x, g.x, m[r].x, v[r].x, f);
-        adamw_update(p[r].y, g.y, m[r].y, v[r].y, f);
-        adamw_update(p[r].z, g.z, m[r].z, v[r].z, f);
-        adamw_update(p[r].w, g.w, m[r].w, v[r].w, f);
-        const int64_t i = (at.m0 + row) * w.in + at.n0 + col;
-        __stcs(reinterpret_cast<float4*>(w.param + i), p[r]);
-        __stcs(reinterpret_cast<float4*>(w.exp_avg + i), m[r]);
-        __stcs(reinterpret_cast<float4*>(w.exp_avg_sq + i), v[r]);
-        if (w.bf16_copy != nullptr) {
-          const __nv_bfloat162 low[2] = {__floats2bfloat162_rn(p[r].x, p[r].y),
-                                         __floats2bfloat162_rn(p[r].z, p[r].w)};
-          __stcs(reinterpret_cast<uint2*>(w.bf16_copy + i), *reinterpret_cast<const uint2*>(low));
-        }
+        const int64_t k = ((at.m0 + row) * w.in + at.n0 + col) / 4;
+        store4<true>(w.param, k, p[r]);
+        store4<true>(w.exp_avg, k, m[r]);
+        store4<true>(w.exp_avg_sq, k, v[r]);
+        if (w.bf16_copy != nullptr) store4<true>(w.bf16_copy, k, p[r]);
       }
     }
     mbarrier_arrive(freed);
