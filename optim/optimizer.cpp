@@ -171,7 +171,7 @@ void AdamW::apply_on_cpu(size_t index, int64_t begin, const Tensor& grads) {
   }
 }
 
-bool AdamW::takes_factored_gradient(size_t index, const FactoredGradient& fg) const {
+bool AdamW::check_factored_gradient(size_t index, const FactoredGradient& fg) const {
   TT_CHECK(index < params_.size(), "AdamW: factored gradient for no parameter " + std::to_string(index));
   const Tensor& p = params_[index];
   const Tensor g = p.grad();
@@ -189,22 +189,27 @@ bool AdamW::takes_factored_gradient(size_t index, const FactoredGradient& fg) co
                " and " + x.describe() + " for " + p.describe());
   TT_CHECK(step_ >= 1, "AdamW: factored gradient before prepare_step()");
   if (!p.device().is_cuda()) return true;
+  return p.dtype() == DType::f32 && dy.dtype() == DType::bf16 && dy.is_contiguous() && x.is_contiguous() &&
+         (g.dtype() == DType::f32 || g.dtype() == DType::bf16);
+}
+
+bool AdamW::takes_factored_gradient(size_t index, const FactoredGradient& fg) const {
+  if (!check_factored_gradient(index, fg)) return false;
+  if (!params_[index].device().is_cuda()) return true;
 #ifdef TT_WITH_CUDA
-  if (p.dtype() != DType::f32 || dy.dtype() != DType::bf16 || !dy.is_contiguous() || !x.is_contiguous() ||
-      (g.dtype() != DType::f32 && g.dtype() != DType::bf16)) {
-    return false;
-  }
   return cuda::gemm_adamw_takes(
-      cuda_problem(params_[index], exp_avg_[index], exp_avg_sq_[index], current_mirror(), fg), dy.size(0));
+      cuda_problem(params_[index], exp_avg_[index], exp_avg_sq_[index], current_mirror(), fg), fg.dy.size(0));
 #else
   return false;
 #endif
 }
 
 void AdamW::apply_factored_gradients(size_t index, const std::vector<FactoredGradient>& grads, void* stream) {
+  // The arguments and dtypes only: the CUDA kernel checks each weight's layout itself as it encodes its
+  // tensor maps, which takes_factored_gradient has already done once.
   for (const FactoredGradient& fg : grads) {
     TT_CHECK(
-        takes_factored_gradient(index, fg),
+        check_factored_gradient(index, fg),
         "AdamW::apply_factored_gradients: a gradient its kernel does not take (ask takes_factored_gradient)");
   }
   if (grads.empty()) return;
@@ -240,14 +245,6 @@ void AdamW::apply_factored_gradients(size_t index, const std::vector<FactoredGra
     }
     apply_on_cpu(index, fg.begin, dw.view({-1}));
   }
-}
-
-bool AdamW::apply_factored_gradient(size_t index, int64_t begin, const Tensor& dy, const Tensor& x,
-                                    void* stream) {
-  std::vector<FactoredGradient> one{{begin, dy, x}};
-  if (!takes_factored_gradient(index, one[0])) return false;
-  apply_factored_gradients(index, one, stream);
-  return true;
 }
 
 double cosine_lr(int64_t it, double lr_max, double lr_min, int64_t warmup_steps, int64_t cosine_steps) {

@@ -78,10 +78,6 @@ class AdamW : public Optimizer {
   // apply_range's update. After prepare_step().
   void apply_factored_gradients(size_t index, const std::vector<FactoredGradient>& grads,
                                 void* stream = nullptr);
-  // One weight: false, having done nothing, where takes_factored_gradient does not take it (the caller
-  // computes the gradient and calls apply_range instead).
-  bool apply_factored_gradient(size_t index, int64_t begin, const Tensor& dy, const Tensor& x,
-                               void* stream = nullptr);
   size_t parameter_count() const { return params_.size(); }
   // Multiplies gradients by this device scalar (CUDA clipping without a host round trip); undefined = 1.
   void set_grad_scale(const Tensor& scale) { grad_scale_ = scale; }
@@ -107,6 +103,9 @@ class AdamW : public Optimizer {
   const Tensor* current_mirror() const;  // the bf16 mirror to write, or null
   // The CPU update of parameter `index` from `begin` on, with `grads` (1-D, the range's gradients).
   void apply_on_cpu(size_t index, int64_t begin, const Tensor& grads);
+  // Errors for a factored gradient that does not fit parameter `index` at all; whether its dtypes are the
+  // CUDA kernel's (always true on the CPU). takes_factored_gradient adds the kernel's layout check.
+  bool check_factored_gradient(size_t index, const FactoredGradient& g) const;
 };
 
 // Cosine schedule with linear warm-up (REFERENCE.md): it < warmup: max*it/warmup; it > cosine_steps: min.
