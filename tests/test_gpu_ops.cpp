@@ -590,24 +590,60 @@ TEST_CASE("bf16 weight mirror on CUDA: written by AdamW, eager and graph-replaye
   CHECK(graphed.bf16_mirror_is_current());
 }
 
+namespace {
+// Three copies of the tiny bf16 model (naive attention) on the GPU, starting from the same weights, each with
+// its flat parameters and AdamW: one for the plain step, two (eager and graph-captured) updated in backward;
+// and one batch of tokens.
+struct UpdateInBackwardRig {
+  UpdateInBackwardRig(DType grad_dtype, bool bf16_mirror, bool in_matmul)
+      : plain_model(config()),
+        fused_model(config()),
+        graph_model(config()),
+        plain(plain_model, gpu, 9),
+        fused(fused_model, gpu, 9),
+        graphed(graph_model, gpu, 9),
+        plain_opt({prepared(plain, grad_dtype, bf16_mirror)}),
+        fused_opt({prepared(fused, grad_dtype, bf16_mirror)}),
+        graph_opt({prepared(graphed, grad_dtype, bf16_mirror)}),
+        fused_update(fused, fused_opt, in_matmul),
+        graph_update(graphed, graph_opt, in_matmul) {
+    if (bf16_mirror) {
+      plain_opt.write_bf16_mirror(&plain);
+      fused_opt.write_bf16_mirror(&fused);
+      graph_opt.write_bf16_mirror(&graphed);
+    }
+    std::vector<int32_t> ids(2 * 32), targets(2 * 32);
+    CounterRng rng{6, 0};
+    for (auto& v : ids) v = static_cast<int32_t>(rng.next_below(200));
+    for (auto& v : targets) v = static_cast<int32_t>(rng.next_below(200));
+    x = Tensor::from_ints(ids, {2, 32}, gpu);
+    y = Tensor::from_ints(targets, {2, 32}, gpu);
+  }
+  static nn::ModelConfig config() { return tiny_bf16_config(nn::AttentionKind::naive); }
+  // The flat parameters, their gradient buffer and mirror set up before the optimizer sees them.
+  static Tensor prepared(nn::FlatParameters& f, DType grad_dtype, bool bf16_mirror) {
+    f.set_grad_dtype(grad_dtype);
+    if (bf16_mirror) f.enable_bf16_mirror();
+    return f.flat_params();
+  }
+
+  const Device gpu = Device::cuda(0);
+  nn::TransformerLM plain_model, fused_model, graph_model;
+  nn::FlatParameters plain, fused, graphed;
+  optim::AdamW plain_opt, fused_opt, graph_opt;
+  optim::UpdateInBackward fused_update, graph_update;
+  Tensor x, y;
+};
+}  // namespace
+
 TEST_CASE("AdamW fused into backward on CUDA (side stream; eager and graph-captured) equals the plain step") {
   // Naive attention: no atomics anywhere, so runs must agree bit for bit. f32 and bf16 gradient buffers.
   for (const DType grad_dtype : {DType::f32, DType::bf16}) {
     const std::string dtype_text = dtype_name(grad_dtype);
     CAPTURE(dtype_text);
-    const nn::ModelConfig config = tiny_bf16_config(nn::AttentionKind::naive);
-    const Device gpu = Device::cuda(0);
-    nn::TransformerLM plain_model(config), fused_model(config), graph_model(config);
-    nn::FlatParameters plain(plain_model, gpu, 9), fused(fused_model, gpu, 9), graphed(graph_model, gpu, 9);
-    for (nn::FlatParameters* f : {&plain, &fused, &graphed}) f->set_grad_dtype(grad_dtype);
-    optim::AdamW plain_opt({plain.flat_params()}), fused_opt({fused.flat_params()}),
-        graph_opt({graphed.flat_params()});
-    optim::UpdateInBackward fused_update(fused, fused_opt), graph_update(graphed, graph_opt);
-    std::vector<int32_t> ids(2 * 32), targets(2 * 32);
-    CounterRng rng{6, 0};
-    for (auto& v : ids) v = static_cast<int32_t>(rng.next_below(200));
-    for (auto& v : targets) v = static_cast<int32_t>(rng.next_below(200));
-    const Tensor x = Tensor::from_ints(ids, {2, 32}, gpu), y = Tensor::from_ints(targets, {2, 32}, gpu);
+    UpdateInBackwardRig rig(grad_dtype, false, false);
+    auto& [gpu, plain_model, fused_model, graph_model, plain, fused, graphed, plain_opt, fused_opt, graph_opt,
+           fused_update, graph_update, x, y] = rig;
     auto plain_step = [&] {
       plain_opt.prepare_step();
       plain_model.loss(x, y).backward();
@@ -747,25 +783,9 @@ TEST_CASE(
   for (const DType grad_dtype : {DType::f32, DType::bf16}) {
     const std::string dtype_text = dtype_name(grad_dtype);
     CAPTURE(dtype_text);
-    const nn::ModelConfig config = tiny_bf16_config(nn::AttentionKind::naive);
-    const Device gpu = Device::cuda(0);
-    nn::TransformerLM plain_model(config), fused_model(config), graph_model(config);
-    nn::FlatParameters plain(plain_model, gpu, 9), fused(fused_model, gpu, 9), graphed(graph_model, gpu, 9);
-    for (nn::FlatParameters* f : {&plain, &fused, &graphed}) {
-      f->set_grad_dtype(grad_dtype);
-      f->enable_bf16_mirror();
-    }
-    optim::AdamW plain_opt({plain.flat_params()}), fused_opt({fused.flat_params()}),
-        graph_opt({graphed.flat_params()});
-    plain_opt.write_bf16_mirror(&plain);
-    fused_opt.write_bf16_mirror(&fused);
-    graph_opt.write_bf16_mirror(&graphed);
-    optim::UpdateInBackward fused_update(fused, fused_opt, true), graph_update(graphed, graph_opt, true);
-    std::vector<int32_t> ids(2 * 32), targets(2 * 32);
-    CounterRng rng{6, 0};
-    for (auto& v : ids) v = static_cast<int32_t>(rng.next_below(200));
-    for (auto& v : targets) v = static_cast<int32_t>(rng.next_below(200));
-    const Tensor x = Tensor::from_ints(ids, {2, 32}, gpu), y = Tensor::from_ints(targets, {2, 32}, gpu);
+    UpdateInBackwardRig rig(grad_dtype, true, true);
+    auto& [gpu, plain_model, fused_model, graph_model, plain, fused, graphed, plain_opt, fused_opt, graph_opt,
+           fused_update, graph_update, x, y] = rig;
     // Each model's steps one after another: a gradient's zero mark lasts until the next backward pass of any
     // model ends, and the update inside the matmul is taken only for a .grad known to hold zeros.
     std::vector<double> plain_losses;

@@ -60,22 +60,29 @@ void launch_elementwise(const Op& op, int64_t n, bool vectorised, cudaStream_t s
   TT_CUDA_LAUNCH_CHECK();
 }
 
-// out = a + alpha * b, product and sum rounded separately (no fused multiply-add) so the result matches the
-// CPU twin bit for bit.
-struct AddOp {
-  const float* a;
-  const float* b;
-  float* out;
-  float alpha;
+// out = f(a, b) element by element, f a function object on f32 values.
+template <class T, class F>
+struct BinaryOp {
+  const T* a;
+  const T* b;
+  T* out;
+  F f;
   template <int W>
   __device__ void apply(int64_t k) const {
     float va[W], vb[W];
     load_w<W>(a, k, va);
     load_w<W>(b, k, vb);
 #pragma unroll
-    for (int j = 0; j < W; ++j) va[j] = __fadd_rn(va[j], __fmul_rn(alpha, vb[j]));
+    for (int j = 0; j < W; ++j) va[j] = f(va[j], vb[j]);
     store_w<W>(out, k, va);
   }
+};
+
+// a + alpha * b, product and sum rounded separately (no fused multiply-add) so the result matches the CPU
+// twin bit for bit.
+struct AddScaled {
+  float alpha;
+  __device__ float operator()(float a, float b) const { return __fadd_rn(a, __fmul_rn(alpha, b)); }
 };
 
 __global__ void scale_kernel(const float* a, float* out, int64_t n, float s) {
@@ -296,20 +303,8 @@ __device__ void swiglu_grads(float g, float a, float b, float& da, float& db) {
   da = g * b * sig * (1.0f + a * (1.0f - sig));
 }
 
-template <class T>
-struct SwigluForwardOp {
-  const T* a;
-  const T* b;
-  T* out;
-  template <int W>
-  __device__ void apply(int64_t k) const {
-    float va[W], vb[W];
-    load_w<W>(a, k, va);
-    load_w<W>(b, k, vb);
-#pragma unroll
-    for (int j = 0; j < W; ++j) va[j] = swiglu_value(va[j], vb[j]);
-    store_w<W>(out, k, va);
-  }
+struct Swiglu {
+  __device__ float operator()(float a, float b) const { return swiglu_value(a, b); }
 };
 
 template <class T, class G>
@@ -336,7 +331,8 @@ struct SwigluBackwardOp {
 
 void add(const float* a, const float* b, float* out, int64_t n, double alpha, cudaStream_t stream) {
   const bool vectorised = aligned4(a) && aligned4(b) && aligned4(out);
-  launch_elementwise<4>(AddOp{a, b, out, static_cast<float>(alpha)}, n, vectorised, stream);
+  launch_elementwise<4>(BinaryOp<float, AddScaled>{a, b, out, {static_cast<float>(alpha)}}, n, vectorised,
+                        stream);
 }
 
 void scale(const float* a, float* out, int64_t n, double s, cudaStream_t stream) {
@@ -501,7 +497,7 @@ namespace {
 template <class T>
 void launch_swiglu_forward(const T* a, const T* b, T* out, int64_t n, cudaStream_t stream) {
   const bool vectorised = aligned4(a) && aligned4(b) && aligned4(out);
-  launch_elementwise<4>(SwigluForwardOp<T>{a, b, out}, n, vectorised, stream);
+  launch_elementwise<4>(BinaryOp<T, Swiglu>{a, b, out, {}}, n, vectorised, stream);
 }
 }  // namespace
 
