@@ -103,7 +103,7 @@ struct UpdateInBackward::State {
       done[index] = true;
       ++hook_updates;
       ++matmul_updates;
-      mark_grad_zeroed(*params.parameters()[index].tensor);
+      mark_grad_zeroed(p);
       return;
     }
     check_first_gradient(index);

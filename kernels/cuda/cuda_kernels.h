@@ -119,12 +119,9 @@ void adamw_upload_factors(float* device_factors, double lr, double beta1, double
 void adamw_apply(float* param, const void* grad, bool grad_bf16, float* exp_avg, float* exp_avg_sq, int64_t n,
                  const float* device_factors, const float* grad_scale, double beta1, double beta2, double eps,
                  cudaStream_t stream, void* bf16_copy = nullptr);
-// The weight gradient of y = x W^T, dW = dy^T x (dy: tokens x out, x: tokens x in, bf16, rows ld_dy and ld_x
-// elements apart), applied at once as an AdamW step to W (out x in, row-major f32) and its moments, with the
-// factors adamw_upload_factors wrote; round_grad_bf16 rounds dW to bf16 first (as a bf16 gradient buffer
-// would hold it); bf16_copy (nullable) receives the updated W rounded to bf16. dW is never stored.
-// One weight for gemm_adamw: W (out, in) row-major f32 with its moments and optional bf16 copy, updated
-// from dW = dY^T X, dY (tokens, out) and X (tokens, in) bf16 with rows ld_dy and ld_x elements apart.
+// One weight for gemm_adamw: W (out, in) row-major f32 with its moments and optional bf16 copy (receives the
+// updated W rounded to bf16), updated from the weight gradient of y = x W^T, dW = dY^T X, with dY (tokens,
+// out) and X (tokens, in) bf16, rows ld_dy and ld_x elements apart. dW is never stored.
 struct GemmAdamwProblem {
   const void* dy;
   const void* x;
