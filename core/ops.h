@@ -36,13 +36,16 @@ Tensor matmul(const Tensor& a, const Tensor& b, bool trans_a = false, bool trans
 Tensor linear(const Tensor& x, const Tensor& weight);
 // Mixed precision: x and the weight are cast to `compute` (the weight's dtype or bf16) inside the op, the
 // product accumulates in f32 and is returned as `out` (f32, or bf16 when the consumer takes bf16 anyway).
-// x's gradient comes back in f32 (f64 for f64); the weight's is added straight into the weight's .grad when
-// it is a leaf with a dense .grad buffer (FlatParameters), else returned as usual.
-Tensor linear(const Tensor& x, const Tensor& weight, DType compute, DType out);
+// x's gradient comes back in f32 (f64 for f64), so that several consumers' gradients of one x add up in
+// f32; with narrow_x_grad a bf16 x's comes back in bf16, rounded once by the GEMM (for an x that feeds
+// nothing else, whose gradient meets only bf16 consumers). The weight's gradient is added straight into the
+// weight's .grad when it is a leaf with a dense .grad buffer (FlatParameters), else returned as usual.
+Tensor linear(const Tensor& x, const Tensor& weight, DType compute, DType out, bool narrow_x_grad = false);
 // residual + linear(x, weight, compute, f32 or f64): the residual (that dtype, the product's shape) is added
 // in the GEMM's epilogue, so a transformer's residual addition costs no pass of its own. The residual's
 // gradient is the incoming gradient itself, as add's is.
-Tensor linear_residual(const Tensor& residual, const Tensor& x, const Tensor& weight, DType compute);
+Tensor linear_residual(const Tensor& residual, const Tensor& x, const Tensor& weight, DType compute,
+                       bool narrow_x_grad = false);
 
 // --- model ops ---
 Tensor embedding(const Tensor& weight, const Tensor& ids);  // ids i32 (...), out (..., dim)

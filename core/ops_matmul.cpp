@@ -148,7 +148,8 @@ struct LinearNode : Node {
         // sum their three or two gradients without a separate addition.
         gemm_into(g, w, false, false, 1.0, 1.0, pending);
       } else {
-        dx = matmul_raw(g, w, false, false, 1.0, product);
+        // A bf16 dx is rounded by the GEMM itself (the same single rounding a cast would do).
+        dx = matmul_raw(g, w, false, false, 1.0, dx_dtype == DType::bf16 ? DType::bf16 : product);
         if (dx.dtype() != dx_dtype) dx = cast(dx, dx_dtype);
         dx = reshape(dx, x_shape);
       }
@@ -204,7 +205,7 @@ namespace {
 // the residual added by the GEMM's epilogue and its gradient the incoming one. `op` names the caller in
 // errors.
 Tensor linear_impl(const char* op, const Tensor& x, const Tensor& weight, DType compute, DType out,
-                   const Tensor* residual) {
+                   const Tensor* residual, bool narrow_x_grad) {
   const std::string name(op);
   TT_CHECK(weight.dim() == 2, name + ": weight must be 2-D, got " + weight.describe());
   TT_CHECK(x.size(-1) == weight.size(1), name + ": input features " + std::to_string(x.size(-1)) +
@@ -245,7 +246,9 @@ Tensor linear_impl(const char* op, const Tensor& x, const Tensor& weight, DType 
     node->x2 = x2;
     node->w = w;
     node->x_shape = x.shape();
-    node->dx_dtype = wide_dtype(x.dtype());
+    // Narrowed only where the product itself is bf16 (the GEMM rounds it); otherwise wide.
+    const bool narrow = narrow_x_grad && x.dtype() == DType::bf16 && compute == DType::bf16;
+    node->dx_dtype = narrow ? DType::bf16 : wide_dtype(x.dtype());
     node->dw_dtype = weight.dtype();
     node->residual = residual != nullptr;
     if (residual != nullptr) {
@@ -258,12 +261,13 @@ Tensor linear_impl(const char* op, const Tensor& x, const Tensor& weight, DType 
 }
 }  // namespace
 
-Tensor linear(const Tensor& x, const Tensor& weight, DType compute, DType out) {
-  return linear_impl("linear", x, weight, compute, out, nullptr);
+Tensor linear(const Tensor& x, const Tensor& weight, DType compute, DType out, bool narrow_x_grad) {
+  return linear_impl("linear", x, weight, compute, out, nullptr, narrow_x_grad);
 }
 
-Tensor linear_residual(const Tensor& residual, const Tensor& x, const Tensor& weight, DType compute) {
-  return linear_impl("linear_residual", x, weight, compute, wide_dtype(compute), &residual);
+Tensor linear_residual(const Tensor& residual, const Tensor& x, const Tensor& weight, DType compute,
+                       bool narrow_x_grad) {
+  return linear_impl("linear_residual", x, weight, compute, wide_dtype(compute), &residual, narrow_x_grad);
 }
 
 }  // namespace tt::ops

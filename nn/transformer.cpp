@@ -91,22 +91,23 @@ Init linear_init(int64_t in, int64_t out) {
 }
 }  // namespace
 
-Linear::Linear(int64_t in_features, int64_t out_features)
-    : weight_(register_parameter("weight", {out_features, in_features},
-                                 linear_init(in_features, out_features))) {}
+Linear::Linear(int64_t in_features, int64_t out_features, bool sole_consumer)
+    : weight_(
+          register_parameter("weight", {out_features, in_features}, linear_init(in_features, out_features))),
+      sole_consumer_(sole_consumer) {}
 
 Tensor Linear::forward(const Tensor& x, Precision precision, bool narrow_output) const {
   if (precision == Precision::bf16) {
     // Mixed precision: bf16 operands, f32 accumulation; the f32 weight stays the master copy (its gradient
     // is accumulated in f32 straight into the flat gradient buffer).
-    return ops::linear(x, weight_, DType::bf16, narrow_output ? DType::bf16 : DType::f32);
+    return ops::linear(x, weight_, DType::bf16, narrow_output ? DType::bf16 : DType::f32, sole_consumer_);
   }
   return ops::linear(x, weight_);
 }
 
 Tensor Linear::forward_add(const Tensor& x, const Tensor& residual, Precision precision) const {
   return ops::linear_residual(residual, x, weight_,
-                              precision == Precision::bf16 ? DType::bf16 : weight_.dtype());
+                              precision == Precision::bf16 ? DType::bf16 : weight_.dtype(), sole_consumer_);
 }
 
 Embedding::Embedding(int64_t vocab_size, int64_t dim)
@@ -127,8 +128,9 @@ CausalSelfAttention::CausalSelfAttention(const ModelConfig& config)
       q_proj_(register_module("q_proj", std::make_unique<Linear>(config.d_model, config.d_model))),
       k_proj_(register_module("k_proj", std::make_unique<Linear>(config.d_model, config.d_model))),
       v_proj_(register_module("v_proj", std::make_unique<Linear>(config.d_model, config.d_model))),
-      output_proj_(register_module("output_proj", std::make_unique<Linear>(config.d_model, config.d_model))) {
-}
+      // The heads' merged output feeds nothing but output_proj.
+      output_proj_(
+          register_module("output_proj", std::make_unique<Linear>(config.d_model, config.d_model, true))) {}
 
 Tensor CausalSelfAttention::forward(const Tensor& x, const Tensor& residual) const {
   const NvtxRange range("attention");
@@ -163,7 +165,7 @@ Tensor CausalSelfAttention::forward(const Tensor& x, const Tensor& residual) con
 
 SwiGLU::SwiGLU(int64_t d_model, int64_t d_ff)
     : w1_(register_module("w1", std::make_unique<Linear>(d_model, d_ff))),
-      w2_(register_module("w2", std::make_unique<Linear>(d_ff, d_model))),
+      w2_(register_module("w2", std::make_unique<Linear>(d_ff, d_model, true))),  // the gate feeds only w2
       w3_(register_module("w3", std::make_unique<Linear>(d_model, d_ff))) {}
 
 Tensor SwiGLU::forward(const Tensor& x, Precision precision, const Tensor& residual) const {

@@ -46,7 +46,9 @@ std::vector<std::string> preset_names();
 
 class Linear : public Module {
  public:
-  Linear(int64_t in_features, int64_t out_features);
+  // sole_consumer: the layer is the only consumer of its input (a sublayer's inner activation), so in bf16
+  // the input's gradient is returned in bf16 (ops::linear's narrow_x_grad), as its producer takes it.
+  Linear(int64_t in_features, int64_t out_features, bool sole_consumer = false);
   // bf16: bf16 operands, f32 accumulation, f32 output (bf16 with narrow_output, for a bf16 consumer).
   Tensor forward(const Tensor& x, Precision precision, bool narrow_output = false) const;
   // residual + forward(x), the residual (f32, the output's shape) added in the matmul's epilogue.
@@ -55,6 +57,7 @@ class Linear : public Module {
 
  private:
   Tensor& weight_;
+  bool sole_consumer_;
 };
 
 class Embedding : public Module {

@@ -327,6 +327,12 @@ TEST_CASE("CUDA fused-precision ops equal their CPU twins: bf16 outputs of matmu
                       {randn({4, 16, 96}, 64), randn({80, 96}, 65), randn({4, 16, 80}, 66)}) <
           (compute == DType::f32 ? kF32 : kBf16));
   }
+  // A sole consumer's bf16 input gradient, rounded by cuBLASLt's epilogue (narrow_x_grad).
+  CHECK(cuda_vs_cpu(
+            [&](const auto& in) {
+              return ops::linear_residual(in[2], ops::cast(in[0], DType::bf16), in[1], DType::bf16, true);
+            },
+            {randn({4, 16, 96}, 67), randn({80, 96}, 68), randn({4, 16, 80}, 69)}) < kBf16);
   // The weight gradient added in place into a pre-assigned .grad (beta = 1 in cuBLASLt) on both devices.
   for (DType compute : {DType::f32, DType::bf16}) {
     CAPTURE(static_cast<int>(compute));

@@ -425,6 +425,32 @@ TEST_CASE("mixed-precision linear: bf16 operands, f32 or bf16 output, f32 gradie
   CHECK(testing::relative_error(w2.grad().to_doubles(), w.grad().to_doubles()) < 1e-6);
 }
 
+TEST_CASE("narrow_x_grad: a bf16 input's gradient comes back in bf16, the wide one rounded once") {
+  const Tensor w = testing::random_tensor({9, 16}, 102, DType::f32),
+               r = testing::random_tensor({3, 7, 9}, 103, DType::f32);
+  // x reaches the matmul through a cast to bf16, whose backward widens whatever gradient arrives.
+  auto input_grad = [&](bool narrow, DType compute, bool residual) {
+    Tensor x = testing::random_tensor({3, 7, 16}, 104, DType::f32);
+    x.set_requires_grad(true);
+    const Tensor xb = ops::cast(x, DType::bf16);
+    const Tensor y = residual ? ops::linear_residual(r, xb, w, compute, narrow)
+                              : ops::linear(xb, w, compute, DType::f32, narrow);
+    ops::sum(ops::mul(y, testing::random_tensor({3, 7, 9}, 105, DType::f32))).backward();
+    return x.grad().to_floats();
+  };
+  for (bool residual : {false, true}) {
+    CAPTURE(residual);
+    const std::vector<float> wide = input_grad(false, DType::bf16, residual);
+    const std::vector<float> narrow = input_grad(true, DType::bf16, residual);
+    const std::vector<float> rounded =
+        ops::cast(ops::cast(Tensor::from_floats(wide, {3, 7, 16}), DType::bf16), DType::f32).to_floats();
+    CHECK(narrow == rounded);
+    CHECK(narrow != wide);  // random values: rounding them to bf16 changes some
+    // Computed in f32 (the product is f32, not rounded by the GEMM), the gradient stays wide.
+    CHECK(input_grad(true, DType::f32, residual) == input_grad(false, DType::f32, residual));
+  }
+}
+
 TEST_CASE("a bf16 .grad marked zero is overwritten with the f32 gradient rounded once; unmarked, added to") {
   const int64_t rows = 2, in = 64, out = 48;
   const Tensor x = testing::random_tensor({rows, in}, 110, DType::f32);

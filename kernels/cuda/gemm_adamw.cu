@@ -77,7 +77,8 @@ struct Problem {
   float* exp_avg_sq;
   bf16* bf16_copy;  // nullable: W rounded to bf16, same layout
   int64_t out, in;
-  int tiles_n, first_tile;
+  int tiles_m, tiles_n, first_tile;
+  bool along_rows;  // consecutive tiles step down the weight's rows instead of along its columns
 };
 
 struct Params {
@@ -93,7 +94,7 @@ struct Params {
 #if TT_HAVE_WGMMA
 
 // Where tile number `tile` lies: its weight, and its first row and column there. Consecutive tiles (side by
-// side on the SMs) step along the weight's columns, sharing dY's columns.
+// side on the SMs) step along the weight's columns, sharing dY's columns, or down its rows, sharing X's.
 struct TileAt {
   int problem;
   int64_t m0, n0;
@@ -101,9 +102,11 @@ struct TileAt {
 __device__ inline TileAt locate(const Params& p, int tile) {
   int q = 0;
   while (q + 1 < p.problems && tile >= p.problem[q + 1].first_tile) ++q;
-  const int local = tile - p.problem[q].first_tile, tiles_n = p.problem[q].tiles_n;
-  return {q, static_cast<int64_t>(local / tiles_n) * Tile::M,
-          static_cast<int64_t>(local % tiles_n) * Tile::N};
+  const Problem& w = p.problem[q];
+  const int local = tile - w.first_tile;
+  const int tm = w.along_rows ? local % w.tiles_m : local / w.tiles_n;
+  const int tn = w.along_rows ? local / w.tiles_m : local % w.tiles_n;
+  return {q, static_cast<int64_t>(tm) * Tile::M, static_cast<int64_t>(tn) * Tile::N};
 }
 
 // The product warpgroups: the tiles' products, staged one after another.
@@ -331,7 +334,14 @@ void gemm_adamw(const GemmAdamwProblem* problems, int count, int64_t tokens, boo
     w.bf16_copy = static_cast<bf16*>(q.bf16_copy);
     w.out = q.out;
     w.in = q.in;
+    w.tiles_m = static_cast<int>(ceil_div(q.out, Tile::M));
     w.tiles_n = static_cast<int>(ceil_div(q.in, Tile::N));
+    // Every round of tiles (one per SM) reads all of the operand that consecutive tiles do not share, X
+    // (tokens x in) when they step along the columns, dY (tokens x out) when they step down the rows, and
+    // between rounds more parameter and moment bytes than L2 holds stream past it: let it be the smaller
+    // one. For a 2560 x 10240 w2 that is 5 MB of dY instead of 21 MB of X; over a 2.7b step the kernel's
+    // DRAM traffic fell from 96.6 to 90.8 GB.
+    w.along_rows = w.tiles_n > w.tiles_m;
     w.first_tile = static_cast<int>(tiles);
     tiles += own;
     TT_CHECK(tiles < (int64_t{1} << 31), "gemm_adamw: more than 2^31 tiles in one launch");
