@@ -145,7 +145,10 @@ void AccumulateGrad::accumulate_tensor(const Tensor& grad_output) {
     // Adopt the incoming buffer when nothing else can see it: the engine's reference and ours are the only
     // handles (add's backward hands one tensor to both inputs, which shows up as a third), and it is a whole,
     // dense storage. Otherwise copy. Models pre-assign .grad views of a flat buffer and take the add below.
-    leaf_.set_grad(held_only_by(g, 2) ? g : g.clone());
+    // A bf16 copy that came with it (RMSNorm's) is dropped: later passes add into .grad in place.
+    const bool adopt = held_only_by(g, 2);
+    if (adopt) g.set_low_precision_copy(Tensor());
+    leaf_.set_grad(adopt ? g : g.clone());
   } else if (existing.dtype() != DType::bf16 || g.dtype() == DType::bf16) {
     ops::add_into(existing, g);  // a wider buffer takes the gradient widened
   } else if (was_zero) {
@@ -222,7 +225,11 @@ void run_backward(const Tensor& root, const Tensor& grad) {
         auto it = pending.find(node->next[i].get());
         // Only a buffer nobody else can see (add's backward hands one tensor to both of its inputs, so the
         // residual stream's gradient becomes writable once the other branch has consumed its handle).
-        if (it != pending.end() && held_only_by(it->second, 1)) node->pending_grads[i] = it->second;
+        if (it != pending.end() && held_only_by(it->second, 1)) {
+          node->pending_grads[i] = it->second;
+          // The node may add into it, which would leave a bf16 copy of its values stale (it may set one).
+          it->second.set_low_precision_copy(Tensor());
+        }
       }
     }
     std::vector<Tensor> input_grads;

@@ -136,7 +136,12 @@ struct LinearNode : Node {
   std::vector<Tensor> apply(const Tensor& grad) override {
     const int64_t out_features = w.size(0);
     Tensor g = reshape(detail::dense(grad), {x2.size(0), out_features});
-    if (g.dtype() != w.dtype()) g = cast(g, w.dtype());
+    if (g.dtype() != w.dtype()) {
+      // A bf16 copy its producer wrote beside it (RMSNorm's backward, for the residual stream) saves the
+      // cast.
+      const Tensor& kept = grad.low_precision_copy();
+      g = kept.defined() && kept.dtype() == w.dtype() ? reshape(kept, g.shape()) : cast(g, w.dtype());
+    }
     Tensor dx, dw;
     if (next[0]) {
       // The product's own wide dtype, then x's if x came in another (an f64 x against f32 weights).

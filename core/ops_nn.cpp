@@ -36,6 +36,10 @@ struct EmbeddingNode : Node {
 // ------------------------------------------------------------------------------------------------ RMSNorm
 struct RmsNormNode : Node {
   Tensor x, weight, inv_rms;
+  // The output was bf16, so the model computes in bf16: x's gradient (a residual stream's) then feeds the
+  // previous sublayer's bf16 matmul, and the CUDA kernel hands it a bf16 copy as well (low_precision_copy),
+  // which saves that matmul a cast.
+  bool bf16_dx_copy = false;
   const char* name() const override { return "RMSNorm"; }
   bool accumulates_in_place() const override { return true; }
   std::vector<Tensor> apply(const Tensor& grad) override {
@@ -56,10 +60,13 @@ struct RmsNormNode : Node {
     }
     const bool direct_dw = dw.defined() && known_zero;
     if (!direct_dw) dw = Tensor::empty(weight.shape(), weight.dtype(), weight.device());
+    Tensor copy;
     if (x.device().is_cuda()) {
+      if (bf16_dx_copy) copy = Tensor::empty(x.shape(), DType::bf16, x.device());
       TT_CUDA_ONLY(cuda::rms_norm_backward(g.data<float>(), x.data<float>(), weight.data<float>(),
                                            inv_rms.data<float>(), dx.data<float>(), dw.raw_data(), rows, dim,
-                                           detail::stream_of(x), into_pending, dw.dtype()));
+                                           detail::stream_of(x), into_pending, dw.dtype(),
+                                           copy.defined() ? copy.raw_data() : nullptr));
     } else {
       // A bf16 target takes the wide gradient rounded once, as on the GPU.
       Tensor dw_wide =
@@ -73,7 +80,9 @@ struct RmsNormNode : Node {
       if (into_pending) add_into(pending, dx);  // the engine's own sum, done here
     }
     if (direct_dw) note_direct_contribution(next[1]);
-    return {into_pending ? Tensor() : reshape(dx, x.shape()), direct_dw ? Tensor() : dw};
+    Tensor dx_out = into_pending ? Tensor() : reshape(dx, x.shape());
+    if (copy.defined()) (into_pending ? pending : dx_out).set_low_precision_copy(copy);
+    return {dx_out, direct_dw ? Tensor() : dw};
   }
   void release_saved() override { x = weight = inv_rms = Tensor(); }
 };
@@ -268,6 +277,7 @@ Tensor rms_norm(const Tensor& x_in, const Tensor& weight, double eps, DType out)
     node->x = x;
     node->weight = weight;
     node->inv_rms = inv_rms;
+    node->bf16_dx_copy = out == DType::bf16 && x.dtype() == DType::f32;
     attach_node(y, node, {&x_in, &weight});
   }
   return y;

@@ -108,9 +108,10 @@ class Tensor {
   void remove_grad_ready_hook(uint64_t handle) const;
   const std::string& name() const;
   Tensor& set_name(const std::string& name);
-  // A bf16 copy of this tensor's values that whoever changes them keeps current (FlatParameters' bf16
-  // mirror, written by AdamW with each update). ops::linear computing in bf16 reads it instead of casting
-  // the weight. Undefined unless set.
+  // A bf16 copy of this tensor's values that whoever changes them keeps current or drops: FlatParameters'
+  // bf16 mirror, written by AdamW with each update, and read by ops::linear computing in bf16 instead of
+  // casting the weight; a residual stream's gradient written by RMSNorm's backward (the autograd engine drops
+  // it before it lets a node add into that gradient), read by the matmul it feeds. Undefined unless set.
   const Tensor& low_precision_copy() const;
   void set_low_precision_copy(const Tensor& copy) const;
 

@@ -392,6 +392,59 @@ TEST_CASE("CUDA gradients added in place (GEMM with beta = 1, RMSNorm accumulati
   }
 }
 
+TEST_CASE(
+    "CUDA RMSNorm hands a bf16 model's residual gradient a bf16 copy, which the matmul it feeds takes") {
+  const Device gpu = Device::cuda(0);
+#ifdef TT_WITH_CUDA
+  // The kernel: the copy is the final dx (after the in-place addition) rounded once; d 66 goes element by
+  // element.
+  for (int64_t d : {int64_t{64}, int64_t{66}}) {
+    CAPTURE(d);
+    const Tensor x = randn({40, d}, 150).to(gpu), dy = randn({40, d}, 151).to(gpu),
+                 w = randn({d}, 152).to(gpu);
+    Tensor inv_rms = Tensor::empty({40}, DType::f32, gpu), y = Tensor::empty({40, d}, DType::bf16, gpu);
+    Tensor dx = randn({40, d}, 153).to(gpu), dw = Tensor::empty({d}, DType::f32, gpu);
+    const Tensor copy = ops::cast(Tensor::full({40, d}, NAN, DType::f32, gpu), DType::bf16);
+    const cudaStream_t s = static_cast<cudaStream_t>(compute_stream(0));
+    cuda::rms_norm_forward(x.data<float>(), w.data<float>(), y.raw_data(), DType::bf16, inv_rms.data<float>(),
+                           40, d, 1e-5, s);
+    cuda::rms_norm_backward(dy.data<float>(), x.data<float>(), w.data<float>(), inv_rms.data<float>(),
+                            dx.data<float>(), dw.raw_data(), 40, d, s, true, DType::f32, copy.raw_data());
+    CHECK(copy.to_floats() == ops::cast(dx, DType::bf16).to_floats());
+  }
+#endif
+  // In a graph: h = x + ln1(x) W1^T, out = h + ln2(h) W2^T in bf16. ln2's backward adds into h's gradient
+  // (the residual's) and hands W1's backward the bf16 copy; the gradients equal the CPU's, which casts.
+  const int64_t rows = 48, d = 64;
+  auto net = [&](const std::vector<Tensor>& in) {
+    const Tensor h =
+        ops::linear_residual(in[0], ops::rms_norm(in[0], in[1], 1e-5, DType::bf16), in[2], DType::bf16);
+    return ops::linear_residual(h, ops::rms_norm(h, in[3], 1e-5, DType::bf16), in[4], DType::bf16);
+  };
+  const std::vector<Tensor> inputs = {randn({rows, d}, 154), randn({d}, 155), randn({d, d}, 156, 0.2),
+                                      randn({d}, 157), randn({d, d}, 158, 0.2)};
+  CHECK(cuda_vs_cpu(net, inputs) < 1e-2);
+  // Only W2's backward (whose incoming gradient is the root's) casts an x-sized gradient to bf16.
+  std::vector<Tensor> on_gpu;
+  for (const Tensor& t : inputs) {
+    on_gpu.push_back(t.to(gpu));
+    on_gpu.back().set_requires_grad(true);
+  }
+  // A scalar root, as a loss is: the gradients flowing back are then the engine's own, free to add into.
+  const Tensor out = ops::sum(ops::swiglu(net(on_gpu), randn({rows, d}, 159).to(gpu)));
+  int casts = 0, copies = 0;
+  set_memory_recorder([&](const MemoryEvent& e) {
+    if (!e.is_alloc || e.bytes != rows * d * 2) return;
+    if (e.tag == "Linear") ++casts;
+    if (e.tag == "RMSNorm") ++copies;
+  });
+  out.backward();
+  set_memory_recorder(nullptr);
+  CHECK(casts == 1);
+  CHECK(copies == 2);
+  CHECK(on_gpu[0].grad().low_precision_copy().defined() == false);  // dropped as x's .grad adopted it
+}
+
 TEST_CASE("CUDA RMSNorm writes its weight gradient into a zero-marked .grad, f32 or bf16 (rounded once)") {
   const Device gpu = Device::cuda(0);
   // 300 rows: blocks of two rows in the two-stage dw sum; 5 rows: a block per row.

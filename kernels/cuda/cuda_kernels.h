@@ -63,10 +63,11 @@ void embedding_backward(const float* grad_out, const int32_t* ids, float* grad_w
 void rms_norm_forward(const float* x, const float* w, void* y, DType y_type, float* inv_rms, int64_t rows,
                       int64_t dim, double eps, cudaStream_t stream);
 // accumulate_dx: dx += the gradient (a separate addition's rounding) instead of dx = the gradient. dw is f32,
-// or bf16 (dw_type; a bf16 gradient buffer takes the f32 sum rounded once).
+// or bf16 (dw_type; a bf16 gradient buffer takes the f32 sum rounded once). dx_bf16 (nullable): also the
+// final dx rounded to bf16, for bf16 consumers.
 void rms_norm_backward(const float* dy, const float* x, const float* w, const float* inv_rms, float* dx,
                        void* dw, int64_t rows, int64_t dim, cudaStream_t stream, bool accumulate_dx = false,
-                       DType dw_type = DType::f32);
+                       DType dw_type = DType::f32, void* dx_bf16 = nullptr);
 
 // x and y each f32 or bf16 (x_type, y_type): computed in f32, a bf16 y rounded once.
 void rope(const void* x, DType x_type, void* y, DType y_type, int64_t batch, int64_t seq, int64_t dim,

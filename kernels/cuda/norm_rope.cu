@@ -394,8 +394,8 @@ __device__ inline float rms_dx(float inv, float w, float dy, float coef, float x
 }
 __global__ void __launch_bounds__(1024)
     rms_norm_backward_kernel(const float* dy, const float* x, const float* w, const float* inv_rms, float* dx,
-                             float* partials, int64_t rows, int64_t dim, int64_t rows_per_block,
-                             bool accumulate, bool vec, bool in_shared) {
+                             __nv_bfloat16* dx_bf16, float* partials, int64_t rows, int64_t dim,
+                             int64_t rows_per_block, bool accumulate, bool vec, bool in_shared) {
   extern __shared__ float4 shared4[];  // declared as float4 for 16-byte alignment
   float* const own_partials = partials + static_cast<int64_t>(blockIdx.x) * dim;
   float* const acc = in_shared ? reinterpret_cast<float*>(shared4) : own_partials;
@@ -409,6 +409,7 @@ __global__ void __launch_bounds__(1024)
     const float* xr = x + row * dim;
     const float* dyr = dy + row * dim;
     float* dxr = dx + row * dim;
+    __nv_bfloat16* dxr_bf16 = dx_bf16 != nullptr ? dx_bf16 + row * dim : nullptr;
     const float inv = inv_rms[row];
     float dot = 0;
     if (vec) {
@@ -444,11 +445,13 @@ __global__ void __launch_bounds__(1024)
           out[e] = accumulate ? __fadd_rn(out[e], v) : v;
         }
         store4(dxr, k, out);
+        if (dxr_bf16 != nullptr) store4(dxr_bf16, k, out);
       }
     } else {
       for (int64_t j = threadIdx.x; j < dim; j += blockDim.x) {
         const float v = rms_dx(inv, w[j], dyr[j], coef, xr[j]);
         dxr[j] = accumulate ? __fadd_rn(dxr[j], v) : v;
+        if (dxr_bf16 != nullptr) dxr_bf16[j] = __float2bfloat16_rn(dxr[j]);
       }
     }
   }
@@ -680,14 +683,14 @@ void rms_norm_forward(const float* x, const float* w, void* y, DType y_type, flo
 
 void rms_norm_backward(const float* dy, const float* x, const float* w, const float* inv_rms, float* dx,
                        void* dw, int64_t rows, int64_t dim, cudaStream_t stream, bool accumulate_dx,
-                       DType dw_type) {
+                       DType dw_type, void* dx_bf16) {
   TT_CHECK(dw_type == DType::f32 || dw_type == DType::bf16, "cuda::rms_norm_backward: dw is f32 or bf16");
   if (dim == 0) return;
   if (rows == 0) {
     TT_CUDA_CHECK(cudaMemsetAsync(dw, 0, static_cast<size_t>(dim) * dtype_size(dw_type), stream));
     return;
   }
-  const bool vec = rms_vec(dim, {{dy, 4}, {x, 4}, {w, 4}, {dx, 4}});
+  const bool vec = rms_vec(dim, {{dy, 4}, {x, 4}, {w, 4}, {dx, 4}, {dx_bf16, 2}});
   // The block's partial sums in shared memory when a row's floats fit beside the kernel's static 128 bytes
   // (beyond 48 KiB a kernel must opt in, per device, up to the device's limit), else in global memory.
   size_t shared = static_cast<size_t>(dim) * sizeof(float);
@@ -712,7 +715,8 @@ void rms_norm_backward(const float* dy, const float* x, const float* w, const fl
   const int64_t units = vec ? dim / 4 : dim;
   const int threads = static_cast<int>(std::clamp<int64_t>((units + 31) / 32 * 32, 128, 1024));
   rms_norm_backward_kernel<<<static_cast<unsigned int>(blocks), threads, shared, stream>>>(
-      dy, x, w, inv_rms, dx, partials, rows, dim, rows_per_block, accumulate_dx, vec, in_shared);
+      dy, x, w, inv_rms, dx, static_cast<__nv_bfloat16*>(dx_bf16), partials, rows, dim, rows_per_block,
+      accumulate_dx, vec, in_shared);
   TT_CUDA_LAUNCH_CHECK();
   const dim3 grid(static_cast<unsigned int>((dim + kSumTileColumns - 1) / kSumTileColumns));
   const dim3 block(kSumTileColumns, kSumRowLanes);
