@@ -61,6 +61,33 @@ Tensor randn(const Shape& shape, uint32_t seed, double scale = 1.0) {
 
 constexpr double kF32 = 1e-5;
 
+// Copies of `inputs` on the GPU, each a leaf that requires grad.
+std::vector<Tensor> gpu_leaves(const std::vector<Tensor>& inputs) {
+  std::vector<Tensor> out;
+  for (const Tensor& t : inputs) {
+    out.push_back(t.to(Device::cuda(0)));
+    out.back().set_requires_grad(true);
+  }
+  return out;
+}
+
+// root.backward(), counting the allocations of lo to hi - 1 bytes that Linear and RMSNorm backward nodes make
+// meanwhile (the caching allocator reports sizes rounded up to its 512-byte granularity).
+struct BackwardAllocations {
+  int linear = 0, norm = 0;
+};
+BackwardAllocations backward_allocations(const Tensor& root, int64_t lo, int64_t hi) {
+  BackwardAllocations counts;
+  set_memory_recorder([&](const MemoryEvent& e) {
+    if (!e.is_alloc || e.bytes < lo || e.bytes >= hi) return;
+    if (e.tag == "Linear") ++counts.linear;
+    if (e.tag == "RMSNorm") ++counts.norm;
+  });
+  root.backward();
+  set_memory_recorder(nullptr);
+  return counts;
+}
+
 }  // namespace
 
 TEST_CASE("CUDA elementwise ops equal the CPU") {
@@ -371,24 +398,12 @@ TEST_CASE("CUDA gradients added in place (GEMM with beta = 1, RMSNorm accumulati
     CHECK(cuda_vs_cpu(block, inputs) < (bf16 ? 1e-2 : kF32));
     // On CUDA neither the second and third linears nor the norms allocate an x-sized gradient of their own.
     const int64_t x_bytes = 2 * 24 * d * 4;
-    int linear_allocs = 0, norm_allocs = 0;
-    std::vector<Tensor> gpu;
-    for (const Tensor& t : inputs) {
-      gpu.push_back(t.to(Device::cuda(0)));
-      gpu.back().set_requires_grad(true);
-    }
     // A scalar root, as a loss is: the gradients flowing back are then the engine's own.
-    const Tensor out = ops::sum(ops::swiglu(block(gpu), randn({2, 24, d}, 138).to(Device::cuda(0))));
-    set_memory_recorder([&](const MemoryEvent& e) {
-      // The caching allocator reports sizes rounded up to its 512-byte granularity.
-      if (!e.is_alloc || e.bytes < x_bytes || e.bytes >= x_bytes + 512) return;
-      if (e.tag == "Linear") ++linear_allocs;
-      if (e.tag == "RMSNorm") ++norm_allocs;
-    });
-    out.backward();
-    set_memory_recorder(nullptr);
-    CHECK(linear_allocs == 2);
-    CHECK(norm_allocs == 0);
+    const Tensor out =
+        ops::sum(ops::swiglu(block(gpu_leaves(inputs)), randn({2, 24, d}, 138).to(Device::cuda(0))));
+    const BackwardAllocations allocs = backward_allocations(out, x_bytes, x_bytes + 512);
+    CHECK(allocs.linear == 2);
+    CHECK(allocs.norm == 0);
   }
 }
 
@@ -424,24 +439,14 @@ TEST_CASE(
   const std::vector<Tensor> inputs = {randn({rows, d}, 154), randn({d}, 155), randn({d, d}, 156, 0.2),
                                       randn({d}, 157), randn({d, d}, 158, 0.2)};
   CHECK(cuda_vs_cpu(net, inputs) < 1e-2);
-  // Only W2's backward (whose incoming gradient is the root's) casts an x-sized gradient to bf16.
-  std::vector<Tensor> on_gpu;
-  for (const Tensor& t : inputs) {
-    on_gpu.push_back(t.to(gpu));
-    on_gpu.back().set_requires_grad(true);
-  }
+  // Only W2's backward (whose incoming gradient is the root's) casts an x-sized gradient to bf16; both
+  // norms write a copy.
+  const std::vector<Tensor> on_gpu = gpu_leaves(inputs);
   // A scalar root, as a loss is: the gradients flowing back are then the engine's own, free to add into.
   const Tensor out = ops::sum(ops::swiglu(net(on_gpu), randn({rows, d}, 159).to(gpu)));
-  int casts = 0, copies = 0;
-  set_memory_recorder([&](const MemoryEvent& e) {
-    if (!e.is_alloc || e.bytes != rows * d * 2) return;
-    if (e.tag == "Linear") ++casts;
-    if (e.tag == "RMSNorm") ++copies;
-  });
-  out.backward();
-  set_memory_recorder(nullptr);
-  CHECK(casts == 1);
-  CHECK(copies == 2);
+  const BackwardAllocations bf16_grads = backward_allocations(out, rows * d * 2, rows * d * 2 + 512);
+  CHECK(bf16_grads.linear == 1);
+  CHECK(bf16_grads.norm == 2);
   CHECK(on_gpu[0].grad().low_precision_copy().defined() == false);  // dropped as x's .grad adopted it
 }
 
