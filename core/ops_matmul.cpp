@@ -102,6 +102,14 @@ Tensor matmul_raw(const Tensor& a, const Tensor& b, bool trans_a, bool trans_b, 
   return matmul_raw(a, b, trans_a, trans_b, alpha, wide_dtype(a.dtype()));
 }
 
+// t in `dtype`: itself, the bf16 copy kept beside it (Tensor::low_precision_copy: a weight's mirror, a
+// residual gradient's copy from RMSNorm) when that is the dtype asked for, or else a cast.
+Tensor in_dtype(const Tensor& t, DType dtype) {
+  if (t.dtype() == dtype) return t;
+  const Tensor& kept = t.low_precision_copy();
+  return kept.defined() && kept.dtype() == dtype ? kept : cast(t, dtype);
+}
+
 struct MatmulNode : Node {
   Tensor a, b;
   bool trans_a = false, trans_b = false;
@@ -135,13 +143,7 @@ struct LinearNode : Node {
   bool accumulates_in_place() const override { return true; }
   std::vector<Tensor> apply(const Tensor& grad) override {
     const int64_t out_features = w.size(0);
-    Tensor g = reshape(detail::dense(grad), {x2.size(0), out_features});
-    if (g.dtype() != w.dtype()) {
-      // A bf16 copy its producer wrote beside it (RMSNorm's backward, for the residual stream) saves the
-      // cast.
-      const Tensor& kept = grad.low_precision_copy();
-      g = kept.defined() && kept.dtype() == w.dtype() ? reshape(kept, g.shape()) : cast(g, w.dtype());
-    }
+    const Tensor g = reshape(detail::dense(in_dtype(grad, w.dtype())), {x2.size(0), out_features});
     Tensor dx, dw;
     if (next[0]) {
       // The product's own wide dtype, then x's if x came in another (an f64 x against f32 weights).
@@ -234,10 +236,7 @@ Tensor linear_impl(const char* op, const Tensor& x, const Tensor& weight, DType 
     NoGradGuard no_grad;
     x2 = reshape(detail::dense(x.dtype() == compute ? x : cast(x, compute)), {rows, in});
     // A kept-current bf16 copy of the weight (FlatParameters' mirror) saves the cast.
-    const Tensor& kept = weight.low_precision_copy();
-    w = weight.dtype() == compute                   ? detail::dense(weight)
-        : kept.defined() && kept.dtype() == compute ? detail::dense(kept)
-                                                    : cast(weight, compute);
+    w = detail::dense(in_dtype(weight, compute));
     if (residual != nullptr) {
       const Tensor r = detail::dense(*residual);
       y = Tensor::empty(out_shape, out, x.device());

@@ -450,8 +450,9 @@ __global__ void __launch_bounds__(1024)
     } else {
       for (int64_t j = threadIdx.x; j < dim; j += blockDim.x) {
         const float v = rms_dx(inv, w[j], dyr[j], coef, xr[j]);
-        dxr[j] = accumulate ? __fadd_rn(dxr[j], v) : v;
-        if (dxr_bf16 != nullptr) dxr_bf16[j] = __float2bfloat16_rn(dxr[j]);
+        const float out = accumulate ? __fadd_rn(dxr[j], v) : v;
+        dxr[j] = out;
+        if (dxr_bf16 != nullptr) dxr_bf16[j] = __float2bfloat16_rn(out);
       }
     }
   }
