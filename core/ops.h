@@ -44,8 +44,11 @@ Tensor linear(const Tensor& x, const Tensor& weight, DType compute, DType out, b
 // residual + linear(x, weight, compute, f32 or f64): the residual (that dtype, the product's shape) is added
 // in the GEMM's epilogue, so a transformer's residual addition costs no pass of its own. The residual's
 // gradient is the incoming gradient itself, as add's is.
+// sum_into (optional): a dense tensor outside autograd that already holds the residual's values, such as
+// rms_norm's input_copy; the sum is then made in it in place (a GEMM adding into its own output, markedly
+// faster in cuBLASLt than one reading a separate addend) and it is returned, carrying this op's history.
 Tensor linear_residual(const Tensor& residual, const Tensor& x, const Tensor& weight, DType compute,
-                       bool narrow_x_grad = false);
+                       bool narrow_x_grad = false, const Tensor& sum_into = Tensor());
 
 // --- model ops ---
 Tensor embedding(const Tensor& weight, const Tensor& ids);  // ids i32 (...), out (..., dim)
@@ -53,6 +56,9 @@ Tensor embedding(const Tensor& weight, const Tensor& ids);  // ids i32 (...), ou
 // consumer); the gradient of x is f32.
 Tensor rms_norm(const Tensor& x, const Tensor& weight, double eps);
 Tensor rms_norm(const Tensor& x, const Tensor& weight, double eps, DType out);
+// The same, also writing a copy of x into *input_copy (a new dense tensor outside autograd) in the same
+// pass: the buffer in which a following linear_residual over the residual x can make its sum in place.
+Tensor rms_norm(const Tensor& x, const Tensor& weight, double eps, DType out, Tensor* input_copy);
 // Rotary embedding (interleaved pairs) on x (batch, seq, heads*d_head), positions 0..seq-1.
 Tensor rope(const Tensor& x, int64_t d_head, double theta);
 // The same with the output rounded once to bf16 (x f32, rotated in f32), for a bf16 consumer (attention).

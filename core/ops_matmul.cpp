@@ -212,7 +212,7 @@ namespace {
 // the residual added by the GEMM's epilogue and its gradient the incoming one. `op` names the caller in
 // errors.
 Tensor linear_impl(const char* op, const Tensor& x, const Tensor& weight, DType compute, DType out,
-                   const Tensor* residual, bool narrow_x_grad) {
+                   const Tensor* residual, bool narrow_x_grad, const Tensor& sum_into = Tensor()) {
   const std::string name(op);
   TT_CHECK(weight.dim() == 2, name + ": weight must be 2-D, got " + weight.describe());
   TT_CHECK(x.size(-1) == weight.size(1), name + ": input features " + std::to_string(x.size(-1)) +
@@ -228,6 +228,14 @@ Tensor linear_impl(const char* op, const Tensor& x, const Tensor& weight, DType 
     TT_CHECK(residual->shape() == out_shape && residual->dtype() == out,
              name + ": the residual must be " + dtype_name(out) + " " + shape_str(out_shape) + ", got " +
                  residual->describe());
+    if (sum_into.defined()) {
+      TT_CHECK(sum_into.shape() == out_shape && sum_into.dtype() == out && sum_into.device() == x.device() &&
+                   sum_into.is_contiguous() && !sum_into.requires_grad() && sum_into.is_leaf() &&
+                   sum_into.raw_data() != residual->raw_data(),
+               name + ": sum_into must be a dense " + dtype_name(out) + " " + shape_str(out_shape) +
+                   " tensor on the input's device outside autograd, apart from the residual, got " +
+                   sum_into.describe());
+    }
   }
   const bool record = residual != nullptr ? needs_grad({&x, &weight, residual}) : needs_grad({&x, &weight});
   Tensor x2, w, y;
@@ -237,7 +245,10 @@ Tensor linear_impl(const char* op, const Tensor& x, const Tensor& weight, DType 
     x2 = reshape(detail::dense(x.dtype() == compute ? x : cast(x, compute)), {rows, in});
     // A kept-current bf16 copy of the weight (FlatParameters' mirror) saves the cast.
     w = detail::dense(in_dtype(weight, compute));
-    if (residual != nullptr) {
+    if (sum_into.defined()) {
+      y = sum_into;  // holds the residual already: the GEMM adds into its own output
+      gemm_into(x2, w, false, true, 1.0, 1.0, y);
+    } else if (residual != nullptr) {
       const Tensor r = detail::dense(*residual);
       y = Tensor::empty(out_shape, out, x.device());
       gemm_into(x2, w, false, true, 1.0, 1.0, y, &r);
@@ -270,8 +281,9 @@ Tensor linear(const Tensor& x, const Tensor& weight, DType compute, DType out, b
 }
 
 Tensor linear_residual(const Tensor& residual, const Tensor& x, const Tensor& weight, DType compute,
-                       bool narrow_x_grad) {
-  return linear_impl("linear_residual", x, weight, compute, wide_dtype(compute), &residual, narrow_x_grad);
+                       bool narrow_x_grad, const Tensor& sum_into) {
+  return linear_impl("linear_residual", x, weight, compute, wide_dtype(compute), &residual, narrow_x_grad,
+                     sum_into);
 }
 
 }  // namespace tt::ops

@@ -1,5 +1,6 @@
 // The model's ops: embedding, RMSNorm, RoPE, SwiGLU gate, masked softmax and cross-entropy.
 #include <cmath>
+#include <cstring>
 
 #include "core/ops_internal.h"
 
@@ -248,7 +249,11 @@ Tensor rms_norm(const Tensor& x, const Tensor& weight, double eps) {
   return rms_norm(x, weight, eps, x.dtype());
 }
 
-Tensor rms_norm(const Tensor& x_in, const Tensor& weight, double eps, DType out) {
+Tensor rms_norm(const Tensor& x, const Tensor& weight, double eps, DType out) {
+  return rms_norm(x, weight, eps, out, nullptr);
+}
+
+Tensor rms_norm(const Tensor& x_in, const Tensor& weight, double eps, DType out, Tensor* input_copy) {
   detail::require_same_device(x_in, weight, "rms_norm");
   TT_CHECK(weight.dim() == 1 && x_in.size(-1) == weight.size(0),
            "rms_norm: weight " + weight.describe() + " does not match input " + x_in.describe());
@@ -259,11 +264,17 @@ Tensor rms_norm(const Tensor& x_in, const Tensor& weight, double eps, DType out)
   const int64_t dim = x.size(-1), rows = x.numel() / dim;
   Tensor y = Tensor::empty(x.shape(), out, x.device());
   Tensor inv_rms = Tensor::empty({rows}, x.dtype(), x.device());
+  if (input_copy != nullptr) *input_copy = Tensor::empty(x.shape(), x.dtype(), x.device());
   if (x.device().is_cuda()) {
     detail::require_cuda_f32(x, "rms_norm");
     TT_CUDA_ONLY(cuda::rms_norm_forward(x.data<float>(), weight.data<float>(), y.raw_data(), out,
-                                        inv_rms.data<float>(), rows, dim, eps, detail::stream_of(x)));
+                                        inv_rms.data<float>(), rows, dim, eps, detail::stream_of(x),
+                                        input_copy != nullptr ? input_copy->data<float>() : nullptr));
   } else {
+    if (input_copy != nullptr) {
+      std::memcpy(input_copy->raw_data(), x.raw_data(),
+                  static_cast<size_t>(x.numel()) * dtype_size(x.dtype()));
+    }
     // A bf16 output is the wide result rounded once, as on the GPU.
     Tensor wide = out == x.dtype() ? y : Tensor::empty(x.shape(), x.dtype(), x.device());
     dispatch_float(x.dtype(), "rms_norm", [&](auto t) {

@@ -51,8 +51,11 @@ class Linear : public Module {
   Linear(int64_t in_features, int64_t out_features, bool sole_consumer = false);
   // bf16: bf16 operands, f32 accumulation, f32 output (bf16 with narrow_output, for a bf16 consumer).
   Tensor forward(const Tensor& x, Precision precision, bool narrow_output = false) const;
-  // residual + forward(x), the residual (f32, the output's shape) added in the matmul's epilogue.
-  Tensor forward_add(const Tensor& x, const Tensor& residual, Precision precision) const;
+  // residual + forward(x), the residual (f32, the output's shape) added in the matmul's epilogue; made in
+  // sum_into when given (a copy of the residual outside autograd, from RMSNorm::forward;
+  // ops::linear_residual).
+  Tensor forward_add(const Tensor& x, const Tensor& residual, Precision precision,
+                     const Tensor& sum_into = Tensor()) const;
   Tensor& weight() { return weight_; }
 
  private:
@@ -85,7 +88,8 @@ class RMSNorm : public Module {
  public:
   RMSNorm(int64_t dim, double eps);
   // bf16: the normalised output is rounded to bf16 in the norm (its consumers are bf16 matmuls).
-  Tensor forward(const Tensor& x, Precision precision = Precision::f32) const;
+  // input_copy (optional): also a copy of x, for the residual addition over x to be made in (ops::rms_norm).
+  Tensor forward(const Tensor& x, Precision precision = Precision::f32, Tensor* input_copy = nullptr) const;
 
  private:
   Tensor& weight_;
@@ -96,8 +100,9 @@ class CausalSelfAttention : public Module {
  public:
   explicit CausalSelfAttention(const ModelConfig& config);
   // x: the normalised input (f32, or bf16 in bf16 mode) (batch, seq, d_model) -> f32. With a residual
-  // (f32, x's shape), returns residual + attention(x), the addition done by the output projection.
-  Tensor forward(const Tensor& x, const Tensor& residual = Tensor()) const;
+  // (f32, x's shape), returns residual + attention(x), the addition done by the output projection, in
+  // sum_into when given (Linear::forward_add).
+  Tensor forward(const Tensor& x, const Tensor& residual = Tensor(), const Tensor& sum_into = Tensor()) const;
 
  private:
   const ModelConfig config_;
@@ -107,8 +112,9 @@ class CausalSelfAttention : public Module {
 class SwiGLU : public Module {
  public:
   SwiGLU(int64_t d_model, int64_t d_ff);
-  // With a residual: residual + ffn(x), the addition done by w2.
-  Tensor forward(const Tensor& x, Precision precision, const Tensor& residual = Tensor()) const;
+  // With a residual: residual + ffn(x), the addition done by w2, in sum_into when given.
+  Tensor forward(const Tensor& x, Precision precision, const Tensor& residual = Tensor(),
+                 const Tensor& sum_into = Tensor()) const;
 
  private:
   Linear &w1_, &w2_, &w3_;

@@ -271,6 +271,9 @@ TEST_CASE("CUDA model ops equal the CPU") {
   // sum in global memory instead.
   auto rms = [](const auto& in) { return ops::rms_norm(in[0], in[1], 1e-5); };
   CHECK(cuda_vs_cpu(rms, {randn({1101, 64}, 31), randn({64}, 32)}) < kF32);
+  // The same with x's gradient collected first (the sum's), which the norm's backward then adds into.
+  CHECK(cuda_vs_cpu([](const auto& in) { return ops::add(ops::rms_norm(in[0], in[1], 1e-5), in[0]); },
+                    {randn({1101, 64}, 39), randn({64}, 40)}) < kF32);
   CHECK(cuda_vs_cpu(rms, {randn({3, 13000}, 33), randn({13000}, 34)}) < kF32);
   CHECK(cuda_vs_cpu(rms, {randn({3, 13001}, 35), randn({13001}, 36)}) < kF32);
   CHECK(cuda_vs_cpu(rms, {randn({5, 60000}, 37), randn({60000}, 38)}) < kF32);
@@ -353,6 +356,23 @@ TEST_CASE("CUDA fused-precision ops equal their CPU twins: bf16 outputs of matmu
     CHECK(cuda_vs_cpu([&](const auto& in) { return ops::linear_residual(in[2], in[0], in[1], compute); },
                       {randn({4, 16, 96}, 64), randn({80, 96}, 65), randn({4, 16, 80}, 66)}) <
           (compute == DType::f32 ? kF32 : kBf16));
+  }
+  // The sum made in the copy of the residual that RMSNorm wrote (cuBLASLt adding into its own output); the
+  // copy itself is x bit for bit, on the four-wide path (96 columns) and the element-wise one (90).
+  for (const int64_t d : {96, 90}) {
+    for (DType compute : {DType::f32, DType::bf16}) {
+      CAPTURE(d);
+      CAPTURE(static_cast<int>(compute));
+      CHECK(cuda_vs_cpu(
+                [&](const auto& in) {
+                  Tensor copy;
+                  const Tensor n = ops::rms_norm(in[0], in[1], 1e-5, compute, &copy);
+                  CHECK(copy.to_floats() == in[0].to_floats());
+                  return ops::linear_residual(in[0], n, in[2], compute, false, copy);
+                },
+                {randn({4, 16, d}, 70), randn({d}, 71), randn({d, d}, 72, 0.2)}) <
+            (compute == DType::f32 ? kF32 : kBf16));
+    }
   }
   // A sole consumer's bf16 input gradient, rounded by cuBLASLt's epilogue (narrow_x_grad).
   CHECK(cuda_vs_cpu(

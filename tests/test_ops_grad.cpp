@@ -326,6 +326,38 @@ TEST_CASE("linear_residual: residual + x W^T in one product, its gradients those
                        doctest::Contains("residual must be"), Error);
 }
 
+TEST_CASE("rms_norm's input copy and linear_residual's sum_into: the same sum and gradients, made in place") {
+  // x + rms_norm(x) W^T with the sum made in the copy the norm wrote of x.
+  auto in_copy = [](const Inputs& in) {
+    Tensor copy;
+    const Tensor n = ops::rms_norm(in[0], in[1], 1e-5, in[0].dtype(), &copy);
+    return ops::linear_residual(in[0], n, in[2], in[0].dtype(), false, copy);
+  };
+  CHECK(gradient_error(in_copy, {leaf({2, 3, 5}, 330), leaf({5}, 331), leaf({5, 5}, 332)}) < kTol);
+  const Tensor x = testing::random_tensor({3, 5}, 333), w = testing::random_tensor({5}, 334),
+               m = testing::random_tensor({5, 5}, 335);
+  Tensor copy;
+  const Tensor n = ops::rms_norm(x, w, 1e-5, x.dtype(), &copy);
+  CHECK(copy.to_doubles() == x.to_doubles());
+  CHECK(copy.raw_data() != x.raw_data());
+  CHECK(!copy.requires_grad());
+  const Tensor y = ops::linear_residual(x, n, m, DType::f64, false, copy);
+  CHECK(y.raw_data() == copy.raw_data());  // the sum was made in the copy
+  const std::vector<double> expect = ops::linear_residual(x, n, m, DType::f64).to_doubles(),
+                            got = y.to_doubles();
+  for (size_t i = 0; i < expect.size(); ++i) CHECK(got[i] == doctest::Approx(expect[i]).epsilon(1e-12));
+  // Refused: the residual itself, a tensor in autograd, another shape.
+  const Tensor r = testing::random_tensor({3, 5}, 336);
+  CHECK_THROWS_WITH_AS(ops::linear_residual(r, n, m, DType::f64, false, r),
+                       doctest::Contains("sum_into must be"), Error);
+  Tensor tracked = r.clone();
+  tracked.set_requires_grad(true);
+  CHECK_THROWS_WITH_AS(ops::linear_residual(r, n, m, DType::f64, false, tracked),
+                       doctest::Contains("sum_into must be"), Error);
+  CHECK_THROWS_WITH_AS(ops::linear_residual(r, n, m, DType::f64, false, testing::random_tensor({5, 3}, 337)),
+                       doctest::Contains("sum_into must be"), Error);
+}
+
 TEST_CASE("a weight .grad marked as zero is overwritten by the first contribution; the mark lapses") {
   const int64_t rows = 6, in = 5, out = 4;
   Tensor x = leaf({2, 3, in}, 96), w = leaf({out, in}, 97);

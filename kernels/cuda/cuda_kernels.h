@@ -59,9 +59,11 @@ void embedding_forward(const float* weight, const int32_t* ids, float* out, int6
 void embedding_backward(const float* grad_out, const int32_t* ids, float* grad_weight, int64_t n, int64_t dim,
                         cudaStream_t stream);
 
-// y is f32 or bf16 (y_type): a bf16 y is the f32 result rounded once, for a bf16 consumer.
+// y is f32 or bf16 (y_type): a bf16 y is the f32 result rounded once, for a bf16 consumer. x_copy
+// (nullable): also a copy of x, written in the same pass (the buffer a residual addition over x then makes
+// its sum in, in place).
 void rms_norm_forward(const float* x, const float* w, void* y, DType y_type, float* inv_rms, int64_t rows,
-                      int64_t dim, double eps, cudaStream_t stream);
+                      int64_t dim, double eps, cudaStream_t stream, float* x_copy = nullptr);
 // accumulate_dx: dx += the gradient (a separate addition's rounding) instead of dx = the gradient. dw is f32,
 // or bf16 (dw_type; a bf16 gradient buffer takes the f32 sum rounded once). dx_bf16 (nullable): also the
 // final dx rounded to bf16, for bf16 consumers.

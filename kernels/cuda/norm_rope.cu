@@ -346,8 +346,8 @@ __global__ void __launch_bounds__(32 * kEmbJoinWarps)
 // each thread moves four elements per access; the order of the sum of squares depends only on `vec` and
 // the shape.
 template <class Y>
-__global__ void rms_norm_forward_kernel(const float* x, const float* w, Y* y, float* inv_rms, int64_t rows,
-                                        int64_t dim, float eps, bool vec) {
+__global__ void rms_norm_forward_kernel(const float* x, const float* w, Y* y, float* inv_rms, float* x_copy,
+                                        int64_t rows, int64_t dim, float eps, bool vec) {
   const int64_t groups = dim / 4;
   for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
     const float* xr = x + row * dim;
@@ -370,11 +370,15 @@ __global__ void rms_norm_forward_kernel(const float* x, const float* w, Y* y, fl
         float v[4], wv[4];
         load4(xr, k, v);
         load4(w, k, wv);
+        if (x_copy != nullptr) store4(x_copy + row * dim, k, v);
         for (int e = 0; e < 4; ++e) v[e] = wv[e] * (v[e] * inv);
         store4(yr, k, v);
       }
     } else {
-      for (int64_t j = threadIdx.x; j < dim; j += blockDim.x) yr[j] = from_float<Y>(w[j] * (xr[j] * inv));
+      for (int64_t j = threadIdx.x; j < dim; j += blockDim.x) {
+        if (x_copy != nullptr) x_copy[row * dim + j] = xr[j];
+        yr[j] = from_float<Y>(w[j] * (xr[j] * inv));
+      }
     }
   }
 }
@@ -398,13 +402,63 @@ __global__ void __launch_bounds__(1024)
                              int64_t rows_per_block, bool accumulate, bool vec, bool in_shared) {
   extern __shared__ float4 shared4[];  // declared as float4 for 16-byte alignment
   float* const own_partials = partials + static_cast<int64_t>(blockIdx.x) * dim;
+  const int64_t groups = dim / 4;
+  const int64_t first_row = static_cast<int64_t>(blockIdx.x) * rows_per_block;
+  const int64_t end_row = std::min(first_row + rows_per_block, rows);
+  if (vec && groups <= static_cast<int64_t>(blockDim.x)) {
+    // One four-element group of a row per thread (rows up to 4 * blockDim.x): the thread keeps its group of
+    // x, dy and (accumulating) the old dx in registers, and loads the next row's before the block-wide sum
+    // of this one, so that the loads' latency overlaps the reduction and the stores instead of following
+    // them. Its dw partial sums stay in registers too. The arithmetic, and so every bit, is that of the
+    // general path below.
+    const int64_t k = threadIdx.x;
+    const bool active = k < groups;
+    float wv[4] = {}, xv[4] = {}, gv[4] = {}, ov[4] = {};
+    float4 a = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    if (active) {
+      load4(w, k, wv);
+      if (first_row < end_row) {
+        load4(x + first_row * dim, k, xv);
+        load4(dy + first_row * dim, k, gv);
+        if (accumulate) load4(dx + first_row * dim, k, ov);
+      }
+    }
+    for (int64_t row = first_row; row < end_row; ++row) {
+      const bool prefetch = active && row + 1 < end_row;
+      float xn[4] = {}, gn[4] = {}, on[4] = {};
+      if (prefetch) {
+        load4(x + (row + 1) * dim, k, xn);
+        load4(dy + (row + 1) * dim, k, gn);
+        if (accumulate) load4(dx + (row + 1) * dim, k, on);
+      }
+      const float inv = inv_rms[row];
+      float dot = 0;
+      if (active) {
+        a.x += gv[0] * xv[0] * inv;
+        a.y += gv[1] * xv[1] * inv;
+        a.z += gv[2] * xv[2] * inv;
+        a.w += gv[3] * xv[3] * inv;
+        for (int e = 0; e < 4; ++e) dot += wv[e] * gv[e] * xv[e];
+      }
+      const float coef = inv * inv * inv * block_sum(dot) / static_cast<float>(dim);
+      if (active) {
+        float out[4];
+        for (int e = 0; e < 4; ++e) {
+          const float v = rms_dx(inv, wv[e], gv[e], coef, xv[e]);
+          out[e] = accumulate ? __fadd_rn(ov[e], v) : v;
+        }
+        store4(dx + row * dim, k, out);
+        if (dx_bf16 != nullptr) store4(dx_bf16 + row * dim, k, out);
+      }
+      for (int e = 0; e < 4; ++e) xv[e] = xn[e], gv[e] = gn[e], ov[e] = on[e];
+    }
+    if (active) reinterpret_cast<float4*>(own_partials)[k] = a;
+    return;
+  }
   float* const acc = in_shared ? reinterpret_cast<float*>(shared4) : own_partials;
   float4* const acc4 = reinterpret_cast<float4*>(acc);  // aligned: vec implies dim % 4 == 0
   for (int64_t j = threadIdx.x; j < dim; j += blockDim.x) acc[j] = 0;
   __syncthreads();
-  const int64_t groups = dim / 4;
-  const int64_t first_row = static_cast<int64_t>(blockIdx.x) * rows_per_block;
-  const int64_t end_row = std::min(first_row + rows_per_block, rows);
   for (int64_t row = first_row; row < end_row; ++row) {
     const float* xr = x + row * dim;
     const float* dyr = dy + row * dim;
@@ -667,17 +721,17 @@ bool rms_vec(int64_t dim, std::initializer_list<std::pair<const void*, size_t>> 
 }  // namespace
 
 void rms_norm_forward(const float* x, const float* w, void* y, DType y_type, float* inv_rms, int64_t rows,
-                      int64_t dim, double eps, cudaStream_t stream) {
+                      int64_t dim, double eps, cudaStream_t stream, float* x_copy) {
   if (rows == 0) return;
   const float e = static_cast<float>(eps);
-  const bool vec = rms_vec(dim, {{x, 4}, {w, 4}, {y, dtype_size(y_type)}});
+  const bool vec = rms_vec(dim, {{x, 4}, {w, 4}, {y, dtype_size(y_type)}, {x_copy, 4}});
   if (y_type == DType::bf16) {
     rms_norm_forward_kernel<<<row_blocks(rows), kRowThreads, 0, stream>>>(
-        x, w, static_cast<__nv_bfloat16*>(y), inv_rms, rows, dim, e, vec);
+        x, w, static_cast<__nv_bfloat16*>(y), inv_rms, x_copy, rows, dim, e, vec);
   } else {
     TT_CHECK(y_type == DType::f32, "cuda::rms_norm_forward: the output is f32 or bf16");
     rms_norm_forward_kernel<<<row_blocks(rows), kRowThreads, 0, stream>>>(x, w, static_cast<float*>(y),
-                                                                          inv_rms, rows, dim, e, vec);
+                                                                          inv_rms, x_copy, rows, dim, e, vec);
   }
   TT_CUDA_LAUNCH_CHECK();
 }
@@ -692,13 +746,19 @@ void rms_norm_backward(const float* dy, const float* x, const float* w, const fl
     return;
   }
   const bool vec = rms_vec(dim, {{dy, 4}, {x, 4}, {w, 4}, {dx, 4}, {dx_bf16, 2}});
+  // A thread per four-element group (or element) of a row, in whole warps, 128 to 1024: with only 256
+  // blocks, fewer threads would leave HBM bandwidth unused.
+  const int64_t units = vec ? dim / 4 : dim;
+  const int threads = static_cast<int>(std::clamp<int64_t>((units + 31) / 32 * 32, 128, 1024));
   // The block's partial sums in shared memory when a row's floats fit beside the kernel's static 128 bytes
-  // (beyond 48 KiB a kernel must opt in, per device, up to the device's limit), else in global memory.
-  size_t shared = static_cast<size_t>(dim) * sizeof(float);
+  // (beyond 48 KiB a kernel must opt in, per device, up to the device's limit), else in global memory; the
+  // kernel's one-group-per-thread path (vec rows of up to 4096) keeps them in registers and needs neither.
+  const bool one_group = vec && units <= threads;
+  size_t shared = one_group ? 0 : static_cast<size_t>(dim) * sizeof(float);
   int device = 0, optin = 0;
   TT_CUDA_CHECK(cudaGetDevice(&device));
   TT_CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
-  const bool in_shared = shared + 1024 <= static_cast<size_t>(optin);
+  const bool in_shared = !one_group && shared + 1024 <= static_cast<size_t>(optin);
   if (!in_shared) {
     shared = 0;
   } else if (shared > 48 * 1024) {
@@ -711,10 +771,6 @@ void rms_norm_backward(const float* dy, const float* x, const float* w, const fl
   float* partials = nullptr;
   TT_CUDA_CHECK(cudaMallocAsync(reinterpret_cast<void**>(&partials),
                                 static_cast<size_t>(blocks * dim) * sizeof(float), stream));
-  // A thread per four-element group (or element) of a row, in whole warps, 128 to 1024: with only 256
-  // blocks, fewer threads would leave HBM bandwidth unused.
-  const int64_t units = vec ? dim / 4 : dim;
-  const int threads = static_cast<int>(std::clamp<int64_t>((units + 31) / 32 * 32, 128, 1024));
   rms_norm_backward_kernel<<<static_cast<unsigned int>(blocks), threads, shared, stream>>>(
       dy, x, w, inv_rms, dx, static_cast<__nv_bfloat16*>(dx_bf16), partials, rows, dim, rows_per_block,
       accumulate_dx, vec, in_shared);
