@@ -23,7 +23,9 @@
 //    and one EX2 per score.
 //  - Causal: query tiles that end before the first key are skipped (the loop starts at the tile holding
 //    the first key); the mask is applied only where a warp's keys cross the diagonal or the tiles hang past
-//    the end of the sequence. The 1/sqrt(d) scale of dK and dQ is applied once, at the end.
+//    the end of the sequence. Blocks are numbered with the (batch, head) index fastest, so the first key
+//    tiles, which see the most query tiles, all start before any later one (as in the forward). The
+//    1/sqrt(d) scale of dK and dQ is applied once, at the end.
 #include "kernels/cuda/flash_attention_common.cuh"
 #include "kernels/cuda/flash_attention_simple.cuh"
 
@@ -75,8 +77,8 @@ __global__ void __launch_bounds__(BackwardTile<D>::kThreads, 1) flash_backward_b
   float* s_lse = reinterpret_cast<float*>(s_ds + 2 * kBlockK * kStrideS);  // two stages, L * log2(e)
   float* s_delta = s_lse + 2 * kBlockQ;                                    // two stages
 
-  const int k0 = blockIdx.x * kBlockK;
-  const int64_t bh = blockIdx.y;
+  const int k0 = blockIdx.y * kBlockK;
+  const int64_t bh = blockIdx.x;
   const int seq = static_cast<int>(p.seq);
   const bf16* q = static_cast<const bf16*>(p.q) + head_offset(p.sq, bh, p.heads);
   const bf16* k = static_cast<const bf16*>(p.k) + head_offset(p.sk, bh, p.heads) + k0 * p.sk.seq;
@@ -352,7 +354,7 @@ void launch_backward_bf16(const Params& params, int64_t batch_heads, cudaStream_
   if (!launch_backward_hopper(params, D, batch_heads, stream)) {
     const auto kernel = flash_backward_bf16_kernel<D>;
     allow_shared_memory(kernel, Tile::kSmemBytes);
-    const dim3 grid(ceil_div(params.seq, Tile::kBlockK), static_cast<unsigned>(batch_heads));
+    const dim3 grid(static_cast<unsigned>(batch_heads), ceil_div(params.seq, Tile::kBlockK));
     kernel<<<grid, Tile::kThreads, Tile::kSmemBytes, stream>>>(params);
     TT_CUDA_LAUNCH_CHECK();
   }

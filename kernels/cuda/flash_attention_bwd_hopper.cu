@@ -21,7 +21,8 @@
 //    them to the f32 dQ accumulator in global memory with two TMA tensor reduce-adds.
 //  - Causal: the block starts at the first query tile that sees its keys; masks only where a warpgroup's
 //    keys cross the diagonal or tiles hang past the end of the sequence. Key tiles with the most query
-//    tiles (the first) are scheduled first.
+//    tiles (the first) are scheduled first, for every (batch, head) (blocks numbered with that index
+//    fastest).
 #include "kernels/cuda/flash_attention_common.cuh"
 #include "kernels/cuda/hopper.cuh"
 #include "kernels/cuda/wgmma.cuh"
@@ -86,8 +87,8 @@ __global__ void __launch_bounds__(kConsumerThreads + 128, 1)
   uint64_t* empty = full + kStages;
   uint64_t* kv_full = empty + kStages;
 
-  const int k0 = blockIdx.x * kBlockK;
-  const int64_t bh = blockIdx.y;
+  const int k0 = blockIdx.y * kBlockK;
+  const int64_t bh = blockIdx.x;
   const int batch = static_cast<int>(bh / p.heads), head = static_cast<int>(bh % p.heads);
   const int seq = static_cast<int>(p.seq);
   const int q_begin = p.causal ? k0 / kBlockQ : 0;  // earlier queries see none of these keys
@@ -327,7 +328,7 @@ bool launch_backward_hopper(const Params& params, int64_t d_head, int64_t batch_
   }
   const auto kernel = flash_backward_hopper_kernel;
   allow_shared_memory(kernel, Layout::kSmemBytes);
-  const dim3 grid(ceil_div(params.seq, kBlockK), static_cast<unsigned>(batch_heads));
+  const dim3 grid(static_cast<unsigned>(batch_heads), ceil_div(params.seq, kBlockK));
   kernel<<<grid, kConsumerThreads + 128, Layout::kSmemBytes, stream>>>(map_q, map_k, map_v, map_do, map_dq,
                                                                        params);
   TT_CUDA_LAUNCH_CHECK();

@@ -99,7 +99,8 @@ inline void check_problem(const AttentionProblem& p, DType dtype) {
   TT_CHECK(p.batch >= 1 && p.heads >= 1 && p.seq >= 1,
            "flash_attention: batch, heads and seq must be positive");
   TT_CHECK(p.batch * p.heads <= 65535, "flash_attention (cuda): batch * heads must be at most 65535");
-  TT_CHECK(p.seq <= (int64_t{1} << 30), "flash_attention (cuda): seq must be below 2^30");
+  // The tensor-core kernels number their tiles of 64 or more along the grid's y dimension.
+  TT_CHECK(p.seq <= int64_t{65535} * 64, "flash_attention (cuda): seq must be at most 4194240");
 }
 
 // A TT_FLASH_* environment setting, "" when unset.

@@ -13,7 +13,8 @@
 //    the softmax of tile t runs on the CUDA cores while the tensor cores still multiply P V.
 //  - Tiles live in shared memory in the 128-byte-swizzled layout the wgmma descriptors describe.
 //  - Causal: key tiles past the block's last query are not visited; the mask is evaluated only on tiles
-//    that cross a warpgroup's diagonal or hang past the end of the sequence; longest query tiles first.
+//    that cross a warpgroup's diagonal or hang past the end of the sequence; the longest query tiles of
+//    every (batch, head) first (blocks numbered with that index fastest).
 //  - Epilogue: O /= l, written swizzled into the Q tile's shared memory (conflict-free), then stored with
 //    16-byte coalesced writes; L = (m + log2 l) ln 2.
 //
@@ -244,9 +245,9 @@ __global__ void __launch_bounds__(kConsumerThreads + 32, 1)
   uint64_t* empty = full + kStages;
   uint64_t* q_full = empty + kStages;
 
-  const int q_tile = p.causal ? gridDim.x - 1 - blockIdx.x : blockIdx.x;
+  const int q_tile = p.causal ? gridDim.y - 1 - blockIdx.y : blockIdx.y;
   const int q0 = q_tile * kBlockQ;
-  const int64_t bh = blockIdx.y;
+  const int64_t bh = blockIdx.x;
   const int batch = static_cast<int>(bh / p.heads), head = static_cast<int>(bh % p.heads);
   const int seq = static_cast<int>(p.seq);
   const int num_k_tiles = ceil_div(p.causal ? min(seq, q0 + kBlockQ) : seq, kBlockK);
@@ -340,9 +341,9 @@ __global__ void __launch_bounds__(kConsumerThreads, 1) flash_forward_hopper_kern
   unsigned char* s_k = s_q + Tile::kQBytes;  // kStages K tiles, then kStages V tiles
   unsigned char* s_v = s_k + kStages * Tile::kKVBytes;
 
-  const int q_tile = p.causal ? gridDim.x - 1 - blockIdx.x : blockIdx.x;
+  const int q_tile = p.causal ? gridDim.y - 1 - blockIdx.y : blockIdx.y;
   const int q0 = q_tile * kBlockQ;
-  const int64_t bh = blockIdx.y;
+  const int64_t bh = blockIdx.x;
   const int seq = static_cast<int>(p.seq);
   const bf16* q = static_cast<const bf16*>(p.q) + head_offset(p.sq, bh, p.heads) + q0 * p.sq.seq;
   const bf16* k = static_cast<const bf16*>(p.k) + head_offset(p.sk, bh, p.heads);
@@ -409,7 +410,7 @@ bool launch_warp_specialised(const Params& params, int64_t batch_heads, cudaStre
   }
   const auto kernel = flash_forward_hopper_ws_kernel<D>;
   allow_shared_memory(kernel, HopperTile<D>::kSmemBytes);
-  const dim3 grid(ceil_div(params.seq, kBlockQ), static_cast<unsigned>(batch_heads));
+  const dim3 grid(static_cast<unsigned>(batch_heads), ceil_div(params.seq, kBlockQ));
   kernel<<<grid, kConsumerThreads + 32, HopperTile<D>::kSmemBytes, stream>>>(map_q, map_k, map_v, params);
   TT_CUDA_LAUNCH_CHECK();
   return true;
@@ -419,7 +420,7 @@ template <int D>
 void launch_cp_async(const Params& params, int64_t batch_heads, cudaStream_t stream) {
   const auto kernel = flash_forward_hopper_kernel<D>;
   allow_shared_memory(kernel, HopperTile<D>::kSmemBytes);
-  const dim3 grid(ceil_div(params.seq, kBlockQ), static_cast<unsigned>(batch_heads));
+  const dim3 grid(static_cast<unsigned>(batch_heads), ceil_div(params.seq, kBlockQ));
   kernel<<<grid, kConsumerThreads, HopperTile<D>::kSmemBytes, stream>>>(params);
   TT_CUDA_LAUNCH_CHECK();
 }
