@@ -1,6 +1,5 @@
 // The model's ops: embedding, RMSNorm, RoPE, SwiGLU gate, masked softmax and cross-entropy.
 #include <cmath>
-#include <cstring>
 
 #include "core/ops_internal.h"
 
@@ -271,10 +270,7 @@ Tensor rms_norm(const Tensor& x_in, const Tensor& weight, double eps, DType out,
                                         inv_rms.data<float>(), rows, dim, eps, detail::stream_of(x),
                                         input_copy != nullptr ? input_copy->data<float>() : nullptr));
   } else {
-    if (input_copy != nullptr) {
-      std::memcpy(input_copy->raw_data(), x.raw_data(),
-                  static_cast<size_t>(x.numel()) * dtype_size(x.dtype()));
-    }
+    if (input_copy != nullptr) input_copy->copy_(x);
     // A bf16 output is the wide result rounded once, as on the GPU.
     Tensor wide = out == x.dtype() ? y : Tensor::empty(x.shape(), x.dtype(), x.device());
     dispatch_float(x.dtype(), "rms_norm", [&](auto t) {
