@@ -79,6 +79,16 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& targets);
 // deterministic: bit-identical gradients run to run (slower CUDA backward without atomics).
 Tensor flash_attention(const Tensor& q, const Tensor& k, const Tensor& v, bool causal,
                        bool deterministic = false);
+// The front of a causal self-attention sublayer as one op: q, k, v = x Wq^T, x Wk^T, x Wv^T as one matmul
+// over the three weights stacked (a view when they, or their bf16 mirrors, lie one after another in memory,
+// as FlatParameters places them; else a copy), RoPE (interleaved pairs, positions 0..seq-1) on q and k, and
+// causal flash attention over `heads` heads. x (batch, seq, in), each weight (n, in); returns the heads'
+// merged output (batch, seq, n) in `compute` (the weights' dtype, or bf16: the projections rounded to bf16,
+// q and k rotated in f32 and rounded again). One matmul each way instead of three: its backward computes
+// x's gradient with one product over all 3n columns and offers each weight its gradient in factored form
+// (that projection's columns of the fused gradient, and x), as ops::linear does. x's gradient is wide (f32).
+Tensor attention_qkv(const Tensor& x, const Tensor& wq, const Tensor& wk, const Tensor& wv, int64_t heads,
+                     double rope_theta, DType compute, bool deterministic = false);
 // The textbook path: S = QK^T, masked softmax, O = PV (materialises T x T); same contract as above.
 Tensor naive_attention(const Tensor& q, const Tensor& k, const Tensor& v, bool causal);
 

@@ -134,6 +134,220 @@ Tensor flash_attention(const Tensor& q_in, const Tensor& k_in, const Tensor& v_i
   return o;
 }
 
+namespace {
+
+// ------------------------------------------------------------------------------------ fused q|k|v front
+// Layout: the fused product qkv is (rows, 3n), rows = batch * seq; q, k and v are its column blocks, seen as
+// (batch, heads, seq, d) with strides (seq * 3n, d, 3n). The heads' output is dense (batch, seq, heads, d).
+
+// The three weights in `compute` as one (3n, in) matrix.
+Tensor stacked_weights(const Tensor& wq, const Tensor& wk, const Tensor& wv, DType compute) {
+  const Tensor a = detail::in_dtype(wq, compute), b = detail::in_dtype(wk, compute);
+  const Tensor c = detail::in_dtype(wv, compute);
+  const int64_t n = a.size(0), in = a.size(1);
+  const bool adjacent = a.is_contiguous() && b.is_contiguous() && c.is_contiguous() &&
+                        a.storage() == b.storage() && a.storage() == c.storage() &&
+                        b.offset() == a.offset() + a.numel() && c.offset() == b.offset() + b.numel();
+  if (adjacent) return a.as_strided_view({3 * n, in}, {in, 1}, a.offset());
+  Tensor w = Tensor::empty({3 * n, in}, compute, a.device());
+  for (int64_t i = 0; i < 3; ++i) {
+    Tensor block = w.narrow_view(0, i * n, n);
+    block.copy_((i == 0 ? a : i == 1 ? b : c));
+  }
+  return w;
+}
+
+// Column block i (n wide) of a (rows, 3n) buffer: where q, k or v (or their gradients) start.
+[[maybe_unused]] void* column_block(const Tensor& t, int64_t i, int64_t n) {
+  return static_cast<char*>(t.raw_data()) + static_cast<size_t>(i * n) * dtype_size(t.dtype());
+}
+
+AttentionProblem qkv_problem(int64_t batch, int64_t seq, int64_t heads, int64_t n, bool deterministic) {
+  AttentionProblem p;
+  p.batch = batch;
+  p.heads = heads;
+  p.seq = seq;
+  p.d_head = n / heads;
+  p.causal = true;
+  p.deterministic = deterministic;
+  p.scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(p.d_head)));
+  p.q = p.k = p.v = {seq * 3 * n, p.d_head, 3 * n};
+  p.o = {seq * n, p.d_head, n};
+  return p;
+}
+
+// RoPE on the q and k blocks of a (rows, 3n) buffer in place; inverse for the backward.
+void rope_qk_in_place(Tensor& qkv, int64_t batch, int64_t seq, int64_t n, int64_t d_head, double theta,
+                      bool inverse) {
+  if (qkv.device().is_cuda()) {
+    TT_CUDA_ONLY(cuda::rope(qkv.raw_data(), qkv.dtype(), qkv.raw_data(), qkv.dtype(), batch, seq, 2 * n,
+                            d_head, theta, inverse, detail::stream_of(qkv), 3 * n, 3 * n));
+  } else if (qkv.dtype() == DType::bf16) {
+    // The CPU twin of the bf16 kernel: widen exactly, rotate in f32, round once.
+    Tensor wide = cast(qkv, DType::f32);
+    cpu::rope(wide.data<float>(), wide.data<float>(), batch, seq, 2 * n, d_head, theta, inverse, 3 * n,
+              3 * n);
+    qkv.copy_(cast(wide, DType::bf16));
+  } else {
+    detail::dispatch_float(qkv.dtype(), "attention_qkv", [&](auto t) {
+      using T = decltype(t);
+      cpu::rope(qkv.data<T>(), qkv.data<T>(), batch, seq, 2 * n, d_head, theta, inverse, 3 * n, 3 * n);
+    });
+  }
+}
+
+// Flash attention's forward on the fused layout; o dense (rows, n) in qkv's dtype. On the CPU a bf16 qkv is
+// widened exactly and the output rounded once, as the GPU's f32 accumulation does.
+Tensor qkv_attention_forward(const Tensor& qkv, const AttentionProblem& p, Tensor& o) {
+  const int64_t rows = p.batch * p.seq, n = p.heads * p.d_head;
+  Tensor lse;
+  if (qkv.device().is_cuda()) {
+    lse = Tensor::empty({p.batch * p.heads * p.seq}, DType::f32, qkv.device());
+    TT_CUDA_ONLY(cuda::flash_attention_forward(p, qkv.dtype(), column_block(qkv, 0, n),
+                                               column_block(qkv, 1, n), column_block(qkv, 2, n), o.raw_data(),
+                                               lse.data<float>(), detail::stream_of(qkv)));
+  } else if (qkv.dtype() == DType::bf16) {
+    Tensor wide_o = Tensor::empty({rows, n}, DType::f32, qkv.device());
+    lse = qkv_attention_forward(cast(qkv, DType::f32), p, wide_o);
+    o.copy_(cast(wide_o, DType::bf16));
+  } else {
+    lse = Tensor::empty({p.batch * p.heads * p.seq}, qkv.dtype(), qkv.device());
+    detail::dispatch_float(qkv.dtype(), "attention_qkv", [&](auto t) {
+      using T = decltype(t);
+      const T* q = qkv.data<T>();
+      cpu::flash_attention_forward<T>(p, q, q + n, q + 2 * n, o.data<T>(), lse.data<T>());
+    });
+  }
+  return lse;
+}
+
+// Its backward: dq, dk, dv into the column blocks of dqkv (rows, 3n), qkv's dtype.
+void qkv_attention_backward(const Tensor& qkv, const Tensor& o, const Tensor& d_o, const Tensor& lse,
+                            const AttentionProblem& p, Tensor& dqkv) {
+  const int64_t n = p.heads * p.d_head;
+  if (qkv.device().is_cuda()) {
+    TT_CUDA_ONLY(cuda::flash_attention_backward(
+        p, qkv.dtype(), column_block(qkv, 0, n), column_block(qkv, 1, n), column_block(qkv, 2, n),
+        o.raw_data(), d_o.raw_data(), lse.data<float>(), column_block(dqkv, 0, n), column_block(dqkv, 1, n),
+        column_block(dqkv, 2, n), detail::stream_of(qkv)));
+  } else if (qkv.dtype() == DType::bf16) {
+    Tensor wide = Tensor::empty(dqkv.shape(), DType::f32, dqkv.device());
+    qkv_attention_backward(cast(qkv, DType::f32), cast(o, DType::f32), cast(d_o, DType::f32), lse, p, wide);
+    dqkv.copy_(cast(wide, DType::bf16));
+  } else {
+    detail::dispatch_float(qkv.dtype(), "attention_qkv", [&](auto t) {
+      using T = decltype(t);
+      const T* q = qkv.data<T>();
+      T* g = dqkv.data<T>();
+      cpu::flash_attention_backward<T>(p, q, q + n, q + 2 * n, o.data<T>(), d_o.data<T>(), lse.data<T>(), g,
+                                       g + n, g + 2 * n);
+    });
+  }
+}
+
+struct AttentionQkvNode : Node {
+  Tensor x2, w, qkv, o, lse;  // x2 (rows, in) and w (3n, in) in the compute dtype; qkv with q, k rotated
+  Shape x_shape;
+  AttentionProblem p;
+  double theta = 10000.0;
+  DType dx_dtype = DType::f32, dw_dtype = DType::f32;
+  const char* name() const override { return "AttentionQkv"; }
+  bool accumulates_in_place() const override { return true; }
+  std::vector<Tensor> apply(const Tensor& grad) override {
+    const int64_t rows = x2.size(0), n = p.heads * p.d_head, in = x2.size(1);
+    const Tensor d_o =
+        reshape(grad.dtype() == o.dtype() ? detail::dense(grad) : cast(grad, o.dtype()), {rows, n});
+    Tensor dqkv = Tensor::empty({rows, 3 * n}, qkv.dtype(), qkv.device());
+    qkv_attention_backward(qkv, o, d_o, lse, p, dqkv);
+    rope_qk_in_place(dqkv, p.batch, p.seq, n, p.d_head, theta, true);
+    std::vector<Tensor> out(4);
+    if (next[0]) {
+      Tensor pending = pending_grads.empty() ? Tensor() : pending_grads[0];
+      if (pending.defined() && pending.dtype() == dx_dtype && pending.shape() == x_shape &&
+          detail::wide_dtype(w.dtype()) == dx_dtype) {
+        detail::gemm_into(dqkv, w, false, false, 1.0, 1.0, pending);  // added into x's collected gradient
+      } else {
+        Tensor dx = Tensor::empty({rows, in}, detail::wide_dtype(w.dtype()), w.device());
+        detail::gemm_into(dqkv, w, false, false, 1.0, 0.0, dx);
+        if (dx.dtype() != dx_dtype) dx = cast(dx, dx_dtype);
+        out[0] = reshape(dx, x_shape);
+      }
+    }
+    for (int64_t i = 0; i < 3; ++i) {
+      const std::shared_ptr<Node>& edge = next[static_cast<size_t>(i) + 1];
+      if (!edge) continue;
+      const Tensor g = dqkv.narrow_view(1, i * n, n);  // (rows, n), rows 3n apart
+      if (consume_factored_grad(edge, g, x2)) {
+        note_direct_contribution(edge, /*written=*/false);
+        continue;
+      }
+      bool known_zero = false;
+      Tensor target = direct_grad_buffer(edge, {n, in}, dw_dtype, &known_zero, w.dtype() == DType::bf16);
+      if (target.defined()) {
+        detail::gemm_into(g, x2, true, false, 1.0, known_zero ? 0.0 : 1.0, target);
+        note_direct_contribution(edge);
+      } else {
+        Tensor dw = Tensor::empty({n, in}, dw_dtype, w.device());
+        Tensor wide = dw_dtype == detail::wide_dtype(w.dtype())
+                          ? dw
+                          : Tensor::empty({n, in}, detail::wide_dtype(w.dtype()), w.device());
+        detail::gemm_into(g, x2, true, false, 1.0, 0.0, wide);
+        out[static_cast<size_t>(i) + 1] = wide.same(dw) ? dw : cast(wide, dw_dtype);
+      }
+    }
+    return out;
+  }
+  void release_saved() override { x2 = w = qkv = o = lse = Tensor(); }
+};
+
+}  // namespace
+
+Tensor attention_qkv(const Tensor& x, const Tensor& wq, const Tensor& wk, const Tensor& wv, int64_t heads,
+                     double rope_theta, DType compute, bool deterministic) {
+  TT_CHECK(x.dim() == 3, "attention_qkv: x must be (batch, seq, in), got " + x.describe());
+  TT_CHECK(wq.dim() == 2 && wq.shape() == wk.shape() && wq.shape() == wv.shape() && wq.size(1) == x.size(2),
+           "attention_qkv: weights " + wq.describe() + ", " + wk.describe() + ", " + wv.describe() +
+               " do not fit x " + x.describe());
+  TT_CHECK(wq.dtype() == wk.dtype() && wq.dtype() == wv.dtype(), "attention_qkv: the weights' dtypes differ");
+  TT_CHECK(compute == wq.dtype() || compute == DType::bf16,
+           std::string("attention_qkv: computes in the weights' dtype or bf16, not ") + dtype_name(compute));
+  detail::require_same_device(x, wq, "attention_qkv");
+  detail::require_same_device(wq, wk, "attention_qkv");
+  detail::require_same_device(wq, wv, "attention_qkv");
+  const int64_t batch = x.size(0), seq = x.size(1), in = x.size(2), n = wq.size(0), rows = batch * seq;
+  TT_CHECK(heads >= 1 && n % heads == 0 && (n / heads) % 2 == 0,
+           "attention_qkv: " + std::to_string(n) + " features do not split into " + std::to_string(heads) +
+               " heads of an even size");
+  const AttentionProblem p = qkv_problem(batch, seq, heads, n, deterministic);
+  Tensor x2, w, qkv, o, lse;
+  {
+    NoGradGuard no_grad;
+    x2 = reshape(detail::dense(x.dtype() == compute ? x : cast(x, compute)), {rows, in});
+    w = stacked_weights(wq, wk, wv, compute);
+    qkv = Tensor::empty({rows, 3 * n}, compute, x.device());
+    detail::gemm_into(x2, w, false, true, 1.0, 0.0, qkv);
+    rope_qk_in_place(qkv, batch, seq, n, n / heads, rope_theta, false);
+    o = Tensor::empty({rows, n}, compute, x.device());
+    lse = qkv_attention_forward(qkv, p, o);
+  }
+  Tensor out = o.view({batch, seq, n});
+  if (needs_grad({&x, &wq, &wk, &wv})) {
+    auto node = std::make_shared<AttentionQkvNode>();
+    node->x2 = x2;
+    node->w = w;
+    node->qkv = qkv;
+    node->o = o;  // the (rows, n) view: saving `out` itself would make out -> node -> out a reference cycle
+    node->lse = lse;
+    node->x_shape = x.shape();
+    node->p = p;
+    node->theta = rope_theta;
+    node->dx_dtype = detail::wide_dtype(x.dtype());
+    node->dw_dtype = wq.dtype();
+    attach_node(out, node, {&x, &wq, &wk, &wv});
+  }
+  return out;
+}
+
 Tensor naive_attention(const Tensor& q, const Tensor& k, const Tensor& v, bool causal) {
   check_qkv(q, k, v);
   const int64_t batch = q.size(0), heads = q.size(1), seq = q.size(2), d_head = q.size(3);

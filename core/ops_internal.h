@@ -52,6 +52,18 @@ inline void require_cuda_f32(const Tensor& t, const char* op) {
   }
 }
 
+// The GEMM every product goes through (core/ops_matmul.cpp): out = alpha * op(a) op(b) + beta * out for dense
+// a, b of one dtype (2-D ones may have rows wider than their columns: slices of a wider matrix) and a dense
+// `out` of the product's shape: f32/f64 for f32/f64 inputs; f32 or bf16 for bf16 inputs (bf16 only with
+// beta = 0). With `addend` (dense, out's dtype and size), beta * addend is added instead of beta * out.
+void gemm_into(const Tensor& a, const Tensor& b, bool trans_a, bool trans_b, double alpha, double beta,
+               Tensor& out, const Tensor* addend = nullptr);
+// The dtype of a product when the caller does not choose: f32 for bf16 inputs, else the inputs' own.
+DType wide_dtype(DType in);
+// t in `dtype`: itself, the bf16 copy kept beside it (Tensor::low_precision_copy) when that is the dtype
+// asked for, or else a cast.
+Tensor in_dtype(const Tensor& t, DType dtype);
+
 // Wraps a CUDA-only statement. Without CUDA no tensor can live on a GPU (allocation fails first), so the
 // branch that holds it is unreachable there and the statement compiles away.
 #ifdef TT_WITH_CUDA

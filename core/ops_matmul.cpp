@@ -3,7 +3,7 @@
 
 #include "core/ops_internal.h"
 
-namespace tt::ops {
+namespace tt::detail {
 
 namespace {
 
@@ -29,11 +29,24 @@ GemmArgs gemm_args(const Tensor& a, const Tensor& b, bool trans_a, bool trans_b)
   return g;
 }
 
-// out = alpha * op(a) op(b) + beta * out, for dense a, b of one dtype and a dense `out` of the product's
-// shape: f32/f64 for f32/f64 inputs; f32 or bf16 for bf16 inputs (bf16 only with beta = 0). With `addend`
-// (dense, out's dtype and size), beta * addend is added instead of beta * out.
+// The distance between rows of a GEMM operand: a 2-D operand may have rows wider than its columns (a slice of
+// a wider matrix, such as one projection's columns of a fused q|k|v product); batched ones are dense.
+int64_t row_stride(const Tensor& t) {
+  if (t.dim() == 2) {
+    TT_CHECK(t.strides()[1] == 1 && t.strides()[0] >= t.size(1),
+             "matmul: a 2-D operand needs unit column stride, got " + t.describe());
+    return t.strides()[0];
+  }
+  return t.size(-1);
+}
+
+}  // namespace
+
+// out = alpha * op(a) op(b) + beta * out, for dense a, b of one dtype (2-D ones may be row-strided) and a
+// dense `out` of the product's shape: f32/f64 for f32/f64 inputs; f32 or bf16 for bf16 inputs (bf16 only
+// with beta = 0). With `addend` (dense, out's dtype and size), beta * addend is added instead of beta * out.
 void gemm_into(const Tensor& a, const Tensor& b, bool trans_a, bool trans_b, double alpha, double beta,
-               Tensor& out, const Tensor* addend = nullptr) {
+               Tensor& out, const Tensor* addend) {
   const GemmArgs g = gemm_args(a, b, trans_a, trans_b);
   TT_CHECK(out.is_contiguous() && out.numel() == g.batch * g.m * g.n,
            "matmul: output " + out.describe() + " does not fit the product");
@@ -46,7 +59,7 @@ void gemm_into(const Tensor& a, const Tensor& b, bool trans_a, bool trans_b, dou
       addend = nullptr;
     }
   }
-  const int64_t lda = a.size(-1), ldb = b.size(-1), ldc = g.n;
+  const int64_t lda = row_stride(a), ldb = row_stride(b), ldc = g.n;
   const int64_t sa = a.size(-1) * a.size(-2), sb = b.size(-1) * b.size(-2), sc = g.m * g.n;
   const bool mixed = a.dtype() == DType::bf16;
   TT_CHECK(out.dtype() == a.dtype() || (mixed && out.dtype() == DType::f32),
@@ -81,6 +94,26 @@ DType wide_dtype(DType in) {
   return in == DType::bf16 ? DType::f32 : in;
 }
 
+// t in `dtype`: itself, the bf16 copy kept beside it (Tensor::low_precision_copy: a weight's mirror, a
+// residual gradient's copy from RMSNorm) when that is the dtype asked for, or else a cast.
+Tensor in_dtype(const Tensor& t, DType dtype) {
+  if (t.dtype() == dtype) return t;
+  const Tensor& kept = t.low_precision_copy();
+  return kept.defined() && kept.dtype() == dtype ? kept : ops::cast(t, dtype);
+}
+
+}  // namespace tt::detail
+
+namespace tt::ops {
+
+using detail::gemm_args;
+using detail::gemm_into;
+using detail::GemmArgs;
+using detail::in_dtype;
+using detail::wide_dtype;
+
+namespace {
+
 // out = alpha * op(a) op(b), out allocated here.
 Tensor matmul_raw(const Tensor& a_in, const Tensor& b_in, bool trans_a, bool trans_b, double alpha,
                   DType out_dtype) {
@@ -100,14 +133,6 @@ Tensor matmul_raw(const Tensor& a_in, const Tensor& b_in, bool trans_a, bool tra
 
 Tensor matmul_raw(const Tensor& a, const Tensor& b, bool trans_a, bool trans_b, double alpha) {
   return matmul_raw(a, b, trans_a, trans_b, alpha, wide_dtype(a.dtype()));
-}
-
-// t in `dtype`: itself, the bf16 copy kept beside it (Tensor::low_precision_copy: a weight's mirror, a
-// residual gradient's copy from RMSNorm) when that is the dtype asked for, or else a cast.
-Tensor in_dtype(const Tensor& t, DType dtype) {
-  if (t.dtype() == dtype) return t;
-  const Tensor& kept = t.low_precision_copy();
-  return kept.defined() && kept.dtype() == dtype ? kept : cast(t, dtype);
 }
 
 struct MatmulNode : Node {

@@ -142,22 +142,29 @@ Tensor CausalSelfAttention::forward(const Tensor& x, const Tensor& residual, con
   // are then rotated in f32 and rounded again (the reference model's rounding), and the rotation hands the
   // projections bf16 gradients (which they round to bf16 anyway).
   const bool bf16 = precision == Precision::bf16;
-  const Tensor q = ops::rope(q_proj_.forward(x, precision, bf16), d_head, config_.rope_theta);
-  const Tensor k = ops::rope(k_proj_.forward(x, precision, bf16), d_head, config_.rope_theta);
-  const Tensor v = v_proj_.forward(x, precision, true);
-  // (batch, seq, heads*d_head) seen as (batch, heads, seq, d_head) without copying.
-  auto split_heads = [&](const Tensor& t) {
-    return ops::transpose(ops::reshape(t, {batch, seq, heads, d_head}), 1, 2);
-  };
-  const Tensor qh = split_heads(q), kh = split_heads(k), vh = split_heads(v);
-  Tensor o;
-  {
-    const NvtxRange core(config_.attention == AttentionKind::flash ? "flash_attention" : "naive_attention");
-    o = config_.attention == AttentionKind::flash
-            ? ops::flash_attention(qh, kh, vh, true, config_.deterministic)
-            : ops::naive_attention(qh, kh, vh, true);
+  Tensor merged;
+  if (config_.attention == AttentionKind::flash) {
+    // The same as the naive branch's ops with flash attention, as one op: the three projections are one
+    // matmul each way (ops::attention_qkv).
+    const NvtxRange core("flash_attention");
+    merged =
+        ops::attention_qkv(x, q_proj_.weight(), k_proj_.weight(), v_proj_.weight(), heads, config_.rope_theta,
+                           bf16 ? DType::bf16 : q_proj_.weight().dtype(), config_.deterministic);
+  } else {
+    const Tensor q = ops::rope(q_proj_.forward(x, precision, bf16), d_head, config_.rope_theta);
+    const Tensor k = ops::rope(k_proj_.forward(x, precision, bf16), d_head, config_.rope_theta);
+    const Tensor v = v_proj_.forward(x, precision, true);
+    // (batch, seq, heads*d_head) seen as (batch, heads, seq, d_head) without copying.
+    auto split_heads = [&](const Tensor& t) {
+      return ops::transpose(ops::reshape(t, {batch, seq, heads, d_head}), 1, 2);
+    };
+    Tensor o;
+    {
+      const NvtxRange core("naive_attention");
+      o = ops::naive_attention(split_heads(q), split_heads(k), split_heads(v), true);
+    }
+    merged = ops::reshape(ops::contiguous(ops::transpose(o, 1, 2)), {batch, seq, heads * d_head});
   }
-  const Tensor merged = ops::reshape(ops::contiguous(ops::transpose(o, 1, 2)), {batch, seq, heads * d_head});
   return residual.defined() ? output_proj_.forward_add(merged, residual, precision, sum_into)
                             : output_proj_.forward(merged, precision);
 }

@@ -57,6 +57,7 @@ class Linear : public Module {
   Tensor forward_add(const Tensor& x, const Tensor& residual, Precision precision,
                      const Tensor& sum_into = Tensor()) const;
   Tensor& weight() { return weight_; }
+  const Tensor& weight() const { return weight_; }
 
  private:
   Tensor& weight_;

@@ -22,7 +22,7 @@ cuda::GemmAdamwProblem cuda_problem(const Tensor& p, const Tensor& m, const Tens
   const int64_t out = fg.dy.size(1), in = fg.x.size(1);
   return {fg.dy.raw_data(),
           fg.x.raw_data(),
-          out,
+          fg.dy.strides()[0],  // ld_dy: dy may be some columns of a wider product (ops::attention_qkv)
           in,
           out,
           in,
@@ -189,7 +189,9 @@ bool AdamW::check_factored_gradient(size_t index, const FactoredGradient& fg) co
                " and " + x.describe() + " for " + p.describe());
   TT_CHECK(step_ >= 1, "AdamW: factored gradient before prepare_step()");
   if (!p.device().is_cuda()) return true;
-  return p.dtype() == DType::f32 && dy.dtype() == DType::bf16 && dy.is_contiguous() && x.is_contiguous() &&
+  // dy's rows may be further apart than its width (columns of a wider product); x is dense.
+  const bool dy_rows = dy.strides()[1] == 1 && dy.strides()[0] >= dy.size(1);
+  return p.dtype() == DType::f32 && dy.dtype() == DType::bf16 && dy_rows && x.is_contiguous() &&
          (g.dtype() == DType::f32 || g.dtype() == DType::bf16);
 }
 

@@ -374,6 +374,21 @@ TEST_CASE("CUDA fused-precision ops equal their CPU twins: bf16 outputs of matmu
             (compute == DType::f32 ? kF32 : kBf16));
     }
   }
+  // The fused attention front (one matmul, strided RoPE, flash on the fused layout) against the CPU, in f32
+  // and bf16, head dims 64 and 80 (the Hopper and the mma.sync flash kernels).
+  for (const int64_t d : {64, 80}) {
+    for (DType compute : {DType::f32, DType::bf16}) {
+      CAPTURE(d);
+      CAPTURE(static_cast<int>(compute));
+      const int64_t n = 2 * d;
+      CHECK(cuda_vs_cpu(
+                [&](const auto& in) {
+                  return ops::attention_qkv(in[0], in[1], in[2], in[3], 2, 10000.0, compute);
+                },
+                {randn({2, 70, 96}, 73), randn({n, 96}, 74, 0.1), randn({n, 96}, 75, 0.1),
+                 randn({n, 96}, 76, 0.1)}) < (compute == DType::f32 ? 1e-4 : 2e-2));
+    }
+  }
   // A sole consumer's bf16 input gradient, rounded by cuBLASLt's epilogue (narrow_x_grad).
   CHECK(cuda_vs_cpu(
             [&](const auto& in) {
@@ -818,10 +833,16 @@ TEST_CASE("AdamW inside the weight-gradient matmul (Hopper kernel) equals its CP
       std::vector<optim::AdamW::FactoredGradient> on_cpu, on_gpu;
       uint32_t seed = 43;
       for (const Weight& w : weights) {
-        const Tensor dy = ops::cast(randn({tokens, w.out}, seed++), DType::bf16),
+        // The second weight's dy is some columns of a wider matrix (rows 16 elements longer, starting 8 in),
+        // as a fused q|k|v product hands each projection its gradient.
+        const bool strided = w.begin == weights[1].begin;
+        const Tensor wide = ops::cast(randn({tokens, w.out + (strided ? 16 : 0)}, seed++), DType::bf16);
+        const Tensor dy = strided ? wide.narrow_view(1, 8, w.out) : wide,
                      x = ops::cast(randn({tokens, w.in}, seed++), DType::bf16);
         on_cpu.push_back({w.begin, dy, x});
-        on_gpu.push_back({w.begin, dy.to(Device::cuda(0)), x.to(Device::cuda(0))});
+        const Tensor dy_gpu =
+            strided ? wide.to(Device::cuda(0)).narrow_view(1, 8, w.out) : dy.to(Device::cuda(0));
+        on_gpu.push_back({w.begin, dy_gpu, x.to(Device::cuda(0))});
         CHECK(gpu_opt.takes_factored_gradient(0, on_gpu.back()));
       }
       cpu_opt.apply_factored_gradients(0, on_cpu);

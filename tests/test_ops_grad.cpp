@@ -165,6 +165,85 @@ TEST_CASE(
             {leaf({b, t, h * d}, 106), leaf({b, t, h * d}, 107), leaf({b, t, h * d}, 108)}) < kTol);
 }
 
+// The unfused front of an attention sublayer: three projections, RoPE on q and k, flash attention, heads
+// merged; what ops::attention_qkv computes in one op.
+Tensor unfused_attention(const Tensor& x, const Tensor& wq, const Tensor& wk, const Tensor& wv, int64_t heads,
+                         DType compute) {
+  const int64_t b = x.size(0), t = x.size(1), n = wq.size(0), d = n / heads;
+  const DType out = compute;  // the projections leave their matmuls in the compute dtype
+  auto split = [&](const Tensor& y) { return ops::transpose(ops::reshape(y, {b, t, heads, d}), 1, 2); };
+  const Tensor q = ops::rope(ops::linear(x, wq, compute, out), d, 10000.0);
+  const Tensor k = ops::rope(ops::linear(x, wk, compute, out), d, 10000.0);
+  const Tensor v = ops::linear(x, wv, compute, out);
+  const Tensor o = ops::flash_attention(split(q), split(k), split(v), true);
+  return ops::reshape(ops::contiguous(ops::transpose(o, 1, 2)), {b, t, n});
+}
+
+TEST_CASE(
+    "attention_qkv: one matmul, RoPE and flash attention; the values and gradients of the unfused ops") {
+  // Finite differences through the whole op (two heads of 4, x and the three weights).
+  CHECK(gradient_error(
+            [](const Inputs& in) {
+              return ops::attention_qkv(in[0], in[1], in[2], in[3], 2, 10000.0, DType::f64);
+            },
+            {leaf({2, 5, 6}, 340), leaf({8, 6}, 341), leaf({8, 6}, 342), leaf({8, 6}, 343)}) < kTol);
+  // Against the unfused ops, with the weights apart (a copy is stacked) and adjacent in one buffer (a view).
+  const Tensor x = testing::random_tensor({2, 7, 12}, 344);
+  const Tensor flat = testing::random_tensor({3 * 16 * 12}, 345);
+  for (const bool adjacent : {false, true}) {
+    CAPTURE(adjacent);
+    std::vector<Tensor> w;
+    for (int64_t i = 0; i < 3; ++i) {
+      Tensor wi = adjacent ? flat.narrow_view(0, i * 192, 192).view({16, 12})
+                           : testing::random_tensor({16, 12}, 346 + static_cast<uint32_t>(i));
+      w.push_back(wi);
+    }
+    std::vector<Tensor> fused_in, plain_in;
+    for (const Tensor& t : {x, w[0], w[1], w[2]}) {
+      fused_in.push_back(t.clone().set_requires_grad(true));
+      plain_in.push_back(t.clone().set_requires_grad(true));
+    }
+    if (adjacent) {  // the fused op's inputs share one buffer, as FlatParameters lays them out
+      Tensor buffer = flat.clone();
+      for (int64_t i = 0; i < 3; ++i) {
+        fused_in[static_cast<size_t>(i) + 1] =
+            buffer.narrow_view(0, i * 192, 192).view({16, 12}).set_requires_grad(true);
+      }
+    }
+    const Tensor fused =
+        ops::attention_qkv(fused_in[0], fused_in[1], fused_in[2], fused_in[3], 4, 10000.0, DType::f64);
+    const Tensor plain = unfused_attention(plain_in[0], plain_in[1], plain_in[2], plain_in[3], 4, DType::f64);
+    const std::vector<double> a = fused.to_doubles(), b = plain.to_doubles();
+    REQUIRE(a.size() == b.size());
+    for (size_t i = 0; i < a.size(); ++i) CHECK(a[i] == doctest::Approx(b[i]).epsilon(1e-12));
+    const Tensor weights = testing::random_tensor(fused.shape(), 349);
+    fused.backward(weights);
+    plain.backward(weights);
+    for (size_t i = 0; i < 4; ++i) {
+      CAPTURE(i);
+      const std::vector<double> ga = fused_in[i].grad().to_doubles(), gb = plain_in[i].grad().to_doubles();
+      for (size_t j = 0; j < ga.size(); ++j) CHECK(ga[j] == doctest::Approx(gb[j]).epsilon(1e-10));
+    }
+  }
+  // bf16: the projections rounded to bf16, q and k rotated and rounded again, as the unfused ops do.
+  const Tensor xb = testing::random_tensor({2, 7, 12}, 350, DType::f32);
+  const Tensor wq = testing::random_tensor({16, 12}, 351, DType::f32),
+               wk = testing::random_tensor({16, 12}, 352, DType::f32),
+               wv = testing::random_tensor({16, 12}, 353, DType::f32);
+  const std::vector<double> fb = ops::attention_qkv(xb, wq, wk, wv, 4, 10000.0, DType::bf16).to_doubles();
+  const std::vector<double> pb = unfused_attention(xb, wq, wk, wv, 4, DType::bf16).to_doubles();
+  for (size_t i = 0; i < fb.size(); ++i) CHECK(fb[i] == doctest::Approx(pb[i]).epsilon(1e-2).scale(1.0));
+  // Refused: weights of different shapes, heads that do not divide the features evenly.
+  CHECK_THROWS_WITH_AS(
+      ops::attention_qkv(x, testing::random_tensor({16, 12}, 354), testing::random_tensor({8, 12}, 355),
+                         testing::random_tensor({16, 12}, 354), 4, 10000.0, DType::f64),
+      doctest::Contains("do not fit"), Error);
+  CHECK_THROWS_WITH_AS(
+      ops::attention_qkv(x, testing::random_tensor({16, 12}, 354), testing::random_tensor({16, 12}, 354),
+                         testing::random_tensor({16, 12}, 354), 3, 10000.0, DType::f64),
+      doctest::Contains("heads"), Error);
+}
+
 TEST_CASE("flash attention equals naive attention on head-interleaved views") {
   // q/k/v as (batch, heads, seq, d) views of (batch, seq, heads*d) buffers, the model's layout.
   const int64_t b = 2, h = 3, t = 70, d = 8;

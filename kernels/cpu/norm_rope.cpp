@@ -55,12 +55,14 @@ void rms_norm_backward(const T* dy, const T* x, const T* w, const T* inv_rms, T*
 
 template <class T>
 void rope(const T* x, T* y, int64_t batch, int64_t seq, int64_t dim, int64_t d_head, double theta,
-          bool inverse) {
+          bool inverse, int64_t ld_x, int64_t ld_y) {
   const int64_t half = d_head / 2;
+  if (ld_x == 0) ld_x = dim;
+  if (ld_y == 0) ld_y = dim;
   for (int64_t b = 0; b < batch; ++b) {
     for (int64_t t = 0; t < seq; ++t) {
-      const T* xr = x + (b * seq + t) * dim;
-      T* yr = y + (b * seq + t) * dim;
+      const T* xr = x + (b * seq + t) * ld_x;
+      T* yr = y + (b * seq + t) * ld_y;
       for (int64_t i = 0; i < half; ++i) {
         // Same rounding steps as the CUDA kernel: inverse frequency in double, angle in T.
         const T inv_freq = static_cast<T>(std::pow(theta, -2.0 * static_cast<double>(i) / d_head));
@@ -82,7 +84,7 @@ void rope(const T* x, T* y, int64_t batch, int64_t seq, int64_t dim, int64_t d_h
   template void embedding_backward<T>(const T*, const int32_t*, T*, int64_t, int64_t);                  \
   template void rms_norm_forward<T>(const T*, const T*, T*, T*, int64_t, int64_t, double);              \
   template void rms_norm_backward<T>(const T*, const T*, const T*, const T*, T*, T*, int64_t, int64_t); \
-  template void rope<T>(const T*, T*, int64_t, int64_t, int64_t, int64_t, double, bool);
+  template void rope<T>(const T*, T*, int64_t, int64_t, int64_t, int64_t, double, bool, int64_t, int64_t);
 TT_INSTANTIATE(float)
 TT_INSTANTIATE(double)
 #undef TT_INSTANTIATE

@@ -581,15 +581,15 @@ __device__ inline void store_group(T* p, int64_t k, const float (&v)[W]) {
 // matches the CPU up to the last-ulp differences of cosf/sinf. x and y are f32 or bf16 (read as f32; y
 // rounded once).
 template <int W, class In, class Out>
-__global__ void rope_kernel(const In* x, Out* y, int64_t rows, int64_t seq, int groups_per_row,
-                            int pairs_per_head, bool inverse, const __grid_constant__ RopeFrequencies freqs) {
+__global__ void rope_kernel(const In* x, Out* y, int64_t rows, int64_t seq, int groups_per_row, int64_t ld_x,
+                            int64_t ld_y, int pairs_per_head, bool inverse,
+                            const __grid_constant__ RopeFrequencies freqs) {
   // Indexing the parameter bank with a different index per lane would serialise every warp's reads.
   __shared__ float inv_freq[kMaxRopePairs];
   __shared__ float2 rotation[kMaxRopePairs];  // (cos, sin) of this row's angles, sin negated for the inverse
   for (int i = static_cast<int>(threadIdx.x); i < pairs_per_head; i += static_cast<int>(blockDim.x))
     inv_freq[i] = freqs.inv_freq[i];
   constexpr int kPairs = W / 2;
-  const int64_t dim = int64_t{groups_per_row} * W;
   for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
     __syncthreads();  // inv_freq written; the previous row's rotations read
     const float t = static_cast<float>(row % seq);
@@ -599,8 +599,8 @@ __global__ void rope_kernel(const In* x, Out* y, int64_t rows, int64_t seq, int 
       rotation[i] = make_float2(cosf(angle), inverse ? -sn : sn);
     }
     __syncthreads();
-    const In* xr = x + row * dim;
-    Out* yr = y + row * dim;
+    const In* xr = x + row * ld_x;
+    Out* yr = y + row * ld_y;
     for (int g = static_cast<int>(threadIdx.x); g < groups_per_row; g += static_cast<int>(blockDim.x)) {
       float v[W], out[W];
       load_group<W>(xr, g, v);
@@ -787,7 +787,10 @@ void rms_norm_backward(const float* dy, const float* x, const float* w, const fl
 }
 
 void rope(const void* x, DType x_type, void* y, DType y_type, int64_t batch, int64_t seq, int64_t dim,
-          int64_t d_head, double theta, bool inverse, cudaStream_t stream) {
+          int64_t d_head, double theta, bool inverse, cudaStream_t stream, int64_t ld_x, int64_t ld_y) {
+  if (ld_x == 0) ld_x = dim;
+  if (ld_y == 0) ld_y = dim;
+  TT_CHECK(ld_x >= dim && ld_y >= dim, "cuda::rope: row strides below the row length");
   TT_CHECK((x_type == DType::f32 || x_type == DType::bf16) && (y_type == DType::f32 || y_type == DType::bf16),
            "cuda::rope: f32 or bf16 input and output");
   TT_CHECK(d_head > 0 && d_head % 2 == 0 && d_head <= 2 * kMaxRopePairs,
@@ -803,11 +806,12 @@ void rope(const void* x, DType x_type, void* y, DType y_type, int64_t batch, int
     freqs.inv_freq[i] = static_cast<float>(std::pow(theta, -2.0 * static_cast<double>(i) / d_head));
   TT_CHECK(dim / 2 <= std::numeric_limits<int>::max(),
            "cuda::rope: rows of " + std::to_string(dim) + " elements are too long");
-  // The widest group that keeps every group inside one head and every access aligned: rows and heads are
-  // multiples of W elements and both buffers start on a multiple of W elements.
+  // The widest group that keeps every group inside one head and every access aligned: heads and row
+  // strides are multiples of W elements and both buffers start on a multiple of W elements.
   const bool in_bf16 = x_type == DType::bf16, out_bf16 = y_type == DType::bf16;
   auto fits = [&](int64_t w) {
-    return d_head % w == 0 && reinterpret_cast<uintptr_t>(x) % (w * (in_bf16 ? 2 : 4)) == 0 &&
+    return d_head % w == 0 && ld_x % w == 0 && ld_y % w == 0 &&
+           reinterpret_cast<uintptr_t>(x) % (w * (in_bf16 ? 2 : 4)) == 0 &&
            reinterpret_cast<uintptr_t>(y) % (w * (out_bf16 ? 2 : 4)) == 0;
   };
   const int width = in_bf16 && out_bf16 && fits(8) ? 8 : fits(4) ? 4 : 2;
@@ -818,7 +822,7 @@ void rope(const void* x, DType x_type, void* y, DType y_type, int64_t batch, int
       static_cast<int>(std::max<int64_t>(64, ((groups + passes - 1) / passes + 31) / 32 * 32));
   auto launch = [&](auto vec, auto* in, auto* out) {
     rope_kernel<decltype(vec)::value><<<row_blocks(rows), threads, 0, stream>>>(
-        in, out, rows, seq, static_cast<int>(groups), static_cast<int>(half), inverse, freqs);
+        in, out, rows, seq, static_cast<int>(groups), ld_x, ld_y, static_cast<int>(half), inverse, freqs);
   };
   auto dispatch = [&](auto* in, auto* out) {
     if (width == 8) {
