@@ -64,8 +64,8 @@ class AdamW : public Optimizer {
     int64_t begin = 0;
     Tensor dy, x;
   };
-  // Weights one launch of the CUDA kernel below updates together.
-  static constexpr size_t kFactoredGroup = 8;
+  // Weights one launch of the CUDA kernel below updates together (at most).
+  static constexpr size_t kFactoredGroup = 32;
   // Whether apply_factored_gradients takes `g` for parameter `index`: always on the CPU; on CUDA where the
   // kernel applies (a Hopper GPU, bf16 operands in contiguous rows, an f32 parameter, aligned rows).
   // Arguments that do not fit the parameter at all are an error. After prepare_step().

@@ -18,6 +18,7 @@ struct UpdateInBackward::State {
   Device device;
   bool armed = false;
   bool in_matmul = false;
+  size_t group = AdamW::kFactoredGroup;  // factored gradients applied per launch
   int64_t hook_updates = 0, matmul_updates = 0;
   std::vector<bool> done;                           // per parameter, this pass
   std::vector<bool> in_product;                     // per parameter: updated by its matmul this pass
@@ -26,7 +27,7 @@ struct UpdateInBackward::State {
   std::vector<uint64_t> hooks;                      // per parameter: its hook's handle
   std::vector<AdamW::FactoredGradient> pending;     // taken by consume(), not yet applied
 
-  // Applies the pending factored gradients (one launch per AdamW::kFactoredGroup on CUDA).
+  // Applies the pending factored gradients (one launch on CUDA).
   void flush() {
     std::vector<AdamW::FactoredGradient> group;
     group.swap(pending);
@@ -87,7 +88,7 @@ struct UpdateInBackward::State {
     // round of tiles. Holding dy and x keeps them from being reused until then.
     pending.push_back(std::move(g));
     in_product[index] = true;
-    if (pending.size() == AdamW::kFactoredGroup) flush();
+    if (pending.size() == group) flush();
     return true;
   }
 
@@ -118,10 +119,13 @@ struct UpdateInBackward::State {
   }
 };
 
-UpdateInBackward::UpdateInBackward(nn::FlatParameters& params, AdamW& optimizer, bool in_matmul)
+UpdateInBackward::UpdateInBackward(nn::FlatParameters& params, AdamW& optimizer, bool in_matmul, size_t group)
     : state_(std::make_shared<State>(params, optimizer)) {
   TT_CHECK(optimizer.parameter_count() == 1 && optimizer.params()[0].impl() == params.flat_params().impl(),
            "UpdateInBackward needs an AdamW over the flat parameter buffer");
+  TT_CHECK(group >= 1 && group <= AdamW::kFactoredGroup,
+           "UpdateInBackward: a group of " + std::to_string(group) + " weights per launch (1 to " +
+               std::to_string(AdamW::kFactoredGroup) + ")");
   State& s = *state_;
   s.device = params.flat_params().device();
   // Events only for CUDA parameters (a CUDA build on a machine without a GPU must not touch the driver).
@@ -139,6 +143,7 @@ UpdateInBackward::UpdateInBackward(nn::FlatParameters& params, AdamW& optimizer,
   s.done.assign(n, false);
   s.in_product.assign(n, false);
   s.in_matmul = in_matmul;
+  s.group = group;
   for (size_t i = 0; i < n; ++i) {
     s.ready.push_back(cuda ? std::make_unique<StreamEvent>(s.device.index) : nullptr);
     std::weak_ptr<State> weak = state_;

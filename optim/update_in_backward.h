@@ -10,15 +10,15 @@
 // With `in_matmul`, a linear layer's weight goes one step further: its update runs inside the matmul that
 // computes its gradient (AdamW::apply_factored_gradients, the factored-gradient consumer of autograd.h), so
 // the gradient is never stored, read back or zeroed. Those updates run on the compute stream in groups of
-// AdamW::kFactoredGroup weights, one launch each, as soon as a group is complete and at finish(); each
-// weight's dy and x stay allocated until its group has run. The
-// result then differs from the unfused step only by the matmul's summation order (another kernel computes
-// the same product). Weights that kernel does not take fall back to the hook path above, and so does a weight
-// whose .grad already holds a gradient when its matmul runs (left from before begin()); a weight that gets
-// another gradient after its matmul's update in the same pass (used twice) is an error.
-// begin() refuses an AdamW with a gradient scale (clipping needs the global norm first) and a parameter whose
-// gradient arrives twice in one pass (accumulation); do not combine it with dist::DataParallel, whose hooks
-// communicate the very gradients these updates consume and zero.
+// `group` weights (by default AdamW::kFactoredGroup), one launch each, as soon as a group is complete and at
+// finish(); each weight's dy and x stay allocated until its group has run. The result then differs from the
+// unfused step only by the matmul's summation order (another kernel computes the same product). Weights that
+// kernel does not take fall back to the hook path above, and so does a weight whose .grad already holds a
+// gradient when its matmul runs (left from before begin()); a weight that gets another gradient after its
+// matmul's update in the same pass (used twice) is an error. begin() refuses an AdamW with a gradient scale
+// (clipping needs the global norm first) and a parameter whose gradient arrives twice in one pass
+// (accumulation); do not combine it with dist::DataParallel, whose hooks communicate the very gradients these
+// updates consume and zero.
 #pragma once
 
 #include <memory>
@@ -31,8 +31,10 @@ namespace tt::optim {
 class UpdateInBackward {
  public:
   // `optimizer` must be an AdamW over exactly {params.flat_params()}. Registers a grad-ready hook on every
-  // parameter; the hooks do nothing outside begin()/finish() and after this object is gone.
-  UpdateInBackward(nn::FlatParameters& params, AdamW& optimizer, bool in_matmul = false);
+  // parameter; the hooks do nothing outside begin()/finish() and after this object is gone. `group`: with
+  // in_matmul, the weights applied per launch (1 to AdamW::kFactoredGroup).
+  UpdateInBackward(nn::FlatParameters& params, AdamW& optimizer, bool in_matmul = false,
+                   size_t group = AdamW::kFactoredGroup);
   ~UpdateInBackward();
   UpdateInBackward(const UpdateInBackward&) = delete;
   UpdateInBackward& operator=(const UpdateInBackward&) = delete;

@@ -704,8 +704,8 @@ struct UpdateInBackwardRig {
         plain_opt({prepared(plain, grad_dtype, bf16_mirror)}),
         fused_opt({prepared(fused, grad_dtype, bf16_mirror)}),
         graph_opt({prepared(graphed, grad_dtype, bf16_mirror)}),
-        fused_update(fused, fused_opt, in_matmul),
-        graph_update(graphed, graph_opt, in_matmul) {
+        fused_update(fused, fused_opt, in_matmul, kGroup),
+        graph_update(graphed, graph_opt, in_matmul, kGroup) {
     if (bf16_mirror) {
       plain_opt.write_bf16_mirror(&plain);
       fused_opt.write_bf16_mirror(&fused);
@@ -719,6 +719,9 @@ struct UpdateInBackwardRig {
     y = Tensor::from_ints(targets, {2, 32}, gpu);
   }
   static nn::ModelConfig config() { return tiny_bf16_config(nn::AttentionKind::naive); }
+  // Weights per gemm_adamw launch: fewer than the tiny model's 15 linear weights, so that launches happen
+  // during backward as well as at finish().
+  static constexpr size_t kGroup = 4;
   // The flat parameters, their gradient buffer and mirror set up before the optimizer sees them.
   static Tensor prepared(nn::FlatParameters& f, DType grad_dtype, bool bf16_mirror) {
     f.set_grad_dtype(grad_dtype);
@@ -914,8 +917,8 @@ TEST_CASE(
       fused_opt.prepare_step();
       fused_body(fused_model, fused_update, true);
     }
-    // q, k, v, o, w1, w2, w3 of both layers and the output projection on Hopper, in two launches (a group
-    // of AdamW::kFactoredGroup, then the rest at finish()).
+    // q, k, v, o, w1, w2, w3 of both layers and the output projection on Hopper, in four launches (three
+    // groups of UpdateInBackwardRig::kGroup during backward, then the rest at finish()).
     CHECK(fused_update.updated_in_matmul() == (hopper ? 2 * 7 + 1 : 0));
     graph_opt.prepare_step();
     fused_body(graph_model, graph_update, false);

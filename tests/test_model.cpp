@@ -197,6 +197,7 @@ struct TinyRun {
   bool freeze = false;      // layers.1.ln2.weight frozen
   bool grads_bf16 = false;  // FlatParameters::set_grad_dtype(bf16)
   int steps = 3;
+  size_t group = optim::AdamW::kFactoredGroup;  // weights per launch with in_matmul
   uint64_t init_seed = 3, data_seed = 8;
   int64_t pad = 7;  // flat buffers padded to a multiple of this
 };
@@ -232,7 +233,9 @@ TinyResult train_tiny(Device device, const TinyRun& run) {
     adamw.write_bf16_mirror(&flat);
   }
   std::unique_ptr<optim::UpdateInBackward> fused;
-  if (run.in_backward) fused = std::make_unique<optim::UpdateInBackward>(flat, adamw, run.in_matmul);
+  if (run.in_backward) {
+    fused = std::make_unique<optim::UpdateInBackward>(flat, adamw, run.in_matmul, run.group);
+  }
   TinyResult result;
   for (int step = 0; step < run.steps; ++step) {
     std::vector<int32_t> x(2 * 12), y(2 * 12);
@@ -290,13 +293,19 @@ TEST_CASE("AdamW fused into backward equals backward, then step, then zero_grad"
 TEST_CASE("AdamW inside the weight-gradient matmul equals backward, then step, then zero_grad (CPU)") {
   // f32: the factored gradient goes through the same CPU GEMM as backward's own, so the bits agree.
   // bf16 with bf16 gradients and the mirror: the gradient is rounded to bf16 as the buffer would hold it.
-  for (const bool bf16 : {false, true}) {
+  // Groups of 4 weights are applied during backward as well as at finish(); the default group at finish().
+  for (const auto& [bf16, group] : {std::pair<bool, size_t>{false, optim::AdamW::kFactoredGroup},
+                                    {true, optim::AdamW::kFactoredGroup},
+                                    {false, 4},
+                                    {true, 4}}) {
     CAPTURE(bf16);
+    CAPTURE(group);
     TinyRun run;
     run.freeze = true;
     run.bf16 = run.mirror = run.grads_bf16 = bf16;
     const TinyResult plain = train_tiny(Device::cpu(), run);
     run.in_backward = run.in_matmul = true;
+    run.group = group;
     const TinyResult fused = train_tiny(Device::cpu(), run);
     CHECK(fused.params == plain.params);
     CHECK(fused.losses == plain.losses);
@@ -359,6 +368,11 @@ TEST_CASE(
   update.begin();
   const Tensor loss = ops::add(model.loss(x, y), ops::sum(ops::mul(*q, *q)));
   CHECK_THROWS_WITH_AS(loss.backward(), doctest::Contains("got another gradient in the same pass"), Error);
+  // A group size outside 1 .. kFactoredGroup is refused.
+  for (const size_t group : {size_t{0}, optim::AdamW::kFactoredGroup + 1}) {
+    CHECK_THROWS_WITH_AS(optim::UpdateInBackward(flat, adamw, true, group),
+                         doctest::Contains("weights per launch"), Error);
+  }
   // Two consumers for one weight are refused too.
   CHECK_THROWS_WITH_AS(optim::UpdateInBackward(flat, adamw, true),
                        doctest::Contains("has a consumer already"), Error);

@@ -136,7 +136,7 @@ struct GemmAdamwProblem {
   float* exp_avg_sq;
   void* bf16_copy;  // nullable
 };
-constexpr int kGemmAdamwMaxProblems = 8;  // weights one gemm_adamw launch takes
+constexpr int kGemmAdamwMaxProblems = 32;  // weights one gemm_adamw launch takes
 // Whether gemm_adamw takes this weight: a Hopper GPU, in, ld_dy and ld_x multiples of 8, dy and x 16-byte
 // aligned, W and the moments 16-byte aligned, bf16_copy 8-byte aligned.
 bool gemm_adamw_takes(const GemmAdamwProblem& problem, int64_t tokens);

@@ -90,6 +90,9 @@ struct Params {
   AdamWFactors f;
   int round_grad_bf16;  // the gradient rounded to bf16 first, as a bf16 gradient buffer would hold it
 };
+// Passed by value as the kernel's parameter: over the 4 KB of older toolkits, within the 32 KB that CUDA 12.1
+// and later allow.
+static_assert(sizeof(Params) <= 32764, "gemm_adamw's parameters exceed the kernel parameter limit");
 
 #if TT_HAVE_WGMMA
 
@@ -99,8 +102,9 @@ struct TileAt {
   int problem;
   int64_t m0, n0;
 };
-__device__ inline TileAt locate(const Params& p, int tile) {
-  int q = 0;
+// `from`: a weight at or before the tile's (a block's tiles only move forward through the group).
+__device__ inline TileAt locate(const Params& p, int tile, int from) {
+  int q = from;
   while (q + 1 < p.problems && tile >= p.problem[q + 1].first_tile) ++q;
   const Problem& w = p.problem[q];
   const int local = tile - w.first_tile;
@@ -120,9 +124,16 @@ __device__ void compute_products(const Params& a, unsigned char* smem, float* st
                        static_cast<int>(gridDim.x);
   const int total = my_tiles * k_tiles;  // stage loads of this block, numbered g = tile * k_tiles + t
   const uint64_t policy = l2_evict_last_policy();
+  // Where the tile being loaded lies, found once per tile, not once per stage: the loads
+  // of every stage wait for it.
+  int located = -1;
+  TileAt at{};
   auto load = [&](int g) {
     const int tile = static_cast<int>(blockIdx.x) + (g / k_tiles) * static_cast<int>(gridDim.x);
-    const TileAt at = locate(a, tile);
+    if (tile != located) {
+      at = locate(a, tile, at.problem);
+      located = tile;
+    }
     const CUtensorMap &map_dy = a.map_dy[at.problem], &map_x = a.map_x[at.problem];
     const int s = g % kStages, row = g % k_tiles * kBlockK, m = static_cast<int>(at.m0),
               n = static_cast<int>(at.n0);
@@ -204,9 +215,10 @@ __device__ void update_tiles(const Params& a, const float* staging, uint64_t* st
   const int first_row = u * 4 / T::N, col = u * 4 % T::N;
   AdamWFactors f = a.f;
   adamw_load_step_factors(f, a.step_factors);
-  int it = 0;
+  int it = 0, problem = 0;
   for (int tile = static_cast<int>(blockIdx.x); tile < a.tiles; tile += static_cast<int>(gridDim.x), ++it) {
-    const TileAt at = locate(a, tile);
+    const TileAt at = locate(a, tile, problem);
+    problem = at.problem;
     const Problem& w = a.problem[at.problem];
     const bool col_ok = at.n0 + col < w.in;  // in is a multiple of 4: a lane's 4 columns are wholly in or out
     mbarrier_wait(staged, static_cast<uint32_t>(it) & 1);
