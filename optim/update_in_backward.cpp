@@ -29,9 +29,9 @@ struct UpdateInBackward::State {
 
   // Applies the pending factored gradients (one launch on CUDA).
   void flush() {
-    std::vector<AdamW::FactoredGradient> group;
-    group.swap(pending);
-    optimizer.apply_factored_gradients(0, group);
+    std::vector<AdamW::FactoredGradient> ready_now;
+    ready_now.swap(pending);
+    optimizer.apply_factored_gradients(0, ready_now);
   }
 
   // Updates elements [begin, begin + count) of the flat buffer and zeroes their gradients.
