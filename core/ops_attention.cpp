@@ -254,45 +254,22 @@ struct AttentionQkvNode : Node {
   const char* name() const override { return "AttentionQkv"; }
   bool accumulates_in_place() const override { return true; }
   std::vector<Tensor> apply(const Tensor& grad) override {
-    const int64_t rows = x2.size(0), n = p.heads * p.d_head, in = x2.size(1);
-    const Tensor d_o =
-        reshape(grad.dtype() == o.dtype() ? detail::dense(grad) : cast(grad, o.dtype()), {rows, n});
+    const int64_t rows = x2.size(0), n = p.heads * p.d_head;
+    const Tensor d_o = reshape(detail::dense(detail::in_dtype(grad, o.dtype())), {rows, n});
     Tensor dqkv = Tensor::empty({rows, 3 * n}, qkv.dtype(), qkv.device());
     qkv_attention_backward(qkv, o, d_o, lse, p, dqkv);
     rope_qk_in_place(dqkv, p.batch, p.seq, n, p.d_head, theta, true);
     std::vector<Tensor> out(4);
+    // One input-gradient product over all 3n columns; each weight's gradient is its n columns of dqkv (rows
+    // 3n apart) against x.
     if (next[0]) {
-      Tensor pending = pending_grads.empty() ? Tensor() : pending_grads[0];
-      if (pending.defined() && pending.dtype() == dx_dtype && pending.shape() == x_shape &&
-          detail::wide_dtype(w.dtype()) == dx_dtype) {
-        detail::gemm_into(dqkv, w, false, false, 1.0, 1.0, pending);  // added into x's collected gradient
-      } else {
-        Tensor dx = Tensor::empty({rows, in}, detail::wide_dtype(w.dtype()), w.device());
-        detail::gemm_into(dqkv, w, false, false, 1.0, 0.0, dx);
-        if (dx.dtype() != dx_dtype) dx = cast(dx, dx_dtype);
-        out[0] = reshape(dx, x_shape);
-      }
+      out[0] = detail::linear_input_grad(dqkv, w, pending_grads.empty() ? Tensor() : pending_grads[0],
+                                         dx_dtype, x_shape);
     }
-    for (int64_t i = 0; i < 3; ++i) {
-      const std::shared_ptr<Node>& edge = next[static_cast<size_t>(i) + 1];
-      if (!edge) continue;
-      const Tensor g = dqkv.narrow_view(1, i * n, n);  // (rows, n), rows 3n apart
-      if (consume_factored_grad(edge, g, x2)) {
-        note_direct_contribution(edge, /*written=*/false);
-        continue;
-      }
-      bool known_zero = false;
-      Tensor target = direct_grad_buffer(edge, {n, in}, dw_dtype, &known_zero, w.dtype() == DType::bf16);
-      if (target.defined()) {
-        detail::gemm_into(g, x2, true, false, 1.0, known_zero ? 0.0 : 1.0, target);
-        note_direct_contribution(edge);
-      } else {
-        Tensor dw = Tensor::empty({n, in}, dw_dtype, w.device());
-        Tensor wide = dw_dtype == detail::wide_dtype(w.dtype())
-                          ? dw
-                          : Tensor::empty({n, in}, detail::wide_dtype(w.dtype()), w.device());
-        detail::gemm_into(g, x2, true, false, 1.0, 0.0, wide);
-        out[static_cast<size_t>(i) + 1] = wide.same(dw) ? dw : cast(wide, dw_dtype);
+    for (size_t i = 0; i < 3; ++i) {
+      if (next[i + 1]) {
+        out[i + 1] = detail::linear_weight_grad(
+            next[i + 1], dqkv.narrow_view(1, static_cast<int64_t>(i) * n, n), x2, dw_dtype);
       }
     }
     return out;

@@ -171,40 +171,10 @@ struct LinearNode : Node {
     const Tensor g = reshape(detail::dense(in_dtype(grad, w.dtype())), {x2.size(0), out_features});
     Tensor dx, dw;
     if (next[0]) {
-      // The product's own wide dtype, then x's if x came in another (an f64 x against f32 weights).
-      const DType product = wide_dtype(w.dtype());
-      Tensor pending = pending_grads.empty() ? Tensor() : pending_grads[0];
-      if (pending.defined() && product == dx_dtype && pending.dtype() == dx_dtype &&
-          pending.shape() == x_shape) {
-        // Added into the gradient already collected for x (beta = 1): the inputs of q, k and v, of w1 and w3
-        // sum their three or two gradients without a separate addition.
-        gemm_into(g, w, false, false, 1.0, 1.0, pending);
-      } else {
-        // A bf16 dx is rounded by the GEMM itself (the same single rounding a cast would do).
-        dx = matmul_raw(g, w, false, false, 1.0, dx_dtype == DType::bf16 ? DType::bf16 : product);
-        if (dx.dtype() != dx_dtype) dx = cast(dx, dx_dtype);
-        dx = reshape(dx, x_shape);
-      }
+      dx = detail::linear_input_grad(g, w, pending_grads.empty() ? Tensor() : pending_grads[0], dx_dtype,
+                                     x_shape);
     }
-    if (next[1] && consume_factored_grad(next[1], g, x2)) {
-      // Someone took dW = g^T x2 in factored form (an optimizer update fused into this matmul): .grad is
-      // untouched.
-      note_direct_contribution(next[1], /*written=*/false);
-    } else if (next[1]) {
-      bool known_zero = false;
-      // A bf16 .grad of an f32 weight computed in bf16 (FlatParameters::set_grad_dtype) takes the product
-      // rounded once by the GEMM's epilogue (which needs bf16 operands), when it holds zeros; otherwise the
-      // accumulator adds.
-      Tensor target =
-          direct_grad_buffer(next[1], w.shape(), dw_dtype, &known_zero, /*or_bf16=*/w.dtype() == DType::bf16);
-      if (target.defined()) {
-        // Overwrite a buffer known to hold zeros (no read of it), else add.
-        gemm_into(g, x2, true, false, 1.0, known_zero ? 0.0 : 1.0, target);
-        note_direct_contribution(next[1]);  // only once the addition is queued, so a failure leaves no trace
-      } else {
-        dw = matmul_raw(g, x2, true, false, 1.0, dw_dtype);
-      }
-    }
+    if (next[1]) dw = detail::linear_weight_grad(next[1], g, x2, dw_dtype);
     if (residual) return {dx, dw, grad};
     return {dx, dw};
   }
@@ -312,3 +282,55 @@ Tensor linear_residual(const Tensor& residual, const Tensor& x, const Tensor& we
 }
 
 }  // namespace tt::ops
+
+namespace tt::detail {
+
+Tensor linear_input_grad(const Tensor& g, const Tensor& w, const Tensor& pending, DType dx_dtype,
+                         const Shape& x_shape) {
+  // The product's own wide dtype, then x's if x came in another (an f64 x against f32 weights).
+  const DType product = wide_dtype(w.dtype());
+  if (pending.defined() && product == dx_dtype && pending.dtype() == dx_dtype && pending.shape() == x_shape) {
+    // Added into the gradient already collected for x (beta = 1): the inputs of q, k and v, of w1 and w3 sum
+    // their gradients without a separate addition.
+    Tensor into = pending;
+    gemm_into(g, w, false, false, 1.0, 1.0, into);
+    return Tensor();
+  }
+  // A bf16 dx is rounded by the GEMM itself (the same single rounding a cast would do).
+  Tensor dx =
+      Tensor::empty({g.size(0), w.size(1)}, dx_dtype == DType::bf16 ? DType::bf16 : product, w.device());
+  gemm_into(g, w, false, false, 1.0, 0.0, dx);
+  if (dx.dtype() != dx_dtype) dx = ops::cast(dx, dx_dtype);
+  return ops::reshape(dx, x_shape);
+}
+
+Tensor linear_weight_grad(const std::shared_ptr<Node>& edge, const Tensor& g, const Tensor& x2,
+                          DType dw_dtype) {
+  if (consume_factored_grad(edge, g, x2)) {
+    // Someone took dW = g^T x2 in factored form (an optimizer update fused into the matmul): .grad is
+    // untouched.
+    note_direct_contribution(edge, /*written=*/false);
+    return Tensor();
+  }
+  const Shape w_shape{g.size(1), x2.size(1)};
+  bool known_zero = false;
+  // A bf16 .grad of an f32 weight computed in bf16 (FlatParameters::set_grad_dtype) takes the product rounded
+  // once by the GEMM's epilogue (which needs bf16 operands), when it holds zeros; otherwise the accumulator
+  // adds.
+  Tensor target =
+      direct_grad_buffer(edge, w_shape, dw_dtype, &known_zero, /*or_bf16=*/g.dtype() == DType::bf16);
+  if (target.defined()) {
+    // Overwrite a buffer known to hold zeros (no read of it), else add.
+    gemm_into(g, x2, true, false, 1.0, known_zero ? 0.0 : 1.0, target);
+    note_direct_contribution(edge);  // only once the addition is queued, so a failure leaves no trace
+    return Tensor();
+  }
+  // The product in dw_dtype where the GEMM can write it, else in its wide dtype, then cast.
+  const DType product =
+      dw_dtype == DType::bf16 && g.dtype() == DType::bf16 ? dw_dtype : wide_dtype(g.dtype());
+  Tensor dw = Tensor::empty(w_shape, product, g.device());
+  gemm_into(g, x2, true, false, 1.0, 0.0, dw);
+  return dw.dtype() == dw_dtype ? dw : ops::cast(dw, dw_dtype);
+}
+
+}  // namespace tt::detail
