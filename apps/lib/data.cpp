@@ -8,8 +8,8 @@
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
-#include <regex>
-#include <sstream>
+
+#include <nlohmann/json.hpp>
 
 #include "kernels/common.h"
 
@@ -131,35 +131,88 @@ std::string decode_bytes(const std::vector<int32_t>& ids) {
   return text;
 }
 
-namespace {
-// The first capture of `pattern` in DIR/meta.json (written by prepare_data), or "" when absent.
-std::string meta_field(const std::string& data_dir, const std::string& pattern) {
-  std::ifstream in(data_dir + "/meta.json");
-  if (!in) return "";
-  std::stringstream buffer;
-  buffer << in.rdbuf();
-  const std::string text = buffer.str();
-  std::smatch match;
-  return std::regex_search(text, match, std::regex(pattern)) ? std::string(match[1]) : "";
+const std::vector<std::string>& known_tokenizers() {
+  // bytes: prepare_data's; sentencepiece: a tokenizer.model beside the data; gpt2: llm.c's data scripts.
+  static const std::vector<std::string> names = {"bytes", "sentencepiece", "gpt2"};
+  return names;
 }
+
+namespace {
+
+// The integer value of `field`, or an error naming the file and the field (JSON's 257.0 is not an integer).
+int64_t integer_field(const nlohmann::json& meta, const std::string& file, const char* field, int64_t low,
+                      int64_t high, const std::string& range_note) {
+  const std::string where = file + ": " + field;
+  TT_CHECK(meta.contains(field), where + " is missing");
+  const nlohmann::json& value = meta.at(field);
+  const std::string range = std::to_string(low) + ".." + std::to_string(high) + range_note;
+  TT_CHECK(value.is_number_integer(), where + " must be an integer in " + range + ", got " + value.dump());
+  // Unsigned values beyond int64 would wrap in get<int64_t>.
+  const bool in_range = value.is_number_unsigned() ? value.get<uint64_t>() <= static_cast<uint64_t>(high)
+                                                   : value.get<int64_t>() <= high;
+  TT_CHECK(in_range && value.get<int64_t>() >= low, where + " must be in " + range + ", got " + value.dump());
+  return value.get<int64_t>();
+}
+
 }  // namespace
 
-int64_t read_vocab_size(const std::string& data_dir) {
-  const std::string value = meta_field(data_dir, "\"vocab_size\"\\s*:\\s*([0-9]+)");
-  if (value.empty()) return 0;
-  int64_t vocab = 0;
+std::optional<DataMeta> read_meta(const std::string& data_dir) {
+  const std::string path = data_dir + "/meta.json";
+  if (!fs::exists(path)) return std::nullopt;
+  TT_CHECK(!fs::is_directory(path), path + ": is a folder, not a file");
+  std::ifstream in(path);
+  TT_CHECK(in, path + ": cannot be read");
+  nlohmann::json meta;
   try {
-    vocab = std::stoll(value);
-  } catch (const std::exception&) {
-    vocab = -1;
+    meta = nlohmann::json::parse(in);
+  } catch (const nlohmann::json::parse_error& e) {
+    // e.what() starts with "[json.exception.parse_error.101] ", which says nothing to a user.
+    const std::string what = e.what();
+    const size_t bracket = what.find("] ");
+    throw Error(path + ": not valid JSON (" +
+                (bracket == std::string::npos ? what : what.substr(bracket + 2)) + ")");
   }
-  TT_CHECK(vocab > 0 && vocab <= 65536, data_dir + "/meta.json: vocab_size " + value +
-                                            " is not a vocabulary uint16 token files can hold (1..65536)");
-  return vocab;
+  TT_CHECK(meta.is_object(), path + ": expected a JSON object with tokenizer and vocab_size, got " +
+                                 std::string(meta.type_name()));
+  DataMeta out;
+  out.vocab_size = integer_field(meta, path, "vocab_size", 1, 65536, " (ids are uint16)");
+  TT_CHECK(meta.contains("tokenizer"), path + ": tokenizer is missing");
+  const nlohmann::json& tokenizer = meta.at("tokenizer");
+  std::string known;
+  for (const std::string& name : known_tokenizers()) known += (known.empty() ? "" : ", ") + name;
+  TT_CHECK(tokenizer.is_string(),
+           path + ": tokenizer must be a string (" + known + "), got " + tokenizer.dump());
+  out.tokenizer = tokenizer.get<std::string>();
+  const auto& names = known_tokenizers();
+  TT_CHECK(std::find(names.begin(), names.end(), out.tokenizer) != names.end(),
+           path + ": tokenizer '" + out.tokenizer + "' is unknown (expected one of " + known + ")");
+  // The byte-level tokenizer is fixed: 256 bytes and the end-of-text id.
+  TT_CHECK(out.tokenizer != "bytes" || out.vocab_size == kByteVocab,
+           path + ": vocab_size " + std::to_string(out.vocab_size) + " does not match tokenizer bytes (" +
+               std::to_string(kByteVocab) + ")");
+  if (meta.contains("end_of_text"))
+    out.end_of_text = integer_field(meta, path, "end_of_text", 0, out.vocab_size - 1, " (below vocab_size)");
+  return out;
+}
+
+std::string meta_json(const DataMeta& meta, const std::vector<std::pair<std::string, int64_t>>& extra) {
+  // ordered_json keeps the order written: what the ids mean first, then counts.
+  nlohmann::ordered_json json;
+  json["tokenizer"] = meta.tokenizer;
+  json["vocab_size"] = meta.vocab_size;
+  if (meta.end_of_text >= 0) json["end_of_text"] = meta.end_of_text;
+  for (const auto& [name, value] : extra) json[name] = value;
+  return json.dump(2) + "\n";
+}
+
+int64_t read_vocab_size(const std::string& data_dir) {
+  const std::optional<DataMeta> meta = read_meta(data_dir);
+  return meta ? meta->vocab_size : 0;
 }
 
 std::string read_tokenizer(const std::string& data_dir) {
-  return meta_field(data_dir, "\"tokenizer\"\\s*:\\s*\"([^\"]*)\"");
+  const std::optional<DataMeta> meta = read_meta(data_dir);
+  return meta ? meta->tokenizer : "";
 }
 
 namespace {
@@ -250,11 +303,10 @@ PrepareStats prepare_text(const std::string& input, const std::string& out_dir,
   DatasetWriter writer(out_dir);
   writer.add("train.bin", reinterpret_cast<const char*>(train.data()), train.size() * 2);
   writer.add("val.bin", reinterpret_cast<const char*>(val.data()), val.size() * 2);
-  std::ostringstream meta;
-  meta << "{\"tokenizer\": \"bytes\", \"vocab_size\": " << kByteVocab << ", \"end_of_text\": " << kEndOfText
-       << ", \"documents\": " << stats.documents << ", \"train_tokens\": " << train.size()
-       << ", \"val_tokens\": " << val.size() << "}\n";
-  const std::string meta_text = meta.str();
+  const std::string meta_text =
+      meta_json({"bytes", kByteVocab, kEndOfText}, {{"documents", stats.documents},
+                                                    {"train_tokens", static_cast<int64_t>(train.size())},
+                                                    {"val_tokens", static_cast<int64_t>(val.size())}});
   writer.add("meta.json", meta_text.data(), meta_text.size());
   writer.commit();
   stats.train_tokens = static_cast<int64_t>(train.size());

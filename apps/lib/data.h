@@ -5,7 +5,9 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/rng.h"
@@ -69,7 +71,22 @@ constexpr int32_t kEndOfText = 256;
 constexpr int64_t kByteVocab = 257;
 std::string decode_bytes(const std::vector<int32_t>& ids);
 
-// Reads DIR/meta.json's vocab_size and tokenizer (written by prepare_data); 0 / "" when absent.
+// DIR/meta.json, written by prepare_data beside the token files. Other fields (documents, token counts) may
+// be present and are not read.
+struct DataMeta {
+  std::string tokenizer;     // one of known_tokenizers()
+  int64_t vocab_size = 0;    // 1 .. 65536: every id fits uint16
+  int64_t end_of_text = -1;  // the id that ends a document, below vocab_size; -1 when the file has none
+};
+const std::vector<std::string>& known_tokenizers();  // bytes, sentencepiece, gpt2
+// DIR/meta.json checked field by field, or nullopt when the file does not exist. Malformed JSON, a missing
+// or out-of-range vocab_size, an unknown tokenizer or a bad end_of_text throw tt::Error naming the file and
+// the field.
+std::optional<DataMeta> read_meta(const std::string& data_dir);
+// meta.json's text: `meta` (snake_case names), then the `extra` integer fields (token counts, say).
+std::string meta_json(const DataMeta& meta, const std::vector<std::pair<std::string, int64_t>>& extra = {});
+// read_meta's vocab_size and tokenizer; 0 / "" when DIR/meta.json does not exist (then the vocabulary must
+// come from --vocab).
 int64_t read_vocab_size(const std::string& data_dir);
 std::string read_tokenizer(const std::string& data_dir);
 

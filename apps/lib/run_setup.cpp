@@ -1,5 +1,7 @@
 #include "apps/lib/run_setup.h"
 
+#include <filesystem>
+
 #include "core/cuda_context.h"
 #ifdef TT_WITH_CUDA
 #include "kernels/cuda/cuda_kernels.h"
@@ -9,7 +11,8 @@ namespace tt::app {
 
 void declare_model_flags(Flags& f) {
   f.add("preset", "tiny", "model size: tiny, small, medium, large, xl, 2.7b");
-  f.add("vocab", "0", "vocabulary size (0: from DATA/meta.json, else 10000)");
+  f.add("vocab", "0",
+        "vocabulary size (0: DATA/meta.json's vocab_size; token files without meta.json need --vocab)");
   f.add("d-model", "0", "override the preset's d_model");
   f.add("layers", "0", "override the preset's number of layers");
   f.add("heads", "0", "override the preset's number of heads");
@@ -62,7 +65,16 @@ nn::ModelConfig model_config_from_flags(const Flags& flags, Device device, int64
     TT_CHECK(flags.integer(name) >= 0,
              std::string("--") + name + " must be >= 0 (0: the preset's), got " + flags.str(name));
   const int64_t vocab = flags.integer("vocab");
-  config.vocab_size = vocab > 0 ? vocab : (data_vocab > 0 ? data_vocab : 10000);
+  if (vocab == 0 && data_vocab == 0) {
+    // No guess: a wrong vocabulary trains a wrong model, or fails only at the first large id.
+    const bool named = flags.declared("data") && flags.given("data");
+    TT_CHECK(!named || std::filesystem::is_directory(flags.str("data")),
+             "data folder '" + flags.str("data") + "' does not exist");
+    const std::string meta = named ? flags.str("data") + "/meta.json" : "the data folder's meta.json";
+    throw Error("no vocabulary size: " + meta +
+                " does not exist; pass --vocab N for token files without one (every id must be below N)");
+  }
+  config.vocab_size = vocab > 0 ? vocab : data_vocab;
   if (flags.integer("d-model") > 0) config.d_model = flags.integer("d-model");
   if (flags.integer("layers") > 0) config.num_layers = flags.integer("layers");
   if (flags.integer("heads") > 0) config.num_heads = flags.integer("heads");

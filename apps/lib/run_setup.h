@@ -12,7 +12,8 @@ void declare_model_flags(Flags& flags);
 // auto: cuda:<local rank> when a GPU is present, else cpu.
 Device pick_device(const std::string& text, int local_rank = 0);
 // The model of --preset with --d-model/--layers/--heads/--d-ff/--ctx/--vocab overrides, precision and
-// attention resolved for `device`. vocab 0 means "ask the data folder".
+// attention resolved for `device`. --vocab 0 takes `data_vocab` (read_vocab_size of the data folder); when
+// that is 0 too (no meta.json) it is an error naming --vocab.
 nn::ModelConfig model_config_from_flags(const Flags& flags, Device device, int64_t data_vocab);
 // The device's name ("NVIDIA H100 80GB HBM3", or "cpu"): tables, JSON rows and the MFU peak use it.
 std::string device_name(Device device);
