@@ -70,6 +70,11 @@ void check_context_fits(const TokenFile& file, int64_t context) {
 
 namespace {
 
+// Windows [i*T, i*T+T] whose targets fit in `file`.
+int64_t window_room(const TokenFile& file, int64_t context) {
+  return (file.size() - 1) / context;
+}
+
 void copy_window(const TokenFile& file, int64_t start, int64_t context, Batch& out, int64_t row) {
   const uint16_t* tokens = file.data() + start;
   for (int64_t t = 0; t < context; ++t) {
@@ -78,12 +83,14 @@ void copy_window(const TokenFile& file, int64_t start, int64_t context, Batch& o
   }
 }
 
+// Windows first_window .. first_window+batch-1 in turn (window i = tokens [i*T, i*T+T]), wrapping around
+// past the last window whose target fits: sequential training goes round the file as often as it takes.
 Batch windows(const TokenFile& file, int64_t batch, int64_t context, int64_t first_window) {
   check_context_fits(file, context);
   Batch out;
   out.inputs.resize(static_cast<size_t>(batch * context));
   out.targets.resize(out.inputs.size());
-  const int64_t count = (file.size() - 1) / context;  // windows whose targets fit in the file
+  const int64_t count = window_room(file, context);
   for (int64_t b = 0; b < batch; ++b)
     copy_window(file, ((first_window + b) % count) * context, context, out, b);
   return out;
@@ -117,7 +124,31 @@ Batch BatchSampler::next(int64_t step) {
 }
 
 Batch eval_batch(const TokenFile& file, int64_t batch, int64_t context, int64_t first_window) {
-  return windows(file, batch, context, first_window);
+  check_context_fits(file, context);
+  const int64_t room = window_room(file, context);
+  TT_CHECK(batch > 0 && first_window >= 0 && first_window <= room - batch,
+           "internal: evaluation windows " + std::to_string(first_window) + ".." +
+               std::to_string(first_window + batch - 1) + " of '" + file.path() + "' (room for " +
+               std::to_string(room) + " windows of " + std::to_string(context + 1) +
+               " tokens) do not fit; check_eval_fits should have refused this at start-up");
+  Batch out;
+  out.inputs.resize(static_cast<size_t>(batch * context));
+  out.targets.resize(out.inputs.size());
+  for (int64_t b = 0; b < batch; ++b) copy_window(file, (first_window + b) * context, context, out, b);
+  return out;
+}
+
+void check_eval_fits(const TokenFile& val, int64_t batch, int64_t context, int64_t batches) {
+  TT_CHECK(batch > 0 && batches > 0, "--batch and --eval-batches must be positive");
+  check_context_fits(val, context);
+  const int64_t room = window_room(val, context);
+  if (batches <= room / batch) return;  // batches * batch <= room, without overflow
+  int64_t needed = 0;
+  const bool overflow = __builtin_mul_overflow(batches, batch, &needed);
+  throw Error("--eval-batches " + std::to_string(batches) + " x --batch " + std::to_string(batch) +
+              " needs " + (overflow ? "more than 2^63" : std::to_string(needed)) + " windows of " +
+              std::to_string(context + 1) + " tokens; " + val.path() + " has room for " +
+              std::to_string(room) + "; lower --eval-batches or --batch");
 }
 
 std::string decode_bytes(const std::vector<int32_t>& ids) {

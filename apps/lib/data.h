@@ -62,9 +62,13 @@ class BatchSampler {
   CounterRng rng_;
 };
 
-// The evaluation windows: windows 0 .. count-1 of `file` (window i = tokens [i*T, i*T+T], wrapping), in
-// batches of `batch`. The same windows every time, on every machine.
+// The evaluation windows: windows first_window .. first_window+batch-1 of `file` (window i = tokens
+// [i*T, i*T+T]). The same windows every time, on every machine. They never wrap (a repeated window would
+// count twice): a window past the end is an internal error, which check_eval_fits rules out at start-up.
 Batch eval_batch(const TokenFile& file, int64_t batch, int64_t context, int64_t first_window);
+// Throws tt::Error (one line, naming the flags and the file) unless `val` holds `batches` * `batch`
+// distinct windows of `context` + 1 tokens.
+void check_eval_fits(const TokenFile& val, int64_t batch, int64_t context, int64_t batches);
 
 // Byte-level tokenizer: ids 0..255 are bytes, 256 ends a document.
 constexpr int32_t kEndOfText = 256;
