@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 
@@ -30,28 +31,71 @@ TokenFile::TokenFile(const std::string& path, int64_t vocab_size) : path_(path) 
     ::close(fd);
     throw Error("token file '" + path + "' is empty");
   }
-  if (bytes_ % 2 != 0) {
-    ::close(fd);
-    throw Error("token file '" + path + "' has an odd number of bytes: not a uint16 token file");
-  }
   void* mapped = ::mmap(nullptr, bytes_, PROT_READ, MAP_PRIVATE, fd, 0);
   ::close(fd);
   if (mapped == MAP_FAILED) throw Error("cannot memory-map token file '" + path + "'");
-  data_ = static_cast<const uint16_t*>(mapped);
-  tokens_ = static_cast<int64_t>(bytes_ / 2);
+  mapping_ = mapped;
+  try {
+    read_layout();
+    check_ids(vocab_size);
+  } catch (...) {
+    ::munmap(mapping_, bytes_);  // the destructor does not run for a constructor that throws
+    throw;
+  }
+}
+
+void TokenFile::read_layout() {
+  const auto* bytes = static_cast<const unsigned char*>(mapping_);
+  int32_t magic = 0;
+  if (bytes_ >= sizeof(magic)) std::memcpy(&magic, bytes, sizeof(magic));
+  // llm.c's LLaMA-3 files: same header, uint32 tokens.
+  constexpr int32_t kLlmcUint32Magic = 20240801;
+  TT_CHECK(magic != kLlmcUint32Magic, "token file '" + path_ + "' is an llm.c file of uint32 tokens (magic " +
+                                          std::to_string(kLlmcUint32Magic) +
+                                          "); only uint16 token files are supported");
+  if (magic != kLlmcMagic) {
+    // A raw file would need 55432, 308 as its first two tokens to be taken for one of llm.c's.
+    TT_CHECK(bytes_ % 2 == 0,
+             "token file '" + path_ + "' has an odd number of bytes: not a uint16 token file");
+    data_ = reinterpret_cast<const uint16_t*>(bytes);
+    tokens_ = static_cast<int64_t>(bytes_ / 2);
+    return;
+  }
+  const std::string what =
+      "token file '" + path_ + "' (llm.c format, magic " + std::to_string(kLlmcMagic) + ")";
+  const int64_t actual = static_cast<int64_t>(bytes_);
+  TT_CHECK(actual >= kLlmcHeaderBytes, what + " is truncated: " + std::to_string(actual) +
+                                           " bytes, shorter than its " + std::to_string(kLlmcHeaderBytes) +
+                                           "-byte header");
+  int32_t header[3];
+  std::memcpy(header, bytes, sizeof(header));
+  TT_CHECK(header[1] == kLlmcVersion, what + " has header version " + std::to_string(header[1]) +
+                                          "; only version " + std::to_string(kLlmcVersion) +
+                                          " (uint16 tokens) is supported");
+  const int64_t count = header[2];
+  TT_CHECK(count > 0, what + " announces " + std::to_string(count) + " tokens in its header");
+  const int64_t expected = kLlmcHeaderBytes + count * 2;
+  TT_CHECK(actual >= expected, what + " is truncated: its header announces " + std::to_string(count) +
+                                   " tokens (" + std::to_string(expected) + " bytes), the file has " +
+                                   std::to_string(actual) + " bytes");
+  TT_CHECK(actual == expected, what + " has " + std::to_string(actual - expected) + " bytes after the " +
+                                   std::to_string(count) + " tokens its header announces");
+  header_bytes_ = kLlmcHeaderBytes;
+  data_ = reinterpret_cast<const uint16_t*>(bytes + kLlmcHeaderBytes);
+  tokens_ = count;
+}
+
+void TokenFile::check_ids(int64_t vocab_size) const {
   for (int64_t i = 0; i < tokens_; ++i) {
     if (data_[i] >= vocab_size) {
-      const int64_t id = data_[i];
-      ::munmap(mapped, bytes_);
-      data_ = nullptr;
-      throw Error("token file '" + path + "': token " + std::to_string(i) + " has id " + std::to_string(id) +
-                  ", not below the vocabulary size " + std::to_string(vocab_size));
+      throw Error("token file '" + path_ + "': token " + std::to_string(i) + " has id " +
+                  std::to_string(data_[i]) + ", not below the vocabulary size " + std::to_string(vocab_size));
     }
   }
 }
 
 TokenFile::~TokenFile() {
-  if (data_) ::munmap(const_cast<uint16_t*>(data_), bytes_);
+  if (mapping_) ::munmap(mapping_, bytes_);
 }
 
 Sampling parse_sampling(const std::string& text) {

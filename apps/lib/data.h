@@ -1,7 +1,8 @@
-// Token data: flat little-endian uint16 files (numpy.memmap-compatible), memory-mapped, and the two ways
-// of drawing batches: random windows (REFERENCE.md: B starts in [0, len - T)) from a counter-based RNG whose
-// (seed, counter) is saved in checkpoints, and sequential windows (step s takes windows s*B .. s*B+B-1,
-// window i = tokens [i*T, i*T+T], wrapping around).
+// Token data: flat little-endian uint16 files (numpy.memmap-compatible) or llm.c's token files (a header of
+// 256 int32, then uint16 tokens), memory-mapped, and the two ways of drawing batches: random windows
+// (REFERENCE.md: B starts in [0, len - T)) from a counter-based RNG whose (seed, counter) is saved in
+// checkpoints, and sequential windows (step s takes windows s*B .. s*B+B-1, window i = tokens [i*T, i*T+T],
+// wrapping around). Also the dataset's meta.json and the byte-level tokenizer that prepare_data uses.
 #pragma once
 
 #include <cstdint>
@@ -14,9 +15,17 @@
 
 namespace tt::app {
 
+// llm.c's token files (dev/data/data_common.py, GPT-2 tokens): 256 little-endian int32 of header (magic,
+// version, token count, then zeros), then the tokens as uint16.
+constexpr int32_t kLlmcMagic = 20240520;
+constexpr int32_t kLlmcVersion = 1;
+constexpr int64_t kLlmcHeaderBytes = 256 * 4;
+
 class TokenFile {
  public:
-  // Maps `path` and checks it: present, non-empty, whole uint16 tokens, every id < vocab_size.
+  // Maps `path` and checks it: present, non-empty, whole uint16 tokens, every id < vocab_size. A file that
+  // starts with llm.c's magic is read past its header, which must be version 1 and announce exactly the
+  // tokens that follow; any other file is raw uint16 tokens.
   TokenFile(const std::string& path, int64_t vocab_size);
   ~TokenFile();
   TokenFile(const TokenFile&) = delete;
@@ -25,12 +34,19 @@ class TokenFile {
   int64_t size() const { return tokens_; }
   const uint16_t* data() const { return data_; }
   const std::string& path() const { return path_; }
+  // 0 for raw token files, kLlmcHeaderBytes for llm.c's.
+  int64_t header_bytes() const { return header_bytes_; }
 
  private:
+  void read_layout();
+  void check_ids(int64_t vocab_size) const;
+
   std::string path_;
+  void* mapping_ = nullptr;
+  size_t bytes_ = 0;
+  int64_t header_bytes_ = 0;
   const uint16_t* data_ = nullptr;
   int64_t tokens_ = 0;
-  size_t bytes_ = 0;
 };
 
 // Throws tt::Error unless `file` holds at least one window of `context` tokens and its target.
