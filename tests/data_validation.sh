@@ -1,0 +1,144 @@
+#!/usr/bin/env bash
+# The data a run reads is checked before anything is written: meta.json field by field (no vocabulary is
+# guessed), evaluation windows that must fit in val.bin (none repeated), and llm.c's token files (header
+# recognised, checked against the file's size) next to raw uint16 files.
+# Usage: data_validation.sh PATH/TO/train PATH/TO/prepare_data
+set -uo pipefail
+train=$1 prepare=$2
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+failures=0
+fail() { echo "FAIL $*"; failures=$((failures + 1)); }
+
+# expect_error NAME "expected text" command...: non-zero exit and the text in the output.
+expect_error() {
+  local name=$1 expected=$2
+  shift 2
+  local output status
+  output=$("$@" 2>&1)
+  status=$?
+  if [ $status -eq 0 ]; then fail "$name: exit code 0"; return; fi
+  if ! grep -q -- "$expected" <<<"$output"; then
+    fail "$name: expected '$expected' in:"; echo "$output" | tail -3; return
+  fi
+  echo "ok   $name: $(grep -m1 'error' <<<"$output")"
+}
+
+expect_ok() {
+  local name=$1
+  shift
+  if "$@" >"$work/last.log" 2>&1; then echo "ok   $name"; else fail "$name:"; tail -3 "$work/last.log"; fi
+}
+
+# no_run NAME RUN: a refused run leaves no folder (and so no checkpoint) behind.
+no_run() { [ -e "$2" ] && fail "$1: $2 was created"; }
+
+# A small real corpus.
+mkdir -p "$work/text"
+for i in $(seq 1 300); do echo "Line $i of a small corpus: a wizard's job is to vex chumps quickly in fog."; echo "%"; done >"$work/text/a.txt"
+"$prepare" --input "$work/text" --out "$work/data" --separator % >/dev/null || { echo "FAIL prepare_data"; exit 1; }
+common=(--ctx 16 --batch 2 --eval-batches 1 --sample-tokens 0 --log-every 100 --device cpu)
+
+# prepare_data's meta.json names the tokenizer, the vocabulary and the end-of-text id.
+python3 - "$work/data/meta.json" <<'PY' || fail "meta.json fields"
+import json, sys
+meta = json.load(open(sys.argv[1]))
+assert (meta["tokenizer"], meta["vocab_size"], meta["end_of_text"]) == ("bytes", 257, 256), meta
+PY
+
+# with_meta NAME TEXT: a copy of the dataset whose meta.json is TEXT.
+with_meta() {
+  mkdir -p "$work/$1" && cp "$work/data/train.bin" "$work/data/val.bin" "$work/$1/"
+  printf '%s' "$2" >"$work/$1/meta.json"
+}
+with_meta malformed '{"tokenizer": "bytes", "vocab_size": 257,'
+expect_error "malformed meta.json" "$work/malformed/meta.json: not valid JSON" \
+  "$train" --data "$work/malformed" "${common[@]}" --steps 1 --out "$work/run_malformed"
+no_run "malformed meta.json" "$work/run_malformed"
+with_meta novocab '{"tokenizer": "bytes", "end_of_text": 256}'
+expect_error "missing vocab_size" "$work/novocab/meta.json: vocab_size is missing" \
+  "$train" --data "$work/novocab" "${common[@]}" --steps 1 --out "$work/run_novocab"
+no_run "missing vocab_size" "$work/run_novocab"
+n=0
+for bad in -257 0 70000 257.5 '"257"'; do
+  n=$((n + 1))
+  with_meta "vocab$n" "{\"tokenizer\": \"bytes\", \"vocab_size\": $bad}"
+  expect_error "vocab_size $bad" "$work/vocab$n/meta.json: vocab_size must be" \
+    "$train" --data "$work/vocab$n" "${common[@]}" --steps 1 --out "$work/run_vocab$n"
+  no_run "vocab_size $bad" "$work/run_vocab$n"
+done
+with_meta tokenizer '{"tokenizer": "wordpiece", "vocab_size": 257}'
+expect_error "unknown tokenizer" "$work/tokenizer/meta.json: tokenizer 'wordpiece' is unknown" \
+  "$train" --data "$work/tokenizer" "${common[@]}" --steps 1 --out "$work/run_tokenizer"
+no_run "unknown tokenizer" "$work/run_tokenizer"
+# Without meta.json the vocabulary comes from --vocab, never from a guess.
+mkdir -p "$work/nometa" && cp "$work/data/train.bin" "$work/data/val.bin" "$work/nometa/"
+expect_error "no meta.json, no --vocab" "$work/nometa/meta.json does not exist; pass --vocab N" \
+  "$train" --data "$work/nometa" "${common[@]}" --steps 1 --out "$work/run_nometa"
+no_run "no meta.json, no --vocab" "$work/run_nometa"
+expect_ok "no meta.json, --vocab 257" "$train" --data "$work/nometa" "${common[@]}" --vocab 257 --steps 2 \
+  --out "$work/run_nometa_vocab"
+
+# A short val.bin: 60 tokens hold 3 windows of 17, so 2 batches of 2 do not fit (they used to wrap around).
+mkdir -p "$work/shortval" && cp "$work/data/train.bin" "$work/data/meta.json" "$work/shortval/"
+head -c 120 "$work/data/val.bin" >"$work/shortval/val.bin"
+expect_error "eval windows beyond val.bin" \
+  "--eval-batches 2 x --batch 2 needs 4 windows of 17 tokens; $work/shortval/val.bin has room for 3; lower --eval-batches or --batch" \
+  "$train" --data "$work/shortval" "${common[@]}" --eval-batches 2 --steps 2 --out "$work/run_shortval"
+no_run "eval windows beyond val.bin" "$work/run_shortval"
+expect_ok "eval windows that fit" "$train" --data "$work/shortval" "${common[@]}" --eval-batches 1 --steps 2 \
+  --out "$work/run_shortval_ok"
+expect_error "eval-only windows beyond val.bin" "needs 4 windows of 17 tokens; $work/shortval/val.bin has room for 3" \
+  "$train" --eval-only --resume "$work/run_shortval_ok/checkpoints/step_2.h5" --data "$work/shortval" --ctx 16 \
+  --batch 2 --eval-batches 2
+
+# llm.c's token files: the same tokens behind a 256-int32 header train to the same losses.
+# llmc IN OUT [VERSION [COUNT_DELTA]]: IN's uint16 tokens behind llm.c's header.
+llmc() {
+  python3 - "$@" <<'PY'
+import struct, sys
+src, dst = sys.argv[1], sys.argv[2]
+version = int(sys.argv[3]) if len(sys.argv) > 3 else 1
+delta = int(sys.argv[4]) if len(sys.argv) > 4 else 0
+tokens = open(src, "rb").read()
+header = [20240520, version, len(tokens) // 2 + delta] + [0] * 253
+open(dst, "wb").write(struct.pack("<256i", *header) + tokens)
+PY
+}
+mkdir -p "$work/llmc"
+llmc "$work/data/train.bin" "$work/llmc/train.bin" && llmc "$work/data/val.bin" "$work/llmc/val.bin" &&
+  cp "$work/data/meta.json" "$work/llmc/" || fail "writing llm.c files"
+run_args=("${common[@]}" --steps 6 --eval-every 3 --eval-batches 2 --ckpt-every 0)
+expect_ok "train on raw tokens" "$train" --data "$work/data" "${run_args[@]}" --out "$work/run_raw"
+expect_ok "train on llm.c files" "$train" --data "$work/llmc" "${run_args[@]}" --out "$work/run_llmc"
+losses() { grep -o '"\(val_\)\?loss": [^,}]*' "$1/metrics.jsonl"; }
+if [ -z "$(losses "$work/run_raw")" ] || [ "$(losses "$work/run_raw")" != "$(losses "$work/run_llmc")" ]; then
+  fail "llm.c files: losses differ from the raw tokens'"; diff <(losses "$work/run_raw") <(losses "$work/run_llmc") | head -4
+else
+  echo "ok   llm.c files give the raw tokens' losses ($(losses "$work/run_raw" | tail -1))"
+fi
+# As llm.c's data come, without meta.json: --vocab.
+mkdir -p "$work/llmc_nometa" && cp "$work/llmc/"*.bin "$work/llmc_nometa/"
+expect_ok "llm.c files with --vocab" "$train" --data "$work/llmc_nometa" "${run_args[@]}" --vocab 257 \
+  --out "$work/run_llmc_nometa"
+[ "$(losses "$work/run_raw")" = "$(losses "$work/run_llmc_nometa")" ] || fail "llm.c files with --vocab: losses differ"
+# Damaged llm.c files are refused, named, before anything is written.
+mkdir -p "$work/llmc_bad" && cp "$work/llmc/val.bin" "$work/llmc/meta.json" "$work/llmc_bad/"
+size=$(stat -c %s "$work/llmc/train.bin")
+head -c $((size - 100)) "$work/llmc/train.bin" >"$work/llmc_bad/train.bin"
+expect_error "truncated llm.c file" "token file '$work/llmc_bad/train.bin' (llm.c format, magic 20240520) is truncated" \
+  "$train" --data "$work/llmc_bad" "${common[@]}" --steps 1 --out "$work/run_llmc_truncated"
+no_run "truncated llm.c file" "$work/run_llmc_truncated"
+head -c 600 "$work/llmc/train.bin" >"$work/llmc_bad/train.bin"
+expect_error "llm.c file cut inside its header" "is truncated: 600 bytes, shorter than its 1024-byte header" \
+  "$train" --data "$work/llmc_bad" "${common[@]}" --steps 1 --out "$work/run_llmc_header"
+llmc "$work/data/train.bin" "$work/llmc_bad/train.bin" 2
+expect_error "unknown llm.c version" "has header version 2; only version 1 (uint16 tokens) is supported" \
+  "$train" --data "$work/llmc_bad" "${common[@]}" --steps 1 --out "$work/run_llmc_version"
+llmc "$work/data/train.bin" "$work/llmc_bad/train.bin" 1 -5
+expect_error "llm.c file longer than its header says" "has 10 bytes after the" \
+  "$train" --data "$work/llmc_bad" "${common[@]}" --steps 1 --out "$work/run_llmc_extra"
+no_run "damaged llm.c files" "$work/run_llmc_version"
+
+echo "$failures failure(s)"
+[ $failures -eq 0 ]
