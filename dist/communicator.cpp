@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "dist/backends.h"
+#include "dist/collective_timeout.h"
 #include "dist/mpi_check.h"
 #include "dist/runtime.h"
 #ifdef TT_WITH_CUDA
@@ -34,6 +35,7 @@ void check_all_reduce_flag(const std::string& text) {
 std::string select_all_reduce_transport(Communicator& comm, const std::string& text,
                                         const DistRuntime& runtime, bool will_all_reduce) {
   check_all_reduce_flag(text);
+  const CollectiveWait wait("all-reduce transport selection");
   if (text != "auto") {
     comm.set_all_reduce_transport(parse_all_reduce_transport(text));
     return "";

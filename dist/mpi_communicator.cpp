@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "dist/backends.h"
+#include "dist/collective_timeout.h"
 #include "dist/mpi_check.h"
 #include "dist/runtime.h"
 #include "kernels/cpu/cpu_kernels.h"
@@ -76,8 +77,8 @@ int checked_count(int64_t n, const char* collective) {
 
 class MpiWork : public Work {
  public:
-  MpiWork(std::vector<MPI_Request> requests, std::function<void()> on_complete)
-      : requests_(std::move(requests)), on_complete_(std::move(on_complete)) {}
+  MpiWork(const char* what, std::vector<MPI_Request> requests, std::function<void()> on_complete)
+      : what_(what), requests_(std::move(requests)), on_complete_(std::move(on_complete)) {}
   ~MpiWork() override {
     if (done_) return;
     // The buffers may be freed right after this; an MPI failure here can only end the job.
@@ -89,7 +90,10 @@ class MpiWork : public Work {
   }
   void wait() override {
     if (done_) return;
-    TT_MPI_CHECK(MPI_Waitall(static_cast<int>(requests_.size()), requests_.data(), MPI_STATUSES_IGNORE));
+    {
+      const CollectiveWait wait(what_);
+      TT_MPI_CHECK(MPI_Waitall(static_cast<int>(requests_.size()), requests_.data(), MPI_STATUSES_IGNORE));
+    }
     done_ = true;  // only once the requests really completed: a failed wait must not look finished
     complete();
   }
@@ -111,6 +115,7 @@ class MpiWork : public Work {
     on_complete_ = nullptr;
   }
 
+  const char* what_;
   std::vector<MPI_Request> requests_;
   std::function<void()> on_complete_;  // holds the tensors until the collective is done
   bool done_ = false;
@@ -130,7 +135,10 @@ class MpiCommunicator : public Communicator {
  public:
   explicit MpiCommunicator(DistRuntime& runtime)
       : Communicator(Device::cpu(), runtime.rank(), runtime.world_size()) {
-    TT_MPI_CHECK(MPI_Comm_dup(MPI_COMM_WORLD, &comm_));
+    {
+      const CollectiveWait wait("communicator set-up");
+      TT_MPI_CHECK(MPI_Comm_dup(MPI_COMM_WORLD, &comm_));
+    }
     TT_MPI_CHECK(MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN));
     TT_MPI_CHECK(MPI_Op_create(&bf16_sum, /*commute=*/1, &bf16_sum_));
   }
@@ -146,6 +154,7 @@ class MpiCommunicator : public Communicator {
 
   void all_reduce(Tensor& t, ReduceOp op) override {
     check_reduce(t, "all_reduce", op);
+    const CollectiveWait wait("all_reduce");
     for (int64_t begin = 0; begin < t.numel(); begin += kMaxChunkElements) {
       const int count = static_cast<int>(std::min(kMaxChunkElements, t.numel() - begin));
       TT_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, element(t, begin), count, mpi_type(t.dtype()),
@@ -168,6 +177,7 @@ class MpiCommunicator : public Communicator {
   void broadcast(Tensor& t, int root) override {
     check_tensor(t, "broadcast", false);
     check_root(root);
+    const CollectiveWait wait("broadcast");
     for (int64_t begin = 0; begin < t.numel(); begin += kMaxChunkElements) {
       const int count = static_cast<int>(std::min(kMaxChunkElements, t.numel() - begin));
       TT_MPI_CHECK(MPI_Bcast(element(t, begin), count, mpi_type(t.dtype()), root, comm_));
@@ -183,7 +193,7 @@ class MpiCommunicator : public Communicator {
       requests.push_back(MPI_REQUEST_NULL);
       TT_MPI_CHECK(MPI_Ibcast(element(t, begin), count, mpi_type(t.dtype()), root, comm_, &requests.back()));
     }
-    return std::make_unique<MpiWork>(std::move(requests), [t] {});
+    return std::make_unique<MpiWork>("broadcast", std::move(requests), [t] {});
   }
 
   std::unique_ptr<Work> reduce_scatter_async(const Tensor& input, Tensor& output, ReduceOp op) override {
@@ -202,7 +212,7 @@ class MpiCommunicator : public Communicator {
                                            mpi_type(input.dtype()), sum_op(input.dtype()), comm_,
                                            &requests[0]));
     const int world = world_size();
-    return std::make_unique<MpiWork>(std::move(requests),
+    return std::make_unique<MpiWork>("reduce_scatter", std::move(requests),
                                      [input, output, received, in_place, op, world]() mutable {
                                        if (in_place) output.copy_(received);
                                        if (op == ReduceOp::avg) divide_by(output, world);
@@ -226,7 +236,7 @@ class MpiCommunicator : public Communicator {
       TT_MPI_CHECK(
           MPI_Iallgather(input.raw_data(), count, type, output.raw_data(), count, type, comm_, &requests[0]));
     }
-    return std::make_unique<MpiWork>(std::move(requests), [input, output] {});
+    return std::make_unique<MpiWork>("all_gather", std::move(requests), [input, output] {});
   }
 
   std::unique_ptr<Work> all_gather_blocks_async(Tensor& buffer, int64_t offset, int64_t count,
@@ -243,10 +253,13 @@ class MpiCommunicator : public Communicator {
     // The count and displacement arrays must live until the collective completes.
     auto arrays = std::make_shared<std::pair<std::vector<int>, std::vector<int>>>(std::move(counts),
                                                                                   std::move(displacements));
-    return std::make_unique<MpiWork>(std::move(requests), [buffer, arrays] {});
+    return std::make_unique<MpiWork>("all_gather_blocks", std::move(requests), [buffer, arrays] {});
   }
 
-  void barrier() override { TT_MPI_CHECK(MPI_Barrier(comm_)); }
+  void barrier() override {
+    const CollectiveWait wait("barrier");
+    TT_MPI_CHECK(MPI_Barrier(comm_));
+  }
   void synchronize() override {}  // CPU collectives are complete when their call or wait() returns
   std::unique_ptr<StreamTimer> start_timer() override { return std::make_unique<HostTimer>(); }
 
@@ -269,10 +282,11 @@ class MpiCommunicator : public Communicator {
                                   sum_op(t.dtype()), comm_, &requests.back()));
     }
     const int world = world_size();
-    return std::make_unique<MpiWork>(std::move(requests), [t, op, world, then = std::move(then)] {
-      if (op == ReduceOp::avg) divide_by(t, world);
-      if (then) then();
-    });
+    return std::make_unique<MpiWork>("all_reduce", std::move(requests),
+                                     [t, op, world, then = std::move(then)] {
+                                       if (op == ReduceOp::avg) divide_by(t, world);
+                                       if (then) then();
+                                     });
   }
 
   void check_reduce(const Tensor& t, const char* collective, ReduceOp op) const {

@@ -22,6 +22,7 @@
 
 #include "core/cuda_context.h"
 #include "dist/backends.h"
+#include "dist/collective_timeout.h"
 #include "dist/mpi_check.h"
 #include "dist/peer_all_reduce.h"
 #include "dist/runtime.h"
@@ -44,18 +45,7 @@ namespace tt::dist {
 
 namespace {
 
-constexpr double kDefaultTimeoutS = 300.0;
 constexpr auto kWatchdogPeriod = std::chrono::milliseconds(100);
-
-double timeout_from_env() {
-  const char* text = std::getenv("TT_NCCL_TIMEOUT_S");
-  if (text == nullptr || *text == '\0') return kDefaultTimeoutS;
-  char* end = nullptr;
-  const double seconds = std::strtod(text, &end);
-  TT_CHECK(end != text && *end == '\0' && seconds > 0,
-           std::string("TT_NCCL_TIMEOUT_S must be a positive number of seconds, got '") + text + "'");
-  return seconds;
-}
 
 ncclDataType_t nccl_type(DType dtype) {
   switch (dtype) {
@@ -114,6 +104,7 @@ class NcclComm {
   NcclComm(int world_size, int rank) {
     ncclUniqueId id{};
     if (rank == 0) TT_NCCL_CHECK(ncclGetUniqueId(&id));
+    const CollectiveWait wait("broadcast of the NCCL id");
     TT_MPI_CHECK(MPI_Bcast(&id, static_cast<int>(sizeof(id)), MPI_BYTE, 0, MPI_COMM_WORLD));
     TT_NCCL_CHECK(ncclCommInitRank(&comm_, world_size, id, rank));
   }
@@ -131,8 +122,13 @@ class NcclComm {
 // Polls the communicator's asynchronous error state and the completion of every issued collective.
 class Watchdog {
  public:
-  Watchdog(ncclComm_t comm, int device, double timeout_s, std::string who)
-      : comm_(comm), device_(device), timeout_(timeout_s), who_(std::move(who)), thread_([this] { run(); }) {}
+  Watchdog(ncclComm_t comm, int device, CollectiveTimeout timeout, std::string who)
+      : comm_(comm),
+        device_(device),
+        timeout_(timeout.seconds),
+        timeout_source_(std::move(timeout.source)),
+        who_(std::move(who)),
+        thread_([this] { run(); }) {}
   ~Watchdog() {
     {
       std::lock_guard<std::mutex> lock(mutex_);
@@ -178,7 +174,8 @@ class Watchdog {
         const std::chrono::duration<double> age = std::chrono::steady_clock::now() - oldest.issued;
         if (age > timeout_) {
           fail("NCCL " + oldest.what + " did not complete within " + std::to_string(timeout_.count()) +
-               " s (TT_NCCL_TIMEOUT_S); a peer rank has probably failed or is in a different collective");
+               " s (" + timeout_source_ +
+               "); a peer rank has probably failed or is in a different collective");
         }
         break;
       }
@@ -193,6 +190,7 @@ class Watchdog {
   ncclComm_t comm_;
   int device_;
   std::chrono::duration<double> timeout_;
+  std::string timeout_source_;
   std::string who_;
   std::mutex mutex_;
   std::condition_variable wake_;
@@ -269,7 +267,7 @@ class NcclCommunicator : public Communicator {
         local_size_(runtime.local_size()),
         comm_(runtime.world_size(), runtime.rank()),
         ready_(false),
-        watchdog_(comm_.get(), device.index, timeout_from_env(), describe_rank(runtime, device)) {}
+        watchdog_(comm_.get(), device.index, nccl_timeout(), describe_rank(runtime, device)) {}
   ~NcclCommunicator() override = default;  // members: watchdog stops, peer maps close, stream drains, ...
 
   const char* backend() const override { return "nccl"; }

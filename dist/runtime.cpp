@@ -3,6 +3,7 @@
 #include <cstdio>
 #include <cstdlib>
 
+#include "dist/collective_timeout.h"
 #include "dist/mpi_check.h"
 #ifdef TT_WITH_CUDA
 #include "kernels/cuda/cuda_kernels.h"
@@ -24,8 +25,9 @@ DistRuntime::DistRuntime(int* argc, char*** argv) {
   if (initialized) {
     TT_MPI_CHECK(MPI_Query_thread(&thread_level_));
   } else {
-    // The NCCL watchdog may end the job from its own thread, so ask for full thread support; FUNNELED is
-    // enough for everything else (all collectives are issued by the thread that runs the step).
+    // The collective watchdogs (MPI and NCCL) may end the job from their own threads, so ask for full thread
+    // support; FUNNELED is enough for everything else (all collectives are issued by the thread that runs the
+    // step).
     TT_MPI_CHECK(MPI_Init_thread(argc, argv, MPI_THREAD_MULTIPLE, &thread_level_));
     owns_mpi_ = true;
   }
@@ -43,9 +45,11 @@ DistRuntime::DistRuntime(int* argc, char*** argv) {
   int length = 0;
   TT_MPI_CHECK(MPI_Get_processor_name(name, &length));
   host_name_.assign(name, static_cast<size_t>(length));
+  watchdog_ = std::make_unique<CollectiveWatchdog>("host " + host_name_);
 }
 
 DistRuntime::~DistRuntime() {
+  watchdog_.reset();  // before MPI is finalised: it may call MPI_Abort
   if (!owns_mpi_) return;
   int finalized = 0;
   MPI_Finalized(&finalized);
@@ -73,6 +77,7 @@ void abort_job(const std::string& why) {
 }
 
 double max_over_ranks(double value) {
+  const CollectiveWait wait("max_over_ranks");
   double result = value;
   TT_MPI_CHECK(MPI_Allreduce(&value, &result, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD));
   return result;

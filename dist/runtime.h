@@ -5,9 +5,12 @@
 
 #include <mpi.h>
 
+#include <memory>
 #include <string>
 
 namespace tt::dist {
+
+class CollectiveWatchdog;
 
 class DistRuntime {
  public:
@@ -33,6 +36,8 @@ class DistRuntime {
 
  private:
   bool owns_mpi_ = false;
+  // Ends the job when this rank waits longer than mpi_timeout() in one collective (collective_timeout.h).
+  std::unique_ptr<CollectiveWatchdog> watchdog_;
   int rank_ = 0, world_size_ = 1, local_rank_ = 0, local_size_ = 1, thread_level_ = MPI_THREAD_SINGLE;
   std::string host_name_;
 };
