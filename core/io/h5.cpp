@@ -13,15 +13,49 @@ namespace tt::io {
 
 namespace {
 
-// HDF5 prints its own error stack by default; the project reports one line instead.
-struct SilenceHdf5 {
-  SilenceHdf5() { H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr); }
+// HDF5 prints its own error stack by default; the project reports one line instead. And it must not clean up
+// at exit: HDF5 1.10 keeps a file whose close failed (a flush that hit a full disk) registered with its
+// internals already freed, and its exit handler then closes it again and crashes. Everything the project
+// opens is closed by its owner, so the handler has nothing left to do. (Set before HDF5 initialises, which
+// the first call below does.)
+struct ConfigureHdf5 {
+  ConfigureHdf5() {
+    H5dont_atexit();
+    H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr);
+  }
 };
-const SilenceHdf5 g_silence;
+const ConfigureHdf5 g_configure;
+
+// The operating system's reason for a failed call (HDF5's file driver puts errno's text into its message:
+// "File too large", "No space left on device"), or that a checksum did not match; "" when neither.
+std::string hdf5_reason() {
+  std::string reason;
+  auto visit = [](unsigned, const H5E_error2_t* error, void* out) -> herr_t {
+    std::string& found = *static_cast<std::string*>(out);
+    const std::string desc = error->desc ? error->desc : "";
+    const std::string key = "error message = '";
+    const size_t at = desc.find(key);
+    if (at != std::string::npos && found.empty()) {
+      const size_t end = desc.find('\'', at + key.size());
+      found = desc.substr(at + key.size(), end == std::string::npos ? end : end - at - key.size());
+    } else if (desc.find("checksum") != std::string::npos && found.empty()) {
+      found = "checksum mismatch";
+    }
+    return 0;
+  };
+  H5Ewalk2(H5E_DEFAULT, H5E_WALK_UPWARD, visit, &reason);
+  return reason;
+}
+
+[[noreturn]] void fail(const char* call, const std::string& what) {
+  const std::string reason = hdf5_reason();
+  throw Error(std::string("HDF5 error in ") + call + " (" + what + ")" +
+              (reason.empty() ? "" : ": " + reason));
+}
 
 template <class T>
 T checked(T result, const char* call, const std::string& what) {
-  if (result < 0) throw Error(std::string("HDF5 error in ") + call + " (" + what + ")");
+  if (result < 0) fail(call, what);
   return result;
 }
 
@@ -50,7 +84,10 @@ std::string parent_of(const std::string& path) {
 
 H5File H5File::create(const std::string& path) {
   const hid_t id = H5Fcreate(path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
-  if (id < 0) throw Error("cannot create HDF5 file '" + path + "'");
+  if (id < 0) {
+    const std::string reason = hdf5_reason();
+    throw Error("cannot create HDF5 file '" + path + "'" + (reason.empty() ? "" : ": " + reason));
+  }
   return H5File(id, path);
 }
 
