@@ -11,7 +11,8 @@
 namespace tt::app {
 
 namespace {
-constexpr int64_t kFormatVersion = 1;
+// 2: every dataset is chunked with a Fletcher32 checksum per chunk. 1 (no checksums) still loads.
+constexpr int64_t kFormatVersion = 2;
 
 }  // namespace
 
