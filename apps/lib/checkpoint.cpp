@@ -3,10 +3,15 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <bit>
+#include <cmath>
+#include <cstdio>
 #include <filesystem>
+#include <limits>
 #include <regex>
 
 #include "core/io/h5.h"
+#include "core/ops.h"
 
 namespace tt::app {
 
@@ -165,56 +170,201 @@ auto naming_file(const std::string& path, F&& read) {
   }
 }
 
-nn::ModelConfig read_checkpoint_config_unnamed(const std::string& path) {
-  const io::H5File file = io::H5File::open_read(path);
+std::string number(double value) {
+  char text[32];
+  std::snprintf(text, sizeof(text), "%.9g", value);
+  return text;
+}
+
+// A checkpoint opened for reading, with the checks that loading and verifying share. Every refusal is one
+// line naming the file and the object.
+class CheckedReader {
+ public:
+  explicit CheckedReader(const std::string& path) : path_(path), file_(io::H5File::open_read(path)) {}
+  const io::H5File& file() const { return file_; }
+
+  Error error(const std::string& what) const { return Error("checkpoint " + path_ + ": " + what); }
+
+  int64_t integer(const std::string& object, const std::string& name, int64_t min) const {
+    const int64_t value = file_.attr_int(object, name);
+    if (value < min) {
+      throw error("attribute " + object + "@" + name + " is " + std::to_string(value) +
+                  ", expected >= " + std::to_string(min));
+    }
+    return value;
+  }
+
+  double finite(const std::string& object, const std::string& name) const {
+    const double value = file_.attr_double(object, name);
+    if (!std::isfinite(value))
+      throw error("attribute " + object + "@" + name + " is " + number(value) + ", expected a finite number");
+    return value;
+  }
+
+  void require_group(const std::string& group) const {
+    if (!file_.exists(group)) throw error(group + " is missing");
+    if (file_.is_dataset(group)) throw error(group + " is a dataset, expected a group");
+  }
+
+  // f32 (any other type would be converted silently) and the parameter's shape.
+  void check_dataset(const std::string& dataset, const Shape& expected) const {
+    if (!file_.exists(dataset)) throw error("dataset " + dataset + " is missing");
+    if (!file_.is_dataset(dataset)) throw error(dataset + " is not a dataset");
+    const std::string dtype = file_.dataset_dtype(dataset);
+    if (dtype != "float32") throw error("dataset " + dataset + " is " + dtype + ", expected float32");
+    const Shape shape = file_.dataset_shape(dataset);
+    if (shape != expected) {
+      throw error("dataset " + dataset + " has shape " + shape_str(shape) + ", the model expects " +
+                  shape_str(expected));
+    }
+  }
+
+  // Reads a checked dataset (its checksums verified) and refuses values that are not finite, or negative
+  // where they must not be (a second moment).
+  std::vector<float> read_values(const std::string& dataset, bool non_negative) const {
+    std::vector<float> values = file_.read_floats(dataset);
+    // One branch-free pass over the bits, which vectorises: exponent all ones is inf or NaN, and above the
+    // sign bit alone is negative (-0 is fine). The element is looked for only when there is one.
+    const uint32_t limit = non_negative ? 0x80000000u : 0xFFFFFFFFu;
+    uint32_t bad = 0;
+    for (const float v : values) {
+      const uint32_t bits = std::bit_cast<uint32_t>(v);
+      bad |= static_cast<uint32_t>((bits & 0x7F800000u) == 0x7F800000u) | static_cast<uint32_t>(bits > limit);
+    }
+    if (!bad) return values;
+    const float lowest = non_negative ? 0.0f : -std::numeric_limits<float>::max();
+    const float highest = std::numeric_limits<float>::max();
+    for (size_t i = 0; i < values.size(); ++i) {
+      if (values[i] >= lowest && values[i] <= highest) continue;
+      throw error("dataset " + dataset + " holds " +
+                  (std::isfinite(values[i]) ? "a negative value " : "a non-finite value ") +
+                  number(values[i]) + " (element " + std::to_string(i) + ")");
+    }
+    return values;
+  }
+
+ private:
+  std::string path_;
+  io::H5File file_;
+};
+
+// The root attributes: a format this build reads and a consistent model configuration.
+nn::ModelConfig read_config(const CheckedReader& reader) {
+  const io::H5File& file = reader.file();
+  const int64_t version = reader.integer("/", "format_version", 1);
+  if (version > kFormatVersion) {
+    throw Error("checkpoint " + file.path() +
+                " was written by a newer version of tinytrain (format_version " + std::to_string(version) +
+                "; this build reads versions 1 to " + std::to_string(kFormatVersion) + ")");
+  }
   nn::ModelConfig c;
-  c.vocab_size = file.attr_int("/", "vocab_size");
-  c.context_length = file.attr_int("/", "context_length");
-  c.d_model = file.attr_int("/", "d_model");
-  c.num_layers = file.attr_int("/", "num_layers");
-  c.num_heads = file.attr_int("/", "num_heads");
-  c.d_ff = file.attr_int("/", "d_ff");
-  c.rope_theta = file.attr_double("/", "rope_theta");
+  c.vocab_size = reader.integer("/", "vocab_size", 1);
+  c.context_length = reader.integer("/", "context_length", 1);
+  c.d_model = reader.integer("/", "d_model", 1);
+  c.num_layers = reader.integer("/", "num_layers", 1);
+  c.num_heads = reader.integer("/", "num_heads", 1);
+  c.d_ff = reader.integer("/", "d_ff", 1);
+  c.rope_theta = reader.finite("/", "rope_theta");
+  if (c.rope_theta <= 0)
+    throw reader.error("attribute /@rope_theta is " + number(c.rope_theta) + ", expected > 0");
+  // Not part of the file's identity (the run's flags choose them), but a value this build does not know
+  // means a file it does not understand.
+  auto known = [&](const char* name, auto parse) {
+    const std::string value = file.attr_string("/", name);
+    try {
+      parse(value);
+    } catch (const Error& e) {
+      throw reader.error(std::string("attribute /@") + name + ": " + e.what());
+    }
+  };
+  known("precision", nn::parse_precision);
+  known("attention", nn::parse_attention);
+  try {
+    c.validate();
+  } catch (const Error& e) {
+    throw reader.error(e.what());
+  }
   return c;
+}
+
+// The configuration's parameters, as the file must hold them in /model. The model object holds shapes only.
+std::vector<std::pair<std::string, Shape>> expected_parameters(const CheckedReader& reader,
+                                                               const nn::ModelConfig& config) {
+  reader.require_group("/model");
+  // Every layer has datasets of its own; a damaged layer count must not build millions of layers.
+  const size_t stored = reader.file().children("/model").size();
+  if (static_cast<uint64_t>(config.num_layers) > stored) {
+    throw reader.error("attribute /@num_layers is " + std::to_string(config.num_layers) +
+                       " but /model holds " + std::to_string(stored) + " datasets");
+  }
+  nn::TransformerLM model(config);
+  std::vector<std::pair<std::string, Shape>> expected;
+  for (const nn::NamedParameter& p : model.named_parameters())
+    expected.emplace_back(p.name, p.tensor->shape());
+  return expected;
+}
+
+void check_optimizer_attributes(const CheckedReader& reader) {
+  reader.require_group("/optimizer");
+  reader.integer("/optimizer", "step", 0);
+  for (const char* name : {"lr", "beta1", "beta2", "eps", "weight_decay"}) reader.finite("/optimizer", name);
+}
+
+void check_train_attributes(const CheckedReader& reader) {
+  reader.require_group("/train");
+  reader.integer("/train", "step", 0);
+  // A uint64 stored as int64: any value.
+  reader.integer("/train", "rng_seed", std::numeric_limits<int64_t>::min());
+  reader.integer("/train", "rng_counter", 0);
+  reader.integer("/train", "tokens_seen", 0);
+  reader.file().attr_string("/train", "args");
+}
+
+std::string moment_dataset(const std::string& name, int which) {
+  return "/optimizer/" + name + (which == 0 ? "/exp_avg" : "/exp_avg_sq");
+}
+
+nn::ModelConfig read_checkpoint_config_unnamed(const std::string& path) {
+  const CheckedReader reader(path);
+  const nn::ModelConfig config = read_config(reader);
+  // The sizes must describe the datasets, so that nobody allocates a model from a damaged attribute.
+  for (const auto& [name, shape] : expected_parameters(reader, config))
+    reader.check_dataset("/model/" + name, shape);
+  return config;
 }
 
 void load_checkpoint_unnamed(const std::string& path, nn::FlatParameters& params, OptimizerState* optimizer,
                              TrainState* state) {
-  const io::H5File file = io::H5File::open_read(path);
+  const CheckedReader reader(path);
+  const io::H5File& file = reader.file();
+  read_config(reader);
   const auto& named = params.parameters();
   // Check every dataset (and the optimizer's and trainer's attributes) first, so a file that does not fit
-  // changes nothing.
-  auto check_dataset = [&](const std::string& dataset, const Shape& expected) {
-    if (!file.exists(dataset)) throw Error("checkpoint " + path + ": dataset " + dataset + " is missing");
-    const Shape shape = file.dataset_shape(dataset);
-    if (shape != expected) {
-      throw Error("checkpoint " + path + ": dataset " + dataset + " has shape " + shape_str(shape) +
-                  ", the model expects " + shape_str(expected));
-    }
-  };
-  for (const nn::NamedParameter& p : named) check_dataset("/model/" + p.name, p.tensor->shape());
-  if (optimizer) {
-    if (!file.exists("/optimizer"))
-      throw Error("checkpoint " + path + " has no optimizer state (/optimizer)");
+  // changes nothing. What is there is checked even when not loaded: a file with a damaged part is damaged.
+  for (const nn::NamedParameter& p : named) reader.check_dataset("/model/" + p.name, p.tensor->shape());
+  if (optimizer && !file.exists("/optimizer"))
+    throw Error("checkpoint " + path + " has no optimizer state (/optimizer)");
+  if (file.exists("/optimizer")) {
+    check_optimizer_attributes(reader);
     for (const nn::NamedParameter& p : named) {
-      check_dataset("/optimizer/" + p.name + "/exp_avg", p.tensor->shape());
-      check_dataset("/optimizer/" + p.name + "/exp_avg_sq", p.tensor->shape());
+      for (int which = 0; which < 2; ++which)
+        reader.check_dataset(moment_dataset(p.name, which), p.tensor->shape());
     }
-    file.attr_int("/optimizer", "step");
   }
-  if (state) {
-    for (const char* name : {"step", "rng_seed", "rng_counter", "tokens_seen"}) file.attr_int("/train", name);
+  if (state || file.exists("/train")) check_train_attributes(reader);
+  auto host_tensor = [](const std::vector<float>& values, const Tensor& like) {
+    const Tensor host = Tensor::from_floats(values, like.shape());
+    return like.dtype() == DType::f32 ? host : ops::cast(host, like.dtype());
+  };
+  for (const nn::NamedParameter& p : named) {
+    const Tensor host = host_tensor(reader.read_values("/model/" + p.name, false), *p.tensor);
+    p.tensor->copy_(host.to(p.tensor->device()));
   }
-  for (const nn::NamedParameter& p : named) file.read_into("/model/" + p.name, *p.tensor);
   if (optimizer) {
-    if (!file.exists("/optimizer"))
-      throw Error("checkpoint " + path + " has no optimizer state (/optimizer)");
     for (size_t i = 0; i < named.size(); ++i) {
-      const std::string group = "/optimizer/" + named[i].name;
       for (int which = 0; which < 2; ++which) {
-        const std::string dataset = group + (which == 0 ? "/exp_avg" : "/exp_avg_sq");
-        Tensor host = Tensor::empty(named[i].tensor->shape(), named[i].tensor->dtype(), Device::cpu());
-        file.read_into(dataset, host);
+        const Tensor host = host_tensor(reader.read_values(moment_dataset(named[i].name, which), which == 1),
+                                        *named[i].tensor);
         optimizer->scatter(which, params.offsets()[i], host);
       }
     }
@@ -229,6 +379,23 @@ void load_checkpoint_unnamed(const std::string& path, nn::FlatParameters& params
   }
 }
 
+void verify_checkpoint_unnamed(const std::string& path) {
+  const CheckedReader reader(path);
+  const nn::ModelConfig config = read_config(reader);
+  const auto expected = expected_parameters(reader, config);
+  // Everything that is cheap first: the layout and the attributes, then every value.
+  for (const auto& [name, shape] : expected) reader.check_dataset("/model/" + name, shape);
+  check_optimizer_attributes(reader);
+  for (const auto& [name, shape] : expected) {
+    for (int which = 0; which < 2; ++which) reader.check_dataset(moment_dataset(name, which), shape);
+  }
+  check_train_attributes(reader);
+  for (const auto& [name, shape] : expected) reader.read_values("/model/" + name, false);
+  for (const auto& [name, shape] : expected) {
+    for (int which = 0; which < 2; ++which) reader.read_values(moment_dataset(name, which), which == 1);
+  }
+}
+
 }  // namespace
 
 nn::ModelConfig read_checkpoint_config(const std::string& path) {
@@ -238,6 +405,10 @@ nn::ModelConfig read_checkpoint_config(const std::string& path) {
 void load_checkpoint(const std::string& path, nn::FlatParameters& params, OptimizerState* optimizer,
                      TrainState* state) {
   naming_file(path, [&] { load_checkpoint_unnamed(path, params, optimizer, state); });
+}
+
+void verify_checkpoint(const std::string& path) {
+  naming_file(path, [&] { verify_checkpoint_unnamed(path); });
 }
 
 void prune_checkpoints(const std::string& dir, int64_t keep, int64_t up_to_step) {

@@ -1,11 +1,13 @@
-// Training checkpoints in one HDF5 file (DESIGN.md):
-//   /model/<parameter name>                      f32, PyTorch shape
-//   /optimizer/<parameter name>/exp_avg|exp_avg_sq  f32, and attributes step, lr, beta1, beta2, eps,
-//   weight_decay /train                                        attributes step, rng_seed, rng_counter,
-//   tokens_seen, args /                                             attributes: the model configuration,
+// Training checkpoints in one HDF5 file (DESIGN.md, README.md's "Checkpoint format"):
+//   /model/<parameter name>                          f32, PyTorch shape
+//   /optimizer/<parameter name>/exp_avg, exp_avg_sq  f32; attributes step, lr, beta1, beta2, eps,
+//   weight_decay /train                                           attributes step, rng_seed, rng_counter,
+//   tokens_seen, args /                                                attributes: the model configuration,
 //   format_version
-// Written atomically (temporary file, fsync, rename); loading checks every dataset and names the first one
-// that is missing or mis-shaped.
+// Written atomically (temporary file, fsync, rename), every dataset with a checksum per chunk (format 2;
+// format 1 files, without checksums, still load). Reading refuses, in one line naming the file and the
+// object, what does not fit: a missing, mis-typed or mis-shaped dataset, an attribute of the wrong type or
+// range, a newer format, damaged data (checksum mismatch) and values that are not finite.
 #pragma once
 
 #include <string>
@@ -50,12 +52,20 @@ void save_checkpoint(const std::string& path, const nn::ModelConfig& config, nn:
                      OptimizerState* optimizer, const TrainState& state, bool writer = true);
 
 // The model configuration stored in a checkpoint (precision and attention are not part of the file's
-// identity and keep their defaults).
+// identity and keep their defaults), once it is known to describe the file's /model datasets (f32, their
+// shapes), so a model built from it fits them.
 nn::ModelConfig read_checkpoint_config(const std::string& path);
 
-// Loads parameters (and optimizer and train state when given) into a model of the same shape.
+// Loads parameters (and optimizer and train state when given) into a model of the same shape. A file that
+// does not fit (layout, types, shapes, attributes) changes nothing; data found damaged or not finite while
+// reading throws with the model partly loaded, so the caller must not use it then.
 void load_checkpoint(const std::string& path, nn::FlatParameters& params, OptimizerState* optimizer,
                      TrainState* state);
+
+// Whether `path` is a checkpoint `train` can resume from: the layout and every attribute checked as loading
+// does, then every dataset of /model and /optimizer read (one at a time, so memory is bounded by the
+// largest; its checksums verified) and its values checked finite. Throws tt::Error naming the first problem.
+void verify_checkpoint(const std::string& path);
 
 // Deletes all but the newest `keep` files named step_N.h5 with N <= up_to_step in `dir` (keep <= 0 keeps
 // everything).

@@ -71,6 +71,7 @@ class Handle {
   ~Handle() {
     if (id_ >= 0) closer_(id_);
   }
+  Handle(Handle&& other) noexcept : id_(other.id_), closer_(other.closer_) { other.id_ = -1; }
   Handle(const Handle&) = delete;
   Handle& operator=(const Handle&) = delete;
   hid_t get() const { return id_; }
@@ -83,6 +84,29 @@ class Handle {
 std::string parent_of(const std::string& path) {
   const size_t slash = path.rfind('/');
   return slash == 0 || slash == std::string::npos ? "/" : path.substr(0, slash);
+}
+
+// NumPy's name for an HDF5 element type ("float32", "int64"), or the HDF5 class for what NumPy lacks.
+std::string type_name(hid_t type) {
+  const std::string bits = std::to_string(8 * H5Tget_size(type));
+  switch (H5Tget_class(type)) {
+    case H5T_INTEGER:
+      return (H5Tget_sign(type) == H5T_SGN_NONE ? "uint" : "int") + bits;
+    case H5T_FLOAT:
+      return "float" + bits;
+    case H5T_STRING:
+      return "string";
+    case H5T_COMPOUND:
+      return "compound";
+    case H5T_ENUM:
+      return "enum";
+    case H5T_ARRAY:
+      return "array";
+    case H5T_VLEN:
+      return "variable-length";
+    default:
+      return "HDF5 type class " + std::to_string(static_cast<int>(H5Tget_class(type)));
+  }
 }
 
 // Chunk dimensions of at most kChunkBytes: whole trailing dimensions while they fit, then as many rows of
@@ -167,6 +191,12 @@ bool H5File::exists(const std::string& object) const {
   }
 }
 
+bool H5File::is_dataset(const std::string& object) const {
+  if (!exists(object)) return false;
+  Handle obj(checked(H5Oopen(id_, object.c_str(), H5P_DEFAULT), "H5Oopen", object), H5Oclose);
+  return H5Iget_type(obj.get()) == H5I_DATASET;
+}
+
 void H5File::ensure_group(const std::string& group) {
   if (exists(group)) return;
   Handle props(checked(H5Pcreate(H5P_LINK_CREATE), "H5Pcreate", group), H5Pclose);
@@ -184,6 +214,13 @@ Shape H5File::dataset_shape(const std::string& dataset) const {
   std::vector<hsize_t> dims(static_cast<size_t>(rank));
   checked(H5Sget_simple_extent_dims(space.get(), dims.data(), nullptr), "H5Sget_simple_extent_dims", dataset);
   return Shape(dims.begin(), dims.end());
+}
+
+std::string H5File::dataset_dtype(const std::string& dataset) const {
+  if (!exists(dataset)) throw Error("dataset " + dataset + " is missing in " + path_);
+  Handle d(checked(H5Dopen2(id_, dataset.c_str(), H5P_DEFAULT), "H5Dopen2", dataset), H5Dclose);
+  Handle type(checked(H5Dget_type(d.get()), "H5Dget_type", dataset), H5Tclose);
+  return type_name(type.get());
 }
 
 std::vector<std::string> H5File::children(const std::string& group) const {
@@ -302,36 +339,59 @@ bool H5File::has_attr(const std::string& object, const std::string& name) const 
 }
 
 namespace {
-Handle open_attr(hid_t file, const std::string& path, const std::string& object, const std::string& name) {
+// Opens OBJECT@NAME after checking that it exists, holds one value and is of `expected_class`
+// (`expected` names it in the message).
+Handle open_attr(hid_t file, const std::string& path, const std::string& object, const std::string& name,
+                 H5T_class_t expected_class, const char* expected) {
+  const std::string what = object + "@" + name;
+  if (object != "/" && checked(H5Lexists(file, object.c_str(), H5P_DEFAULT), "H5Lexists", object) == 0)
+    throw Error("checkpoint " + path + ": " + object + " is missing");
   Handle obj = open_object(file, object);
-  if (checked(H5Aexists(obj.get(), name.c_str()), "H5Aexists", object + "@" + name) == 0) {
-    throw Error("checkpoint " + path + ": attribute " + object + "@" + name + " is missing");
+  if (checked(H5Aexists(obj.get(), name.c_str()), "H5Aexists", what) == 0)
+    throw Error("checkpoint " + path + ": attribute " + what + " is missing");
+  Handle attr(checked(H5Aopen(obj.get(), name.c_str(), H5P_DEFAULT), "H5Aopen", what), H5Aclose);
+  Handle type(checked(H5Aget_type(attr.get()), "H5Aget_type", what), H5Tclose);
+  if (H5Tget_class(type.get()) != expected_class) {
+    throw Error("checkpoint " + path + ": attribute " + what + " is " + type_name(type.get()) +
+                ", expected " + expected);
   }
-  return Handle(checked(H5Aopen(obj.get(), name.c_str(), H5P_DEFAULT), "H5Aopen", object + "@" + name),
-                H5Aclose);
+  Handle space(checked(H5Aget_space(attr.get()), "H5Aget_space", what), H5Sclose);
+  if (H5Sget_simple_extent_npoints(space.get()) != 1)
+    throw Error("checkpoint " + path + ": attribute " + what + " holds several values, expected one");
+  return attr;
 }
 }  // namespace
 
 int64_t H5File::attr_int(const std::string& object, const std::string& name) const {
-  Handle attr = open_attr(id_, path_, object, name);
+  Handle attr = open_attr(id_, path_, object, name, H5T_INTEGER, "an integer");
   int64_t value = 0;
   checked(H5Aread(attr.get(), H5T_NATIVE_INT64, &value), "H5Aread", object + "@" + name);
   return value;
 }
 
 double H5File::attr_double(const std::string& object, const std::string& name) const {
-  Handle attr = open_attr(id_, path_, object, name);
+  Handle attr = open_attr(id_, path_, object, name, H5T_FLOAT, "a floating-point number");
   double value = 0;
   checked(H5Aread(attr.get(), H5T_NATIVE_DOUBLE, &value), "H5Aread", object + "@" + name);
   return value;
 }
 
 std::string H5File::attr_string(const std::string& object, const std::string& name) const {
-  Handle attr = open_attr(id_, path_, object, name);
-  Handle type(checked(H5Aget_type(attr.get()), "H5Aget_type", name), H5Tclose);
-  const size_t size = H5Tget_size(type.get());
-  std::string value(size, '\0');
-  checked(H5Aread(attr.get(), type.get(), value.data()), "H5Aread", object + "@" + name);
+  Handle attr = open_attr(id_, path_, object, name, H5T_STRING, "a string");
+  const std::string what = object + "@" + name;
+  Handle type(checked(H5Aget_type(attr.get()), "H5Aget_type", what), H5Tclose);
+  if (H5Tis_variable_str(type.get()) > 0) {  // as h5py writes a str
+    Handle memory(checked(H5Tcopy(H5T_C_S1), "H5Tcopy", what), H5Tclose);
+    checked(H5Tset_size(memory.get(), H5T_VARIABLE), "H5Tset_size", what);
+    checked(H5Tset_cset(memory.get(), H5Tget_cset(type.get())), "H5Tset_cset", what);  // h5py's are UTF-8
+    char* text = nullptr;
+    checked(H5Aread(attr.get(), memory.get(), &text), "H5Aread", what);
+    std::string value = text ? text : "";
+    H5free_memory(text);
+    return value;
+  }
+  std::string value(H5Tget_size(type.get()), '\0');
+  checked(H5Aread(attr.get(), type.get(), value.data()), "H5Aread", what);
   while (!value.empty() && value.back() == '\0') value.pop_back();
   return value;
 }
@@ -356,6 +416,14 @@ void atomic_write(const std::string& path, const std::function<void(H5File&)>& w
   } catch (...) {
     std::remove(tmp.c_str());
     throw;
+  }
+  // The rename itself survives a power loss only once the folder is synced too. Best effort: the file is in
+  // place either way, and some file systems cannot sync a folder.
+  const std::string folder = std::filesystem::path(path).parent_path().string();
+  const int dir = ::open(folder.empty() ? "." : folder.c_str(), O_RDONLY | O_DIRECTORY);
+  if (dir >= 0) {
+    (void)::fsync(dir);
+    ::close(dir);
   }
 }
 

@@ -24,7 +24,10 @@ class H5File {
 
   const std::string& path() const { return path_; }
   bool exists(const std::string& object) const;  // "/model/lm_head.weight"
+  bool is_dataset(const std::string& object) const;
   Shape dataset_shape(const std::string& dataset) const;
+  // The stored element type in NumPy's spelling: "float32" (either byte order), "int32", "float64", ...
+  std::string dataset_dtype(const std::string& dataset) const;
   std::vector<std::string> children(const std::string& group) const;
 
   // f32 datasets: any tensor (any device, any float dtype) is written as host f32 in its shape.
@@ -39,6 +42,8 @@ class H5File {
   void set_attr(const std::string& object, const std::string& name, double value);
   void set_attr(const std::string& object, const std::string& name, const std::string& value);
   bool has_attr(const std::string& object, const std::string& name) const;
+  // Each refuses a missing attribute, one that is not a single value, and one of another kind (an integer
+  // for attr_int, a floating-point number for attr_double, a string for attr_string), naming it.
   int64_t attr_int(const std::string& object, const std::string& name) const;
   double attr_double(const std::string& object, const std::string& name) const;
   std::string attr_string(const std::string& object, const std::string& name) const;
@@ -54,7 +59,8 @@ class H5File {
 };
 
 // Writes `path` through `writer` into a temporary file next to it, flushes and fsyncs it, then renames it
-// over `path`. On any failure the temporary file is removed, `path` is untouched, and the error rethrown.
+// over `path` (and fsyncs the folder). On any failure the temporary file is removed, `path` is untouched, and
+// the error rethrown.
 void atomic_write(const std::string& path, const std::function<void(H5File&)>& writer);
 
 }  // namespace tt::io
