@@ -1,0 +1,149 @@
+#!/usr/bin/env bash
+# Checkpoints are safe to load and impossible to crash on: a full disk while writing exits 1 with one message
+# and leaves the earlier checkpoints as they were; files changed with h5py (a dataset of another type, an
+# attribute out of range, a newer format, an unknown precision, NaN weights, a flipped byte in a dataset's
+# stored data) are refused by both `train --resume` and `train --eval-only`, each with a line naming the file
+# and the object; a good checkpoint, and one in the previous format (no checksums), still load and open in h5py.
+# Usage: checkpoint_integrity.sh PATH/TO/train PATH/TO/prepare_data. Skipped (77) without Debian's python3-h5py.
+set -uo pipefail
+train=$1 prepare=$2
+py=/usr/bin/python3
+$py -c "import h5py, numpy" 2>/dev/null || { echo "python3-h5py missing: skipped"; exit 77; }
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+failures=0
+fail() { echo "FAIL $*"; failures=$((failures + 1)); }
+
+# expect_error NAME "expected text" command...: a non-zero exit, the text, and no crash.
+expect_error() {
+  local name=$1 expected=$2
+  shift 2
+  local output status
+  output=$("$@" 2>&1)
+  status=$?
+  if [ $status -eq 0 ] || [ $status -gt 128 ]; then
+    fail "$name: exit code $status"; echo "$output" | tail -3; return
+  fi
+  if ! grep -q -- "$expected" <<<"$output"; then
+    fail "$name: expected '$expected' in:"; echo "$output" | tail -3; return
+  fi
+  echo "ok   $name: $(grep -m1 'error' <<<"$output")"
+}
+
+expect_ok() {
+  local name=$1
+  shift
+  if "$@" >"$work/last.log" 2>&1; then echo "ok   $name"; else
+    fail "$name:"; tail -3 "$work/last.log"
+  fi
+}
+
+# A small real corpus.
+mkdir -p "$work/text"
+for i in $(seq 1 300); do echo "Line $i of a small corpus: the quick brown fox jumps over the lazy dog."; echo "%"; done >"$work/text/a.txt"
+"$prepare" --input "$work/text" --out "$work/data" --separator % >/dev/null || { echo "FAIL prepare_data"; exit 1; }
+common=(--data "$work/data" --ctx 16 --batch 2 --eval-batches 1 --sample-tokens 0 --log-every 100)
+eval_only=(--eval-only --data "$work/data" --ctx 16 --batch 2 --eval-batches 2)
+
+expect_ok "train 4 steps" "$train" "${common[@]}" --out "$work/run" --steps 4 --ckpt-every 2
+good="$work/run/checkpoints/step_4.h5"
+[ -e "$good" ] || { echo "FAIL: no checkpoint to work on"; exit 1; }
+
+# 1. A full disk (a file-size limit; train ignores SIGXFSZ) while writing step_6: exit 1 with one error line,
+# no crash at exit, no temporary file, and the earlier checkpoints byte for byte as they were.
+sums_before=$(md5sum "$work/run/checkpoints/"*.h5)
+output=$(bash -c "ulimit -f 200; exec \"$train\" ${common[*]} --out $work/run --steps 6 --ckpt-every 2 --resume $good" 2>&1)
+status=$?
+if [ $status -ne 1 ]; then fail "disk full: exit code $status, expected 1"; echo "$output" | tail -3
+elif ! grep -q "cannot write checkpoint $work/run/checkpoints/step_6.h5 (disk full?)" <<<"$output"; then
+  fail "disk full: no 'cannot write checkpoint' line in:"; echo "$output" | tail -3
+elif [ "$(grep -c 'error' <<<"$output")" -ne 1 ]; then fail "disk full: not exactly one error line:"; echo "$output" | tail -4
+else echo "ok   disk full: $(grep -m1 'error' <<<"$output")"; fi
+[ -e "$work/run/checkpoints/step_6.h5" ] && fail "disk full: a partial step_6.h5 exists"
+ls "$work/run/checkpoints/"*.tmp >/dev/null 2>&1 && fail "disk full: a temporary file was left"
+[ "$(md5sum "$work/run/checkpoints/"*.h5)" = "$sums_before" ] || fail "disk full: earlier checkpoints changed"
+
+# 2. Files changed with h5py, each refused at load by --resume and by --eval-only.
+# craft NAME PYTHON: a copy of the good checkpoint with PYTHON run on it as `f` (h5py, read-write).
+craft() {
+  cp "$good" "$work/$1.h5"
+  $py - "$work/$1.h5" <<PY || fail "crafting $1"
+import sys, h5py, numpy as np
+with h5py.File(sys.argv[1], "r+") as f:
+$2
+PY
+}
+refused() {
+  local name=$1 expected=$2
+  expect_error "$name, --resume" "$expected" "$train" "${common[@]}" --out "$work/out_$name" --steps 6 --resume "$work/$name.h5"
+  expect_error "$name, --eval-only" "$expected" "$train" "${eval_only[@]}" --resume "$work/$name.h5"
+}
+
+craft int32 '    w = f["model/lm_head.weight"][()]
+    del f["model/lm_head.weight"]
+    f["model/lm_head.weight"] = (w * 1000).astype(np.int32)'
+refused int32 "checkpoint $work/int32.h5: dataset /model/lm_head.weight is int32, expected float32"
+
+craft negative_step '    f["train"].attrs["step"] = np.int64(-5)'
+refused negative_step "checkpoint $work/negative_step.h5: attribute /train@step is -5, expected >= 0"
+
+craft newer '    f.attrs["format_version"] = np.int64(99)'
+refused newer "checkpoint $work/newer.h5 was written by a newer version .*format_version 99"
+
+craft fp8 '    f.attrs["precision"] = "fp8"'
+refused fp8 "checkpoint $work/fp8.h5: attribute /@precision: unknown precision 'fp8'"
+
+craft nan '    d = f["model/layers.0.attn.q_proj.weight"]
+    w = d[()]
+    w[3, 5] = np.nan
+    d[...] = w'
+refused nan "checkpoint $work/nan.h5: dataset /model/layers.0.attn.q_proj.weight holds a non-finite value nan"
+
+# A byte in the middle of the stored data of a dataset (its first chunk, or the whole of an unchunked one).
+cp "$good" "$work/flipped.h5"
+$py - "$work/flipped.h5" <<'PY' || fail "flipping a byte"
+import sys, h5py
+with h5py.File(sys.argv[1], "r") as f:
+    d = f["model/token_embeddings.weight"]
+    if d.chunks:
+        info = d.id.get_chunk_info(0)
+        offset = info.byte_offset + info.size // 2
+    else:
+        offset = d.id.get_offset() + d.id.get_storage_size() // 2
+with open(sys.argv[1], "r+b") as raw:
+    raw.seek(offset)
+    byte = raw.read(1)[0]
+    raw.seek(offset)
+    raw.write(bytes([byte ^ 0xFF]))
+PY
+cmp -s "$good" "$work/flipped.h5" && fail "flipped: the byte did not change"
+refused flipped "checkpoint $work/flipped.h5 is damaged: checksum mismatch in /model/token_embeddings.weight"
+
+# 3. What must still load: the good checkpoint (resumed and evaluated; its layout as README.md's "Checkpoint
+# format" shows it to h5py), and a copy in format 1, contiguous datasets without checksums.
+expect_ok "good checkpoint, --eval-only" "$train" "${eval_only[@]}" --resume "$good"
+expect_ok "good checkpoint, --resume" "$train" "${common[@]}" --out "$work/out_good" --steps 6 --resume "$good"
+$py - "$good" "$work/format1.h5" <<'PY' && echo "ok   h5py reads the checkpoint; a format 1 copy written" || fail "h5py"
+import sys, h5py, numpy as np
+with h5py.File(sys.argv[1], "r") as f, h5py.File(sys.argv[2], "w") as old:
+    state_dict = {name: f["model"][name][()] for name in f["model"]}
+    assert state_dict and all(v.dtype == np.float32 for v in state_dict.values())
+    assert state_dict["lm_head.weight"].shape == (f.attrs["vocab_size"], f.attrs["d_model"])
+    assert all(f["model"][name].fletcher32 for name in f["model"]), "a dataset without checksum"
+    assert f.attrs["format_version"] == 2
+    def copy(name, obj):
+        if isinstance(obj, h5py.Dataset):
+            old.create_dataset(name, data=obj[()])  # contiguous, no filter
+        else:
+            for key, value in obj.attrs.items():
+                old.require_group(name).attrs[key] = value
+    f.visititems(copy)
+    for key, value in f.attrs.items():
+        old.attrs[key] = value
+    old.attrs["format_version"] = np.int64(1)
+PY
+expect_ok "format 1 checkpoint, --eval-only" "$train" "${eval_only[@]}" --resume "$work/format1.h5"
+expect_ok "format 1 checkpoint, --resume" "$train" "${common[@]}" --out "$work/out_format1" --steps 6 --resume "$work/format1.h5"
+
+echo "$failures failure(s)"
+[ $failures -eq 0 ]
