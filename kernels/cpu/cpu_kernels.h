@@ -64,6 +64,13 @@ void cross_entropy_forward(const T* logits, const int32_t* targets, T* losses, T
 template <class T>
 void cross_entropy_backward(const T* logits, const int32_t* targets, const T* lse, const T* dloss,
                             double scale, T* dlogits, int64_t n, int64_t vocab);
+// The fused classifier's loss over a chunk of n rows of logits, `ld` elements apart (ld >= vocab; the
+// columns past vocab are padding, ops::linear_cross_entropy): losses[i] = logsumexp(row i) - row_i[target].
+// With dlogits (nullable; rows ld apart, and it may be `logits` itself), also the gradient
+// (softmax(row) - onehot(target)) * grad_scale, with zeros in the padding columns.
+template <class T>
+void cross_entropy_rows(const T* logits, int64_t ld, const int32_t* targets, T* losses, T* dlogits,
+                        double grad_scale, int64_t n, int64_t vocab);
 
 template <class T>
 void add(const T* a, const T* b, T* out, int64_t n, double alpha);  // out = a + alpha * b

@@ -67,6 +67,27 @@ void cross_entropy_backward(const T* logits, const int32_t* targets, const T* ls
 }
 
 template <class T>
+void cross_entropy_rows(const T* logits, int64_t ld, const int32_t* targets, T* losses, T* dlogits,
+                        double grad_scale, int64_t n, int64_t vocab) {
+  const T scale = static_cast<T>(grad_scale);
+  for (int64_t i = 0; i < n; ++i) {
+    const T* row = logits + i * ld;
+    T mx = row[0];
+    for (int64_t j = 1; j < vocab; ++j) mx = std::max(mx, row[j]);
+    T total = 0;
+    for (int64_t j = 0; j < vocab; ++j) total += std::exp(row[j] - mx);
+    const T lse = mx + std::log(total);
+    losses[i] = lse - row[targets[i]];
+    if (dlogits == nullptr) continue;
+    // Read before written: dlogits may be the logits themselves.
+    T* grad = dlogits + i * ld;
+    for (int64_t j = 0; j < vocab; ++j)
+      grad[j] = (std::exp(row[j] - lse) - (j == targets[i] ? T(1) : T(0))) * scale;
+    for (int64_t j = vocab; j < ld; ++j) grad[j] = 0;
+  }
+}
+
+template <class T>
 void adamw(T* param, const T* grad, T* exp_avg, T* exp_avg_sq, int64_t n, double lr, double beta1,
            double beta2, double eps, double weight_decay, int64_t step) {
   // Scalars in double, the update in T, the same order of operations as torch.optim.AdamW.
@@ -92,6 +113,7 @@ void adamw(T* param, const T* grad, T* exp_avg, T* exp_avg_sq, int64_t n, double
   template void cross_entropy_forward<T>(const T*, const int32_t*, T*, T*, int64_t, int64_t);                \
   template void cross_entropy_backward<T>(const T*, const int32_t*, const T*, const T*, double, T*, int64_t, \
                                           int64_t);                                                          \
+  template void cross_entropy_rows<T>(const T*, int64_t, const int32_t*, T*, T*, double, int64_t, int64_t);  \
   template void adamw<T>(T*, const T*, T*, T*, int64_t, double, double, double, double, double, int64_t);
 TT_INSTANTIATE(float)
 TT_INSTANTIATE(double)

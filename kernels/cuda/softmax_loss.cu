@@ -1,10 +1,12 @@
 // Masked softmax (the naive attention's middle step) and cross-entropy on the GPU: the twins of
-// kernels/cpu/softmax_loss.cpp. Everything is f32 with max-subtracted exponentials.
+// kernels/cpu/softmax_loss.cpp. Everything is f32 with max-subtracted exponentials (the fused classifier's
+// logits gradient may be stored in bf16).
 #include <cuda_runtime.h>
 
 #include <algorithm>
 #include <cmath>
 
+#include "kernels/cuda/convert.cuh"
 #include "kernels/cuda/cuda_kernels.h"
 
 namespace tt::cuda {
@@ -142,6 +144,59 @@ __global__ void cross_entropy_backward_kernel(const float* logits, const int32_t
   }
 }
 
+// One chunk of the fused classifier + loss (ops::linear_cross_entropy): rows `ld` elements apart, ld a
+// multiple of 4, the columns past vocab padding (never taken as logits). Each row's loss and, with
+// dlogits, its gradient (softmax - onehot) * grad_scale in G (f32 or bf16), zeros in the padding, in one
+// kernel: the logits are read twice and never written back in f32 for a separate backward. dlogits may alias
+// logits (f32): every element is read before the same thread writes it, and the barriers in block_merge order
+// the target's read before any write.
+template <class G>
+__global__ void cross_entropy_rows_kernel(const float* logits, int64_t ld, const int32_t* targets,
+                                          float* losses, G* dlogits, float grad_scale, int64_t n,
+                                          int64_t vocab) {
+  const int64_t groups = ld / 4;
+  for (int64_t row = blockIdx.x; row < n; row += gridDim.x) {
+    const float* lr = logits + row * ld;
+    const int32_t target = targets[row];
+    const bool valid = target >= 0 && target < vocab;
+    // An out-of-range target yields a NaN loss rather than a read outside the row.
+    const float target_logit = threadIdx.x == 0 && valid ? lr[target] : NAN;
+    OnlineExpSum state;
+    for (int64_t k = threadIdx.x; k < groups; k += blockDim.x) {
+      float v[4];
+      load4(lr, k, v);
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        if (4 * k + e < vocab) state.add(v[e]);
+      }
+    }
+    state = block_merge(state);
+    const float row_lse = state.max + logf(state.sum);
+    if (threadIdx.x == 0) losses[row] = row_lse - target_logit;
+    if (dlogits == nullptr) continue;
+    G* dr = dlogits + row * ld;
+    for (int64_t k = threadIdx.x; k < groups; k += blockDim.x) {
+      float v[4];
+      load4(lr, k, v);
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int64_t col = 4 * k + e;
+        v[e] = col < vocab ? (expf(v[e] - row_lse) - (col == target ? 1.0f : 0.0f)) * grad_scale : 0.0f;
+      }
+      store4(dr, k, v);
+    }
+  }
+}
+
+// x *= *factor, skipped on the device when the factor is exactly 1 (a loss's own gradient): the factor stays
+// in device memory, so the host never waits for it.
+__global__ void scale_by_device_factor_kernel(float* x, int64_t n, const float* factor) {
+  const float f = *factor;
+  if (f == 1.0f) return;
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) x[i] *= f;
+}
+
 unsigned int softmax_blocks(int64_t total_rows) {
   return static_cast<unsigned int>((total_rows + kSoftmaxWarpsPerBlock - 1) / kSoftmaxWarpsPerBlock);
 }
@@ -180,6 +235,38 @@ void cross_entropy_backward(const float* logits, const int32_t* targets, const f
   if (n == 0 || vocab == 0) return;
   cross_entropy_backward_kernel<<<row_blocks(n), kLossThreads, 0, stream>>>(
       logits, targets, lse, dloss, static_cast<float>(scale), dlogits, n, vocab);
+  TT_CUDA_LAUNCH_CHECK();
+}
+
+void cross_entropy_rows(const float* logits, int64_t ld, const int32_t* targets, float* losses, void* dlogits,
+                        DType dlogits_type, double grad_scale, int64_t n, int64_t vocab,
+                        cudaStream_t stream) {
+  TT_CHECK(vocab > 0 && ld >= vocab && ld % 4 == 0, "cuda::cross_entropy_rows: rows " + std::to_string(ld) +
+                                                        " apart for vocab " + std::to_string(vocab) +
+                                                        " (a multiple of 4, at least vocab)");
+  TT_CHECK(dlogits_type == DType::f32 || dlogits_type == DType::bf16,
+           "cuda::cross_entropy_rows: the gradient is f32 or bf16");
+  const size_t g_align = dlogits_type == DType::f32 ? 16 : 8;
+  TT_CHECK(
+      reinterpret_cast<uintptr_t>(logits) % 16 == 0 && reinterpret_cast<uintptr_t>(dlogits) % g_align == 0,
+      "cuda::cross_entropy_rows: buffers must be aligned to four elements");
+  if (n == 0) return;
+  const float scale = static_cast<float>(grad_scale);
+  if (dlogits_type == DType::bf16) {
+    cross_entropy_rows_kernel<<<row_blocks(n), kLossThreads, 0, stream>>>(
+        logits, ld, targets, losses, static_cast<__nv_bfloat16*>(dlogits), scale, n, vocab);
+  } else {
+    cross_entropy_rows_kernel<<<row_blocks(n), kLossThreads, 0, stream>>>(
+        logits, ld, targets, losses, static_cast<float*>(dlogits), scale, n, vocab);
+  }
+  TT_CUDA_LAUNCH_CHECK();
+}
+
+void scale_by_device_factor(float* x, int64_t n, const float* factor, cudaStream_t stream) {
+  if (n == 0) return;
+  constexpr int kThreads = 256;
+  const int64_t blocks = std::min<int64_t>((n + kThreads - 1) / kThreads, 4096);
+  scale_by_device_factor_kernel<<<static_cast<unsigned int>(blocks), kThreads, 0, stream>>>(x, n, factor);
   TT_CUDA_LAUNCH_CHECK();
 }
 
