@@ -71,6 +71,16 @@ Tensor swiglu(const Tensor& a, const Tensor& b);
 Tensor softmax(const Tensor& s, double scale, bool causal);
 // Mean cross-entropy of logits (N, V) against i32 targets (N); returns shape {1}.
 Tensor cross_entropy(const Tensor& logits, const Tensor& targets);
+// cross_entropy(linear(x, weight, compute, f32), targets) as one op that never holds the logits of all rows:
+// x (..., in) with N rows, weight (V, in), targets i32 (N); returns the mean loss, shape {1}, f32 (f64 for
+// f64). Rows go through in chunks of chunk_rows (0: as many as take about 1 GiB of f32 logits): per chunk
+// the logits (f32 from `compute` operands: the weight's dtype or bf16, x and the weight cast or the weight's
+// bf16 mirror, as ops::linear reads them), the loss and, when a gradient is wanted, the logits' gradient in
+// the compute dtype, which goes straight into x's and the weight's gradients (f32; f64 for f64). Backward
+// then only scales them by the incoming gradient; the weight's gradient reaches its .grad through the usual
+// accumulation. Out-of-range targets throw on the CPU and give a NaN loss on CUDA, as in cross_entropy.
+Tensor linear_cross_entropy(const Tensor& x, const Tensor& weight, const Tensor& targets, DType compute,
+                            int64_t chunk_rows = 0);
 
 // --- attention ---
 // q, k, v: (batch, heads, seq, d_head), any strides with a contiguous last dim. Returns O with the same

@@ -690,3 +690,128 @@ TEST_CASE(
     }
   }
 }
+
+namespace {
+// Loss, x's and the weight's gradients of the classifier + cross-entropy, fused (ops::linear_cross_entropy
+// with `chunk` rows per chunk) or as the model computed it before (cross_entropy(linear(x, w))), the loss's
+// gradient `grad`.
+struct HeadResult {
+  std::vector<double> loss, dx, dw;
+};
+HeadResult head_loss(bool fused, const Tensor& x0, const Tensor& w0, const Tensor& targets, DType compute,
+                     int64_t chunk, double grad) {
+  Tensor x = x0.clone().set_requires_grad(true), w = w0.clone().set_requires_grad(true);
+  const DType wide = compute == DType::bf16 ? DType::f32 : compute;
+  Tensor loss;
+  if (fused) {
+    loss = ops::linear_cross_entropy(x, w, targets, compute, chunk);
+  } else {
+    const Tensor logits = ops::linear(x, w, compute, wide);
+    loss = ops::cross_entropy(ops::reshape(logits, {targets.numel(), w.size(0)}), targets);
+  }
+  CHECK(loss.dtype() == wide);
+  loss.backward(Tensor::full({1}, grad, loss.dtype()));
+  CHECK(x.grad().shape() == x.shape());
+  return {loss.to_doubles(), x.grad().to_doubles(), w.grad().to_doubles()};
+}
+}  // namespace
+
+TEST_CASE("linear_cross_entropy: finite differences (f64), chunks that do not divide the rows") {
+  const Tensor targets = Tensor::from_ints({3, 10, 0, 7, 7, 1, 9, 4, 2, 5}, {10});
+  for (const int64_t chunk : {int64_t{0}, int64_t{3}, int64_t{4}}) {
+    CAPTURE(chunk);
+    CHECK(gradient_error(
+              [&](const Inputs& in) {
+                return ops::linear_cross_entropy(in[0], in[1], targets, DType::f64, chunk);
+              },
+              {leaf({2, 5, 6}, 360), leaf({11, 6}, 361)}) < kTol);
+  }
+}
+
+TEST_CASE("linear_cross_entropy equals cross_entropy(linear(x, W)): loss and gradients, any chunking") {
+  // Vocabularies that are not multiples of 8 (rows padded to 64 inside), 39 rows in chunks of 7 and 16 (the
+  // last one short), one chunk, and a chunk larger than the batch; the loss's gradient 1 (no scaling) or not.
+  for (const DType dtype : {DType::f32, DType::f64}) {
+    for (const int64_t vocab : {int64_t{5}, int64_t{257}, int64_t{1001}}) {
+      const std::string dtype_text = dtype_name(dtype);
+      CAPTURE(dtype_text);
+      CAPTURE(vocab);
+      const Tensor x = testing::random_tensor({3, 13, 24}, 370, dtype);
+      const Tensor w = testing::random_tensor({vocab, 24}, 371, dtype, 0.3);
+      std::vector<int32_t> ids(39);
+      for (size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<int32_t>((i * 7919 + 13) % vocab);
+      ids.back() = static_cast<int32_t>(vocab - 1);
+      const Tensor targets = Tensor::from_ints(ids, {39});
+      const double tol = dtype == DType::f32 ? 1e-6 : 1e-12;
+      for (const double grad : {1.0, -0.37}) {
+        const HeadResult plain = head_loss(false, x, w, targets, dtype, 0, grad);
+        for (const int64_t chunk : {int64_t{0}, int64_t{7}, int64_t{16}, int64_t{1000}}) {
+          CAPTURE(grad);
+          CAPTURE(chunk);
+          const HeadResult fused = head_loss(true, x, w, targets, dtype, chunk, grad);
+          CHECK(testing::relative_error(fused.loss, plain.loss) < tol);
+          CHECK(testing::relative_error(fused.dx, plain.dx) < tol);
+          CHECK(testing::relative_error(fused.dw, plain.dw) < tol);
+        }
+      }
+    }
+  }
+  // bf16 operands (x cast, the weight cast as ops::linear casts it), f32 logits and loss, the logits'
+  // gradient rounded to bf16 as the unfused linear's backward rounds it: the same numbers.
+  const Tensor x = testing::random_tensor({2, 20, 32}, 372, DType::f32);
+  const Tensor w = testing::random_tensor({257, 32}, 373, DType::f32, 0.3);
+  std::vector<int32_t> ids(40);
+  for (size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<int32_t>((i * 31 + 5) % 257);
+  const Tensor targets = Tensor::from_ints(ids, {40});
+  const HeadResult plain = head_loss(false, x, w, targets, DType::bf16, 0, 1.0);
+  for (const int64_t chunk : {int64_t{0}, int64_t{9}}) {
+    CAPTURE(chunk);
+    const HeadResult fused = head_loss(true, x, w, targets, DType::bf16, chunk, 1.0);
+    CHECK(testing::relative_error(fused.loss, plain.loss) < 1e-6);
+    CHECK(testing::relative_error(fused.dx, plain.dx) < 1e-6);
+    CHECK(testing::relative_error(fused.dw, plain.dw) < 1e-6);
+  }
+}
+
+TEST_CASE("linear_cross_entropy: only what is needed, the weight's .grad accumulated, targets checked") {
+  const Tensor x0 = testing::random_tensor({6, 4}, 380), w0 = testing::random_tensor({9, 4}, 381);
+  const Tensor targets = Tensor::from_ints({0, 8, 3, 3, 5, 1}, {6});
+  const double value = head_loss(false, x0, w0, targets, DType::f64, 0, 1.0).loss[0];
+  // Without grad mode: the loss alone, no graph.
+  {
+    NoGradGuard guard;
+    Tensor w = w0.clone().set_requires_grad(true);
+    const Tensor loss = ops::linear_cross_entropy(x0, w, targets, DType::f64, 4);
+    CHECK(loss.grad_fn() == nullptr);
+    CHECK(loss.item() == doctest::Approx(value).epsilon(1e-12));
+  }
+  // x without requires_grad: the weight's gradient only, added into a .grad already in place (as a
+  // FlatParameters buffer), its grad-ready hook fired once per pass.
+  Tensor w = w0.clone().set_requires_grad(true);
+  const Tensor initial = testing::random_tensor({9, 4}, 382);
+  w.set_grad(initial.clone());
+  int hook_calls = 0;
+  w.register_grad_ready_hook([&](Tensor&) { ++hook_calls; });
+  ops::linear_cross_entropy(x0, w, targets, DType::f64, 4).backward();
+  CHECK(hook_calls == 1);
+  const std::vector<double> expected = head_loss(false, x0, w0, targets, DType::f64, 0, 1.0).dw;
+  const std::vector<double> got = w.grad().to_doubles(), before = initial.to_doubles();
+  for (size_t i = 0; i < got.size(); ++i)
+    CHECK(got[i] - before[i] == doctest::Approx(expected[i]).epsilon(1e-10));
+  // Out-of-range targets: the same error as cross_entropy's.
+  for (const int32_t bad : {9, -1}) {
+    CAPTURE(bad);
+    const std::string message = "target id " + std::to_string(bad) + " out of range for vocab 9";
+    const Tensor wrong = Tensor::from_ints({0, 1, bad, 2, 3, 4}, {6});
+    CHECK_THROWS_WITH_AS(ops::linear_cross_entropy(x0, w0, wrong, DType::f64),
+                         doctest::Contains(message.c_str()), Error);
+    CHECK_THROWS_WITH_AS(ops::cross_entropy(ops::linear(x0, w0), wrong), doctest::Contains(message.c_str()),
+                         Error);
+  }
+  // Targets that do not match the rows, and inputs that do not match the weight, are refused.
+  CHECK_THROWS_WITH_AS(ops::linear_cross_entropy(x0, w0, Tensor::from_ints({0, 1}, {2}), DType::f64),
+                       doctest::Contains("one entry per row"), Error);
+  CHECK_THROWS_WITH_AS(
+      ops::linear_cross_entropy(testing::random_tensor({6, 5}, 383), w0, targets, DType::f64),
+      doctest::Contains("do not match weight"), Error);
+}
