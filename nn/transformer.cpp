@@ -54,6 +54,8 @@ void ModelConfig::validate() const {
   TT_CHECK(d_model % num_heads == 0, "model config: d_model " + std::to_string(d_model) +
                                          " is not divisible by num_heads " + std::to_string(num_heads));
   TT_CHECK(d_head() % 2 == 0, "model config: d_head must be even for RoPE, got " + std::to_string(d_head()));
+  TT_CHECK(loss_chunk_rows >= 0,
+           "model config: loss_chunk_rows must not be negative, got " + std::to_string(loss_chunk_rows));
 }
 
 ModelConfig preset(const std::string& name) {
@@ -212,7 +214,7 @@ TransformerLM::TransformerLM(const ModelConfig& config) : config_(config) {
   lm_head_ = &register_module("lm_head", std::make_unique<Linear>(config.d_model, config.vocab_size));
 }
 
-Tensor TransformerLM::forward(const Tensor& ids) const {
+Tensor TransformerLM::hidden(const Tensor& ids) const {
   TT_CHECK(ids.dim() == 2, "model input must be (batch, seq) token ids, got " + ids.describe());
   TT_CHECK(ids.size(1) <= config_.context_length, "sequence length " + std::to_string(ids.size(1)) +
                                                       " exceeds the context length " +
@@ -223,14 +225,23 @@ Tensor TransformerLM::forward(const Tensor& ids) const {
     const NvtxRange range(name.c_str());
     x = layers_[i]->forward(x);
   }
+  return ln_final_->forward(x, config_.precision);
+}
+
+Tensor TransformerLM::forward(const Tensor& ids) const {
+  const Tensor h = hidden(ids);
   const NvtxRange range("lm_head");
-  return lm_head_->forward(ln_final_->forward(x, config_.precision), config_.precision);
+  return lm_head_->forward(h, config_.precision);
 }
 
 Tensor TransformerLM::loss(const Tensor& ids, const Tensor& targets) const {
-  const Tensor logits = forward(ids);
-  const int64_t rows = logits.size(0) * logits.size(1);
-  return ops::cross_entropy(ops::reshape(logits, {rows, config_.vocab_size}), ops::reshape(targets, {rows}));
+  const Tensor h = hidden(ids);
+  const NvtxRange range("lm_head");
+  const int64_t rows = h.size(0) * h.size(1);
+  const Tensor& weight = lm_head_->weight();
+  return ops::linear_cross_entropy(
+      ops::reshape(h, {rows, config_.d_model}), weight, ops::reshape(targets, {rows}),
+      config_.precision == Precision::bf16 ? DType::bf16 : weight.dtype(), config_.loss_chunk_rows);
 }
 
 }  // namespace tt::nn

@@ -30,6 +30,9 @@ struct ModelConfig {
   Precision precision = Precision::f32;
   AttentionKind attention = AttentionKind::naive;
   bool deterministic = false;  // bit-identical runs on CUDA (exact resume); slower attention backward
+  // Rows per chunk of the fused classifier + loss in loss() (ops::linear_cross_entropy; 0: automatic, about
+  // 1 GiB of f32 logits). Tests set it to make several chunks of a small batch.
+  int64_t loss_chunk_rows = 0;
 
   int64_t d_head() const { return d_model / num_heads; }
   // 2*V*d + L*(4*d^2 + 3*d*d_ff + 2*d) + d
@@ -138,12 +141,17 @@ class TransformerLM : public Module {
   explicit TransformerLM(const ModelConfig& config);
   // token ids i32 (batch, seq) -> logits f32 (batch, seq, vocab)
   Tensor forward(const Tensor& ids) const;
-  // Mean cross-entropy of next-token prediction: targets i32 (batch, seq).
+  // Mean cross-entropy of next-token prediction: targets i32 (batch, seq). The classifier and the loss are
+  // one op (ops::linear_cross_entropy), so the logits of the whole batch are never held; the value and
+  // gradients are those of cross_entropy over forward()'s logits.
   Tensor loss(const Tensor& ids, const Tensor& targets) const;
   const ModelConfig& config() const { return config_; }
   ModelConfig& mutable_config() { return config_; }
 
  private:
+  // The final norm's output (batch, seq, d_model): what the classifier reads.
+  Tensor hidden(const Tensor& ids) const;
+
   ModelConfig config_;
   Embedding* token_embeddings_ = nullptr;
   std::vector<TransformerBlock*> layers_;
