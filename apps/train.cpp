@@ -14,10 +14,13 @@
 #include "apps/lib/flags.h"
 #include "apps/lib/report.h"
 #include "apps/lib/run_setup.h"
+#include "apps/lib/stop_signal.h"
+#include "apps/lib/train_step.h"
 #include "apps/lib/trainer.h"
 #include "core/autograd.h"
 #include "core/cuda_context.h"
 #include "core/ops.h"
+#include "dist/agreement.h"
 #include "dist/runtime.h"
 
 namespace fs = std::filesystem;
@@ -70,7 +73,9 @@ int run_eval_only(const Flags& flags, Device device) {
   load_checkpoint(ckpt, params, nullptr, nullptr);
   const int64_t batch = flags.integer("batch"), batches = flags.integer("eval-batches");
   TT_CHECK(batch > 0 && batches > 0, "--batch and --eval-batches must be positive");
+  check_eval_fits(val, batch, ctx, batches);
   const double loss = evaluate(model, val, batch, ctx, batches, device);
+  TT_CHECK(std::isfinite(loss), "the mean loss of " + ckpt + " is not finite (" + std::to_string(loss) + ")");
   std::printf("eval %s: mean loss %.6f (perplexity %.4f) over %lld windows of %lld tokens from %s/val.bin\n",
               ckpt.c_str(), loss, std::exp(loss), static_cast<long long>(batch * batches),
               static_cast<long long>(ctx), data.c_str());
@@ -88,6 +93,9 @@ int run_eval_only(const Flags& flags, Device device) {
 
 int main(int argc, char** argv) {
   std::signal(SIGXFSZ, SIG_IGN);  // a full disk (or file-size limit) is reported as a write error
+  // Logs redirected to a file (mpirun, Slurm, nohup) appear line by line, and survive a kill.
+  std::setvbuf(stdout, nullptr, _IOLBF, 0);
+  install_stop_handlers();
   std::unique_ptr<dist::DistRuntime> runtime;
   try {
     // One rank per GPU under mpirun/srun; a plain start is a single process and does not touch MPI (a
@@ -95,7 +103,10 @@ int main(int argc, char** argv) {
     if (launched_by_mpi()) runtime = std::make_unique<dist::DistRuntime>(&argc, &argv);
     Flags flags("train",
                 "Train the Transformer LM; see README.md for the data and checkpoint formats.\n"
-                "Under mpirun (one rank per GPU) it trains data-parallel; rank 0 logs and writes.");
+                "Under mpirun (one rank per GPU) it trains data-parallel; rank 0 logs and writes.\n"
+                "SIGINT, SIGTERM, SIGUSR1 or SIGHUP: finish the step, write a checkpoint, exit 75.\n"
+                "Exit codes: 0 done, 1 error, 3 diverged (non-finite loss or gradient norm; the last\n"
+                "good checkpoint is named), 75 stopped by a signal (continue with --resume latest).");
     declare_train_flags(flags);
     if (!flags.parse(argc, argv)) return 0;
     const int rank = runtime ? runtime->rank() : 0;
@@ -107,6 +118,22 @@ int main(int argc, char** argv) {
     if (runtime) MPI_Barrier(MPI_COMM_WORLD);
     if (rank != 0) data = data_dir_or_default(flags);
     return run_training(flags, device, data, runtime.get());
+  } catch (const RunEnded& e) {
+    // Reached by every rank at the same step (divergence, a stop signal): a clean end, not an abort.
+    std::fflush(stdout);
+    if (!runtime || runtime->rank() == 0)
+      std::fprintf(stderr, "\n%s: %s\n", e.exit_code() == kExitStopped ? "stopped" : "error", e.what());
+    return e.exit_code();
+  } catch (const dist::RanksDisagree& e) {
+    // Thrown by every rank at once at start-up: one line, a clean exit.
+    if (runtime->rank() == 0) std::fprintf(stderr, "\nerror: %s\n", e.what());
+    return 1;
+  } catch (const std::bad_alloc&) {
+    std::fflush(stdout);
+    const std::string why = "out of host memory (std::bad_alloc); lower --batch, --ctx or the model size";
+    if (runtime && runtime->world_size() > 1) dist::abort_job(why);
+    std::fprintf(stderr, "\nerror: %s\n", why.c_str());
+    return 1;
   } catch (const std::exception& e) {
     std::fflush(stdout);
     if (runtime && runtime->world_size() > 1) dist::abort_job(e.what());

@@ -77,6 +77,7 @@ double ShardedOptimizer::step(double max_norm, bool gradients_averaged, bool mea
                      : Tensor::from_floats({static_cast<float>(local)}, {1}, shard_grads_.device());
   comm_.all_reduce_sum(total);
   const double norm = std::sqrt(total.item());
+  if (!std::isfinite(norm)) return norm;  // diverged: the caller stops; nothing is updated
   if (max_norm > 0) {
     const double scale = std::min(1.0, max_norm / (norm + 1e-6));
     if (scale < 1.0) scale_gradients(shard_grads_, scale);

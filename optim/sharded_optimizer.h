@@ -60,6 +60,7 @@ class ShardedOptimizer {
   // overlap it with backward) has already left the average in the whole gradient buffer, so the
   // reduce-scatter is skipped and the slice is read where it lies.
   // measure_norm = false with max_norm <= 0 skips the norm (and its read-back to the host); returns NaN.
+  // A norm that is not finite is returned without any update (parameters and state unchanged).
   double step(double max_norm, bool gradients_averaged = false, bool measure_norm = true);
   // Elements per pipelined chunk of the update + all-gather (default 2^25 = 128 MiB of f32 per rank).
   void set_gather_chunk(int64_t elements);

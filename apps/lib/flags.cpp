@@ -224,6 +224,12 @@ std::string Flags::help() const {
   return out.str();
 }
 
+std::vector<std::pair<std::string, std::string>> Flags::values() const {
+  std::vector<std::pair<std::string, std::string>> all;
+  for (const std::string& name : order_) all.emplace_back("--" + name, str(name));
+  return all;
+}
+
 std::string Flags::summary_line() const {
   std::ostringstream out;
   for (const std::string& name : order_) out << "--" << name << " " << str(name) << " ";

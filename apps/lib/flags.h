@@ -35,6 +35,8 @@ class Flags {
     return specs_.count(name) > 0;
   }  // set on the command line or in the config file
   std::string help() const;
+  // Every declared flag as ("--name", value), in declaration order.
+  std::vector<std::pair<std::string, std::string>> values() const;
   // All flags as "--name value" pairs (what a checkpoint records).
   std::string summary_line() const;
 

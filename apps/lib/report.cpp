@@ -1,6 +1,10 @@
 #include "apps/lib/report.h"
 
+#include <fcntl.h>
 #include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
 
 #include <algorithm>
 #include <chrono>
@@ -47,19 +51,22 @@ std::ofstream& JsonlWriter::stream() {
   return out_;
 }
 
-void JsonlWriter::write(const std::vector<std::pair<std::string, std::string>>& fields) {
-  std::ofstream& out = stream();
-  out << "{";
+std::string JsonlWriter::object(const std::vector<std::pair<std::string, std::string>>& fields) {
+  std::string out = "{";
   for (size_t i = 0; i < fields.size(); ++i)
-    out << (i ? ", " : "") << quote(fields[i].first) << ": " << fields[i].second;
-  out << "}\n";
-  out.flush();
+    out += (i ? ", " : "") + quote(fields[i].first) + ": " + fields[i].second;
+  return out + "}";
+}
+
+void JsonlWriter::write(const std::vector<std::pair<std::string, std::string>>& fields) {
+  write_raw(object(fields));
 }
 
 void JsonlWriter::write_raw(const std::string& object_json) {
   std::ofstream& out = stream();
   out << object_json << "\n";
   out.flush();
+  if (!out) throw Error("cannot write '" + path_ + "' (disk full?)");
 }
 
 std::string JsonlWriter::number(double v) {
@@ -141,12 +148,7 @@ void write_loss_svg(const std::string& path, const std::vector<LossPoint>& train
   svg << "<text x='" << width - right - 150 << "' y='" << top + 30
       << "' fill='#d62728'>validation loss</text>\n";
   svg << "</svg>\n";
-  const std::string tmp = path + ".tmp";
-  {
-    std::ofstream out(tmp);
-    out << svg.str();
-  }
-  std::rename(tmp.c_str(), path.c_str());
+  write_file_atomically(path, svg.str());
 }
 
 void read_metrics(const std::string& path, int64_t up_to_step, std::vector<LossPoint>& train,
@@ -204,6 +206,33 @@ void Progress::update(int64_t step, const std::string& line) {
 
 void Progress::finish() {
   if (interactive_) std::printf("\n");
+}
+
+namespace {
+bool write_all_fd(int fd, const std::string& text) {
+  size_t done = 0;
+  while (done < text.size()) {
+    const ssize_t n = ::write(fd, text.data() + done, text.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return false;
+    done += static_cast<size_t>(n);
+  }
+  return true;
+}
+}  // namespace
+
+void write_file_atomically(const std::string& path, const std::string& text) {
+  const std::string tmp = path + ".tmp";
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  TT_CHECK(fd >= 0, "cannot write " + path + ": " + std::string(std::strerror(errno)));
+  const bool ok = write_all_fd(fd, text) && ::fsync(fd) == 0;
+  const std::string why = std::string(std::strerror(errno));
+  ::close(fd);
+  if (!ok || std::rename(tmp.c_str(), path.c_str()) != 0) {
+    const std::string reason = ok ? std::string(std::strerror(errno)) : why;
+    std::remove(tmp.c_str());
+    throw Error("cannot write " + path + " (disk full?): " + reason);
+  }
 }
 
 }  // namespace tt::app

@@ -25,6 +25,7 @@ class JsonlWriter {
   void write(const std::vector<std::pair<std::string, std::string>>& fields);  // values already JSON
   void write_raw(const std::string& object_json);
   static std::string number(double v);  // NaN/inf as null
+  static std::string object(const std::vector<std::pair<std::string, std::string>>& fields);  // one line
   static std::string quote(const std::string& s);
 
  private:
@@ -37,7 +38,8 @@ struct LossPoint {
   int64_t step;
   double loss;
 };
-// A self-contained SVG with train and validation loss against step.
+// A self-contained SVG with train and validation loss against step, written atomically; throws when the
+// file cannot be written.
 // `baseline` (if finite) is drawn as a dashed horizontal line labelled `baseline_label` (e.g. the unigram
 // entropy a model has to beat).
 void write_loss_svg(const std::string& path, const std::vector<LossPoint>& train,
@@ -70,5 +72,9 @@ class Progress {
 };
 
 double now_seconds();
+
+// Writes `text` to `path` through a temporary file and a rename, so a reader never sees a partial file;
+// throws naming `path` on any failure (the old file is then untouched).
+void write_file_atomically(const std::string& path, const std::string& text);
 
 }  // namespace tt::app

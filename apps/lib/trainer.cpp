@@ -7,14 +7,19 @@
 #include <fstream>
 #include <sstream>
 
+#include <mpi.h>
+
 #include "apps/lib/checkpoint.h"
 #include "apps/lib/report.h"
+#include "apps/lib/run_folder.h"
 #include "apps/lib/run_setup.h"
+#include "apps/lib/stop_signal.h"
+#include "apps/lib/train_step.h"
+#include "core/allocator.h"
 #include "core/autograd.h"
 #include "core/cuda_context.h"
 #include "core/ops.h"
-#include "dist/data_parallel.h"
-#include "dist/shard_collectives.h"
+#include "dist/agreement.h"
 #include "optim/optimizer.h"
 
 namespace tt::app {
@@ -42,13 +47,16 @@ void declare_train_flags(Flags& f) {
   f.add("sampling", "random", "random | sequential batches");
   f.add("eval-every", "200", "evaluate on val.bin every N steps (0: only at the end)");
   f.add("eval-batches", "20", "batches per evaluation (the first eval-batches*batch windows of val.bin)");
-  f.add("ckpt-every", "500", "write a checkpoint every N steps; step 0 is written too (0: only at the end)");
+  f.add("ckpt-every", "500",
+        "write a checkpoint every N steps; step 0 is written too (0: only at the end; -1: none at all, for "
+        "benchmarks and throwaway runs)");
   f.add("keep-ckpts", "3", "checkpoints to keep (0: all)");
   f.add("log-every", "10", "print a progress line every N steps");
   f.add("ddp", "bucketed", "data-parallel strategy under mpirun: naive | flat | overlap | bucketed");
   f.add("bucket-mb", "25", "gradient bucket capacity in MiB (2^20 bytes) for --ddp bucketed");
-  f.add("grad-dtype", "f32",
-        "dtype of the gradient buffer: f32 | bf16 (with --precision bf16: weight gradients rounded to bf16 "
+  f.add("grad-dtype", "auto",
+        "dtype of the gradient buffer: auto (bf16 with --precision bf16, else f32) | f32 | bf16 (with "
+        "--precision bf16: weight gradients rounded to bf16 "
         "once, as PyTorch's autocast rounds them; half the bytes to write, read and all-reduce; with "
         "--grad-accum each further micro-batch is added in f32 and rounded again)");
   f.add("grad-comm-dtype", "f32",
@@ -66,7 +74,9 @@ void declare_train_flags(Flags& f) {
         "with --zero 1, how gradients are averaged: reduce-scatter (after backward, half the bytes of an "
         "all-reduce) | ddp (the --ddp strategy's all-reduce, overlapped with backward when bucketed)");
   f.add_switch("overwrite", "replace the checkpoints of an earlier run in --out (otherwise refused)");
-  f.add("resume", "", "checkpoint to resume from (or, with --eval-only, to evaluate)");
+  f.add("resume", "",
+        "checkpoint to resume from; 'latest': the newest checkpoint of --out that loads (a new run when "
+        "there is none); a run folder: its newest. With --eval-only: the checkpoint to evaluate");
   f.add_switch("eval-only", "evaluate --resume on val.bin and exit (prints and writes the mean loss)");
   f.add("json", "", "with --eval-only: write the result as JSON to this file");
   f.add("sample-tokens", "300", "tokens of text to generate at the end (0: none)");
@@ -174,58 +184,10 @@ void warn_if_schedule_differs(const std::string& written_by, const Flags& flags)
   }
 }
 
-bool has_checkpoints(const std::string& dir) {
-  if (!fs::exists(dir)) return false;
-  for (const auto& entry : fs::directory_iterator(dir)) {
-    const std::string name = entry.path().filename().string();
-    if (name.rfind("step_", 0) == 0 && entry.path().extension() == ".h5") return true;
-  }
-  return false;
-}
-
-// Deletes step_N.h5 files with N > step (all of them for step < 0).
-void remove_checkpoints_after(const std::string& dir, int64_t step) {
-  if (!fs::exists(dir)) return;
-  for (const auto& entry : fs::directory_iterator(dir)) {
-    const std::string name = entry.path().filename().string();
-    if (name.rfind("step_", 0) != 0 || entry.path().extension() != ".h5") continue;
-    try {
-      if (std::stoll(name.substr(5)) > step) fs::remove(entry.path());
-    } catch (const std::exception&) {
-    }
-  }
-}
-
 std::string format_entropy(double nats) {
   char buf[32];
   std::snprintf(buf, sizeof(buf), "%.3f", nats);
   return buf;
-}
-
-std::string checkpoint_path(const std::string& out, int64_t step) {
-  return out + "/checkpoints/step_" + std::to_string(step) + ".h5";
-}
-
-// Keeps the metrics of steps <= `step` (a resumed run rewrites what came after its checkpoint).
-void truncate_metrics(const std::string& path, int64_t step) {
-  if (!fs::exists(path)) return;
-  std::ifstream in(path);
-  std::vector<std::string> kept;
-  std::string line;
-  while (std::getline(in, line)) {
-    const size_t at = line.find("\"step\": ");
-    if (at == std::string::npos) continue;
-    int64_t line_step = 0;
-    try {
-      line_step = std::stoll(line.substr(at + 8));
-    } catch (const std::exception&) {
-      throw Error("cannot read the step of a line of " + path + ": '" + line.substr(0, 60) + "'");
-    }
-    if (line_step <= step) kept.push_back(line);
-  }
-  in.close();
-  std::ofstream out(path, std::ios::trunc);
-  for (const std::string& l : kept) out << l << "\n";
 }
 
 // The numbers the optimizer, schedule and logging take, checked before anything runs.
@@ -244,30 +206,52 @@ void check_training_numbers(const Flags& flags) {
     TT_CHECK(std::isfinite(v) && v >= 0 && v < 1,
              std::string("--") + name + " must be in [0, 1), got " + flags.str(name));
   }
-  for (const char* name :
-       {"warmup", "cosine-steps", "eval-every", "ckpt-every", "keep-ckpts", "sample-tokens"})
+  for (const char* name : {"warmup", "cosine-steps", "eval-every", "keep-ckpts", "sample-tokens"})
     TT_CHECK(flags.integer(name) >= 0, std::string("--") + name + " must be >= 0, got " + flags.str(name));
+  TT_CHECK(flags.integer("ckpt-every") >= -1,
+           "--ckpt-every must be >= 0, or -1 for none, got " + flags.str("ckpt-every"));
   for (const char* name : {"eval-batches", "log-every", "top-k"})
     TT_CHECK(flags.integer(name) >= 1, std::string("--") + name + " must be >= 1, got " + flags.str(name));
   TT_CHECK(flags.str("json").empty() || flags.boolean("eval-only"),
            "--json writes the result of --eval-only; training writes metrics.jsonl in --out");
 }
 
-}  // namespace
+// Everything a run is made of, resolved from the flags and checked before anything is written.
+struct RunPlan {
+  nn::ModelConfig config;
+  std::string out, data_dir;
+  int64_t steps = 0, batch = 0, accum = 1, ctx = 0;
+  int rank = 0, world = 1;
+  bool root = true, grads_bf16 = false;
+  uint64_t seed = 0;
+  Sampling sampling = Sampling::random;
+  TrainStepOptions step;
+};
 
-int run_training(const Flags& flags, Device device, const std::string& data_dir, dist::DistRuntime* runtime) {
-  const int rank = runtime ? runtime->rank() : 0, world = runtime ? runtime->world_size() : 1;
-  const bool root = rank == 0;
-  const int64_t data_vocab = read_vocab_size(data_dir);
-  nn::ModelConfig config = model_config_from_flags(flags, device, data_vocab);
-  const std::string out = flags.str("out");
-  const int64_t steps = flags.integer("steps"), batch = flags.integer("batch"),
-                accum = flags.integer("grad-accum");
-  const int64_t ctx = config.context_length, zero = flags.integer("zero");
-  TT_CHECK(steps > 0, "--steps must be positive");
-  TT_CHECK(batch > 0 && accum > 0, "--batch and --grad-accum must be positive");
+RunPlan plan_run(const Flags& flags, Device device, const std::string& data_dir, dist::DistRuntime* runtime) {
+  RunPlan p;
+  p.rank = runtime ? runtime->rank() : 0;
+  p.world = runtime ? runtime->world_size() : 1;
+  p.root = p.rank == 0;
+  p.data_dir = data_dir;
+  p.config = model_config_from_flags(flags, device, read_vocab_size(data_dir));
+  p.out = flags.str("out");
+  p.steps = flags.integer("steps");
+  p.batch = flags.integer("batch");
+  p.accum = flags.integer("grad-accum");
+  p.ctx = p.config.context_length;
+  TT_CHECK(p.steps > 0, "--steps must be positive");
+  TT_CHECK(p.batch > 0 && p.accum > 0, "--batch and --grad-accum must be positive");
+  // A micro-batch's tokens are one host array and one device tensor.
+  TT_CHECK(
+      p.batch <= (int64_t{1} << 31) / p.ctx,
+      "--batch " + flags.str("batch") + " x --ctx " + std::to_string(p.ctx) +
+          " tokens per micro-batch is more than 2^31; lower --batch (use --grad-accum for larger steps)");
   check_training_numbers(flags);
-  TT_CHECK(!out.empty(), "--out must name a folder");
+  TT_CHECK(flags.number("lr-min") <= flags.number("lr-max"),
+           "--lr-min " + flags.str("lr-min") + " is above --lr-max " + flags.str("lr-max"));
+  TT_CHECK(!p.out.empty(), "--out must name a folder");
+  const int64_t zero = flags.integer("zero");
   TT_CHECK(zero == 0 || zero == 1, "--zero must be 0 or 1");
   const std::string zero_grads = flags.str("zero-grads");
   const std::string grad_comm = flags.str("grad-comm-dtype");
@@ -275,120 +259,148 @@ int run_training(const Flags& flags, Device device, const std::string& data_dir,
            "--grad-comm-dtype must be f32 or bf16, got '" + grad_comm + "'");
   TT_CHECK(grad_comm == "f32" || !zero || zero_grads == "ddp",
            "--grad-comm-dtype bf16 applies to the DDP all-reduce; with --zero 1 use --zero-grads ddp");
-  const bool grad_comm_bf16 = grad_comm == "bf16";
-  const bool grads_bf16 =
-      grads_bf16_from_flags(flags, config.precision == nn::Precision::bf16, grad_comm_bf16);
   TT_CHECK(zero_grads == "reduce-scatter" || zero_grads == "ddp",
            "--zero-grads must be reduce-scatter or ddp, got '" + zero_grads + "'");
-  // Checked in a single process too, so that a launch script's flags fail on one machine before many.
-  dist::parse_ddp_strategy(flags.str("ddp"));
+  p.grads_bf16 = grads_bf16_from_flags(flags, p.config.precision == nn::Precision::bf16, grad_comm == "bf16");
   TT_CHECK(std::isfinite(flags.number("bucket-mb")) && flags.number("bucket-mb") > 0,
            "--bucket-mb must be positive, got " + flags.str("bucket-mb"));
-  const TokenFile train_file(data_dir + "/train.bin", config.vocab_size);
-  const TokenFile val_file(data_dir + "/val.bin", config.vocab_size);
-  check_context_fits(val_file, ctx);  // now, not at the first evaluation
-  const Sampling sampling = parse_sampling(flags.str("sampling"));
-  const uint64_t seed = static_cast<uint64_t>(flags.integer("seed"));
-
-  // Every rank builds the same initial model from the seed (rank 0's is broadcast as well, below).
-  nn::TransformerLM model(config);
-  nn::FlatParameters params(model, device, seed, DType::f32, zero ? world : 1);
-  if (grads_bf16) params.set_grad_dtype(DType::bf16);
-  optim::AdamWOptions adam;
-  adam.lr = flags.number("lr-max");
-  adam.beta1 = flags.number("beta1");
-  adam.beta2 = flags.number("beta2");
-  adam.weight_decay = flags.number("weight-decay");
-  std::unique_ptr<dist::Communicator> comm;
-  std::unique_ptr<dist::DataParallel> ddp;
-  std::unique_ptr<optim::ShardCollectives> collectives;
-  std::unique_ptr<optim::AdamW> adamw;
-  std::unique_ptr<optim::ShardedOptimizer> sharded;
   const int64_t sm_margin = flags.integer("gemm-sm-margin");
   TT_CHECK(sm_margin >= 0, "--gemm-sm-margin must be >= 0");
   set_matmul_sm_margin(static_cast<int>(sm_margin));
-  const std::string transport_text = flags.str("all-reduce");
-  dist::check_all_reduce_flag(transport_text);  // before any rank starts communicating
-  if (world > 1) {
-    comm = dist::make_communicator(device, *runtime);
-    // Only DDP all-reduces gradients; ZeRO's reduce-scatter has nothing for the copy engine to carry.
-    const bool ddp_all_reduce = !zero || zero_grads == "ddp";
-    const std::string note =
-        dist::select_all_reduce_transport(*comm, transport_text, *runtime, ddp_all_reduce);
-    if (root && !note.empty()) std::fprintf(stderr, "note: %s\n", note.c_str());
-  }
-  if (zero) {
-    TT_CHECK(comm != nullptr || world == 1, "--zero 1 needs a communicator");
-    collectives = comm ? dist::shard_collectives(*comm) : dist::single_process_collectives();
-    if (comm) comm->broadcast(params.flat_params(), 0);
-    sharded = std::make_unique<optim::ShardedOptimizer>(params, *collectives, adam);
-  } else {
-    adamw = std::make_unique<optim::AdamW>(std::vector<Tensor>{params.flat_params()}, adam);
-  }
-  // Gradients are averaged by a DDP strategy, unless ZeRO reduce-scatters them itself.
-  if (comm && (!zero || zero_grads == "ddp")) {
-    ddp = std::make_unique<dist::DataParallel>(params, *comm, dist::parse_ddp_strategy(flags.str("ddp")),
-                                               flags.number("bucket-mb"), grad_comm_bf16);
-  }
-  std::unique_ptr<OptimizerState> opt_state = zero ? optimizer_state(*sharded) : optimizer_state(*adamw);
-  auto set_lr = [&](double lr) { zero ? sharded->set_lr(lr) : adamw->set_lr(lr); };
-  // Each rank draws its own batches: the stream is seeded by (seed, rank).
-  BatchSampler sampler(train_file, batch, ctx, sampling,
-                       (seed * 0x9E3779B97F4A7C15ULL + 1) ^ (uint64_t(rank) << 48), rank, world);
-  auto global_mean = [&](double local) {
-    if (!comm) return local;
-    Tensor t = Tensor::from_floats({static_cast<float>(local)}, {1}, device);
-    comm->all_reduce(t, dist::ReduceOp::avg);
-    return t.item();
-  };
+  p.sampling = parse_sampling(flags.str("sampling"));
+  p.seed = static_cast<uint64_t>(flags.integer("seed"));
 
+  TrainStepOptions& s = p.step;
+  s.batch = p.batch;
+  s.ctx = p.ctx;
+  s.grad_accum = p.accum;
+  s.clip = flags.number("clip");
+  s.zero = zero == 1;
+  s.zero_grads_by_ddp = zero_grads == "ddp";
+  // Checked in a single process too, so that a launch script's flags fail on one machine before many.
+  s.ddp = dist::parse_ddp_strategy(flags.str("ddp"));
+  s.bucket_mb = flags.number("bucket-mb");
+  s.grad_comm_bf16 = grad_comm == "bf16";
+  s.all_reduce = flags.str("all-reduce");
+  dist::check_all_reduce_flag(s.all_reduce);
+  s.adamw.lr = flags.number("lr-max");
+  s.adamw.beta1 = flags.number("beta1");
+  s.adamw.beta2 = flags.number("beta2");
+  s.adamw.weight_decay = flags.number("weight-decay");
+  return p;
+}
+
+// Under mpirun every rank must train the same thing: the flags (the command line or config file each rank
+// read) and what was resolved from the data. A difference ends every rank with one message.
+void check_ranks_agree(const Flags& flags, const RunPlan& plan, const TokenFile& train_file,
+                       dist::DistRuntime* runtime) {
+  if (!runtime || runtime->world_size() == 1) return;
+  std::vector<std::pair<std::string, std::string>> settings = flags.values();
+  settings.emplace_back("vocabulary (resolved)", std::to_string(plan.config.vocab_size));
+  settings.emplace_back("train.bin tokens", std::to_string(train_file.size()));
+  dist::check_ranks_agree(*runtime, settings);
+}
+
+// A checkpoint resumed from must hold the model this run builds (the context length included: the position
+// encodings and every recorded window depend on it).
+void check_checkpoint_matches(const std::string& path, const nn::ModelConfig& config) {
+  const nn::ModelConfig saved = read_checkpoint_config(path);
+  const std::pair<const char*, std::pair<int64_t, int64_t>> fields[] = {
+      {"--vocab", {saved.vocab_size, config.vocab_size}},
+      {"--ctx", {saved.context_length, config.context_length}},
+      {"--d-model", {saved.d_model, config.d_model}},
+      {"--layers", {saved.num_layers, config.num_layers}},
+      {"--heads", {saved.num_heads, config.num_heads}},
+      {"--d-ff", {saved.d_ff, config.d_ff}}};
+  for (const auto& [flag, values] : fields) {
+    TT_CHECK(values.first == values.second, std::string(flag) + " " + std::to_string(values.second) +
+                                                " differs from the checkpoint " + path + " (" +
+                                                std::to_string(values.first) + "); pass " + flag + " " +
+                                                std::to_string(values.first) + " to resume it");
+  }
+}
+
+// Rank 0 decides which checkpoint a run resumes from (a name like "latest" is resolved against the run
+// folder it holds the lock of); every rank then loads that file.
+std::string agree_on_resume(const std::string& chosen, dist::DistRuntime* runtime) {
+  if (!runtime || runtime->world_size() == 1) return chosen;
+  int64_t size = static_cast<int64_t>(chosen.size());
+  MPI_Bcast(&size, 1, MPI_INT64_T, 0, MPI_COMM_WORLD);
+  std::string path = chosen;
+  path.resize(static_cast<size_t>(size));
+  MPI_Bcast(path.data(), static_cast<int>(size), MPI_CHAR, 0, MPI_COMM_WORLD);
+  return path;
+}
+
+}  // namespace
+
+int run_training(const Flags& flags, Device device, const std::string& data_dir, dist::DistRuntime* runtime) {
+  // Set-up: every setting checked and every input opened before the run folder is touched.
+  const RunPlan plan = plan_run(flags, device, data_dir, runtime);
+  const nn::ModelConfig& config = plan.config;
+  const bool root = plan.root;
+  const TokenFile train_file(data_dir + "/train.bin", config.vocab_size);
+  const TokenFile val_file(data_dir + "/val.bin", config.vocab_size);
+  check_context_fits(val_file, plan.ctx);  // now, not at the first evaluation
+  const int64_t eval_batches = flags.integer("eval-batches");
+  check_eval_fits(val_file, plan.batch, plan.ctx, eval_batches);
+  check_ranks_agree(flags, plan, train_file, runtime);
+
+  // Every rank builds the same initial model from the seed (rank 0's is broadcast as well).
+  nn::TransformerLM model(config);
+  nn::FlatParameters params(model, device, plan.seed, DType::f32, plan.step.zero ? plan.world : 1);
+  if (plan.grads_bf16) params.set_grad_dtype(DType::bf16);
+  TrainStep train_step(model, params, device, runtime, plan.step);
+  // Each rank draws its own batches: the stream is seeded by (seed, rank).
+  BatchSampler sampler(train_file, plan.batch, plan.ctx, plan.sampling,
+                       (plan.seed * 0x9E3779B97F4A7C15ULL + 1) ^ (uint64_t(plan.rank) << 48), plan.rank,
+                       plan.world);
+
+  // Run folder: rank 0 holds its lock for the whole run and decides what is kept.
+  std::unique_ptr<RunFolder> folder;
+  std::string resume;
+  if (root) {
+    folder = std::make_unique<RunFolder>(plan.out);
+    resume = resolve_resume(flags.str("resume"), plan.out);
+    if (resume.empty() && flags.str("resume") == "latest")
+      std::printf("--resume latest: no checkpoint in %s yet, starting a new run\n",
+                  folder->checkpoints_dir().c_str());
+  }
+  resume = agree_on_resume(resume, runtime);
   TrainState state;
   state.rng_seed = sampler.rng().seed;
   state.args = flags.summary_line();
-  const std::string resume = flags.str("resume");
   if (!resume.empty()) {
-    load_checkpoint(resume, params, opt_state.get(), &state);
+    check_checkpoint_matches(resume, config);
+    load_checkpoint(resume, params, &train_step.optimizer_state(), &state);
     const std::string written_by = state.args;
     state.args = flags.summary_line();  // later checkpoints record this run's flags
     // Each rank keeps its own seed; the draw count is the same on every rank.
     sampler.rng().counter = state.rng_counter;
-    // Before anything in --out changes: a run with nothing to do must not cut its folder back.
-    TT_CHECK(state.step < steps, "nothing to do: the checkpoint is at step " + std::to_string(state.step) +
-                                     " and --steps is " + std::to_string(steps));
+    TT_CHECK(state.step < plan.steps, "nothing to do: the checkpoint is at step " +
+                                          std::to_string(state.step) + " and --steps is " +
+                                          std::to_string(plan.steps));
     if (root) {
       std::printf("resumed from %s at step %lld\n", resume.c_str(), static_cast<long long>(state.step));
       warn_if_schedule_differs(written_by, flags);
       // The folder the checkpoint really lies in (links resolved) against --out's checkpoints folder.
       std::error_code ec;
       const fs::path from = fs::weakly_canonical(fs::absolute(resume), ec).parent_path();
-      const bool own = !ec && fs::equivalent(from, out + "/checkpoints", ec) && !ec;
-      if (own) {
-        // What came after the checkpoint in this folder belongs to a future this run replaces.
-        truncate_metrics(out + "/metrics.jsonl", state.step);
-        remove_checkpoints_after(out + "/checkpoints", state.step);
-      } else {
-        // A checkpoint from another folder: this folder's checkpoints and metrics belong to another run.
-        if (has_checkpoints(out + "/checkpoints")) {
-          TT_CHECK(flags.boolean("overwrite"),
-                   out + "/checkpoints already holds checkpoints of another run than " + resume +
-                       "; pass a new --out, or --overwrite to replace them");
-          remove_checkpoints_after(out + "/checkpoints", -1);
-        }
-        std::remove((out + "/metrics.jsonl").c_str());
-      }
+      const bool own = !ec && fs::equivalent(from, folder->checkpoints_dir(), ec) && !ec;
+      TT_CHECK(own || !folder->has_checkpoints() || flags.boolean("overwrite"),
+               plan.out + "/checkpoints already holds checkpoints of another run than " + resume +
+                   "; pass a new --out, or --overwrite to replace them");
+      // What came after the checkpoint in its own folder belongs to a future this run replaces; another
+      // folder's run is replaced whole. Either way only once this run has written a checkpoint.
+      folder->start(own ? state.step : -1, own ? resume : "");
     }
   } else if (root) {
-    if (has_checkpoints(out + "/checkpoints")) {
-      TT_CHECK(flags.boolean("overwrite"),
-               out +
-                   "/checkpoints already holds checkpoints of another run; pass --resume "
-                   "to continue it, a new --out, or --overwrite to replace them");
-      remove_checkpoints_after(out + "/checkpoints", -1);
-    }
-    std::remove((out + "/metrics.jsonl").c_str());
+    TT_CHECK(!folder->has_checkpoints() || flags.boolean("overwrite"),
+             plan.out +
+                 "/checkpoints already holds checkpoints of another run; pass --resume "
+                 "to continue it (--resume latest: its newest), a new --out, or --overwrite to replace them");
+    folder->start(-1);
   }
-  // Only now, so that a refused run leaves no new folder behind.
-  if (root) fs::create_directories(out + "/checkpoints");
 
   const double entropy = unigram_entropy(train_file, config.vocab_size);
   const PeakFlops peak = device_peak_flops(device_name(device), config.precision == nn::Precision::bf16);
@@ -399,154 +411,140 @@ int run_training(const Flags& flags, Device device, const std::string& data_dir,
         flags.str("preset").c_str(), static_cast<long long>(params.numel()),
         static_cast<long long>(config.d_model), static_cast<long long>(config.num_layers),
         static_cast<long long>(config.num_heads), static_cast<long long>(config.d_ff),
-        static_cast<long long>(config.vocab_size), static_cast<long long>(ctx));
+        static_cast<long long>(config.vocab_size), static_cast<long long>(plan.ctx));
     std::printf("device %s (%s), precision %s%s, attention %s; data %s: %lld train / %lld val tokens\n",
                 device.str().c_str(), device_name(device).c_str(), nn::precision_name(config.precision),
-                grads_bf16 ? " (bf16 gradients)" : "", nn::attention_name(config.attention), data_dir.c_str(),
-                static_cast<long long>(train_file.size()), static_cast<long long>(val_file.size()));
-    if (world > 1) {
-      std::printf("data parallel: %d ranks, %s, all-reduce by %s, global batch %lld sequences\n", world,
-                  zero ? "ZeRO-1 (sharded AdamW state)" : (std::string("DDP ") + flags.str("ddp")).c_str(),
-                  comm->all_reduce_transport() == dist::AllReduceTransport::library
-                      ? comm->backend()
-                      : dist::all_reduce_transport_name(comm->all_reduce_transport()),
-                  static_cast<long long>(batch * accum * world));
+                plan.grads_bf16 ? " (bf16 gradients)" : "", nn::attention_name(config.attention),
+                data_dir.c_str(), static_cast<long long>(train_file.size()),
+                static_cast<long long>(val_file.size()));
+    if (plan.world > 1) {
+      std::printf("data parallel: %d ranks, %s, global batch %lld sequences\n", plan.world,
+                  train_step.describe().c_str(),
+                  static_cast<long long>(plan.batch * plan.accum * plan.world));
     }
     std::printf("unigram entropy of the training data: %.4f nats/token (a model must beat this)\n", entropy);
     std::printf("MFU peak: %s\n",
                 peak.flops_per_s > 0 ? peak.description.c_str() : "unknown for this device (MFU not shown)");
   }
 
-  const int64_t eval_every = flags.integer("eval-every"), ckpt_every = flags.integer("ckpt-every");
-  const int64_t eval_batches = flags.integer("eval-batches");
+  // The loop.
+  const int64_t steps = plan.steps, eval_every = flags.integer("eval-every");
+  const int64_t ckpt_every = flags.integer("ckpt-every"), keep = flags.integer("keep-ckpts");
   const int64_t log_every = std::max<int64_t>(1, flags.integer("log-every"));
-  const int64_t keep = flags.integer("keep-ckpts");
-  const double clip = flags.number("clip"), lr_max = flags.number("lr-max"), lr_min = flags.number("lr-min");
+  const double lr_max = flags.number("lr-max"), lr_min = flags.number("lr-min");
   const int64_t warmup = flags.integer("warmup");
   const int64_t cosine_steps = flags.integer("cosine-steps") > 0 ? flags.integer("cosine-steps") : steps;
   std::string last_checkpoint = resume;
   auto save = [&](int64_t step) {
     state.step = step;
     state.rng_counter = sampler.rng().counter;
-    const std::string path = checkpoint_path(out, step);
-    save_checkpoint(path, config, params, opt_state.get(), state, root);
-    if (root) prune_checkpoints(out + "/checkpoints", keep, step);
+    const std::string path = checkpoint_file(plan.out, step);
+    save_checkpoint(path, config, params, &train_step.optimizer_state(), state, root);
+    if (root) {
+      // Nothing older goes before this one is known to load.
+      verify_checkpoint(path);
+      folder->commit(step, keep);
+    }
     last_checkpoint = path;
   };
-  if (resume.empty()) save(0);
+  const bool checkpoints = ckpt_every >= 0;
+  if (!checkpoints && root) folder->commit(-1, keep);  // nothing to wait for: the folder is this run's now
+  if (resume.empty() && checkpoints) save(0);
 
   std::vector<LossPoint> train_curve, val_curve;
-  std::unique_ptr<JsonlWriter> metrics;
-  if (root) {
-    read_metrics(out + "/metrics.jsonl", state.step, train_curve, val_curve);
-    metrics = std::make_unique<JsonlWriter>(out + "/metrics.jsonl", true);
-  }
-  const double flops_per_step =
-      config.training_flops_per_sequence(ctx) * static_cast<double>(batch * accum * world);
-  const double tokens_per_step = static_cast<double>(batch * accum * ctx * world);
-  // bf16 with one AdamW over the flat buffer: the matmuls read a bf16 copy of the weights that AdamW writes
-  // with each update, instead of casting every weight in every forward. From here on only that AdamW changes
-  // the parameters (loading and the DDP broadcast are done), so the copy stays current.
-  if (config.precision == nn::Precision::bf16 && adamw) {
-    params.enable_bf16_mirror();
-    adamw->write_bf16_mirror(&params);
-  }
-  // bf16 gradients on the GPU are clipped by AdamW itself: the norm and the factor are computed on the device
-  // and the update scales each gradient in f32 as it reads it (no second rounding, no extra pass).
-  Tensor clip_norm, clip_factor;
-  if (grads_bf16 && device.is_cuda() && adamw) {
-    clip_norm = Tensor::zeros({1}, DType::f32, device);
-    clip_factor = Tensor::zeros({1}, DType::f32, device);
-    adamw->set_grad_scale(clip_factor);
-  }
+  if (root)
+    read_metrics(plan.out + "/metrics.jsonl", resume.empty() ? -1 : state.step, train_curve, val_curve);
+  const double flops_per_step = config.training_flops_per_sequence(plan.ctx) *
+                                static_cast<double>(plan.batch * plan.accum * plan.world);
+  const double tokens_per_step = static_cast<double>(plan.batch * plan.accum * plan.ctx * plan.world);
+  const std::string plot_title =
+      "train " + flags.str("preset") + " (" + std::to_string(params.numel()) + " parameters)";
   Progress progress(state.step + 1, steps);
   double last_val = NAN;
   for (int64_t step = state.step + 1; step <= steps; ++step) {
     const double t0 = now_seconds();
     const double lr = optim::cosine_lr(step - 1, lr_max, lr_min, warmup, cosine_steps);
-    set_lr(lr);
-    params.zero_grad();
-    double loss_sum = 0;
-    for (int64_t micro = 0; micro < accum; ++micro) {
-      const Batch b = sampler.next((step - 1) * accum + micro + 1);
-      const Tensor x = Tensor::from_ints(b.inputs, {batch, ctx}, device);
-      const Tensor y = Tensor::from_ints(b.targets, {batch, ctx}, device);
-      const Tensor loss = model.loss(x, y);
-      if (ddp) {
-        ddp->set_sync(micro == accum - 1);  // only the last micro-batch communicates
-        ddp->begin_backward();
-      }
-      (accum == 1 ? loss : ops::scale(loss, 1.0 / static_cast<double>(accum))).backward();
-      if (ddp) ddp->finish_backward();
-      loss_sum += loss.item();
-    }
-    const double loss = global_mean(loss_sum / static_cast<double>(accum));
-    if (!std::isfinite(loss)) {
+    StepResult result;
+    try {
+      result =
+          train_step.run([&](int64_t micro) { return sampler.next((step - 1) * plan.accum + micro + 1); }, lr,
+                         stop_signal() != 0, step);
+    } catch (const RunEnded& e) {
       progress.finish();
-      throw Error("loss is " + std::string(std::isnan(loss) ? "NaN" : "infinite") + " at step " +
-                  std::to_string(step) + "; stopping (last good checkpoint: " +
-                  (last_checkpoint.empty() ? "none" : last_checkpoint) + ")");
+      throw RunEnded(e.exit_code(), std::string(e.what()) + " (last good checkpoint: " +
+                                        (last_checkpoint.empty() ? "none" : last_checkpoint) + ")");
+    } catch (const std::exception&) {
+      // A new run that fails in its first step (a batch too large for memory, say) leaves nothing behind: its
+      // step_0 holds nothing the seed cannot recreate, and the corrected rerun must not be refused.
+      if (root && resume.empty() && step == 1) folder->discard_new_run();
+      throw;
     }
-    double grad_norm = 0;
-    if (zero) {
-      grad_norm = sharded->step(clip, ddp != nullptr);
-    } else if (clip_factor.defined()) {
-      optim::clip_factor_on_device(params.flat_grads(), clip, clip_norm, clip_factor);
-      adamw->step();
-      grad_norm = clip_norm.item();
-    } else {
-      grad_norm = optim::clip_grad_norm({params.flat_grads()}, clip);
-      adamw->step();
-    }
-    synchronize(device);
     const double step_s = now_seconds() - t0;
     state.tokens_seen += static_cast<int64_t>(tokens_per_step);
     const double tokens_per_s = tokens_per_step / step_s;
-    const double mfu = peak.flops_per_s > 0 ? flops_per_step / step_s / (peak.flops_per_s * world) : NAN;
+    const double mfu = peak.flops_per_s > 0 ? flops_per_step / step_s / (peak.flops_per_s * plan.world) : NAN;
 
     const bool eval_now = (eval_every > 0 && step % eval_every == 0) || step == steps;
     double val = NAN;
     if (eval_now) {
-      val = evaluate(model, val_file, batch, ctx, eval_batches, device);
+      val = evaluate(model, val_file, plan.batch, plan.ctx, eval_batches, device);
+      if (!std::isfinite(val)) {
+        progress.finish();
+        throw RunEnded(kExitDiverged, "the validation loss is not finite at step " + std::to_string(step) +
+                                          " (last good checkpoint: " +
+                                          (last_checkpoint.empty() ? "none" : last_checkpoint) + ")");
+      }
       last_val = val;
       val_curve.push_back({step, val});
     }
-    train_curve.push_back({step, loss});
+    train_curve.push_back({step, result.loss});
     if (root) {
       std::vector<std::pair<std::string, std::string>> fields = {
           {"step", std::to_string(step)},
-          {"loss", JsonlWriter::number(loss)},
+          {"loss", JsonlWriter::number(result.loss)},
           {"lr", JsonlWriter::number(lr)},
-          {"grad_norm", JsonlWriter::number(grad_norm)},
+          {"grad_norm", JsonlWriter::number(result.grad_norm)},
           {"tokens_per_s", JsonlWriter::number(tokens_per_s)},
           {"step_ms", JsonlWriter::number(step_s * 1e3)},
           {"mfu", JsonlWriter::number(mfu)},
           {"tokens_seen", std::to_string(state.tokens_seen)}};
+      if (device.is_cuda()) {
+        fields.emplace_back(
+            "peak_mib",
+            JsonlWriter::number(static_cast<double>(memory_stats(device).peak_bytes) / (1 << 20)));
+      }
       if (eval_now) fields.emplace_back("val_loss", JsonlWriter::number(val));
-      metrics->write(fields);
+      folder->append_metrics(JsonlWriter::object(fields));
       char line[320];
       std::snprintf(
           line, sizeof(line),
           "step %5lld/%lld | loss %.4f%s | lr %.2e | grad norm %.3f | %.0f tok/s | %.1f ms%s",
-          static_cast<long long>(step), static_cast<long long>(steps), loss,
-          eval_now ? (" | val " + std::to_string(val).substr(0, 6)).c_str() : "", lr, grad_norm, tokens_per_s,
-          step_s * 1e3,
+          static_cast<long long>(step), static_cast<long long>(steps), result.loss,
+          eval_now ? (" | val " + std::to_string(val).substr(0, 6)).c_str() : "", lr, result.grad_norm,
+          tokens_per_s, step_s * 1e3,
           std::isfinite(mfu) ? (" | MFU " + std::to_string(mfu * 100).substr(0, 5) + "%").c_str() : "");
       if (step % log_every == 0 || eval_now || step == state.step + 1) progress.update(step, line);
       if (eval_now) {
         if (progress.interactive()) std::printf("\n");
-        write_loss_svg(
-            out + "/loss.svg", train_curve, val_curve,
-            "train " + flags.str("preset") + " (" + std::to_string(params.numel()) + " parameters)", entropy,
-            "unigram entropy " + format_entropy(entropy));
+        write_loss_svg(plan.out + "/loss.svg", train_curve, val_curve, plot_title, entropy,
+                       "unigram entropy " + format_entropy(entropy));
       }
     }
-    if ((ckpt_every > 0 && step % ckpt_every == 0) || step == steps) save(step);
+    const bool save_now = checkpoints && ((ckpt_every > 0 && step % ckpt_every == 0) || step == steps);
+    if (save_now || result.stop_requested) save(step);
+    if (result.stop_requested && step < steps) {
+      progress.finish();
+      throw RunEnded(kExitStopped, std::string("stopped by ") + signal_name(stop_signal()) + " after step " +
+                                       std::to_string(step) + "; checkpoint " + last_checkpoint +
+                                       " written; continue with --resume latest");
+    }
   }
+
+  // Final outputs.
   if (!root) return 0;
   progress.finish();
   std::printf("done: final validation loss %.4f (unigram entropy %.4f); checkpoint %s\n", last_val, entropy,
-              last_checkpoint.c_str());
+              last_checkpoint.empty() ? "none (--ckpt-every -1)" : last_checkpoint.c_str());
   const int64_t sample_tokens = flags.integer("sample-tokens");
   if (sample_tokens > 0 && read_tokenizer(data_dir) != "bytes") {
     std::printf(
@@ -555,12 +553,12 @@ int run_training(const Flags& flags, Device device, const std::string& data_dir,
         data_dir.c_str());
   } else if (sample_tokens > 0) {
     const std::string text =
-        generate(model, flags.str("prompt"), sample_tokens, flags.integer("top-k"), seed, device);
-    std::ofstream(out + "/sample.txt") << text << "\n";
-    std::printf("sample (%s/sample.txt):\n----\n%s\n----\n", out.c_str(), text.c_str());
+        generate(model, flags.str("prompt"), sample_tokens, flags.integer("top-k"), plan.seed, device);
+    write_file_atomically(plan.out + "/sample.txt", text + "\n");
+    std::printf("sample (%s/sample.txt):\n----\n%s\n----\n", plan.out.c_str(), text.c_str());
   }
-  std::printf("outputs: %s/metrics.jsonl, %s/loss.svg, %s/checkpoints/\n", out.c_str(), out.c_str(),
-              out.c_str());
+  std::printf("outputs: %s/metrics.jsonl, %s/loss.svg, %s/checkpoints/\n", plan.out.c_str(), plan.out.c_str(),
+              plan.out.c_str());
   return 0;
 }
 

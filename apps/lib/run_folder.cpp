@@ -1,0 +1,225 @@
+#include "apps/lib/run_folder.h"
+
+#include <fcntl.h>
+#include <sys/file.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <regex>
+
+#include "apps/lib/checkpoint.h"
+#include "apps/lib/report.h"
+#include "kernels/common.h"
+
+namespace tt::app {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+// The step of a metrics line ({"step": N, ...}); lines without one are an error (the file is ours).
+int64_t metrics_line_step(const std::string& path, const std::string& line) {
+  const size_t at = line.find("\"step\": ");
+  try {
+    if (at != std::string::npos) return std::stoll(line.substr(at + 8));
+  } catch (const std::exception&) {
+  }
+  throw Error("cannot read the step of a line of " + path + ": '" + line.substr(0, 60) + "'");
+}
+
+// Writes all of `text` to `fd`; false on any failure (errno set).
+bool write_all(int fd, const std::string& text) {
+  size_t done = 0;
+  while (done < text.size()) {
+    const ssize_t n = ::write(fd, text.data() + done, text.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return false;
+    done += static_cast<size_t>(n);
+  }
+  return true;
+}
+
+std::string errno_text() {
+  return std::strerror(errno);
+}
+
+}  // namespace
+
+std::vector<std::pair<int64_t, std::string>> list_checkpoints(const std::string& dir) {
+  std::vector<std::pair<int64_t, std::string>> found;
+  std::error_code ec;
+  if (!fs::is_directory(dir, ec)) return found;
+  const std::regex pattern("step_([0-9]{1,18})\\.h5");
+  for (const auto& entry : fs::directory_iterator(dir)) {
+    std::smatch match;
+    const std::string name = entry.path().filename().string();
+    if (std::regex_match(name, match, pattern))
+      found.emplace_back(std::stoll(match[1]), entry.path().string());
+  }
+  std::sort(found.begin(), found.end());
+  return found;
+}
+
+std::string newest_loadable_checkpoint(const std::string& dir) {
+  const auto found = list_checkpoints(dir);
+  for (auto it = found.rbegin(); it != found.rend(); ++it) {
+    try {
+      verify_checkpoint(it->second);
+      return it->second;
+    } catch (const Error& e) {
+      std::fprintf(stderr, "note: skipping %s: %s\n", it->second.c_str(), e.what());
+    }
+  }
+  return "";
+}
+
+std::string resolve_resume(const std::string& resume, const std::string& out) {
+  if (resume.empty()) return "";
+  std::error_code ec;
+  if (resume != "latest" && !fs::is_directory(resume, ec)) return resume;  // a file (checked when loaded)
+  std::string dir = resume == "latest" ? out + "/checkpoints" : resume;
+  if (resume != "latest" && fs::is_directory(resume + "/checkpoints", ec)) dir = resume + "/checkpoints";
+  const std::string newest = newest_loadable_checkpoint(dir);
+  TT_CHECK(!newest.empty() || resume == "latest",
+           "--resume " + resume + ": no loadable checkpoint in " + dir);
+  return newest;
+}
+
+RunFolder::RunFolder(const std::string& out) : out_(out) {
+  std::error_code ec;
+  created_out_ = !fs::exists(out_, ec);
+  fs::create_directories(out_, ec);
+  TT_CHECK(!ec, "cannot create the run folder " + out_ + ": " + ec.message());
+  const std::string lock_path = out_ + "/.lock";
+  lock_fd_ = ::open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  TT_CHECK(lock_fd_ >= 0, "cannot create the lock file " + lock_path + ": " + errno_text());
+  if (::flock(lock_fd_, LOCK_EX | LOCK_NB) != 0) {
+    char holder[64] = {0};
+    const ssize_t n = ::pread(lock_fd_, holder, sizeof(holder) - 1, 0);
+    ::close(lock_fd_);
+    lock_fd_ = -1;
+    std::string who = n > 0 ? std::string(holder, static_cast<size_t>(n)) : "";
+    who.erase(std::remove(who.begin(), who.end(), '\n'), who.end());
+    throw Error(out_ + " is in use by another training run" + (who.empty() ? "" : " (" + who + ")") +
+                "; wait for it to end, or pick another --out");
+  }
+  // Who holds it, for the message a second run prints.
+  char host[256] = {0};
+  ::gethostname(host, sizeof(host) - 1);
+  const std::string holder = "pid " + std::to_string(::getpid()) + " on " + host + "\n";
+  if (::ftruncate(lock_fd_, 0) == 0) write_all(lock_fd_, holder);
+
+  created_checkpoints_ = !fs::exists(checkpoints_dir(), ec);
+  fs::create_directories(checkpoints_dir(), ec);
+  TT_CHECK(!ec, "cannot create " + checkpoints_dir() + ": " + ec.message());
+  // Only a process holding the lock writes here, so any temporary file is a crashed write's leftover.
+  for (const std::string& dir : {out_, checkpoints_dir()}) {
+    for (const auto& entry : fs::directory_iterator(dir)) {
+      if (entry.path().extension() == ".tmp" && entry.is_regular_file()) {
+        std::printf("removing %s, left by an interrupted write\n", entry.path().c_str());
+        fs::remove(entry.path(), ec);
+      }
+    }
+  }
+}
+
+RunFolder::~RunFolder() {
+  std::error_code ec;
+  if (!committed_) {
+    // A run refused or failed before its first checkpoint leaves no new folder behind.
+    if (created_checkpoints_ && fs::is_empty(checkpoints_dir(), ec)) fs::remove(checkpoints_dir(), ec);
+  }
+  if (lock_fd_ >= 0) {
+    if (!committed_ && created_out_) {
+      fs::remove(out_ + "/.lock", ec);
+      if (fs::is_empty(out_, ec)) fs::remove(out_, ec);
+    }
+    ::close(lock_fd_);  // releases the flock
+  }
+}
+
+std::string checkpoint_file(const std::string& out, int64_t step) {
+  return out + "/checkpoints/step_" + std::to_string(step) + ".h5";
+}
+
+std::string RunFolder::checkpoint_path(int64_t step) const {
+  return checkpoint_file(out_, step);
+}
+
+void RunFolder::discard_new_run() {
+  if (kept_step_ >= 0 || !committed_) return;
+  std::error_code ec;
+  fs::remove(checkpoint_path(0), ec);
+  fs::remove(metrics_path(), ec);
+  committed_ = false;
+}
+
+void RunFolder::start(int64_t kept_step, const std::string& keep_file) {
+  kept_step_ = kept_step;
+  kept_metrics_.clear();
+  replaced_checkpoints_.clear();
+  std::error_code ec;
+  for (const auto& [step, path] : list_checkpoints(checkpoints_dir())) {
+    if (step <= kept_step) continue;
+    if (!keep_file.empty() && fs::equivalent(path, keep_file, ec)) continue;
+    replaced_checkpoints_.push_back(path);
+  }
+  if (kept_step < 0) return;
+  std::ifstream in(metrics_path());
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.empty()) continue;
+    // A torn last line (a crash mid-write) is dropped: its step was not checkpointed anyway.
+    if (line.back() != '}') continue;
+    if (metrics_line_step(metrics_path(), line) <= kept_step) kept_metrics_.push_back(line);
+  }
+}
+
+void RunFolder::append_metrics(const std::string& line) {
+  if (!committed_) {
+    pending_metrics_.push_back(line);
+    return;
+  }
+  const std::string path = metrics_path();
+  const int fd = ::open(path.c_str(), O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0644);
+  TT_CHECK(fd >= 0, "cannot write " + path + ": " + errno_text());
+  const off_t size_before = ::lseek(fd, 0, SEEK_END);
+  if (!write_all(fd, line + "\n")) {
+    const std::string why = errno_text();
+    // No torn line: the file ends at the last complete one.
+    if (size_before >= 0 && ::ftruncate(fd, size_before) != 0) {
+    }
+    ::close(fd);
+    throw Error("cannot write " + path + " (disk full?): " + why);
+  }
+  ::close(fd);
+}
+
+void RunFolder::commit(int64_t step, int64_t keep) {
+  if (!committed_) {
+    std::string text;
+    for (const std::string& l : kept_metrics_) text += l + "\n";
+    for (const std::string& l : pending_metrics_) text += l + "\n";
+    write_file_atomically(metrics_path(), text);
+    pending_metrics_.clear();
+    std::error_code ec;
+    const std::string newest = step >= 0 ? checkpoint_path(step) : "";
+    for (const std::string& path : replaced_checkpoints_) {
+      if (path != newest) fs::remove(path, ec);
+    }
+    replaced_checkpoints_.clear();
+    committed_ = true;
+  }
+  if (keep <= 0 || step < 0) return;
+  const auto found = list_checkpoints(checkpoints_dir());
+  for (size_t i = 0; i + static_cast<size_t>(keep) < found.size(); ++i) {
+    if (found[i].first < step) fs::remove(found[i].second);
+  }
+}
+
+}  // namespace tt::app

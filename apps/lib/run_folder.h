@@ -1,0 +1,71 @@
+// A training run's folder (--out), owned by rank 0: the lock that keeps a second run out, the checkpoints in
+// it, and metrics.jsonl. The rule that keeps users' work: nothing saved is deleted until a newer checkpoint
+// has been written and verified. A resumed run's replaced future (later checkpoints, later metrics) and an
+// overwritten run's files are removed only then; older checkpoints are pruned only then.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace tt::app {
+
+// RUN/checkpoints/step_N.h5.
+std::string checkpoint_file(const std::string& out, int64_t step);
+
+// step_N.h5 files of a folder, oldest first. Names that do not parse are ignored.
+std::vector<std::pair<int64_t, std::string>> list_checkpoints(const std::string& dir);
+
+// The newest checkpoint of `dir` that verifies (verify_checkpoint), or "" when none does. Each one that does
+// not is reported on stderr with the reason.
+std::string newest_loadable_checkpoint(const std::string& dir);
+
+// What `--resume` names: a checkpoint file, "latest" (the newest loadable checkpoint of `out`), or a run
+// folder (its newest loadable checkpoint). Returns "" for "latest" when `out` has no checkpoint yet (a
+// first start of a job that always passes --resume latest); a folder without one is an error.
+std::string resolve_resume(const std::string& resume, const std::string& out);
+
+class RunFolder {
+ public:
+  // Creates `out` and `out`/checkpoints as needed and takes the folder's lock (flock on out/.lock, released
+  // by the kernel however the process ends). Throws when another process holds it. Leftover temporary files
+  // of interrupted writes are removed.
+  explicit RunFolder(const std::string& out);
+  ~RunFolder();  // releases the lock; removes the folders it created if nothing was written into them
+  RunFolder(const RunFolder&) = delete;
+  RunFolder& operator=(const RunFolder&) = delete;
+
+  const std::string& out() const { return out_; }
+  std::string checkpoints_dir() const { return out_ + "/checkpoints"; }
+  std::string checkpoint_path(int64_t step) const;
+  std::string metrics_path() const { return out_ + "/metrics.jsonl"; }
+  bool has_checkpoints() const { return !list_checkpoints(checkpoints_dir()).empty(); }
+
+  // The run continues from `step` of this folder (kept_step = step; -1: a new run, nothing of the folder's
+  // earlier contents is kept). Checkpoints after it (except `keep_file`, the one resumed from) and metrics
+  // lines after it are replaced, but only at commit().
+  void start(int64_t kept_step, const std::string& keep_file = "");
+  // Metrics lines kept from before (steps <= kept_step); read by the loss plot.
+  const std::vector<std::string>& kept_metrics() const { return kept_metrics_; }
+  // Appends one metrics line. Until the first commit() lines wait in memory; afterwards they are appended
+  // and flushed at once. A failed write is undone (no torn line) and throws.
+  void append_metrics(const std::string& line);
+  // Called after a checkpoint at `step` was written and verified: on the first call, metrics.jsonl becomes
+  // the kept lines plus the new ones (written whole, then renamed) and the replaced checkpoints are deleted;
+  // then all but the newest `keep` checkpoints (0: all) are pruned. step -1: a run that writes no
+  // checkpoints takes the folder over at once.
+  void commit(int64_t step, int64_t keep);
+  // A new run (start(-1)) that failed before its first step completed: removes what it wrote (step_0,
+  // metrics.jsonl), so that the corrected command is not refused as another run's folder.
+  void discard_new_run();
+
+ private:
+  std::string out_;
+  int lock_fd_ = -1;
+  bool created_out_ = false, created_checkpoints_ = false, committed_ = false;
+  int64_t kept_step_ = -1;
+  std::vector<std::string> kept_metrics_, pending_metrics_, replaced_checkpoints_;
+};
+
+}  // namespace tt::app

@@ -1,0 +1,137 @@
+#include "apps/lib/train_step.h"
+
+#include <cmath>
+
+#include "apps/lib/stop_signal.h"
+#include "core/autograd.h"
+#include "core/cuda_context.h"
+#include "core/ops.h"
+#include "dist/shard_collectives.h"
+
+namespace tt::app {
+
+TrainStep::TrainStep(nn::TransformerLM& model, nn::FlatParameters& params, Device device,
+                     dist::DistRuntime* runtime, const TrainStepOptions& options)
+    : model_(model), params_(params), device_(device), options_(options) {
+  world_ = runtime ? runtime->world_size() : 1;
+  dist::check_all_reduce_flag(options.all_reduce);  // before any rank starts communicating
+  if (world_ > 1) {
+    comm_ = dist::make_communicator(device, *runtime);
+    // Only DDP all-reduces gradients; ZeRO's reduce-scatter has nothing for the copy engine to carry.
+    const bool ddp_all_reduce = !options.zero || options.zero_grads_by_ddp;
+    const std::string note =
+        dist::select_all_reduce_transport(*comm_, options.all_reduce, *runtime, ddp_all_reduce);
+    if (runtime->rank() == 0 && !note.empty()) std::fprintf(stderr, "note: %s\n", note.c_str());
+  }
+  if (options.zero) {
+    collectives_ = comm_ ? dist::shard_collectives(*comm_) : dist::single_process_collectives();
+    if (comm_) comm_->broadcast(params.flat_params(), 0);
+    sharded_ = std::make_unique<optim::ShardedOptimizer>(params, *collectives_, options.adamw);
+    optimizer_state_ = app::optimizer_state(*sharded_);
+  } else {
+    adamw_ = std::make_unique<optim::AdamW>(std::vector<Tensor>{params.flat_params()}, options.adamw);
+    optimizer_state_ = app::optimizer_state(*adamw_);
+  }
+  // Gradients are averaged by a DDP strategy, unless ZeRO reduce-scatters them itself.
+  if (comm_ && (!options.zero || options.zero_grads_by_ddp)) {
+    ddp_ = std::make_unique<dist::DataParallel>(params, *comm_, options.ddp, options.bucket_mb,
+                                                options.grad_comm_bf16);
+  }
+}
+
+TrainStep::~TrainStep() = default;
+
+std::string TrainStep::describe() const {
+  if (!comm_) return "";
+  const std::string transport = comm_->all_reduce_transport() == dist::AllReduceTransport::library
+                                    ? comm_->backend()
+                                    : dist::all_reduce_transport_name(comm_->all_reduce_transport());
+  const std::string strategy = options_.zero ? std::string("ZeRO-1 (sharded AdamW state)")
+                                             : std::string("DDP ") + dist::ddp_strategy_name(options_.ddp);
+  return strategy + ", all-reduce by " + transport;
+}
+
+void TrainStep::begin() {
+  started_ = true;
+  // bf16 with one AdamW over the flat buffer: the matmuls read a bf16 copy of the weights that AdamW writes
+  // with each update, instead of casting every weight in every forward. From here on only that AdamW changes
+  // the parameters (loading and the DDP broadcast are done), so the copy stays current.
+  if (model_.config().precision == nn::Precision::bf16 && adamw_) {
+    params_.enable_bf16_mirror();
+    adamw_->write_bf16_mirror(&params_);
+  }
+  // bf16 gradients on the GPU are clipped by AdamW itself: the norm and the factor are computed on the
+  // device and the update scales each gradient in f32 as it reads it (no second rounding, no extra pass).
+  if (params_.grad_dtype() == DType::bf16 && device_.is_cuda() && adamw_) {
+    clip_norm_ = Tensor::zeros({1}, DType::f32, device_);
+    clip_factor_ = Tensor::zeros({1}, DType::f32, device_);
+    adamw_->set_grad_scale(clip_factor_);
+  }
+}
+
+double TrainStep::global_mean(double local) {
+  if (!comm_) return local;
+  Tensor t = Tensor::from_floats({static_cast<float>(local)}, {1}, device_);
+  comm_->all_reduce(t, dist::ReduceOp::avg);
+  return t.item();
+}
+
+namespace {
+[[noreturn]] void diverged(const char* what, double value, int64_t step) {
+  throw RunEnded(kExitDiverged, std::string(what) + " is " + (std::isnan(value) ? "NaN" : "infinite") +
+                                    " at step " + std::to_string(step) +
+                                    "; stopped before the update, the parameters are those of step " +
+                                    std::to_string(step - 1));
+}
+}  // namespace
+
+StepResult TrainStep::run(const std::function<Batch(int64_t micro)>& next_batch, double lr, bool stop_here,
+                          int64_t step) {
+  if (!started_) begin();
+  options_.zero ? sharded_->set_lr(lr) : adamw_->set_lr(lr);
+  params_.zero_grad();
+  const int64_t accum = options_.grad_accum;
+  double loss_sum = 0;
+  for (int64_t micro = 0; micro < accum; ++micro) {
+    const Batch b = next_batch(micro);
+    const Tensor x = Tensor::from_ints(b.inputs, {options_.batch, options_.ctx}, device_);
+    const Tensor y = Tensor::from_ints(b.targets, {options_.batch, options_.ctx}, device_);
+    const Tensor loss = model_.loss(x, y);
+    if (ddp_) {
+      ddp_->set_sync(micro == accum - 1);  // only the last micro-batch communicates
+      ddp_->begin_backward();
+    }
+    (accum == 1 ? loss : ops::scale(loss, 1.0 / static_cast<double>(accum))).backward();
+    if (ddp_) ddp_->finish_backward();
+    loss_sum += loss.item();
+  }
+  StepResult result;
+  // The loss and the stop request travel together: one small all-reduce per step.
+  result.loss = loss_sum / static_cast<double>(accum);
+  result.stop_requested = stop_here;
+  if (comm_) {
+    Tensor t = Tensor::from_floats({static_cast<float>(result.loss), stop_here ? 1.0f : 0.0f}, {2}, device_);
+    comm_->all_reduce(t, dist::ReduceOp::avg);
+    const std::vector<float> both = t.to_floats();
+    result.loss = both[0];
+    result.stop_requested = both[1] > 0;
+  }
+  if (!std::isfinite(result.loss)) diverged("the loss", result.loss, step);
+  const double clip = options_.clip;
+  if (options_.zero) {
+    // Leaves parameters and state untouched when the norm is not finite.
+    result.grad_norm = sharded_->step(clip, ddp_ != nullptr);
+  } else if (clip_factor_.defined()) {
+    optim::clip_factor_on_device(params_.flat_grads(), clip, clip_norm_, clip_factor_);
+    result.grad_norm = clip_norm_.item();
+    if (std::isfinite(result.grad_norm)) adamw_->step();
+  } else {
+    result.grad_norm = optim::clip_grad_norm({params_.flat_grads()}, clip);
+    if (std::isfinite(result.grad_norm)) adamw_->step();
+  }
+  if (!std::isfinite(result.grad_norm)) diverged("the gradient norm", result.grad_norm, step);
+  synchronize(device_);
+  return result;
+}
+
+}  // namespace tt::app

@@ -1,0 +1,92 @@
+// One training step, as `train` runs it: forward and backward over the micro-batches, gradient averaging
+// across ranks (a DDP strategy, or ZeRO-1's reduce-scatter), global-norm clipping, the AdamW update, and the
+// read-back of loss and gradient norm. A non-finite loss or gradient norm stops the step before the update,
+// so the parameters and optimizer state stay those of the last finite step.
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <stdexcept>
+#include <string>
+
+#include "apps/lib/checkpoint.h"
+#include "apps/lib/data.h"
+#include "dist/communicator.h"
+#include "dist/data_parallel.h"
+#include "dist/runtime.h"
+#include "nn/transformer.h"
+#include "optim/optimizer.h"
+#include "optim/sharded_optimizer.h"
+
+namespace tt::app {
+
+struct TrainStepOptions {
+  int64_t batch = 1, ctx = 1, grad_accum = 1;
+  double clip = 1.0;               // global gradient-norm clip (0: off)
+  bool zero = false;               // ZeRO-1: AdamW state sharded across ranks
+  bool zero_grads_by_ddp = false;  // with zero: gradients averaged by the DDP strategy, not a reduce-scatter
+  dist::DdpStrategy ddp = dist::DdpStrategy::bucketed;
+  double bucket_mb = 25;
+  bool grad_comm_bf16 = false;      // all-reduce f32 gradients in bf16
+  std::string all_reduce = "auto";  // library | copy-engine | auto
+  optim::AdamWOptions adamw;
+};
+
+// A run ends on every rank at once, with an exit code (divergence, a stop signal): not an error to abort on.
+class RunEnded : public std::runtime_error {
+ public:
+  RunEnded(int exit_code, const std::string& message) : std::runtime_error(message), exit_code_(exit_code) {}
+  int exit_code() const { return exit_code_; }
+
+ private:
+  int exit_code_;
+};
+
+struct StepResult {
+  double loss = 0, grad_norm = 0;
+  bool stop_requested = false;  // some rank got a stop signal (the same answer on every rank)
+};
+
+class TrainStep {
+ public:
+  // Builds the optimizer and, under mpirun, the communicator and data-parallel strategy (collective: every
+  // rank constructs it at the same point). `params` must have been padded for ZeRO (FlatParameters'
+  // pad_multiple = world size).
+  TrainStep(nn::TransformerLM& model, nn::FlatParameters& params, Device device, dist::DistRuntime* runtime,
+            const TrainStepOptions& options);
+  ~TrainStep();
+
+  // What checkpoints save and load; load before the first run().
+  OptimizerState& optimizer_state() { return *optimizer_state_; }
+  dist::Communicator* communicator() { return comm_.get(); }
+  // One line for the start-up banner: the strategy and transport, when data-parallel.
+  std::string describe() const;
+
+  // One optimizer step at learning rate `lr`; `next_batch(micro)` gives micro-batch 0..grad_accum-1.
+  // `stop_here` says this rank got a stop signal. Throws RunEnded (kExitDiverged, on every rank) when the
+  // loss or gradient norm is not finite, before anything is updated.
+  StepResult run(const std::function<Batch(int64_t micro)>& next_batch, double lr, bool stop_here,
+                 int64_t step);
+
+  // The mean over ranks of a per-rank value (the value itself in one process).
+  double global_mean(double local);
+
+ private:
+  void begin();  // the first run(): after loading, before any update
+
+  nn::TransformerLM& model_;
+  nn::FlatParameters& params_;
+  Device device_;
+  TrainStepOptions options_;
+  int world_ = 1;
+  bool started_ = false;
+  std::unique_ptr<dist::Communicator> comm_;
+  std::unique_ptr<optim::ShardCollectives> collectives_;
+  std::unique_ptr<optim::AdamW> adamw_;
+  std::unique_ptr<optim::ShardedOptimizer> sharded_;
+  std::unique_ptr<dist::DataParallel> ddp_;
+  std::unique_ptr<OptimizerState> optimizer_state_;
+  Tensor clip_norm_, clip_factor_;  // device scalars when AdamW clips on the GPU
+};
+
+}  // namespace tt::app

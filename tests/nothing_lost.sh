@@ -1,0 +1,140 @@
+#!/usr/bin/env bash
+# Saved work survives what users meet: divergence, a resume that fails, write failures, signals, a second run
+# on the same folder, and sizes that cannot run. Each case checks the message, the exit code, and that every
+# checkpoint that was good before is still there and loads with a finite loss.
+# Usage: nothing_lost.sh PATH/TO/train PATH/TO/prepare_data
+set -uo pipefail
+train=$1 prepare=$2
+work=$(mktemp -d)
+trap 'kill $(jobs -p) 2>/dev/null; rm -rf "$work"' EXIT
+failures=0
+fail() { echo "FAIL $*"; failures=$((failures + 1)); }
+
+# run_expect NAME CODE "expected text" command...: the exit code and a line of the output.
+run_expect() {
+  local name=$1 code=$2 expected=$3
+  shift 3
+  local status
+  output=$("$@" 2>&1)
+  status=$?
+  if [ "$status" -ne "$code" ]; then
+    fail "$name: exit code $status, expected $code:"; echo "$output" | tail -4; return
+  fi
+  if [ -n "$expected" ] && ! grep -q -- "$expected" <<<"$output"; then
+    fail "$name: expected '$expected' in:"; echo "$output" | tail -4; return
+  fi
+  echo "ok   $name (exit $status)"
+}
+
+# loads NAME CHECKPOINT: evaluates to a finite loss.
+loads() {
+  if "$train" --eval-only --resume "$2" --data "$work/data" --ctx 16 --batch 2 --eval-batches 2 >"$work/eval.log" 2>&1 &&
+    grep -q "mean loss [0-9]" "$work/eval.log"; then
+    echo "ok   $1: $(basename "$2") loads"
+  else
+    fail "$1: $2 does not load:"; tail -2 "$work/eval.log"
+  fi
+}
+
+mkdir -p "$work/text"
+for i in $(seq 1 400); do echo "Line $i of a small corpus: the quick brown fox jumps over the lazy dog."; echo "%"; done >"$work/text/a.txt"
+"$prepare" --input "$work/text" --out "$work/data" --separator % >/dev/null || { echo "FAIL prepare_data"; exit 1; }
+common=(--data "$work/data" --ctx 16 --batch 2 --eval-batches 1 --sample-tokens 0 --log-every 1 --eval-every 0)
+losses() { grep -o '"step": [0-9]*, "loss": [^,]*' "$1"; }
+
+# 1. Divergence: stopped before the update; the checkpoint named as last good is there and loads; pruning
+# never removed it; a run whose final step diverges exits non-zero too.
+div_args=("${common[@]}" --steps 40 --lr-max 1e2 --warmup 2 --ckpt-every 3 --keep-ckpts 1 --clip 0)
+run_expect "divergence" 3 "at step [0-9]*; stopped before the update" "$train" "${div_args[@]}" --out "$work/div"
+good=$(grep -o "last good checkpoint: [^)]*" <<<"$output" | cut -d' ' -f4)
+diverged_at=$(tail -1 "$work/div/metrics.jsonl" | grep -o '"step": [0-9]*' | cut -d' ' -f2)
+[ -n "$good" ] && [ -e "$good" ] || fail "divergence: the last good checkpoint '$good' is missing"
+[ -n "$good" ] && loads "divergence" "$good"
+for f in "$work/div/checkpoints/"step_*.h5; do loads "divergence, every kept checkpoint" "$f"; done
+run_expect "divergence on the final step" 3 "stopped before the update" \
+  "$train" "${div_args[@]}" --out "$work/div2" --steps $((diverged_at + 1)) --cosine-steps 40
+[ -e "$work/div2/checkpoints/step_$((diverged_at + 1)).h5" ] && fail "divergence on the final step: a checkpoint of it was written"
+
+# 2. A resume that fails deletes nothing; a --resume file named with a higher step than it holds stays.
+run_expect "train 6 steps" 0 "" "$train" "${common[@]}" --out "$work/run" --steps 6 --ckpt-every 2 --keep-ckpts 0
+metrics_before=$(md5sum <"$work/run/metrics.jsonl")
+run_expect "resume that diverges" 3 "stopped before the update" \
+  "$train" "${common[@]}" --out "$work/run" --steps 8 --resume "$work/run/checkpoints/step_2.h5" --lr-max 1e30 --warmup 0 --clip 0
+for s in 0 2 4 6; do [ -e "$work/run/checkpoints/step_$s.h5" ] || fail "resume that diverges: step_$s.h5 was removed"; done
+[ "$(md5sum <"$work/run/metrics.jsonl")" = "$metrics_before" ] || fail "resume that diverges: metrics.jsonl changed"
+run_expect "resume on a full disk" 1 "cannot write checkpoint" bash -c "ulimit -f 20; exec \"$train\" ${common[*]} \
+  --out $work/run --steps 8 --resume $work/run/checkpoints/step_2.h5 --ckpt-every 1"
+for s in 0 2 4 6; do loads "resume on a full disk" "$work/run/checkpoints/step_$s.h5"; done
+[ "$(md5sum <"$work/run/metrics.jsonl")" = "$metrics_before" ] || fail "resume on a full disk: metrics.jsonl changed"
+cp "$work/run/checkpoints/step_2.h5" "$work/run/checkpoints/step_50.h5"
+run_expect "resume from a file named step_50 holding step 2" 0 "resumed from" \
+  "$train" "${common[@]}" --out "$work/run" --steps 9 --resume "$work/run/checkpoints/step_50.h5" --ckpt-every 3
+[ -e "$work/run/checkpoints/step_50.h5" ] || fail "misnamed resume: the file resumed from deleted itself"
+[ -e "$work/run/checkpoints/step_4.h5" ] && fail "misnamed resume: the replaced step_4.h5 is still there"
+loads "misnamed resume" "$work/run/checkpoints/step_9.h5"
+
+# 4. Write failures of the metrics and the plot are reported at once and end the run; no torn line.
+tinymodel=(--d-model 8 --layers 1 --heads 1 --d-ff 8 --ckpt-every 0)
+run_expect "metrics on a full disk" 1 "cannot write $work/metrics/metrics.jsonl" bash -c "ulimit -f 250; exec \"$train\" \
+  ${common[*]} ${tinymodel[*]} --out $work/metrics --steps 20000"
+[ -z "$(tail -c 1 "$work/metrics/metrics.jsonl")" ] || fail "metrics on a full disk: the last line is torn"
+python3 -c "import json,sys; [json.loads(l) for l in open(sys.argv[1])]" "$work/metrics/metrics.jsonl" ||
+  fail "metrics on a full disk: metrics.jsonl is not whole JSON lines"
+mkdir -p "$work/plot" && "$train" "${common[@]}" --out "$work/plot" --steps 1 >/dev/null 2>&1
+rm -f "$work/plot/loss.svg" && mkdir "$work/plot/loss.svg.tmp"
+run_expect "plot cannot be written" 1 "cannot write $work/plot/loss.svg" \
+  "$train" "${common[@]}" --out "$work/plot" --steps 4 --eval-every 2 --resume latest
+rmdir "$work/plot/loss.svg.tmp"
+
+# 6. Signals: SIGTERM, SIGINT, SIGUSR1 and SIGHUP finish the step, write a checkpoint and exit 75; --resume
+# latest then gives the losses of an uninterrupted run, bit for bit. Logs reach a redirected file at once.
+run_expect "uninterrupted" 0 "" "$train" "${common[@]}" --out "$work/whole" --steps 60 --ckpt-every 20
+for sig in TERM INT USR1 HUP; do
+  out="$work/sig$sig"
+  "$train" "${common[@]}" --out "$out" --steps 60 --ckpt-every 20 --log-every 1 >"$out.log" 2>&1 &
+  pid=$!
+  for _ in $(seq 1 300); do [ "$(grep -c '^step' "$out.log" 2>/dev/null)" -ge 5 ] && break; sleep 0.02; done
+  kill -s "$sig" $pid
+  wait $pid
+  status=$?
+  if [ $status -ne 75 ]; then fail "SIG$sig: exit $status, expected 75"; tail -3 "$out.log"; continue; fi
+  grep -q "stopped by SIG$sig after step [0-9]*; checkpoint .* written" "$out.log" || fail "SIG$sig: no message"
+  stopped_at=$(grep -o "after step [0-9]*" "$out.log" | cut -d' ' -f3)
+  [ -e "$out/checkpoints/step_$stopped_at.h5" ] || fail "SIG$sig: no checkpoint of step $stopped_at"
+  touch "$out/checkpoints/step_99.h5.tmp"
+  run_expect "SIG$sig then --resume latest" 0 "resumed from $out/checkpoints/step_$stopped_at.h5" \
+    "$train" "${common[@]}" --out "$out" --steps 60 --ckpt-every 20 --resume latest
+  [ -e "$out/checkpoints/step_99.h5.tmp" ] && fail "SIG$sig: the stale temporary file is still there"
+  [ "$(losses "$out/metrics.jsonl")" = "$(losses "$work/whole/metrics.jsonl")" ] ||
+    fail "SIG$sig: the losses differ from the uninterrupted run"
+done
+"$train" "${common[@]}" --out "$work/killed" --steps 100000 --ckpt-every 0 >"$work/killed.log" 2>&1 &
+pid=$!
+sleep 2
+kill -9 $pid
+wait $pid 2>/dev/null
+[ "$(grep -c '^step' "$work/killed.log")" -ge 1 ] || fail "a killed run's redirected log holds no step line"
+
+# 7. A second run on the same --out is refused while the first runs; a killed run's lock goes with it.
+"$train" "${common[@]}" --out "$work/busy" --steps 100000 --ckpt-every 0 >/dev/null 2>&1 &
+pid=$!
+for _ in $(seq 1 300); do [ -e "$work/busy/checkpoints/step_0.h5" ] && break; sleep 0.02; done
+run_expect "second run on the same --out" 1 "$work/busy is in use by another training run (pid $pid" \
+  "$train" "${common[@]}" --out "$work/busy" --steps 3 --resume latest
+kill -9 $pid
+wait $pid 2>/dev/null
+run_expect "after the first was killed" 0 "resumed from $work/busy/checkpoints/step_0.h5" \
+  "$train" "${common[@]}" --out "$work/busy" --steps 3 --resume latest
+
+# 11. Sizes and numbers that cannot run are refused before anything is written; the corrected run starts.
+run_expect "absurd batch" 1 "tokens per micro-batch is more than" \
+  "$train" "${common[@]}" --out "$work/huge" --steps 3 --batch 100000000000
+[ -e "$work/huge" ] && fail "absurd batch: $work/huge was created"
+run_expect "corrected rerun" 0 "" "$train" "${common[@]}" --out "$work/huge" --steps 3
+run_expect "lr-min above lr-max" 1 "--lr-min 0.1 is above --lr-max 0.01" \
+  "$train" "${common[@]}" --out "$work/lr" --steps 3 --lr-min 0.1 --lr-max 0.01
+run_expect "resume at a longer context" 1 "--ctx 32 differs from the checkpoint" \
+  "$train" "${common[@]}" --ctx 32 --out "$work/longer" --steps 9 --resume "$work/run/checkpoints/step_9.h5"
+
+echo "$failures failure(s)"
+[ $failures -eq 0 ]
