@@ -10,6 +10,7 @@
 #include "apps/lib/memory_timeline.h"
 #include "apps/lib/report.h"
 #include "apps/lib/run_setup.h"
+#include "apps/lib/train_step.h"
 #include "core/allocator.h"
 #include "core/autograd.h"
 #include "core/cuda_context.h"
@@ -102,6 +103,16 @@ Row measure(const Flags& flags, Device device, Bundle* bundle, const nn::ModelCo
     // With --update-in-matmul, linear weights are updated inside their weight-gradient matmul instead.
     const bool in_matmul = fused && flags.boolean("update-in-matmul");
     if (fused) update_in_backward = std::make_unique<optim::UpdateInBackward>(params, *optimizer, in_matmul);
+    // train: the step `train` runs (apps/lib/train_step.h), clipping included; it owns its optimizer.
+    std::unique_ptr<TrainStep> train_step;
+    if (mode == "train") {
+      bundle->optimizer.reset();
+      TrainStepOptions options;
+      options.batch = batch;
+      options.ctx = ctx;
+      options.clip = flags.number("clip");
+      train_step = std::make_unique<TrainStep>(model, params, device, nullptr, options);
+    }
     params.zero_grad();
     CounterRng rng{7, 0};
     std::vector<int32_t> ids(static_cast<size_t>(batch * ctx)), targets(ids.size());
@@ -112,7 +123,13 @@ Row measure(const Flags& flags, Device device, Bundle* bundle, const nn::ModelCo
                  y = Tensor::from_ints(targets, {batch, ctx}, device);
     Tensor loss;
     std::vector<Phase> phases;
-    if (mode == "forward") {
+    int64_t train_steps = 0;
+    Batch train_batch{ids, targets};
+    if (mode == "train") {
+      phases.push_back({"step", [&] {
+                          train_step->run([&](int64_t) { return train_batch; }, 1e-4, false, ++train_steps);
+                        }});
+    } else if (mode == "forward") {
       phases.push_back({"forward", [&] {
                           NoGradGuard no_grad;
                           loss = model.loss(x, y);
@@ -291,7 +308,9 @@ int main(int argc, char** argv) {
     flags.add(
         "mode", "step",
         "comma-separated: forward | backward (forward+backward) | step (+ AdamW) | step-fused (AdamW "
-        "fused into backward: each parameter updated on a side stream as soon as its gradient is final)");
+        "fused into backward: each parameter updated on a side stream as soon as its gradient is final) | "
+        "train (the step `train` runs, apps/lib/train_step.h: loss read back, --clip, AdamW)");
+    flags.add("clip", "1.0", "train rows: global gradient-norm clip, as train's --clip (0: off)");
     flags.add(
         "update-in-matmul", "on",
         "on | off: in step-fused rows, update each linear weight inside the matmul that computes its "
@@ -376,8 +395,9 @@ int main(int argc, char** argv) {
     for (const std::string& precision : flags.list("precision")) nn::parse_precision(precision);
     for (const std::string& attention : flags.list("attention")) resolve_attention(attention, device);
     for (const std::string& mode : flags.list("mode")) {
-      TT_CHECK(mode == "forward" || mode == "backward" || mode == "step" || mode == "step-fused",
-               "unknown --mode '" + mode + "' (expected forward, backward, step or step-fused)");
+      TT_CHECK(mode == "forward" || mode == "backward" || mode == "step" || mode == "step-fused" ||
+                   mode == "train",
+               "unknown --mode '" + mode + "' (expected forward, backward, step, step-fused or train)");
     }
     const std::vector<std::string> modes = flags.list("mode");
     // Also the check that its value is on or off, before any row runs; asking for it without a row it
@@ -400,7 +420,10 @@ int main(int argc, char** argv) {
           for (int64_t ctx : contexts) {
             for (const std::string& mode : flags.list("mode")) {
               for (int64_t warmup : warmups) {
-                for (bool graph : graph_modes) {
+                for (bool graph_mode : graph_modes) {
+                  // train rows run train's own step, which decides about graphs itself: one row each.
+                  if (mode == "train" && graph_mode != graph_modes.front()) continue;
+                  const bool graph = graph_mode && mode != "train";
                   for (bool mirror : weight_modes) {
                     for (bool grads_bf16 : grad_modes) {
                       // f32 rows once (f32 gradients), whatever was asked for bf16's weights and gradients.

@@ -125,7 +125,7 @@ def profile_step(step, path, title):
         f.write(f"## {title}\n\n{table}\n")
 
 
-def measure(size, ctx, batch, variant, warmup, steps, vocab, adamw="fused", profile_out=""):
+def measure(size, ctx, batch, variant, warmup, steps, vocab, adamw="fused", profile_out="", clip=0.0):
     d, dff, layers, heads = PRESETS[size]
     bf16 = variant != "eager-f32"
     model = TransformerLM(vocab, d, dff, layers, heads, sdpa=bf16).cuda()
@@ -162,6 +162,8 @@ def measure(size, ctx, batch, variant, warmup, steps, vocab, adamw="fused", prof
     def step():
         opt.zero_grad(set_to_none=True)
         loss_fn().backward()
+        if clip > 0:  # as a training loop clips: the global norm, read back by the caller's logging
+            torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
         opt.step()
 
     try:
@@ -201,7 +203,7 @@ def measure(size, ctx, batch, variant, warmup, steps, vocab, adamw="fused", prof
 def measure_in_child(size, ctx, variant, a):
     cmd = [sys.executable, __file__, "--one", f"{size},{ctx},{variant}", "--batch", str(a.batch),
            "--vocab", str(a.vocab), "--warmup", str(a.warmup), "--steps", str(a.steps), "--adamw", a.adamw,
-           "--profile-out", a.profile_out]
+           "--profile-out", a.profile_out, "--clip", str(a.clip)]
     done = subprocess.run(cmd, capture_output=True, text=True)
     lines = done.stdout.strip().splitlines()
     try:
@@ -229,13 +231,15 @@ def main():
                    help="torch.optim.AdamW's implementation: its default (foreach) or fused=True")
     p.add_argument("--profile-out", default="",
                    help="also profile one step per row (torch.profiler) and append its kernel table to this file")
+    p.add_argument("--clip", type=float, default=0.0,
+                   help="clip_grad_norm_ to this global norm in each step, as training does (0: no clipping)")
     p.add_argument("--in-process", action="store_true", help="measure everything in this one process")
     p.add_argument("--one", default="", help=argparse.SUPPRESS)  # size,ctx,variant: measure, print JSON
     a = p.parse_args()
     if a.one:
         size, ctx, variant = a.one.split(",")
         print(json.dumps(measure(size, int(ctx), a.batch, variant, a.warmup, a.steps, a.vocab, a.adamw,
-                                a.profile_out)))
+                                a.profile_out, a.clip)))
         return
     out = open(a.json, "w") if a.json else None
     if a.in_process:
@@ -246,17 +250,19 @@ def main():
         if found.returncode != 0:
             raise SystemExit("error: no CUDA device for PyTorch: " + (found.stderr.strip().splitlines() or ["?"])[-1])
         device = found.stdout.strip()
-    print(f"device: {device}, torch {torch.__version__}, batch {a.batch}\n")
+    print(f"device: {device}, torch {torch.__version__}, batch {a.batch}, vocabulary {a.vocab}, "
+          f"clip {a.clip or 'off'}\n")
     print("| size | ctx | variant | forward ms | step ms | one step: fwd+bwd ms | one step: AdamW ms | peak MiB |\n"
           "|---|---|---|---|---|---|---|---|")
     for size in a.sizes.split(","):
         for ctx in map(int, a.ctx.split(",")):
             for variant in a.variants.split(","):
                 if a.in_process:
-                    r = measure(size, ctx, a.batch, variant, a.warmup, a.steps, a.vocab, a.adamw, a.profile_out)
+                    r = measure(size, ctx, a.batch, variant, a.warmup, a.steps, a.vocab, a.adamw, a.profile_out,
+                                a.clip)
                 else:
                     r = measure_in_child(size, ctx, variant, a)
-                r.update(size=size, ctx=ctx, variant=variant, batch=a.batch, adamw=a.adamw)
+                r.update(size=size, ctx=ctx, variant=variant, batch=a.batch, adamw=a.adamw, clip=a.clip)
                 if r.get("failed"):
                     print(f"| {size} | {ctx} | {variant} | failed | failed | - | - | - |", flush=True)
                 elif r.get("oom"):
