@@ -151,5 +151,13 @@ expect_ok "foreign resume with --overwrite" "$train" "${common[@]}" --out "$work
 expect_error "refused resume, new folder" "nothing to do" "$train" "${common[@]}" --out "$work/brandnew" --steps 4 --resume "$ckpt"
 [ -e "$work/brandnew" ] && { echo "FAIL refused resume: $work/brandnew was created"; failures=$((failures + 1)); }
 
+# --init-from: a new run from a checkpoint's weights (fresh optimizer, step 0); not with an explicit --resume.
+expect_ok "new run from a checkpoint's weights" "$train" "${common[@]}" --out "$work/init" --steps 2 --init-from "$ckpt"
+grep -q "new run from the weights of $ckpt" "$work/last.log" || { echo "FAIL --init-from: no note"; failures=$((failures + 1)); }
+expect_error "--init-from with --resume" "pass one of them" \
+  "$train" "${common[@]}" --out "$work/init2" --steps 8 --init-from "$ckpt" --resume "$ckpt"
+expect_error "--init-from of another shape" "--d-model 32 differs from the checkpoint" \
+  "$train" "${common[@]}" --d-model 32 --out "$work/init3" --steps 2 --init-from "$ckpt"
+
 echo "$failures failure(s)"
 [ $failures -eq 0 ]

@@ -77,6 +77,9 @@ void declare_train_flags(Flags& f) {
   f.add("resume", "",
         "checkpoint to resume from; 'latest': the newest checkpoint of --out that loads (a new run when "
         "there is none); a run folder: its newest. With --eval-only: the checkpoint to evaluate");
+  f.add("init-from", "",
+        "checkpoint whose weights a new run starts from (its optimizer state and step are not used), e.g. "
+        "one written by `import` from a Hugging Face folder");
   f.add_switch("eval-only", "evaluate --resume on val.bin and exit (prints and writes the mean loss)");
   f.add("json", "", "with --eval-only: write the result as JSON to this file");
   f.add("sample-tokens", "300", "tokens of text to generate at the end (0: none)");
@@ -367,6 +370,17 @@ int run_training(const Flags& flags, Device device, const std::string& data_dir,
                   folder->checkpoints_dir().c_str());
   }
   resume = agree_on_resume(resume, runtime);
+  // --init-from: the weights only; the optimizer and the step start fresh.
+  // With --resume latest a job script passes both every time: the first start takes the weights, a restart
+  // continues its own checkpoints.
+  const std::string init_from = flags.str("init-from");
+  TT_CHECK(
+      init_from.empty() || flags.str("resume").empty() || flags.str("resume") == "latest",
+      "--init-from starts a new run from a checkpoint's weights; --resume continues one: pass one of them");
+  if (!init_from.empty() && resume.empty()) {
+    check_checkpoint_matches(init_from, config);
+    load_checkpoint(init_from, params, nullptr, nullptr);
+  }
   TrainState state;
   state.rng_seed = sampler.rng().seed;
   state.args = flags.summary_line();
@@ -395,6 +409,7 @@ int run_training(const Flags& flags, Device device, const std::string& data_dir,
       folder->start(own ? state.step : -1, own ? resume : "");
     }
   } else if (root) {
+    if (!init_from.empty()) std::printf("new run from the weights of %s\n", init_from.c_str());
     TT_CHECK(!folder->has_checkpoints() || flags.boolean("overwrite"),
              plan.out +
                  "/checkpoints already holds checkpoints of another run; pass --resume "
