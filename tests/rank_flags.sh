@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# Ranks started with different flags (an MPMD launch: one command line per rank) end at start-up with one
+# line naming the setting and the ranks, a non-zero exit, and nothing written. Before the check existed, a
+# different --steps hung, a different --batch or --lr-max trained silently wrong and a different
+# --ckpt-every with --zero 1 corrupted the heap.
+# Usage: rank_flags.sh MPIEXEC train prepare_data
+set -uo pipefail
+mpiexec=$1 train=$2 prepare=$3
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+failures=0
+mkdir -p "$work/text"
+for i in $(seq 1 300); do echo "Sentence $i: how vexingly quick daft zebras jump."; echo "%"; done >"$work/text/a.txt"
+"$prepare" --input "$work/text" --out "$work/data" --separator % >/dev/null || exit 1
+common=(--data "$work/data" --ctx 16 --batch 2 --eval-batches 1 --sample-tokens 0 --device cpu --steps 6)
+
+# differ NAME "expected" "rank 0's extra flags" "rank 1's extra flags"
+differ() {
+  local name=$1 expected=$2 out="$work/$1"
+  read -r -a zero <<<"$3"
+  read -r -a one <<<"$4"
+  local start status output
+  start=$(date +%s)
+  output=$(timeout 60 "$mpiexec" --oversubscribe --allow-run-as-root -np 1 "$train" "${common[@]}" --out "$out" "${zero[@]}" \
+    : -np 1 "$train" "${common[@]}" --out "$out" "${one[@]}" 2>&1)
+  status=$?
+  if [ $status -eq 0 ] || [ $status -eq 124 ]; then
+    echo "FAIL $name: exit status $status"; failures=$((failures + 1)); return
+  fi
+  if ! grep -q -- "$expected" <<<"$output"; then
+    echo "FAIL $name: expected '$expected' in:"; echo "$output" | tail -3; failures=$((failures + 1)); return
+  fi
+  if ls "$out/checkpoints/"*.h5 >/dev/null 2>&1; then
+    echo "FAIL $name: a checkpoint was written"; failures=$((failures + 1)); return
+  fi
+  echo "ok   $name: exit $status after $(( $(date +%s) - start )) s: $(grep -m1 'disagree' <<<"$output")"
+}
+differ "steps" "ranks disagree on --steps: rank 0 has 6, rank 1 has 8" "" "--steps 8"
+differ "batch" "ranks disagree on --batch: rank 0 has 2, rank 1 has 3" "" "--batch 3"
+differ "lr-max" "ranks disagree on --lr-max" "--lr-max 1e-3" "--lr-max 2e-3"
+differ "ckpt-every with ZeRO-1" "ranks disagree on --ckpt-every" "--zero 1 --ckpt-every 2" "--zero 1 --ckpt-every 3"
+echo "$failures failure(s)"
+[ $failures -eq 0 ]
