@@ -89,6 +89,7 @@ void write_model_attributes(io::H5File& file, const nn::ModelConfig& config) {
   file.set_attr("/", "num_heads", config.num_heads);
   file.set_attr("/", "d_ff", config.d_ff);
   file.set_attr("/", "rope_theta", config.rope_theta);
+  file.set_attr("/", "norm_eps", config.norm_eps);
   file.set_attr("/", "precision", std::string(nn::precision_name(config.precision)));
   file.set_attr("/", "attention", std::string(nn::attention_name(config.attention)));
 }
@@ -267,6 +268,13 @@ nn::ModelConfig read_config(const CheckedReader& reader) {
   c.rope_theta = reader.finite("/", "rope_theta");
   if (c.rope_theta <= 0)
     throw reader.error("attribute /@rope_theta is " + number(c.rope_theta) + ", expected > 0");
+  // Recorded since checkpoints can be imported from models trained with another epsilon; older files were
+  // all written by models using the default.
+  if (file.has_attr("/", "norm_eps")) {
+    c.norm_eps = reader.finite("/", "norm_eps");
+    if (c.norm_eps <= 0)
+      throw reader.error("attribute /@norm_eps is " + number(c.norm_eps) + ", expected > 0");
+  }
   // Not part of the file's identity (the run's flags choose them), but a value this build does not know
   // means a file it does not understand.
   auto known = [&](const char* name, auto parse) {
@@ -396,6 +404,22 @@ void verify_checkpoint_unnamed(const std::string& path) {
   }
 }
 
+void read_parameters_unnamed(const std::string& path, const ParameterVisitor& visit) {
+  const CheckedReader reader(path);
+  const nn::ModelConfig config = read_config(reader);
+  const auto expected = expected_parameters(reader, config);
+  for (const auto& [name, shape] : expected) reader.check_dataset("/model/" + name, shape);
+  for (const auto& [name, shape] : expected) visit(name, shape, reader.read_values("/model/" + name, false));
+}
+
+std::string read_args_unnamed(const std::string& path) {
+  const CheckedReader reader(path);
+  read_config(reader);
+  if (!reader.file().exists("/train")) return "";
+  check_train_attributes(reader);
+  return reader.file().attr_string("/train", "args");
+}
+
 }  // namespace
 
 nn::ModelConfig read_checkpoint_config(const std::string& path) {
@@ -409,6 +433,73 @@ void load_checkpoint(const std::string& path, nn::FlatParameters& params, Optimi
 
 void verify_checkpoint(const std::string& path) {
   naming_file(path, [&] { verify_checkpoint_unnamed(path); });
+}
+
+void read_checkpoint_parameters(const std::string& path, const ParameterVisitor& visit) {
+  naming_file(path, [&] { read_parameters_unnamed(path, visit); });
+}
+
+std::string read_checkpoint_args(const std::string& path) {
+  return naming_file(path, [&] { return read_args_unnamed(path); });
+}
+
+void write_initial_checkpoint(const std::string& path, const nn::ModelConfig& config,
+                              const ParameterSource& parameter, const TrainState& state) {
+  config.validate();
+  nn::TransformerLM model(config);  // shapes only
+  const optim::AdamWOptions options;
+  try {
+    io::atomic_write(path, [&](io::H5File& file) {
+      write_model_attributes(file, config);
+      for (const nn::NamedParameter& p : model.named_parameters()) {
+        const Shape& shape = p.tensor->shape();
+        const Tensor value = parameter(p.name, shape);
+        TT_CHECK(value.shape() == shape, "internal: parameter " + p.name + " came as " +
+                                             shape_str(value.shape()) + ", expected " + shape_str(shape));
+        file.write_tensor("/model/" + p.name, value);
+        // A fresh AdamW: both moments zero, as the first step expects them.
+        const Tensor zeros = Tensor::zeros(shape, DType::f32);
+        file.write_tensor(moment_dataset(p.name, 0), zeros);
+        file.write_tensor(moment_dataset(p.name, 1), zeros);
+      }
+      file.set_attr("/optimizer", "step", int64_t{0});
+      file.set_attr("/optimizer", "lr", options.lr);
+      file.set_attr("/optimizer", "beta1", options.beta1);
+      file.set_attr("/optimizer", "beta2", options.beta2);
+      file.set_attr("/optimizer", "eps", options.eps);
+      file.set_attr("/optimizer", "weight_decay", options.weight_decay);
+      file.set_attr("/train", "step", state.step);
+      file.set_attr("/train", "rng_seed", static_cast<int64_t>(state.rng_seed));
+      file.set_attr("/train", "rng_counter", static_cast<int64_t>(state.rng_counter));
+      file.set_attr("/train", "tokens_seen", state.tokens_seen);
+      file.set_attr("/train", "args", state.args);
+    });
+  } catch (const Error& e) {
+    // The source's own refusals (a missing tensor, say) pass unchanged; a failed write names the file.
+    const std::string message = e.what();
+    if (message.rfind("HDF5 error", 0) != 0) throw;
+    throw Error("cannot write checkpoint " + path + " (disk full?): " + message);
+  }
+}
+
+nn::ModelConfig config_for_init_from(const std::string& path, const nn::ModelConfig& run) {
+  const nn::ModelConfig saved = read_checkpoint_config(path);
+  const std::pair<const char*, std::pair<int64_t, int64_t>> fields[] = {
+      {"--vocab", {saved.vocab_size, run.vocab_size}},
+      {"--d-model", {saved.d_model, run.d_model}},
+      {"--layers", {saved.num_layers, run.num_layers}},
+      {"--heads", {saved.num_heads, run.num_heads}},
+      {"--d-ff", {saved.d_ff, run.d_ff}}};
+  for (const auto& [flag, values] : fields) {
+    TT_CHECK(values.first == values.second, std::string(flag) + " " + std::to_string(values.second) +
+                                                " differs from the checkpoint " + path + " (" +
+                                                std::to_string(values.first) + "); pass " + flag + " " +
+                                                std::to_string(values.first) + " to start from it");
+  }
+  nn::ModelConfig config = run;
+  config.rope_theta = saved.rope_theta;
+  config.norm_eps = saved.norm_eps;
+  return config;
 }
 
 void prune_checkpoints(const std::string& dir, int64_t keep, int64_t up_to_step) {

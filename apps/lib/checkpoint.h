@@ -1,18 +1,20 @@
 // Training checkpoints in one HDF5 file (DESIGN.md, README.md's "Checkpoint format"):
-//   /model/<parameter name>                          f32, PyTorch shape
-//   /optimizer/<parameter name>/exp_avg, exp_avg_sq  f32; attributes step, lr, beta1, beta2, eps,
-//   weight_decay /train                                           attributes step, rng_seed, rng_counter,
-//   tokens_seen, args /                                                attributes: the model configuration,
-//   format_version
+//   /model/<parameter name>: f32, PyTorch shape
+//   /optimizer/<parameter name>/exp_avg, exp_avg_sq: f32; attributes step, lr, beta1, beta2, eps and
+//      weight_decay
+//   /train: attributes step, rng_seed, rng_counter, tokens_seen, args
+//   /: attributes, the model configuration (norm_eps since it is recorded; files without it mean 1e-5) and
+//      format_version
 // Written atomically (temporary file, fsync, rename), every dataset with a checksum per chunk (format 2;
 // format 1 files, without checksums, still load). Reading refuses, in one line naming the file and the
 // object, what does not fit: a missing, mis-typed or mis-shaped dataset, an attribute of the wrong type or
 // range, a newer format, damaged data (checksum mismatch) and values that are not finite.
 #pragma once
 
-#include <string>
-
+#include <functional>
 #include <memory>
+#include <string>
+#include <vector>
 
 #include "nn/transformer.h"
 #include "optim/optimizer.h"
@@ -66,6 +68,28 @@ void load_checkpoint(const std::string& path, nn::FlatParameters& params, Optimi
 // does, then every dataset of /model and /optimizer read (one at a time, so memory is bounded by the
 // largest; its checksums verified) and its values checked finite. Throws tt::Error naming the first problem.
 void verify_checkpoint(const std::string& path);
+
+// Each /model parameter of the checkpoint in the model's order, one at a time (memory bounded by the
+// largest), checked as loading checks it (layout, type, shape, checksums, finite values).
+using ParameterVisitor =
+    std::function<void(const std::string& name, const Shape& shape, const std::vector<float>& values)>;
+void read_checkpoint_parameters(const std::string& path, const ParameterVisitor& visit);
+
+// /train's args (the flags of the run that wrote it); "" when the file has no /train.
+std::string read_checkpoint_args(const std::string& path);
+
+// Writes (atomically) a checkpoint of `config`'s model at step 0 with zero AdamW state, whose parameters come
+// from `parameter` one at a time (a host f32 tensor of the shape asked for): what `import` writes, which
+// `train --resume` continues and verify_checkpoint accepts. `state` fills /train.
+using ParameterSource = std::function<Tensor(const std::string& name, const Shape& shape)>;
+void write_initial_checkpoint(const std::string& path, const nn::ModelConfig& config,
+                              const ParameterSource& parameter, const TrainState& state);
+
+// For a run that starts from a checkpoint's weights alone (train --init-from): `run` (the configuration of
+// the run's flags) with the checkpoint's RoPE theta and RMSNorm epsilon, which no flag sets, once its sizes
+// are the checkpoint's (else one line naming the flag to pass). The context length may differ (RoPE has no
+// learned positions). Build the model from the result, then load_checkpoint(path, params, nullptr, nullptr).
+nn::ModelConfig config_for_init_from(const std::string& path, const nn::ModelConfig& run);
 
 // Deletes all but the newest `keep` files named step_N.h5 with N <= up_to_step in `dir` (keep <= 0 keeps
 // everything).
