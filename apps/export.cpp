@@ -1,0 +1,260 @@
+// export: a checkpoint -> a Hugging Face Llama folder (DESIGN.md "Export") that
+// transformers.LlamaForCausalLM.from_pretrained loads with the same logits: model.safetensors (shards and
+// model.safetensors.index.json above --shard-bytes), config.json, and for SentencePiece data its
+// tokenizer.model with a tokenizer_config.json.
+#include <csignal>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <optional>
+#include <sstream>
+
+#include "apps/lib/checkpoint.h"
+#include "apps/lib/data.h"
+#include "apps/lib/flags.h"
+#include "apps/lib/hf_llama.h"
+#include "apps/lib/safetensors.h"
+#include "kernels/common.h"
+
+namespace fs = std::filesystem;
+using namespace tt;
+using namespace tt::app;
+
+namespace {
+
+// Hugging Face's default largest shard (save_pretrained's max_shard_size "5GB").
+constexpr int64_t kShardBytes = 5'000'000'000;
+// What `train` uses without --data (apps/train.cpp): the built-in corpus.
+constexpr const char* kDefaultDataDir = "data/fortunes";
+
+const char* kByteTokensNote =
+    "# Tokens\n\n"
+    "This model was trained on tinytrain's byte-level tokens: ids 0-255 are the bytes of UTF-8 text and 256\n"
+    "ends a document. There is no Hugging Face tokenizer for them: pass `list(text.encode())` as the input\n"
+    "ids, and decode generated ids below 256 as bytes.\n";
+
+// The value of `--name` in a checkpoint's recorded flags ("--a 1 --b x ..."), or nullopt when absent.
+std::optional<std::string> recorded_flag(const std::string& args, const std::string& name) {
+  std::istringstream in(args);
+  std::string token;
+  while (in >> token) {
+    if (token != "--" + name) continue;
+    std::string value;
+    if (!(in >> value) || value.rfind("--", 0) == 0) return std::string();
+    return value;
+  }
+  return std::nullopt;
+}
+
+// The training data's folder: --data, else the one the checkpoint's run trained on.
+std::string data_folder(const Flags& flags, const std::string& checkpoint) {
+  if (flags.given("data")) return flags.str("data");
+  const std::optional<std::string> recorded = recorded_flag(read_checkpoint_args(checkpoint), "data");
+  if (!recorded) return "";
+  return recorded->empty() ? kDefaultDataDir : *recorded;
+}
+
+fs::path folder_path(const std::string& text) {
+  fs::path path = fs::path(text).lexically_normal();
+  if (!path.has_filename()) path = path.parent_path();  // "out/" names "out"
+  return path;
+}
+
+bool looks_like_export(const fs::path& dir) {
+  for (const auto& entry : fs::directory_iterator(dir)) {
+    const std::string name = entry.path().filename().string();
+    if (name == "config.json" || name.rfind("model", 0) == 0) return true;
+  }
+  return false;
+}
+
+// An export is made in OUT.tmp beside OUT and moved into place whole: a failure leaves OUT as it was.
+class StagedFolder {
+ public:
+  explicit StagedFolder(const fs::path& out) : out_(out), tmp_(out.string() + ".tmp") {
+    fs::remove_all(tmp_);  // what a failed export left
+    fs::create_directories(tmp_);
+  }
+  ~StagedFolder() {
+    std::error_code ignored;
+    if (!committed_) fs::remove_all(tmp_, ignored);
+  }
+  StagedFolder(const StagedFolder&) = delete;
+  StagedFolder& operator=(const StagedFolder&) = delete;
+  std::string file(const std::string& name) const { return (tmp_ / name).string(); }
+  void commit() {
+    const fs::path old = out_.string() + ".old";
+    fs::remove_all(old);
+    if (fs::exists(out_)) fs::rename(out_, old);
+    fs::rename(tmp_, out_);
+    committed_ = true;
+    fs::remove_all(old);
+  }
+
+ private:
+  fs::path out_, tmp_;
+  bool committed_ = false;
+};
+
+std::string read_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  TT_CHECK(in, "cannot read " + path);
+  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+}
+
+int run(const Flags& flags) {
+  const std::string checkpoint = flags.str("checkpoint");
+  TT_CHECK(!checkpoint.empty() && !flags.str("out").empty(), "--checkpoint and --out are required");
+  const std::string dtype_flag = flags.str("dtype");
+  TT_CHECK(dtype_flag == "f32" || dtype_flag == "bf16",
+           "--dtype must be f32 or bf16, got '" + dtype_flag + "'");
+  const bool bf16 = dtype_flag == "bf16";
+  const int64_t shard_bytes = flags.integer("shard-bytes");
+  TT_CHECK(shard_bytes > 0, "--shard-bytes must be positive, got " + flags.str("shard-bytes"));
+  TT_CHECK(fs::exists(checkpoint), "checkpoint " + checkpoint + " does not exist");
+  const nn::ModelConfig config = read_checkpoint_config(checkpoint);
+
+  const fs::path out = folder_path(flags.str("out"));
+  if (fs::exists(out)) {
+    TT_CHECK(fs::is_directory(out), "--out " + out.string() + " exists and is not a folder");
+    const bool empty = fs::is_empty(out);
+    TT_CHECK(empty || flags.boolean("overwrite"),
+             out.string() +
+                 " already holds files; pass another --out, or --overwrite to replace the export there");
+    TT_CHECK(
+        empty || looks_like_export(out),
+        out.string() + " holds files that are not an export (no config.json or model*); not replacing it");
+  }
+
+  // What the tokens are: the data's meta.json and tokenizer.model.
+  const std::string data = data_folder(flags, checkpoint);
+  TT_CHECK(!flags.given("data") || fs::is_directory(data), "data folder '" + data + "' does not exist");
+  const DataTokens tokens = read_data_tokens(data);
+  SpecialTokens ids = tokens.ids;
+  std::optional<SentencePieceModel> sentencepiece;
+  if (!tokens.sentencepiece_model.empty()) {
+    sentencepiece = read_sentencepiece_model(tokens.sentencepiece_model);
+    const auto pieces = static_cast<int64_t>(sentencepiece->pieces.size());
+    TT_CHECK(pieces <= config.vocab_size, tokens.sentencepiece_model + " has " + std::to_string(pieces) +
+                                              " pieces, more than the model's vocab_size " +
+                                              std::to_string(config.vocab_size));
+    if (ids.bos < 0 && sentencepiece->bos_id >= 0) ids.bos = sentencepiece->bos_id;
+    if (ids.eos < 0 && sentencepiece->eos_id >= 0) ids.eos = sentencepiece->eos_id;
+  }
+  for (const int64_t id : {ids.bos, ids.eos}) {
+    TT_CHECK(id < config.vocab_size, data + ": special token id " + std::to_string(id) +
+                                         " is not below the model's vocab_size " +
+                                         std::to_string(config.vocab_size));
+  }
+
+  // The files: tensors in the model's order, a new shard whenever the next tensor would pass --shard-bytes.
+  const std::string st_dtype = bf16 ? "BF16" : "F32";
+  nn::TransformerLM model(config);  // shapes only
+  std::vector<std::vector<SafetensorsTensor>> shards(1);
+  uint64_t total_bytes = 0, shard_used = 0;
+  for (const nn::NamedParameter& p : model.named_parameters()) {
+    const uint64_t bytes = static_cast<uint64_t>(shape_numel(p.tensor->shape()) * (bf16 ? 2 : 4));
+    if (!shards.back().empty() && shard_used + bytes > static_cast<uint64_t>(shard_bytes)) {
+      shards.emplace_back();
+      shard_used = 0;
+    }
+    shards.back().push_back({llama_name(p.name), st_dtype, p.tensor->shape(), 0, 0});
+    shard_used += bytes;
+    total_bytes += bytes;
+  }
+  auto shard_name = [&](size_t i) {
+    if (shards.size() == 1) return std::string("model.safetensors");
+    char name[64];
+    std::snprintf(name, sizeof(name), "model-%05zu-of-%05zu.safetensors", i + 1, shards.size());
+    return std::string(name);
+  };
+  const std::map<std::string, std::string> metadata = {{"format", "pt"}};
+
+  StagedFolder stage(out);
+  size_t shard = 0, written_in_shard = 0;
+  auto writer = std::make_unique<SafetensorsWriter>(stage.file(shard_name(0)), shards[0], metadata);
+  read_checkpoint_parameters(checkpoint, [&](const std::string& name, const Shape& shape,
+                                             const std::vector<float>& values) {
+    if (written_in_shard == shards[shard].size()) {
+      writer->close();
+      ++shard;
+      written_in_shard = 0;
+      writer = std::make_unique<SafetensorsWriter>(stage.file(shard_name(shard)), shards[shard], metadata);
+    }
+    if (rope_rows(name))
+      writer->write(llama_name(name), rows_to_halves(values, shape[0], shape[1], config.d_head()));
+    else
+      writer->write(llama_name(name), values);
+    ++written_in_shard;
+  });
+  writer->close();
+  if (shards.size() > 1) {
+    std::map<std::string, std::string> weight_map;
+    for (size_t i = 0; i < shards.size(); ++i) {
+      for (const SafetensorsTensor& t : shards[i]) weight_map[t.name] = shard_name(i);
+    }
+    write_file_synced(stage.file("model.safetensors.index.json"),
+                      safetensors_index_json(total_bytes, weight_map));
+  }
+  write_file_synced(stage.file("config.json"), llama_config_json(config, bf16 ? "bfloat16" : "float32", ids));
+
+  std::string tokenizer_note;
+  if (sentencepiece) {
+    write_file_synced(stage.file("tokenizer.model"), read_file(tokens.sentencepiece_model));
+    write_file_synced(
+        stage.file("tokenizer_config.json"),
+        llama_tokenizer_config_json(*sentencepiece, ids, tokens.has_bos, config.context_length));
+    tokenizer_note = "tokenizer.model and tokenizer_config.json (LlamaTokenizer) from " + data;
+  } else if (tokens.tokenizer == "bytes") {
+    write_file_synced(stage.file("README.md"), kByteTokensNote);
+    tokenizer_note =
+        "no Hugging Face tokenizer: the data's tokens are bytes (ids 0-255, 256 ends a document); see "
+        "README.md";
+  } else if (!tokens.tokenizer.empty()) {
+    tokenizer_note = "no tokenizer files: " + data + " has tokenizer '" + tokens.tokenizer +
+                     "' and no tokenizer.model beside it";
+  } else {
+    tokenizer_note = "no tokenizer files and no bos/eos ids: " +
+                     (data.empty() ? std::string("the checkpoint does not name its data folder")
+                                   : "no meta.json in '" + data + "'") +
+                     " (pass --data DIR)";
+  }
+  stage.commit();
+  std::printf("exported %s -> %s: %zu tensors, %llu bytes of %s in %zu file%s, config.json\n",
+              checkpoint.c_str(), out.c_str(), model.named_parameters().size(),
+              static_cast<unsigned long long>(total_bytes), st_dtype.c_str(), shards.size(),
+              shards.size() == 1 ? "" : "s (model.safetensors.index.json)");
+  std::printf("tokenizer: %s\n", tokenizer_note.c_str());
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::signal(SIGXFSZ, SIG_IGN);  // a full disk (or file-size limit) is reported as a write error
+  try {
+    Flags flags("export",
+                "Write a checkpoint as a Hugging Face Llama folder (LlamaForCausalLM): model.safetensors,\n"
+                "config.json and, for SentencePiece data, the tokenizer. The folder is written beside --out\n"
+                "and moved into place once complete.");
+    flags.add("checkpoint", "", "the checkpoint to export (required)");
+    flags.add("out", "", "the folder to write (required)");
+    flags.add("dtype", "f32", "f32 | bf16 (rounded to nearest even)");
+    flags.add(
+        "data", "",
+        "the data folder (meta.json, tokenizer.model) for special token ids and the tokenizer; default: "
+        "the one the checkpoint's run trained on");
+    flags.add("shard-bytes", std::to_string(kShardBytes),
+              "largest model-NNNNN-of-NNNNN.safetensors shard; above it the weights are sharded");
+    flags.add_switch("overwrite", "replace an earlier export in --out");
+    if (!flags.parse(argc, argv)) return 0;
+    return run(flags);
+  } catch (const std::bad_alloc&) {
+    std::fprintf(stderr, "error: out of host memory (std::bad_alloc)\n");
+    return 1;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "error: %s\n", e.what());
+    return 1;
+  }
+}
