@@ -1,0 +1,195 @@
+#!/usr/bin/env bash
+# `export` and `import` against an independent reader: an exported Hugging Face Llama folder, parsed by
+# tests/hf_export_check.py with NumPy alone, gives through a Llama forward in Hugging Face's convention the
+# loss `train --eval-only` reports on the same windows (f32, single file and shards; bf16 is f32 rounded to
+# nearest even); random Llama folders written by NumPy (F16, BF16, shards, other RoPE theta and RMSNorm
+# epsilon) import into checkpoints that evaluate to their loss and that `train --resume` continues; export ->
+# import -> export is byte-identical; damaged, truncated and mismatched folders, and what the model cannot
+# represent, are refused in one line naming the file and the field, with nothing written.
+# Usage: hf_export.sh export import train prepare_data. Skipped (77) without python3 and NumPy.
+set -uo pipefail
+export_app=$1 import_app=$2 train=$3 prepare=$4
+py=/usr/bin/python3
+check="$(dirname "$0")/hf_export_check.py"
+$py -c "import numpy" 2>/dev/null || { echo "python3-numpy missing: skipped"; exit 77; }
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+failures=0
+fail() { echo "FAIL $*"; failures=$((failures + 1)); }
+
+expect_ok() {
+  local name=$1
+  shift
+  if "$@" >"$work/last.log" 2>&1; then echo "ok   $name"; else
+    fail "$name:"; tail -5 "$work/last.log"
+  fi
+}
+
+# expect_error NAME "expected text" command...: exit code 1, one line on stderr holding the text (fixed
+# string), no crash.
+expect_error() {
+  local name=$1 expected=$2
+  shift 2
+  local status
+  "$@" >"$work/out.log" 2>"$work/err.log"
+  status=$?
+  if [ $status -ne 1 ]; then fail "$name: exit code $status"; tail -3 "$work/err.log"; return; fi
+  if [ "$(wc -l <"$work/err.log")" -ne 1 ]; then fail "$name: not one line:"; cat "$work/err.log"; return; fi
+  if ! grep -qF -- "$expected" "$work/err.log"; then
+    fail "$name: expected '$expected' in:"; cat "$work/err.log"; return
+  fi
+  echo "ok   $name: $(cat "$work/err.log")"
+}
+
+same_folders() {
+  if diff -r "$1" "$2" >/dev/null; then echo "ok   $3: byte-identical"; else fail "$3: $1 and $2 differ"; fi
+}
+
+mkdir -p "$work/text"
+for i in $(seq 1 300); do echo "Sphinx of black quartz, judge my vow number $i."; echo "%"; done >"$work/text/a.txt"
+"$prepare" --input "$work/text" --out "$work/data" --separator % >/dev/null || { echo "FAIL prepare_data"; exit 1; }
+windows=(--data "$work/data" --ctx 16 --batch 3 --eval-batches 2 --device cpu)
+expect_ok "train 5 steps" "$train" --data "$work/data" --ctx 16 --batch 2 --steps 5 --eval-batches 1 \
+  --sample-tokens 0 --device cpu --out "$work/run" --ckpt-every 5
+ckpt="$work/run/checkpoints/step_5.h5"
+[ -e "$ckpt" ] || { echo "FAIL: no checkpoint"; exit 1; }
+expect_ok "eval-only" "$train" --eval-only --resume "$ckpt" "${windows[@]}" --json "$work/eval.json"
+
+# 1. f32 export: the independent reader's Llama gives our loss; byte-level data has no HF tokenizer.
+expect_ok "export f32" "$export_app" --checkpoint "$ckpt" --out "$work/hf"
+for f in model.safetensors config.json README.md; do [ -f "$work/hf/$f" ] || fail "export: no $f"; done
+[ -e "$work/hf/tokenizer.model" ] && fail "export: a tokenizer.model for byte-level data"
+grep -q '"eos_token_id": 256' "$work/hf/config.json" || fail "export: config.json has no eos_token_id 256"
+grep -q "no Hugging Face tokenizer" "$work/last.log" || fail "export: no note about the byte-level tokenizer"
+expect_ok "NumPy Llama loss == eval-only (f32)" $py "$check" loss "$work/hf" "$work/data/val.bin" 16 3 2 \
+  "$work/eval.json"
+cat "$work/last.log"
+
+# 2. import: the same loss, train --resume continues it, and a second export is the same bytes.
+expect_ok "import" "$import_app" --from "$work/hf" --out "$work/imported.h5" --data "$work/data"
+expect_ok "eval-only of the import" "$train" --eval-only --resume "$work/imported.h5" "${windows[@]}" \
+  --json "$work/eval2.json"
+[ "$($py -c "import json,sys; print(json.load(open(sys.argv[1]))['loss'])" "$work/eval.json")" = \
+  "$($py -c "import json,sys; print(json.load(open(sys.argv[1]))['loss'])" "$work/eval2.json")" ] ||
+  fail "import: the loss differs from the original checkpoint's"
+expect_ok "train --resume the import" "$train" --data "$work/data" --ctx 16 --batch 2 --steps 2 --eval-batches 1 \
+  --sample-tokens 0 --device cpu --out "$work/run2" --resume "$work/imported.h5"
+expect_ok "export the import (data found through the recorded flags)" "$export_app" \
+  --checkpoint "$work/imported.h5" --out "$work/hf2"
+same_folders "$work/hf" "$work/hf2" "export -> import -> export (f32)"
+
+# 3. bf16: each value f32 rounded to nearest even; its round trip is the same bytes too.
+expect_ok "export bf16" "$export_app" --checkpoint "$ckpt" --out "$work/hf_bf16" --dtype bf16
+expect_ok "bf16 == f32 rounded" $py "$check" bf16 "$work/hf" "$work/hf_bf16"
+expect_ok "import bf16" "$import_app" --from "$work/hf_bf16" --out "$work/imported_bf16.h5" --data "$work/data"
+expect_ok "export the bf16 import" "$export_app" --checkpoint "$work/imported_bf16.h5" --out "$work/hf_bf16_2" \
+  --dtype bf16
+same_folders "$work/hf_bf16" "$work/hf_bf16_2" "export -> import -> export (bf16)"
+
+# 4. Shards with an index; read back by the independent reader and imported to the same checkpoint.
+expect_ok "export sharded" "$export_app" --checkpoint "$ckpt" --out "$work/hf_sharded" --shard-bytes 100000
+[ -f "$work/hf_sharded/model.safetensors.index.json" ] && [ -f "$work/hf_sharded/model-00007-of-00007.safetensors" ] &&
+  [ ! -e "$work/hf_sharded/model.safetensors" ] || fail "sharded export: not 7 shards and an index"
+expect_ok "NumPy Llama loss == eval-only (shards)" $py "$check" loss "$work/hf_sharded" "$work/data/val.bin" 16 3 \
+  2 "$work/eval.json"
+expect_ok "import sharded" "$import_app" --from "$work/hf_sharded" --out "$work/imported_sharded.h5"
+expect_ok "export the sharded import" "$export_app" --checkpoint "$work/imported_sharded.h5" --out "$work/hf3" \
+  --data "$work/data"
+same_folders "$work/hf" "$work/hf3" "sharded export -> import -> export"
+
+# 5. Llama folders written by NumPy: F16 with RoPE theta 500000 and RMSNorm epsilon 0.25 (large enough that
+# ignoring it would show), BF16 in three shards with three layers; and the F16 one exported again.
+expect_ok "make F16 folder" $py "$check" make "$work/mk16" dtype=F16 theta=500000 eps=0.25
+expect_ok "import F16" "$import_app" --from "$work/mk16" --out "$work/mk16.h5"
+expect_ok "eval-only F16 import" "$train" --eval-only --resume "$work/mk16.h5" "${windows[@]}" --json "$work/mk16.json"
+expect_ok "NumPy Llama loss == eval-only (F16, theta, eps)" $py "$check" loss "$work/mk16" "$work/data/val.bin" 16 \
+  3 2 "$work/mk16.json"
+cat "$work/last.log"
+expect_ok "export the F16 import" "$export_app" --checkpoint "$work/mk16.h5" --out "$work/mk16_out" --data "$work/data"
+grep -q '"rms_norm_eps": 0.25' "$work/mk16_out/config.json" && grep -q '"rope_theta": 500000.0' "$work/mk16_out/config.json" ||
+  fail "export: rms_norm_eps or rope_theta not carried over"
+expect_ok "NumPy Llama loss == eval-only (its export)" $py "$check" loss "$work/mk16_out" "$work/data/val.bin" 16 3 \
+  2 "$work/mk16.json"
+expect_ok "make BF16 shards" $py "$check" make "$work/mkbf" dtype=BF16 theta=20000 eps=1e-6 layers=3 shards=3 seed=4
+expect_ok "import BF16 shards" "$import_app" --from "$work/mkbf" --out "$work/mkbf.h5"
+expect_ok "eval-only BF16 import" "$train" --eval-only --resume "$work/mkbf.h5" "${windows[@]}" --json "$work/mkbf.json"
+expect_ok "NumPy Llama loss == eval-only (BF16 shards)" $py "$check" loss "$work/mkbf" "$work/data/val.bin" 16 3 2 \
+  "$work/mkbf.json"
+
+# 6. Refusals on import: one line naming the file and the field; no checkpoint and no temporary left.
+cases=(
+  "short_file|shorter than the 8-byte header length"
+  "header_past_end|is truncated: its header length is 50000000 bytes"
+  "header_json|model.safetensors: the header is not valid JSON"
+  "offsets_past_end|model.layers.1.mlp.down_proj.weight has data_offsets"
+  "offsets_mismatch|tensor model.norm.weight: data_offsets [492800,493056] hold 256 bytes, but F32 [128] needs 512"
+  "truncated_data|past the end of the data (558748 bytes): the file is truncated"
+  "missing_tensor|tensor model.layers.1.mlp.up_proj.weight is missing"
+  "wrong_shape|tensor model.layers.0.mlp.down_proj.weight has shape [192, 64], config.json implies [64, 192]"
+  "wrong_dtype|tensor model.layers.0.self_attn.v_proj.weight is I32, expected F32, BF16 or F16"
+  "extra_tensor|tensor model.layers.0.self_attn.q_proj.bias is not part of the Llama model"
+  "non_finite|holds a non-finite value"
+  "no_weights|holds neither model.safetensors nor model.safetensors.index.json"
+  "config_json|config.json: not valid JSON"
+  "config_missing|config.json: hidden_size is missing"
+  "config_type|config.json: num_hidden_layers must be a positive integer, got \"2\""
+  "config_sizes|has shape [192, 64], config.json implies [384, 64]"
+  "config_gqa|config.json: num_key_value_heads 2 differs from num_attention_heads 4: grouped-query attention"
+  "config_tied|config.json: tie_word_embeddings is true"
+  "config_bias|config.json: attention_bias is true"
+  "config_scaling|config.json: rope_scaling is"
+  "config_model_type|config.json: model_type is 'gpt2', expected llama"
+)
+for entry in "${cases[@]}"; do
+  case_name=${entry%%|*} expected=${entry#*|}
+  $py "$check" break "$work/hf" "$work/bad" "$case_name" || { fail "break $case_name"; continue; }
+  expect_error "import $case_name" "$expected" "$import_app" --from "$work/bad" --out "$work/bad.h5"
+  ls "$work"/bad.h5* >/dev/null 2>&1 && fail "import $case_name: left $(ls "$work"/bad.h5*)"
+done
+for entry in "shard_missing|which does not exist" "shard_wrong_file|which does not hold it" \
+  "shard_index_json|model.safetensors.index.json is not valid JSON"; do
+  case_name=${entry%%|*} expected=${entry#*|}
+  $py "$check" break "$work/hf_sharded" "$work/bad" "$case_name" || { fail "break $case_name"; continue; }
+  expect_error "import $case_name" "$expected" "$import_app" --from "$work/bad" --out "$work/bad.h5"
+  ls "$work"/bad.h5* >/dev/null 2>&1 && fail "import $case_name: left $(ls "$work"/bad.h5*)"
+done
+expect_error "import over a checkpoint" "already exists; pass another --out, or --overwrite" \
+  "$import_app" --from "$work/hf" --out "$work/imported.h5"
+expect_error "import without a folder" "--from $work/none is not a folder" \
+  "$import_app" --from "$work/none" --out "$work/x.h5"
+
+# 7. Refusals on export, and a full disk: the earlier export stays whole, no temporary folder is left.
+expect_error "export a missing checkpoint" "checkpoint $work/none.h5 does not exist" \
+  "$export_app" --checkpoint "$work/none.h5" --out "$work/x"
+expect_error "export --dtype f16" "--dtype must be f32 or bf16, got 'f16'" \
+  "$export_app" --checkpoint "$ckpt" --out "$work/x" --dtype f16
+expect_error "export over an export" "already holds files; pass another --out, or --overwrite" \
+  "$export_app" --checkpoint "$ckpt" --out "$work/hf"
+expect_error "export over other files" "holds files that are not an export" \
+  "$export_app" --checkpoint "$ckpt" --out "$work/text" --overwrite
+sums_before=$(cd "$work/hf" && md5sum ./*)
+output=$(bash -c "ulimit -f 200; exec \"$export_app\" --checkpoint \"$ckpt\" --out \"$work/hf\" --overwrite" 2>&1)
+status=$?
+if [ $status -ne 1 ] || ! grep -q "cannot write .* (disk full?)" <<<"$output"; then
+  fail "export on a full disk: exit $status:"; echo "$output" | tail -3
+else
+  echo "ok   export on a full disk: $output"
+fi
+[ "$(cd "$work/hf" && md5sum ./*)" = "$sums_before" ] || fail "export on a full disk changed the earlier export"
+[ -e "$work/hf.tmp" ] && fail "export on a full disk left $work/hf.tmp"
+expect_ok "export --overwrite" "$export_app" --checkpoint "$work/mk16.h5" --out "$work/hf" --overwrite
+grep -q '"hidden_size": 32' "$work/hf/config.json" || fail "export --overwrite did not replace the export"
+
+# 8. Checkpoints record the RMSNorm epsilon; one without it (older files) means 1e-5.
+if $py -c "import h5py" 2>/dev/null; then
+  expect_ok "norm_eps recorded" $py -c "import h5py, sys; assert h5py.File(sys.argv[1])['/'].attrs['norm_eps'] == 0.25" \
+    "$work/mk16.h5"
+  cp "$ckpt" "$work/old.h5"
+  $py -c "import h5py, sys; del h5py.File(sys.argv[1], 'r+').attrs['norm_eps']" "$work/old.h5"
+  expect_ok "a checkpoint without norm_eps exports with 1e-5" "$export_app" --checkpoint "$work/old.h5" \
+    --out "$work/hf_old" --data "$work/data"
+  grep -q '"rms_norm_eps": 1e-05' "$work/hf_old/config.json" || fail "no norm_eps: not exported as 1e-5"
+fi
+
+if [ $failures -gt 0 ]; then echo "$failures failure(s)"; exit 1; fi
+echo "all hf_export checks passed"
