@@ -1,6 +1,7 @@
 #include "apps/lib/hf_llama.h"
 
 #include <cmath>
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -247,6 +248,23 @@ DataTokens read_data_tokens(const std::string& data_dir) {
   out.ids.bos = id("bos_id");
   out.has_bos = out.ids.bos >= 0;
   if (const int64_t eos = id("eos_id"); eos >= 0) out.ids.eos = eos;
+  // prepare_data records the tokenizer.model its ids came from: a replaced one must not be exported.
+  const char* checksum_field = "tokenizer_model_fnv1a64";
+  if (json.contains(checksum_field) && !out.sentencepiece_model.empty()) {
+    std::ifstream in(out.sentencepiece_model, std::ios::binary);
+    TT_CHECK(in, out.sentencepiece_model + ": cannot be read");
+    uint64_t hash = 0xcbf29ce484222325ULL;  // FNV-1a 64
+    for (std::istreambuf_iterator<char> it(in), end; it != end; ++it) {
+      hash ^= static_cast<unsigned char>(*it);
+      hash *= 0x100000001b3ULL;
+    }
+    char text[17];
+    std::snprintf(text, sizeof(text), "%016llx", static_cast<unsigned long long>(hash));
+    const nlohmann::json& recorded = json.at(checksum_field);
+    TT_CHECK(recorded.is_string() && recorded.get<std::string>() == text,
+             out.sentencepiece_model + " is not the tokenizer the data was made with (FNV-1a 64 " + text +
+                 ", meta.json's " + checksum_field + " " + recorded.dump() + ")");
+  }
   return out;
 }
 
