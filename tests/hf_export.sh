@@ -180,7 +180,44 @@ fi
 expect_ok "export --overwrite" "$export_app" --checkpoint "$work/mk16.h5" --out "$work/hf" --overwrite
 grep -q '"hidden_size": 32' "$work/hf/config.json" || fail "export --overwrite did not replace the export"
 
-# 8. Checkpoints record the RMSNorm epsilon; one without it (older files) means 1e-5.
+# 8. SentencePiece data: the export carries its tokenizer.model with a LlamaTokenizer config and the special
+# ids; a tokenizer.model that is not the one the data was made with is refused.
+if "$prepare" --help | grep -q -- "--tokenizer-model"; then
+  for i in $(seq 1 400); do echo "Document $i: the quick brown fox, café 日本 $((i * 7919 % 1000))."; echo "%"; done \
+    >"$work/sp.txt"
+  expect_ok "prepare SentencePiece data" "$prepare" --input "$work/sp.txt" --out "$work/spdata" --separator % \
+    --tokenizer sentencepiece --vocab 300
+  expect_ok "train on SentencePiece tokens" "$train" --data "$work/spdata" --ctx 16 --batch 2 --steps 3 \
+    --eval-batches 1 --sample-tokens 0 --device cpu --out "$work/sprun" --ckpt-every 3
+  sp_windows=(--data "$work/spdata" --ctx 16 --batch 3 --eval-batches 2 --device cpu)
+  expect_ok "eval-only (SentencePiece)" "$train" --eval-only --resume "$work/sprun/checkpoints/step_3.h5" \
+    "${sp_windows[@]}" --json "$work/speval.json"
+  expect_ok "export (SentencePiece)" "$export_app" --checkpoint "$work/sprun/checkpoints/step_3.h5" --out "$work/sphf"
+  cmp -s "$work/sphf/tokenizer.model" "$work/spdata/tokenizer.model" || fail "export: tokenizer.model not copied"
+  expect_ok "tokenizer_config.json and special ids" $py - "$work/sphf" "$work/spdata/meta.json" <<'PY'
+import json, sys
+folder, meta = sys.argv[1], json.load(open(sys.argv[2]))
+tok = json.load(open(folder + "/tokenizer_config.json"))
+config = json.load(open(folder + "/config.json"))
+assert tok["tokenizer_class"] == "LlamaTokenizer" and tok["legacy"] is True, tok
+assert (tok["bos_token"], tok["eos_token"], tok["unk_token"]) == ("<s>", "</s>", "<unk>"), tok
+assert tok["add_bos_token"] is False and tok["add_prefix_space"] is False, tok
+assert config["eos_token_id"] == meta["end_of_text"] and config["bos_token_id"] == 1, config
+PY
+  expect_ok "NumPy Llama loss == eval-only (SentencePiece)" $py "$check" loss "$work/sphf" "$work/spdata/val.bin" \
+    16 3 2 "$work/speval.json"
+  expect_ok "import (SentencePiece)" "$import_app" --from "$work/sphf" --out "$work/sp.h5" --data "$work/spdata"
+  expect_ok "export the import (SentencePiece)" "$export_app" --checkpoint "$work/sp.h5" --out "$work/sphf2"
+  same_folders "$work/sphf" "$work/sphf2" "export -> import -> export (SentencePiece, tokenizer files)"
+  cp -r "$work/spdata" "$work/spdata_bad"
+  printf 'x' >>"$work/spdata_bad/tokenizer.model"
+  expect_error "export with a replaced tokenizer.model" "is not the tokenizer the data was made with" \
+    "$export_app" --checkpoint "$work/sprun/checkpoints/step_3.h5" --out "$work/spx" --data "$work/spdata_bad"
+else
+  echo "skip SentencePiece export: prepare_data has no --tokenizer-model"
+fi
+
+# 9. Checkpoints record the RMSNorm epsilon; one without it (older files) means 1e-5.
 if $py -c "import h5py" 2>/dev/null; then
   expect_ok "norm_eps recorded" $py -c "import h5py, sys; assert h5py.File(sys.argv[1])['/'].attrs['norm_eps'] == 0.25" \
     "$work/mk16.h5"
