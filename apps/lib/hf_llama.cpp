@@ -145,6 +145,7 @@ class ConfigFields {
  public:
   ConfigFields(const nlohmann::json& json, std::string path) : json_(json), path_(std::move(path)) {}
   Error error(const std::string& what) const { return Error(path_ + ": " + what); }
+  const std::string& path() const { return path_; }
   bool has(const char* field) const { return json_.contains(field) && !json_.at(field).is_null(); }
 
   int64_t positive(const char* field) const {
@@ -178,6 +179,32 @@ class ConfigFields {
   std::string path_;
 };
 
+// RoPE's base: rope_theta, or inside rope_parameters (transformers 5) or rope_scaling (its older name), whose
+// rope_type must be plain RoPE; Llama's 10000 when none names it.
+double read_rope_theta(const nlohmann::json& json, const ConfigFields& f) {
+  double theta = f.has("rope_theta") ? f.positive_number("rope_theta") : 0;
+  for (const char* field : {"rope_parameters", "rope_scaling"}) {
+    if (!f.has(field)) continue;
+    const nlohmann::json& rope = json.at(field);
+    if (!rope.is_object()) throw f.error(std::string(field) + " must be an object, got " + rope.dump());
+    const char* type_key = rope.contains("rope_type") ? "rope_type" : "type";
+    const nlohmann::json type = rope.contains(type_key) ? rope.at(type_key) : nlohmann::json("default");
+    if (type != "default") {
+      throw f.error(std::string(field) + " has " + type_key + " " + type.dump() +
+                    ": scaled RoPE cannot be represented by this model");
+    }
+    if (!rope.contains("rope_theta")) continue;
+    const ConfigFields inner(rope, f.path() + ": " + field);
+    const double value = inner.positive_number("rope_theta");
+    if (theta > 0 && value != theta) {
+      throw f.error(std::string(field) + ".rope_theta " + rope.at("rope_theta").dump() +
+                    " differs from rope_theta " + json.at("rope_theta").dump());
+    }
+    theta = value;
+  }
+  return theta > 0 ? theta : 10000.0;
+}
+
 }  // namespace
 
 nn::ModelConfig read_llama_config(const std::string& path) {
@@ -194,7 +221,7 @@ nn::ModelConfig read_llama_config(const std::string& path) {
   c.context_length = f.positive("max_position_embeddings");
   c.norm_eps = f.positive_number("rms_norm_eps");
   // Llama's defaults where a field may be left out.
-  c.rope_theta = f.has("rope_theta") ? f.positive_number("rope_theta") : 10000.0;
+  c.rope_theta = read_rope_theta(json, f);
   const std::string cannot = " cannot be represented by this model";
   if (f.has("num_key_value_heads") && f.positive("num_key_value_heads") != c.num_heads) {
     throw f.error("num_key_value_heads " + std::to_string(f.positive("num_key_value_heads")) +
@@ -207,8 +234,6 @@ nn::ModelConfig read_llama_config(const std::string& path) {
     throw f.error("hidden_act is '" + f.text("hidden_act") + "': only silu (SwiGLU) can be represented");
   if (f.flag("attention_bias")) throw f.error("attention_bias is true: biases" + cannot);
   if (f.flag("mlp_bias")) throw f.error("mlp_bias is true: biases" + cannot);
-  if (f.has("rope_scaling"))
-    throw f.error("rope_scaling is " + json.at("rope_scaling").dump() + ": scaled RoPE" + cannot);
   TT_CHECK(c.d_model % c.num_heads == 0, path + ": hidden_size " + std::to_string(c.d_model) +
                                              " is not divisible by num_attention_heads " +
                                              std::to_string(c.num_heads));
