@@ -98,7 +98,8 @@ expect_ok "export the sharded import" "$export_app" --checkpoint "$work/imported
 same_folders "$work/hf" "$work/hf3" "sharded export -> import -> export"
 
 # 5. Llama folders written by NumPy: F16 with RoPE theta 500000 and RMSNorm epsilon 0.25 (large enough that
-# ignoring it would show), BF16 in three shards with three layers; and the F16 one exported again.
+# ignoring it would show), BF16 in three shards with three layers and the theta in rope_parameters (as
+# transformers 5 writes it); and the F16 one exported again.
 expect_ok "make F16 folder" $py "$check" make "$work/mk16" dtype=F16 theta=500000 eps=0.25
 expect_ok "import F16" "$import_app" --from "$work/mk16" --out "$work/mk16.h5"
 expect_ok "eval-only F16 import" "$train" --eval-only --resume "$work/mk16.h5" "${windows[@]}" --json "$work/mk16.json"
@@ -110,7 +111,8 @@ grep -q '"rms_norm_eps": 0.25' "$work/mk16_out/config.json" && grep -q '"rope_th
   fail "export: rms_norm_eps or rope_theta not carried over"
 expect_ok "NumPy Llama loss == eval-only (its export)" $py "$check" loss "$work/mk16_out" "$work/data/val.bin" 16 3 \
   2 "$work/mk16.json"
-expect_ok "make BF16 shards" $py "$check" make "$work/mkbf" dtype=BF16 theta=20000 eps=1e-6 layers=3 shards=3 seed=4
+expect_ok "make BF16 shards" $py "$check" make "$work/mkbf" dtype=BF16 theta=20000 eps=1e-6 layers=3 shards=3 seed=4 \
+  rope=parameters
 expect_ok "import BF16 shards" "$import_app" --from "$work/mkbf" --out "$work/mkbf.h5"
 expect_ok "eval-only BF16 import" "$train" --eval-only --resume "$work/mkbf.h5" "${windows[@]}" --json "$work/mkbf.json"
 expect_ok "NumPy Llama loss == eval-only (BF16 shards)" $py "$check" loss "$work/mkbf" "$work/data/val.bin" 16 3 2 \
@@ -137,7 +139,9 @@ cases=(
   "config_gqa|config.json: num_key_value_heads 2 differs from num_attention_heads 4: grouped-query attention"
   "config_tied|config.json: tie_word_embeddings is true"
   "config_bias|config.json: attention_bias is true"
-  "config_scaling|config.json: rope_scaling is"
+  "config_scaling|config.json: rope_scaling has type \"linear\": scaled RoPE cannot be represented"
+  "config_rope_parameters|config.json: rope_parameters has rope_type \"yarn\": scaled RoPE"
+  "config_rope_conflict|config.json: rope_parameters.rope_theta 500000.0 differs from rope_theta 10000.0"
   "config_model_type|config.json: model_type is 'gpt2', expected llama"
 )
 for entry in "${cases[@]}"; do

@@ -8,7 +8,8 @@
                                                  (relative 1e-5)
   bf16 F32_DIR BF16_DIR                          every BF16 tensor is its F32 twin rounded to nearest even
   make DIR KEY=VALUE...                          a random Llama folder (dtype, theta, eps, vocab, d, layers,
-                                                 heads, dff, ctx, shards, seed)
+                                                 heads, dff, ctx, shards, seed; rope=parameters: theta in
+                                                 rope_parameters, as transformers 5 writes it)
   break SRC DST CASE                             a copy of SRC damaged one way (CASES below)
 """
 import json
@@ -109,7 +110,8 @@ def llama_loss(folder, tokens, ctx, windows):
     assert all(v[0] == dtype for v in raw.values()), "tensor dtypes differ from torch_dtype"
     w = {k: to_float(*v) for k, v in raw.items()}
     d, H, L = c["hidden_size"], c["num_attention_heads"], c["num_hidden_layers"]
-    dh, eps, theta = d // H, c["rms_norm_eps"], c["rope_theta"]
+    theta = c["rope_theta"] if "rope_theta" in c else c["rope_parameters"]["rope_theta"]
+    dh, eps = d // H, c["rms_norm_eps"]
 
     def rms(x, g):
         return g * (x / np.sqrt((x * x).mean(-1, keepdims=True) + eps))
@@ -172,7 +174,7 @@ def cmd_bf16(f32_dir, bf16_dir):
 
 def cmd_make(folder, *pairs):
     o = {"dtype": "F32", "theta": "10000.0", "eps": "1e-5", "vocab": "257", "d": "32", "layers": "2",
-         "heads": "4", "dff": "48", "ctx": "16", "shards": "1", "seed": "0"}
+         "heads": "4", "dff": "48", "ctx": "16", "shards": "1", "seed": "0", "rope": "theta"}
     for pair in pairs:
         key, value = pair.split("=", 1)
         assert key in o, key
@@ -184,6 +186,8 @@ def cmd_make(folder, *pairs):
          "rms_norm_eps": float(o["eps"]), "vocab_size": int(o["vocab"]), "hidden_act": "silu",
          "tie_word_embeddings": False,
          "torch_dtype": {"F32": "float32", "F16": "float16", "BF16": "bfloat16"}[o["dtype"]]}
+    if o["rope"] == "parameters":  # transformers 5's spelling
+        c["rope_parameters"] = {"rope_type": "default", "rope_theta": c.pop("rope_theta")}
     rng = np.random.default_rng(int(o["seed"]))
     tensors = []
     for name, shape in expected_shapes(c).items():
@@ -301,6 +305,10 @@ CASES = {
     "config_tied": lambda d: damage_config(d, lambda c: c.update(tie_word_embeddings=True)),
     "config_bias": lambda d: damage_config(d, lambda c: c.update(attention_bias=True)),
     "config_scaling": lambda d: damage_config(d, lambda c: c.update(rope_scaling={"type": "linear", "factor": 2.0})),
+    "config_rope_parameters": lambda d: damage_config(
+        d, lambda c: c.update(rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0})),
+    "config_rope_conflict": lambda d: damage_config(
+        d, lambda c: c.update(rope_parameters={"rope_type": "default", "rope_theta": 500000.0})),
     "config_model_type": lambda d: damage_config(d, lambda c: c.update(model_type="gpt2")),
 }
 
