@@ -3,14 +3,19 @@
 //
 // Why chunks: at GPT-2 sizes (32k tokens, vocabulary 50257) the f32 logits of a batch are 6.6 GB, written by
 // the forward GEMM and read back by the loss, its backward and a cast to bf16. A chunk's logits (about
-// 1 GiB) are made, turned into the loss and the logits' gradient, and consumed by the two gradient GEMMs
-// right away, so the batch's logits never exist at once.
+// 1 GiB in f32, half that in bf16) are made, turned into the loss and the logits' gradient, and consumed by
+// the two gradient GEMMs right away, so the batch's logits never exist at once.
 // Why padding: cuBLASLt runs its fast kernels only when the vocabulary dimension is aligned, both as the
 // logits' leading dimension and as a GEMM extent; with 50257 it fell back to an alignment-1 kernel, about six
 // times slower on an H100 (one chunk's forward product: 3.8 ms against 0.63 ms with 50304). So the logits'
 // rows are `ld` apart and the weight (a copy in the compute dtype) gets zero rows up to `ld`, the vocabulary
 // rounded up to 64: the padding columns of the logits are zeros, the loss skips them and their gradient is
 // zero, so the gradient GEMMs run over the padded extent too.
+//
+// Why bf16 logits in a bf16 model: that is what autocast's matmul returns (f32 accumulation, rounded once),
+// and the loss then upcasts it to f32. Storing them so halves what the logits GEMM writes and the loss
+// kernel reads, and the logits' gradient (bf16 too, the gradient GEMMs' operand) takes their place in the
+// same buffer.
 #include <algorithm>
 
 #include "core/ops_internal.h"
@@ -28,7 +33,7 @@ int64_t round_up(int64_t value, int64_t multiple) {
 }
 
 // Rows per chunk: as asked (tests), or chunks of equal size (a multiple of 128 rows) whose f32 logits take at
-// most about 1 GiB; never more than there are rows.
+// most about 1 GiB (bf16 logits the same rows, in half the bytes); never more than there are rows.
 int64_t rows_per_chunk(int64_t requested, int64_t rows, int64_t padded_vocab) {
   if (requested > 0) return std::min(requested, rows);
   const int64_t most = std::max(
@@ -43,12 +48,14 @@ void* row_at(const Tensor& t, int64_t row, int64_t ld) {
 }
 
 // c = op(a) op(b) + beta c on one device, every operand with its own leading dimension (cpu::gemm's
-// contract): a and b of `in` (f32, f64 or bf16), c f32 (f64 for f64).
+// contract): a and b of `in` (f32, f64 or bf16), c f32 (f64 for f64), or bf16 for bf16 operands on CUDA
+// (c_type; the f32 sum rounded once by the GEMM, beta 0).
 void gemm(const Device& device, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const void* a,
-          int64_t lda, const void* b, int64_t ldb, DType in, double beta, void* c, int64_t ldc) {
+          int64_t lda, const void* b, int64_t ldb, DType in, double beta, void* c, int64_t ldc,
+          DType c_type = DType::f32) {
   if (device.is_cuda()) {
     TT_CUDA_ONLY(cuda::gemm(trans_a, trans_b, m, n, k, 1.0f, a, lda, 0, b, ldb, 0, in,
-                            static_cast<float>(beta), c, DType::f32, ldc, 0, 1,
+                            static_cast<float>(beta), c, c_type, ldc, 0, 1,
                             static_cast<cudaStream_t>(compute_stream(device.index))));
   } else if (in == DType::bf16) {
     cpu::gemm_bf16(trans_a, trans_b, m, n, k, 1.0f, static_cast<const bf16*>(a), lda, 0,
@@ -128,8 +135,9 @@ Tensor linear_cross_entropy(const Tensor& x, const Tensor& weight, const Tensor&
     x2 = reshape(detail::dense(x.dtype() == compute ? x : cast(x, compute)), {rows, in});
     w = detail::dense(detail::in_dtype(weight, compute));
   }
-  // Logits, losses and gradients in the product's dtype: f32 (f64 for f64); the logits' gradient in the
-  // compute dtype, as the gradient GEMMs read it.
+  // Losses and the operands' gradients in the product's dtype: f32 (f64 for f64). The logits and their
+  // gradient in the compute dtype: the gradient as the gradient GEMMs read it, the logits as autocast's
+  // matmul returns them (bf16 in a bf16 model; the loss kernels compute in f32 from them).
   const DType wide = detail::wide_dtype(compute);
   const int64_t ld = round_up(vocab, kVocabAlignment);
   if (ld != vocab) {
@@ -141,11 +149,11 @@ Tensor linear_cross_entropy(const Tensor& x, const Tensor& weight, const Tensor&
   }
   const int64_t chunk = rows_per_chunk(chunk_rows, rows, ld);
   const bool want_grad = want_dx || want_dw;
-  const Tensor logits = Tensor::empty({chunk, ld}, wide, device);
-  // A wide gradient overwrites the logits it is made from (the kernels read each element before writing it).
-  const Tensor dlogits = !want_grad        ? Tensor()
-                         : compute == wide ? logits
-                                           : Tensor::empty({chunk, ld}, compute, device);
+  // The gradient overwrites the logits it is made from (the kernels read a row before writing it).
+  const Tensor logits = Tensor::empty({chunk, ld}, compute, device);
+  // The CPU's bf16 product in f32 before it is rounded (cuBLASLt rounds it in the GEMM's epilogue).
+  const Tensor product =
+      compute == wide || device.is_cuda() ? Tensor() : Tensor::empty({chunk, ld}, wide, device);
   const Tensor losses = Tensor::empty({rows}, wide, device);
   Tensor dx = want_dx ? Tensor::empty({rows, in}, wide, device) : Tensor();
   Tensor dw = want_dw ? Tensor::empty({ld, in}, wide, device) : Tensor();  // padding rows: zeros
@@ -153,33 +161,39 @@ Tensor linear_cross_entropy(const Tensor& x, const Tensor& weight, const Tensor&
   for (int64_t start = 0; start < rows; start += chunk) {
     const int64_t n = std::min(chunk, rows - start);
     const void* x_rows = row_at(x2, start, in);
-    // logits = x_c W^T over the padded weight.
-    gemm(device, false, true, n, ld, in, x_rows, in, w.raw_data(), in, compute, 0.0, logits.raw_data(), ld);
+    // logits = x_c W^T over the padded weight, then each row's loss and (in place) its gradient.
     const int32_t* tg = targets.data<int32_t>() + start;
+    void* dlogits = want_grad ? logits.raw_data() : nullptr;
     if (device.is_cuda()) {
-      TT_CUDA_ONLY(cuda::cross_entropy_rows(logits.data<float>(), ld, tg, losses.data<float>() + start,
-                                            want_grad ? dlogits.raw_data() : nullptr, compute, inv_rows, n,
-                                            vocab, detail::stream_of(logits)));
+      gemm(device, false, true, n, ld, in, x_rows, in, w.raw_data(), in, compute, 0.0, logits.raw_data(), ld,
+           compute);
+      TT_CUDA_ONLY(cuda::cross_entropy_rows(logits.raw_data(), compute, ld, tg, losses.data<float>() + start,
+                                            dlogits, compute, inv_rows, n, vocab, detail::stream_of(logits)));
+    } else if (compute == DType::bf16) {
+      // The f32 product rounded once to bf16, as cuBLASLt's epilogue rounds it.
+      gemm(device, false, true, n, ld, in, x_rows, in, w.raw_data(), in, compute, 0.0, product.raw_data(),
+           ld);
+      cpu::cast(product.raw_data(), wide, logits.raw_data(), compute, n * ld);
+      cpu::cross_entropy_rows_bf16(logits.data<bf16>(), ld, tg, losses.data<float>() + start,
+                                   static_cast<bf16*>(dlogits), inv_rows, n, vocab);
     } else {
+      gemm(device, false, true, n, ld, in, x_rows, in, w.raw_data(), in, compute, 0.0, logits.raw_data(), ld);
       detail::dispatch_float(wide, "linear_cross_entropy", [&](auto t) {
         using T = decltype(t);
-        cpu::cross_entropy_rows(logits.data<T>(), ld, tg, losses.data<T>() + start,
-                                want_grad ? logits.data<T>() : nullptr, inv_rows, n, vocab);
+        cpu::cross_entropy_rows(logits.data<T>(), ld, tg, losses.data<T>() + start, static_cast<T*>(dlogits),
+                                inv_rows, n, vocab);
       });
-      // bf16: the f32 gradient rounded once, as the CUDA kernel stores it.
-      if (want_grad && compute != wide)
-        cpu::cast(logits.raw_data(), wide, dlogits.raw_data(), compute, n * ld);
     }
     if (!want_grad) continue;
     // dX_c = dlogits_c W; dW (+)= dlogits_c^T x_c, accumulated over the chunks in the wide dtype. The padding
     // adds zeros to dX_c and gives dW zero rows.
     if (want_dx) {
-      gemm(device, false, false, n, in, ld, dlogits.raw_data(), ld, w.raw_data(), in, compute, 0.0,
+      gemm(device, false, false, n, in, ld, dlogits, ld, w.raw_data(), in, compute, 0.0,
            row_at(dx, start, in), in);
     }
     if (want_dw) {
-      gemm(device, true, false, ld, in, n, dlogits.raw_data(), ld, x_rows, in, compute,
-           start == 0 ? 0.0 : 1.0, dw.raw_data(), in);
+      gemm(device, true, false, ld, in, n, dlogits, ld, x_rows, in, compute, start == 0 ? 0.0 : 1.0,
+           dw.raw_data(), in);
     }
   }
   Tensor out = Tensor::empty({1}, wide, device);

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <random>
 
 #include "core/allocator.h"
 #include "gradcheck.h"
@@ -693,8 +694,8 @@ TEST_CASE(
 
 namespace {
 // Loss, x's and the weight's gradients of the classifier + cross-entropy, fused (ops::linear_cross_entropy
-// with `chunk` rows per chunk) or as the model computed it before (cross_entropy(linear(x, w))), the loss's
-// gradient `grad`.
+// with `chunk` rows per chunk) or with the unfused ops as autocast computes it (cross_entropy over the
+// linear's logits, made in the compute dtype and upcast: bf16 logits in bf16), the loss's gradient `grad`.
 struct HeadResult {
   std::vector<double> loss, dx, dw;
 };
@@ -706,7 +707,7 @@ HeadResult head_loss(bool fused, const Tensor& x0, const Tensor& w0, const Tenso
   if (fused) {
     loss = ops::linear_cross_entropy(x, w, targets, compute, chunk);
   } else {
-    const Tensor logits = ops::linear(x, w, compute, wide);
+    const Tensor logits = ops::cast(ops::linear(x, w, compute, compute), wide);
     loss = ops::cross_entropy(ops::reshape(logits, {targets.numel(), w.size(0)}), targets);
   }
   CHECK(loss.dtype() == wide);
@@ -756,8 +757,9 @@ TEST_CASE("linear_cross_entropy equals cross_entropy(linear(x, W)): loss and gra
       }
     }
   }
-  // bf16 operands (x cast, the weight cast as ops::linear casts it), f32 logits and loss, the logits'
-  // gradient rounded to bf16 as the unfused linear's backward rounds it: the same numbers.
+  // bf16 operands (x cast, the weight cast as ops::linear casts it), the logits rounded to bf16 and the loss
+  // computed in f32 from them, the logits' gradient rounded to bf16 as the unfused cast's backward rounds it:
+  // the same numbers.
   const Tensor x = testing::random_tensor({2, 20, 32}, 372, DType::f32);
   const Tensor w = testing::random_tensor({257, 32}, 373, DType::f32, 0.3);
   std::vector<int32_t> ids(40);
@@ -770,6 +772,62 @@ TEST_CASE("linear_cross_entropy equals cross_entropy(linear(x, W)): loss and gra
     CHECK(testing::relative_error(fused.loss, plain.loss) < 1e-6);
     CHECK(testing::relative_error(fused.dx, plain.dx) < 1e-6);
     CHECK(testing::relative_error(fused.dw, plain.dw) < 1e-6);
+  }
+}
+
+TEST_CASE(
+    "linear_cross_entropy in bf16: the logits rounded to bf16 once, the loss in f32, as autocast does") {
+  // An independent computation: x and W on a grid of 1/16 (|x| <= 2, |W| <= 1, exact in bf16), so that each
+  // logit's sum of 32 products is exact in f32 in any order and its rounding to bf16 is the only one; the
+  // softmax and loss from those logits in double; the logits' gradient rounded to bf16; dX and dW summed in
+  // double. The fused op's f32 softmax may round a gradient element the other way now and then.
+  const int64_t rows = 37, in = 32;
+  for (const int64_t vocab : {int64_t{257}, int64_t{1001}}) {
+    CAPTURE(vocab);
+    std::mt19937 gen(static_cast<uint32_t>(vocab));
+    std::uniform_int_distribution<int> x_steps(-32, 32), w_steps(-16, 16);
+    std::vector<float> xv(static_cast<size_t>(rows * in)), wv(static_cast<size_t>(vocab * in));
+    for (float& v : xv) v = static_cast<float>(x_steps(gen)) / 16;
+    for (float& v : wv) v = static_cast<float>(w_steps(gen)) / 16;
+    std::vector<int32_t> ids(static_cast<size_t>(rows));
+    for (size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<int32_t>((i * 7919 + 5) % vocab);
+    ids.back() = static_cast<int32_t>(vocab - 1);
+    auto to_bf16 = [](double v) {
+      return static_cast<double>(static_cast<float>(bf16(static_cast<float>(v))));
+    };
+    double loss = 0;
+    std::vector<double> dx(xv.size(), 0.0), dw(wv.size(), 0.0), logits(static_cast<size_t>(vocab));
+    bool rounded = false;  // some logit that bf16 does not hold exactly: the rounding is tested
+    for (int64_t i = 0; i < rows; ++i) {
+      for (int64_t j = 0; j < vocab; ++j) {
+        double product = 0;
+        for (int64_t k = 0; k < in; ++k) product += double{xv[i * in + k]} * double{wv[j * in + k]};
+        logits[j] = to_bf16(product);
+        rounded = rounded || logits[j] != product;
+      }
+      const double top = *std::max_element(logits.begin(), logits.end());
+      double total = 0;
+      for (const double z : logits) total += std::exp(z - top);
+      const double lse = top + std::log(total);
+      loss += (lse - logits[ids[i]]) / rows;
+      for (int64_t j = 0; j < vocab; ++j) {
+        const double g = to_bf16((std::exp(logits[j] - lse) - (j == ids[i] ? 1.0 : 0.0)) / rows);
+        for (int64_t k = 0; k < in; ++k) {
+          dx[i * in + k] += g * wv[j * in + k];
+          dw[j * in + k] += g * xv[i * in + k];
+        }
+      }
+    }
+    CHECK(rounded);
+    const Tensor x = Tensor::from_floats(xv, {rows, in}), w = Tensor::from_floats(wv, {vocab, in});
+    const Tensor targets = Tensor::from_ints(ids, {rows});
+    for (const int64_t chunk : {int64_t{0}, int64_t{9}}) {
+      CAPTURE(chunk);
+      const HeadResult fused = head_loss(true, x, w, targets, DType::bf16, chunk, 1.0);
+      CHECK(testing::relative_error(fused.loss, {loss}) < 1e-6);
+      CHECK(testing::relative_error(fused.dx, dx) < 1e-5);
+      CHECK(testing::relative_error(fused.dw, dw) < 1e-5);
+    }
   }
 }
 

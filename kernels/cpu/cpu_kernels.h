@@ -71,6 +71,11 @@ void cross_entropy_backward(const T* logits, const int32_t* targets, const T* ls
 template <class T>
 void cross_entropy_rows(const T* logits, int64_t ld, const int32_t* targets, T* losses, T* dlogits,
                         double grad_scale, int64_t n, int64_t vocab);
+// The same over bf16 logits (a bf16 model's product, rounded once as autocast's matmul output is), computed
+// in f32 as cross_entropy_rows<float> on the widened row: f32 losses, the gradient rounded once to bf16
+// (dlogits may be `logits` itself).
+void cross_entropy_rows_bf16(const bf16* logits, int64_t ld, const int32_t* targets, float* losses,
+                             bf16* dlogits, double grad_scale, int64_t n, int64_t vocab);
 
 template <class T>
 void add(const T* a, const T* b, T* out, int64_t n, double alpha);  // out = a + alpha * b

@@ -1,6 +1,8 @@
 // Masked softmax (the naive attention's middle step), cross-entropy and AdamW on the CPU.
+#include <algorithm>
 #include <cmath>
 #include <limits>
+#include <vector>
 
 #include "kernels/cpu/cpu_kernels.h"
 
@@ -40,16 +42,26 @@ void softmax_backward(const T* dp, const T* p, T* ds, int64_t batch, int64_t row
   }
 }
 
+namespace {
+// log(sum(exp(row))) over `vocab` logits, the exponentials in T, their sum in double: a running f32 sum of
+// tens of thousands of small terms drifts (5e-5 relative over 50257 logits), more than the CUDA kernels'
+// tree of partial sums, which this file is the reference for.
+template <class T>
+T row_logsumexp(const T* row, int64_t vocab) {
+  T mx = row[0];
+  for (int64_t j = 1; j < vocab; ++j) mx = std::max(mx, row[j]);
+  double total = 0;
+  for (int64_t j = 0; j < vocab; ++j) total += static_cast<double>(std::exp(row[j] - mx));
+  return static_cast<T>(static_cast<double>(mx) + std::log(total));
+}
+}  // namespace
+
 template <class T>
 void cross_entropy_forward(const T* logits, const int32_t* targets, T* losses, T* lse, int64_t n,
                            int64_t vocab) {
   for (int64_t i = 0; i < n; ++i) {
     const T* row = logits + i * vocab;
-    T mx = row[0];
-    for (int64_t j = 1; j < vocab; ++j) mx = std::max(mx, row[j]);
-    T total = 0;
-    for (int64_t j = 0; j < vocab; ++j) total += std::exp(row[j] - mx);
-    lse[i] = mx + std::log(total);
+    lse[i] = row_logsumexp(row, vocab);
     losses[i] = lse[i] - row[targets[i]];
   }
 }
@@ -72,11 +84,7 @@ void cross_entropy_rows(const T* logits, int64_t ld, const int32_t* targets, T* 
   const T scale = static_cast<T>(grad_scale);
   for (int64_t i = 0; i < n; ++i) {
     const T* row = logits + i * ld;
-    T mx = row[0];
-    for (int64_t j = 1; j < vocab; ++j) mx = std::max(mx, row[j]);
-    T total = 0;
-    for (int64_t j = 0; j < vocab; ++j) total += std::exp(row[j] - mx);
-    const T lse = mx + std::log(total);
+    const T lse = row_logsumexp(row, vocab);
     losses[i] = lse - row[targets[i]];
     if (dlogits == nullptr) continue;
     // Read before written: dlogits may be the logits themselves.
@@ -84,6 +92,20 @@ void cross_entropy_rows(const T* logits, int64_t ld, const int32_t* targets, T* 
     for (int64_t j = 0; j < vocab; ++j)
       grad[j] = (std::exp(row[j] - lse) - (j == targets[i] ? T(1) : T(0))) * scale;
     for (int64_t j = vocab; j < ld; ++j) grad[j] = 0;
+  }
+}
+
+void cross_entropy_rows_bf16(const bf16* logits, int64_t ld, const int32_t* targets, float* losses,
+                             bf16* dlogits, double grad_scale, int64_t n, int64_t vocab) {
+  std::vector<float> row(static_cast<size_t>(ld));
+  for (int64_t i = 0; i < n; ++i) {
+    const bf16* in = logits + i * ld;
+    for (int64_t j = 0; j < ld; ++j) row[j] = static_cast<float>(in[j]);
+    cross_entropy_rows<float>(row.data(), ld, targets + i, losses + i,
+                              dlogits != nullptr ? row.data() : nullptr, grad_scale, 1, vocab);
+    if (dlogits == nullptr) continue;
+    bf16* grad = dlogits + i * ld;
+    for (int64_t j = 0; j < ld; ++j) grad[j] = bf16(row[j]);
   }
 }
 

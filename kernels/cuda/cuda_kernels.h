@@ -91,12 +91,14 @@ void cross_entropy_forward(const float* logits, const int32_t* targets, float* l
                            int64_t vocab, cudaStream_t stream);
 void cross_entropy_backward(const float* logits, const int32_t* targets, const float* lse, const float* dloss,
                             double scale, float* dlogits, int64_t n, int64_t vocab, cudaStream_t stream);
-// The fused classifier's loss over a chunk (cpu::cross_entropy_rows): rows ld elements apart (ld a multiple
-// of 4, at least vocab; buffers aligned to four elements), dlogits (nullable) f32 or bf16 (dlogits_type),
-// zeros in the padding columns; f32 dlogits may be the logits themselves. An out-of-range target gives a NaN
-// loss.
-void cross_entropy_rows(const float* logits, int64_t ld, const int32_t* targets, float* losses, void* dlogits,
-                        DType dlogits_type, double grad_scale, int64_t n, int64_t vocab, cudaStream_t stream);
+// The fused classifier's loss over a chunk (cpu::cross_entropy_rows, cpu::cross_entropy_rows_bf16): rows ld
+// elements apart (ld a multiple of 4, at least vocab; buffers aligned to four elements), logits f32 or bf16
+// (logits_type), computed in f32; dlogits (nullable) f32 or bf16 (dlogits_type; bf16 for bf16 logits), zeros
+// in the padding columns, and it may be the logits themselves. One read of the logits where a row fits in
+// shared memory. An out-of-range target gives a NaN loss.
+void cross_entropy_rows(const void* logits, DType logits_type, int64_t ld, const int32_t* targets,
+                        float* losses, void* dlogits, DType dlogits_type, double grad_scale, int64_t n,
+                        int64_t vocab, cudaStream_t stream);
 // x *= *factor (one f32 in device memory, so the host never waits for it), a no-op when it is exactly 1: the
 // scaling of gradients computed ahead of time by a loss's incoming gradient.
 void scale_by_device_factor(float* x, int64_t n, const float* factor, cudaStream_t stream);

@@ -1,6 +1,6 @@
 // Masked softmax (the naive attention's middle step) and cross-entropy on the GPU: the twins of
-// kernels/cpu/softmax_loss.cpp. Everything is f32 with max-subtracted exponentials (the fused classifier's
-// logits gradient may be stored in bf16).
+// kernels/cpu/softmax_loss.cpp. Everything is computed in f32 with max-subtracted exponentials (the fused
+// classifier's logits and their gradient may be stored in bf16).
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -144,23 +144,96 @@ __global__ void cross_entropy_backward_kernel(const float* logits, const int32_t
   }
 }
 
-// One chunk of the fused classifier + loss (ops::linear_cross_entropy): rows `ld` elements apart, ld a
-// multiple of 4, the columns past vocab padding (never taken as logits). Each row's loss and, with
-// dlogits, its gradient (softmax - onehot) * grad_scale in G (f32 or bf16), zeros in the padding, in one
-// kernel: the logits are read twice and never written back in f32 for a separate backward. dlogits may alias
-// logits (f32): every element is read before the same thread writes it, and the barriers in block_merge order
-// the target's read before any write.
-template <class G>
-__global__ void cross_entropy_rows_kernel(const float* logits, int64_t ld, const int32_t* targets,
-                                          float* losses, G* dlogits, float grad_scale, int64_t n,
-                                          int64_t vocab) {
-  const int64_t groups = ld / 4;
+// One chunk of the fused classifier + loss (ops::linear_cross_entropy): rows `ld` elements apart, the columns
+// past vocab padding (never taken as logits). Each row's loss and, with dlogits, its gradient
+// (softmax - onehot) * grad_scale in G (f32 or bf16), zeros in the padding; the logits L are f32, or bf16 in
+// a bf16 model (computed in f32). An out-of-range target yields a NaN loss rather than a read outside the
+// row.
+//
+// Why one pass: this kernel is the head's largest mover of bytes (at GPT-2 small, 1.6 G logits per step), and
+// the softmax needs the row's max and sum before the first gradient element can be written. So a block reads
+// its row from global memory once, copying it into shared memory while it folds each logit into a running
+// (max, sum), and writes the gradient from that copy: one read instead of two. A bf16 row of GPT-2's 50304
+// padded columns is 100 KB (two blocks to an SM), an f32 one 201 KB; longer rows take the two-pass kernel
+// below. dlogits may alias logits: the whole row is copied before any of it is written.
+constexpr int kLoadsInFlight = 4;  // 16-byte loads each thread issues before it uses the first
+
+// How many of group k's kElems columns are logits (all but near the row's end; the rest is padding).
+template <int kElems>
+__device__ int logits_in_group(int64_t k, int64_t vocab) {
+  return static_cast<int>(std::clamp<int64_t>(vocab - kElems * k, 0, kElems));
+}
+
+template <class L, class G>
+__global__ void cross_entropy_rows_one_pass_kernel(const L* logits, int64_t ld, const int32_t* targets,
+                                                   float* losses, G* dlogits, float grad_scale, int64_t n,
+                                                   int64_t vocab) {
+  constexpr int kElems = 16 / sizeof(L);  // logits per 16-byte group: 4 f32 or 8 bf16
+  extern __shared__ uint4 row_copy[];
+  const L* row_copy_logits = reinterpret_cast<const L*>(row_copy);
+  const int64_t groups = ld / kElems;
   for (int64_t row = blockIdx.x; row < n; row += gridDim.x) {
-    const float* lr = logits + row * ld;
+    const uint4* lr = reinterpret_cast<const uint4*>(logits + row * ld);
+    OnlineExpSum state;
+    for (int64_t base = threadIdx.x; base < groups; base += kLoadsInFlight * blockDim.x) {
+      uint4 raw[kLoadsInFlight];
+#pragma unroll
+      for (int u = 0; u < kLoadsInFlight; ++u) {
+        const int64_t k = base + u * blockDim.x;
+        if (k < groups) raw[u] = load_vector<true>(lr + k);  // read once: evict first
+      }
+#pragma unroll
+      for (int u = 0; u < kLoadsInFlight; ++u) {
+        const int64_t k = base + u * blockDim.x;
+        if (k >= groups) continue;
+        row_copy[k] = raw[u];
+        float v[kElems];
+        load_w<kElems>(reinterpret_cast<const L*>(&raw[u]), 0, v);
+        const int logits_here = logits_in_group<kElems>(k, vocab);
+#pragma unroll
+        for (int e = 0; e < kElems; ++e) {
+          if (e < logits_here) state.add(v[e]);
+        }
+      }
+    }
+    // block_merge's barriers also make the whole copy visible to every thread.
+    state = block_merge(state);
+    const float row_lse = state.max + logf(state.sum);
     const int32_t target = targets[row];
     const bool valid = target >= 0 && target < vocab;
-    // An out-of-range target yields a NaN loss rather than a read outside the row.
-    const float target_logit = threadIdx.x == 0 && valid ? lr[target] : NAN;
+    if (threadIdx.x == 0) losses[row] = valid ? row_lse - to_float(row_copy_logits[target]) : NAN;
+    if (dlogits != nullptr) {
+      G* dr = dlogits + row * ld;
+      for (int64_t k = threadIdx.x; k < groups; k += blockDim.x) {
+        float v[kElems];
+        load_w<kElems>(row_copy_logits, k, v);
+        const int logits_here = logits_in_group<kElems>(k, vocab);
+        const int target_here = valid && target / kElems == k ? target % kElems : -1;
+#pragma unroll
+        for (int e = 0; e < kElems; ++e) {
+          v[e] =
+              e < logits_here ? (expf(v[e] - row_lse) - (e == target_here ? 1.0f : 0.0f)) * grad_scale : 0.0f;
+        }
+        store_w<kElems>(dr, k, v);
+      }
+    }
+    __syncthreads();  // the copy is read to its end before the next row overwrites it
+  }
+}
+
+// The same for rows too long for shared memory (ld a multiple of 4): the logits are read twice, once for the
+// max and sum and once for the gradient. dlogits may alias logits: every element is read before the same
+// thread writes it, and the barriers in block_merge order the target's read before any write.
+template <class L, class G>
+__global__ void cross_entropy_rows_two_pass_kernel(const L* logits, int64_t ld, const int32_t* targets,
+                                                   float* losses, G* dlogits, float grad_scale, int64_t n,
+                                                   int64_t vocab) {
+  const int64_t groups = ld / 4;
+  for (int64_t row = blockIdx.x; row < n; row += gridDim.x) {
+    const L* lr = logits + row * ld;
+    const int32_t target = targets[row];
+    const bool valid = target >= 0 && target < vocab;
+    const float target_logit = threadIdx.x == 0 && valid ? to_float(lr[target]) : NAN;
     OnlineExpSum state;
     for (int64_t k = threadIdx.x; k < groups; k += blockDim.x) {
       float v[4];
@@ -201,6 +274,42 @@ unsigned int softmax_blocks(int64_t total_rows) {
   return static_cast<unsigned int>((total_rows + kSoftmaxWarpsPerBlock - 1) / kSoftmaxWarpsPerBlock);
 }
 
+bool aligned_to(const void* p, size_t bytes) {
+  return reinterpret_cast<uintptr_t>(p) % bytes == 0;
+}
+
+// The one-pass kernel where the row fits in shared memory (beside the kernel's static 256 bytes; beyond
+// 48 KiB a kernel must opt in, up to the device's limit) and is made of aligned 16-byte groups; else the
+// two-pass kernel.
+template <class L, class G>
+void launch_cross_entropy_rows(const L* logits, int64_t ld, const int32_t* targets, float* losses, G* dlogits,
+                               double grad_scale, int64_t n, int64_t vocab, cudaStream_t stream) {
+  TT_CHECK(aligned_to(logits, 4 * sizeof(L)) && aligned_to(dlogits, 4 * sizeof(G)),
+           "cuda::cross_entropy_rows: buffers must be aligned to four elements");
+  if (n == 0) return;
+  const float scale = static_cast<float>(grad_scale);
+  constexpr int64_t kElems = 16 / sizeof(L);
+  const size_t shared = static_cast<size_t>(ld) * sizeof(L);
+  int device = 0, optin = 0;
+  TT_CUDA_CHECK(cudaGetDevice(&device));
+  TT_CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+  if (ld % kElems == 0 && aligned_to(logits, 16) && aligned_to(dlogits, kElems * sizeof(G)) &&
+      shared + 1024 <= static_cast<size_t>(optin)) {
+    auto* kernel = cross_entropy_rows_one_pass_kernel<L, G>;
+    TT_CUDA_CHECK(
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(shared)));
+    // Shared memory over L1: the row copies are all this kernel reuses (two bf16 rows of 50304 to an SM).
+    TT_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                       cudaSharedmemCarveoutMaxShared));
+    kernel<<<row_blocks(n), kLossThreads, shared, stream>>>(logits, ld, targets, losses, dlogits, scale, n,
+                                                            vocab);
+  } else {
+    cross_entropy_rows_two_pass_kernel<<<row_blocks(n), kLossThreads, 0, stream>>>(
+        logits, ld, targets, losses, dlogits, scale, n, vocab);
+  }
+  TT_CUDA_LAUNCH_CHECK();
+}
+
 }  // namespace
 
 void softmax_forward(const float* s, float* p, int64_t batch, int64_t rows, int64_t cols, double scale,
@@ -238,28 +347,26 @@ void cross_entropy_backward(const float* logits, const int32_t* targets, const f
   TT_CUDA_LAUNCH_CHECK();
 }
 
-void cross_entropy_rows(const float* logits, int64_t ld, const int32_t* targets, float* losses, void* dlogits,
-                        DType dlogits_type, double grad_scale, int64_t n, int64_t vocab,
-                        cudaStream_t stream) {
+void cross_entropy_rows(const void* logits, DType logits_type, int64_t ld, const int32_t* targets,
+                        float* losses, void* dlogits, DType dlogits_type, double grad_scale, int64_t n,
+                        int64_t vocab, cudaStream_t stream) {
   TT_CHECK(vocab > 0 && ld >= vocab && ld % 4 == 0, "cuda::cross_entropy_rows: rows " + std::to_string(ld) +
                                                         " apart for vocab " + std::to_string(vocab) +
                                                         " (a multiple of 4, at least vocab)");
-  TT_CHECK(dlogits_type == DType::f32 || dlogits_type == DType::bf16,
-           "cuda::cross_entropy_rows: the gradient is f32 or bf16");
-  const size_t g_align = dlogits_type == DType::f32 ? 16 : 8;
   TT_CHECK(
-      reinterpret_cast<uintptr_t>(logits) % 16 == 0 && reinterpret_cast<uintptr_t>(dlogits) % g_align == 0,
-      "cuda::cross_entropy_rows: buffers must be aligned to four elements");
-  if (n == 0) return;
-  const float scale = static_cast<float>(grad_scale);
-  if (dlogits_type == DType::bf16) {
-    cross_entropy_rows_kernel<<<row_blocks(n), kLossThreads, 0, stream>>>(
-        logits, ld, targets, losses, static_cast<__nv_bfloat16*>(dlogits), scale, n, vocab);
+      (logits_type == DType::f32 && (dlogits_type == DType::f32 || dlogits_type == DType::bf16)) ||
+          (logits_type == DType::bf16 && dlogits_type == DType::bf16),
+      "cuda::cross_entropy_rows: f32 logits with an f32 or bf16 gradient, or bf16 logits with a bf16 one");
+  if (logits_type == DType::bf16) {
+    launch_cross_entropy_rows(static_cast<const __nv_bfloat16*>(logits), ld, targets, losses,
+                              static_cast<__nv_bfloat16*>(dlogits), grad_scale, n, vocab, stream);
+  } else if (dlogits_type == DType::bf16) {
+    launch_cross_entropy_rows(static_cast<const float*>(logits), ld, targets, losses,
+                              static_cast<__nv_bfloat16*>(dlogits), grad_scale, n, vocab, stream);
   } else {
-    cross_entropy_rows_kernel<<<row_blocks(n), kLossThreads, 0, stream>>>(
-        logits, ld, targets, losses, static_cast<float*>(dlogits), scale, n, vocab);
+    launch_cross_entropy_rows(static_cast<const float*>(logits), ld, targets, losses,
+                              static_cast<float*>(dlogits), grad_scale, n, vocab, stream);
   }
-  TT_CUDA_LAUNCH_CHECK();
 }
 
 void scale_by_device_factor(float* x, int64_t n, const float* factor, cudaStream_t stream) {
