@@ -74,8 +74,9 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& targets);
 // cross_entropy(linear(x, weight, compute, f32), targets) as one op that never holds the logits of all rows:
 // x (..., in) with N rows, weight (V, in), targets i32 (N); returns the mean loss, shape {1}, f32 (f64 for
 // f64). Rows go through in chunks of chunk_rows (0: as many as take about 1 GiB of f32 logits): per chunk
-// the logits (f32 from `compute` operands: the weight's dtype or bf16, x and the weight cast or the weight's
-// bf16 mirror, as ops::linear reads them), the loss and, when a gradient is wanted, the logits' gradient in
+// the logits (from `compute` operands: the weight's dtype or bf16, x and the weight cast or the weight's
+// bf16 mirror, as ops::linear reads them; bf16 logits for bf16 operands, rounded once as autocast's matmul
+// returns them, f32 otherwise), the loss in f32 and, when a gradient is wanted, the logits' gradient in
 // the compute dtype, which goes straight into x's and the weight's gradients (f32; f64 for f64). Backward
 // then only scales them by the incoming gradient; the weight's gradient reaches its .grad through the usual
 // accumulation. Out-of-range targets throw on the CPU and give a NaN loss on CUDA, as in cross_entropy.

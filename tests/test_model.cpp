@@ -612,9 +612,14 @@ TEST_CASE(
           for (auto& v : x) v = static_cast<int32_t>(rng.next_below(257));
           for (auto& v : y) v = static_cast<int32_t>(rng.next_below(257));
           const Tensor ids = Tensor::from_ints(x, {2, 12}), targets = Tensor::from_ints(y, {2, 12});
-          const Tensor loss = fused ? model.loss(ids, targets)
-                                    : ops::cross_entropy(ops::reshape(model.forward(ids), {24, 257}),
-                                                         ops::reshape(targets, {24}));
+          // bf16: the logits as autocast's matmul returns them (rounded to bf16 once), upcast for the loss.
+          auto logits = [&] {
+            const Tensor product = model.forward(ids);
+            return bf16 ? ops::cast(ops::cast(product, DType::bf16), DType::f32) : product;
+          };
+          const Tensor loss =
+              fused ? model.loss(ids, targets)
+                    : ops::cross_entropy(ops::reshape(logits(), {24, 257}), ops::reshape(targets, {24}));
           losses->push_back(loss.item());
           flat.zero_grad();
           loss.backward();

@@ -165,7 +165,8 @@ std::string flag_value(const std::string& summary, const std::string& name) {
 
 // A resumed run reproduces the uninterrupted one only with the same learning-rate schedule; say so.
 void warn_if_schedule_differs(const std::string& written_by, const Flags& flags) {
-  if (written_by.empty()) return;
+  // Checkpoints written by `import` record no schedule.
+  if (written_by.empty() || flag_value(written_by, "steps").empty()) return;
   auto effective_cosine = [](const std::string& cosine, const std::string& steps) {
     return cosine.empty() || cosine == "0" ? steps : cosine;
   };
@@ -339,27 +340,17 @@ std::string agree_on_resume(const std::string& chosen, dist::DistRuntime* runtim
 
 int run_training(const Flags& flags, Device device, const std::string& data_dir, dist::DistRuntime* runtime) {
   // Set-up: every setting checked and every input opened before the run folder is touched.
-  const RunPlan plan = plan_run(flags, device, data_dir, runtime);
-  const nn::ModelConfig& config = plan.config;
+  RunPlan plan = plan_run(flags, device, data_dir, runtime);
   const bool root = plan.root;
-  const TokenFile train_file(data_dir + "/train.bin", config.vocab_size);
-  const TokenFile val_file(data_dir + "/val.bin", config.vocab_size);
+  const TokenFile train_file(data_dir + "/train.bin", plan.config.vocab_size);
+  const TokenFile val_file(data_dir + "/val.bin", plan.config.vocab_size);
   check_context_fits(val_file, plan.ctx);  // now, not at the first evaluation
   const int64_t eval_batches = flags.integer("eval-batches");
   check_eval_fits(val_file, plan.batch, plan.ctx, eval_batches);
   check_ranks_agree(flags, plan, train_file, runtime);
 
-  // Every rank builds the same initial model from the seed (rank 0's is broadcast as well).
-  nn::TransformerLM model(config);
-  nn::FlatParameters params(model, device, plan.seed, DType::f32, plan.step.zero ? plan.world : 1);
-  if (plan.grads_bf16) params.set_grad_dtype(DType::bf16);
-  TrainStep train_step(model, params, device, runtime, plan.step);
-  // Each rank draws its own batches: the stream is seeded by (seed, rank).
-  BatchSampler sampler(train_file, plan.batch, plan.ctx, plan.sampling,
-                       (plan.seed * 0x9E3779B97F4A7C15ULL + 1) ^ (uint64_t(plan.rank) << 48), plan.rank,
-                       plan.world);
-
-  // Run folder: rank 0 holds its lock for the whole run and decides what is kept.
+  // Run folder: rank 0 holds its lock for the whole run and decides what is kept and what the run starts
+  // from; every rank then reads that checkpoint.
   std::unique_ptr<RunFolder> folder;
   std::string resume;
   if (root) {
@@ -370,22 +361,37 @@ int run_training(const Flags& flags, Device device, const std::string& data_dir,
                   folder->checkpoints_dir().c_str());
   }
   resume = agree_on_resume(resume, runtime);
-  // --init-from: the weights only; the optimizer and the step start fresh.
-  // With --resume latest a job script passes both every time: the first start takes the weights, a restart
-  // continues its own checkpoints.
-  const std::string init_from = flags.str("init-from");
+  // --init-from: the weights only; the optimizer and the step start fresh. With --resume latest a job script
+  // passes both every time: the first start takes the weights, a restart continues its own checkpoints.
+  const std::string init_from = resume.empty() ? flags.str("init-from") : "";
   TT_CHECK(
-      init_from.empty() || flags.str("resume").empty() || flags.str("resume") == "latest",
+      flags.str("init-from").empty() || flags.str("resume").empty() || flags.str("resume") == "latest",
       "--init-from starts a new run from a checkpoint's weights; --resume continues one: pass one of them");
-  if (!init_from.empty() && resume.empty()) {
-    check_checkpoint_matches(init_from, config);
-    load_checkpoint(init_from, params, nullptr, nullptr);
+  // The model the file holds: its RoPE theta and RMSNorm epsilon (not flags) come from it.
+  if (!resume.empty()) {
+    check_checkpoint_matches(resume, plan.config);
+    const nn::ModelConfig saved = read_checkpoint_config(resume);
+    plan.config.rope_theta = saved.rope_theta;
+    plan.config.norm_eps = saved.norm_eps;
+  } else if (!init_from.empty()) {
+    plan.config = config_for_init_from(init_from, plan.config);
   }
+  const nn::ModelConfig& config = plan.config;
+
+  // Every rank builds the same initial model from the seed (rank 0's is broadcast as well).
+  nn::TransformerLM model(config);
+  nn::FlatParameters params(model, device, plan.seed, DType::f32, plan.step.zero ? plan.world : 1);
+  if (plan.grads_bf16) params.set_grad_dtype(DType::bf16);
+  TrainStep train_step(model, params, device, runtime, plan.step);
+  // Each rank draws its own batches: the stream is seeded by (seed, rank).
+  BatchSampler sampler(train_file, plan.batch, plan.ctx, plan.sampling,
+                       (plan.seed * 0x9E3779B97F4A7C15ULL + 1) ^ (uint64_t(plan.rank) << 48), plan.rank,
+                       plan.world);
+  if (!init_from.empty()) load_checkpoint(init_from, params, nullptr, nullptr);
   TrainState state;
   state.rng_seed = sampler.rng().seed;
   state.args = flags.summary_line();
   if (!resume.empty()) {
-    check_checkpoint_matches(resume, config);
     load_checkpoint(resume, params, &train_step.optimizer_state(), &state);
     const std::string written_by = state.args;
     state.args = flags.summary_line();  // later checkpoints record this run's flags
