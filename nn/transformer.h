@@ -10,6 +10,8 @@
 
 namespace tt::nn {
 
+class KVCache;
+
 enum class Precision { f32, bf16 };
 enum class AttentionKind { naive, flash };
 
@@ -107,6 +109,11 @@ class CausalSelfAttention : public Module {
   // (f32, x's shape), returns residual + attention(x), the addition done by the output projection, in
   // sum_into when given (Linear::forward_add).
   Tensor forward(const Tensor& x, const Tensor& residual = Tensor(), const Tensor& sum_into = Tensor()) const;
+  // Inference (nn/kv_cache.cpp): residual + attention(x) for x (n, new, d_model) continuing cache rows
+  // `rows` (row i's tokens at positions cache.length(rows[i]) onwards), their keys and values stored in
+  // layer `layer` of the cache. The naive branch's math.
+  Tensor forward_cached(const Tensor& x, const Tensor& residual, KVCache& cache, int64_t layer,
+                        const std::vector<int64_t>& rows) const;
 
  private:
   const ModelConfig config_;
@@ -128,6 +135,8 @@ class TransformerBlock : public Module {
  public:
   explicit TransformerBlock(const ModelConfig& config);
   Tensor forward(const Tensor& x) const;
+  Tensor forward_cached(const Tensor& x, KVCache& cache, int64_t layer,
+                        const std::vector<int64_t>& rows) const;
 
  private:
   const ModelConfig config_;
@@ -143,8 +152,14 @@ class TransformerLM : public Module {
   Tensor forward(const Tensor& ids) const;
   // Mean cross-entropy of next-token prediction: targets i32 (batch, seq). The classifier and the loss are
   // one op (ops::linear_cross_entropy), so the logits of the whole batch are never held; the value and
-  // gradients are those of cross_entropy over forward()'s logits.
+  // gradients are those of cross_entropy over forward()'s logits (in a bf16 model, those logits rounded to
+  // bf16 first, as PyTorch's autocast computes them).
   Tensor loss(const Tensor& ids, const Tensor& targets) const;
+  // Inference with a key/value cache (nn/kv_cache.h), without autograd: ids i32 (n, new) continue cache rows
+  // `rows` (distinct), row i's tokens taking positions cache.length(rows[i]) onwards; their keys and values
+  // join the cache. Returns the logits f32 (n, vocab) of each row's last new token. Agrees with forward()'s
+  // logits at that position up to rounding.
+  Tensor forward_cached(const Tensor& ids, KVCache& cache, const std::vector<int64_t>& rows) const;
   const ModelConfig& config() const { return config_; }
   ModelConfig& mutable_config() { return config_; }
 

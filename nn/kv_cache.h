@@ -1,0 +1,44 @@
+// Inference with a key/value cache: every layer keeps the rotated keys and the values of the tokens a
+// sequence has seen, so that each new token goes through the model alone (TransformerLM::forward_cached)
+// instead of the whole sequence again.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "nn/transformer.h"
+
+namespace tt::nn {
+
+class KVCache {
+ public:
+  // Room for `rows` sequences of up to config.context_length tokens each, on `device`, in the dtype the
+  // model's attention computes in (bf16 for bf16 models, else f32).
+  KVCache(const ModelConfig& config, int64_t rows, Device device);
+
+  int64_t rows() const { return static_cast<int64_t>(lengths_.size()); }
+  int64_t capacity() const { return capacity_; }
+  Device device() const { return device_; }
+  // Tokens held for sequence `row`: the position its next token takes.
+  int64_t length(int64_t row) const;
+  // Forgets sequence `row` (its room is reused from position 0).
+  void reset(int64_t row);
+
+  // Used by the model: layer `layer`'s keys or values, (rows, capacity, d_model), rows [0, length) valid.
+  const Tensor& keys(int64_t layer) const { return keys_.at(static_cast<size_t>(layer)); }
+  const Tensor& values(int64_t layer) const { return values_.at(static_cast<size_t>(layer)); }
+  // RoPE at each position as a matrix (capacity, d_head * d_head), f32: row t holds R_t with
+  // rotate(x) = R_t x for one head's features x. Made from ops::rope's own angles on this device.
+  const Tensor& rotations() const { return rotations_; }
+  // Records `count` more tokens for sequence `row` (after every layer has stored them).
+  void advance(int64_t row, int64_t count);
+
+ private:
+  int64_t capacity_;
+  Device device_;
+  std::vector<Tensor> keys_, values_;
+  std::vector<int64_t> lengths_;
+  Tensor rotations_;
+};
+
+}  // namespace tt::nn
