@@ -1,5 +1,7 @@
-// prepare_data: text (a file or a folder of files) -> DIR/train.bin, DIR/val.bin (uint16 byte-level tokens,
-// vocab 257 with 256 = end of text) and DIR/meta.json.
+// prepare_data: text (a file or a folder of files) -> DIR/train.bin, DIR/val.bin (uint16 tokens) and
+// DIR/meta.json. Byte-level tokens by default (vocab 257, 256 = end of text); with --tokenizer sentencepiece
+// a BPE model with byte fallback, trained on the text (or --tokenizer-model), kept as DIR/tokenizer.model.
+#include <algorithm>
 #include <csignal>
 #include <cstdio>
 #include <filesystem>
@@ -13,26 +15,49 @@ int main(int argc, char** argv) {
   try {
     tt::app::Flags flags(
         "prepare_data",
-        "Tokenise text into train/validation token files (byte-level, every 10th document to validation).");
+        "Tokenise text into train/validation token files (every 10th document to validation).");
     flags.add("input", "", "a text file or a folder of text files (required)");
     flags.add("out", "", "output folder for train.bin, val.bin, meta.json (required)");
     flags.add("separator", "", "a line that separates documents inside a file (e.g. % for fortune files)");
+    flags.add("tokenizer", "bytes", "bytes | sentencepiece (BPE with byte fallback, trained on the input)");
+    flags.add("vocab", "0", "sentencepiece: vocabulary size to train, 260..65536");
+    flags.add("tokenizer-model", "", "sentencepiece: reuse this tokenizer.model instead of training one");
+    flags.add("threads", "0", "encoding threads (0: every core)");
     flags.add_switch("overwrite", "replace a dataset already in --out (otherwise refused)");
     if (!flags.parse(argc, argv)) return 0;
     if (flags.str("input").empty() || flags.str("out").empty())
       throw tt::Error("--input and --out are required");
+    tt::app::PrepareOptions options;
+    // --tokenizer-model alone means SentencePiece.
+    options.tokenizer = flags.given("tokenizer") || !flags.given("tokenizer-model") ? flags.str("tokenizer")
+                                                                                    : "sentencepiece";
+    options.vocab_size = flags.integer("vocab");
+    options.tokenizer_model = flags.str("tokenizer-model");
+    TT_CHECK(options.vocab_size >= 0, "--vocab must not be negative, got " + flags.str("vocab"));
+    const int64_t threads = flags.integer("threads");
+    TT_CHECK(threads >= 0 && threads <= 4096, "--threads must be in 0..4096, got " + flags.str("threads"));
+    options.threads = static_cast<int>(threads);
     const std::string out = flags.str("out");
-    for (const char* name : {"/train.bin", "/val.bin", "/meta.json"}) {
+    for (const char* name : {"/train.bin", "/val.bin", "/meta.json", "/tokenizer.model"}) {
       if (std::filesystem::exists(out + name) && !flags.boolean("overwrite"))
         throw tt::Error(out + " already holds a dataset (" + (out + name) +
                         "); pass another --out, or --overwrite to replace it");
     }
     const tt::app::PrepareStats s =
-        tt::app::prepare_text(flags.str("input"), flags.str("out"), flags.str("separator"));
-    std::printf("%lld documents -> %s/train.bin (%lld tokens), %s/val.bin (%lld tokens), vocab %lld\n",
-                static_cast<long long>(s.documents), flags.str("out").c_str(),
-                static_cast<long long>(s.train_tokens), flags.str("out").c_str(),
-                static_cast<long long>(s.val_tokens), static_cast<long long>(tt::app::kByteVocab));
+        tt::app::prepare_text(flags.str("input"), out, flags.str("separator"), options);
+    if (s.tokenizer_seconds > 0)
+      std::printf("trained a SentencePiece BPE model of %lld pieces in %.1f s\n",
+                  static_cast<long long>(s.vocab_size), s.tokenizer_seconds);
+    std::printf("encoded %.1f MB in %.2f s on %d thread%s: %.1f MB/s\n",
+                static_cast<double>(s.text_bytes) / 1e6, s.encode_seconds, s.threads,
+                s.threads == 1 ? "" : "s",
+                static_cast<double>(s.text_bytes) / 1e6 / std::max(s.encode_seconds, 1e-9));
+    const std::string model_note =
+        options.tokenizer == "sentencepiece" ? ", " + out + "/tokenizer.model" : "";
+    std::printf("%lld documents -> %s/train.bin (%lld tokens), %s/val.bin (%lld tokens), vocab %lld%s\n",
+                static_cast<long long>(s.documents), out.c_str(), static_cast<long long>(s.train_tokens),
+                out.c_str(), static_cast<long long>(s.val_tokens), static_cast<long long>(s.vocab_size),
+                model_note.c_str());
     return 0;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "error: %s\n", e.what());

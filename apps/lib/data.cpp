@@ -6,12 +6,19 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <cstring>
+#include <exception>
 #include <filesystem>
 #include <fstream>
+#include <mutex>
+#include <string_view>
+#include <thread>
 
 #include <nlohmann/json.hpp>
 
+#include "apps/lib/tokenizer.h"
 #include "kernels/common.h"
 
 namespace tt::app {
@@ -267,6 +274,14 @@ std::optional<DataMeta> read_meta(const std::string& data_dir) {
                std::to_string(kByteVocab) + ")");
   if (meta.contains("end_of_text"))
     out.end_of_text = integer_field(meta, path, "end_of_text", 0, out.vocab_size - 1, " (below vocab_size)");
+  if (meta.contains("tokenizer_model_fnv1a64")) {
+    const nlohmann::json& checksum = meta.at("tokenizer_model_fnv1a64");
+    const bool hex16 = checksum.is_string() && checksum.get<std::string>().size() == 16 &&
+                       checksum.get<std::string>().find_first_not_of("0123456789abcdef") == std::string::npos;
+    TT_CHECK(hex16,
+             path + ": tokenizer_model_fnv1a64 must be 16 lowercase hex digits, got " + checksum.dump());
+    out.tokenizer_checksum = checksum.get<std::string>();
+  }
   return out;
 }
 
@@ -276,6 +291,7 @@ std::string meta_json(const DataMeta& meta, const std::vector<std::pair<std::str
   json["tokenizer"] = meta.tokenizer;
   json["vocab_size"] = meta.vocab_size;
   if (meta.end_of_text >= 0) json["end_of_text"] = meta.end_of_text;
+  if (!meta.tokenizer_checksum.empty()) json["tokenizer_model_fnv1a64"] = meta.tokenizer_checksum;
   for (const auto& [name, value] : extra) json[name] = value;
   return json.dump(2) + "\n";
 }
@@ -324,8 +340,9 @@ class DatasetWriter {
 };
 }  // namespace
 
-PrepareStats prepare_text(const std::string& input, const std::string& out_dir,
-                          const std::string& separator) {
+namespace {
+
+std::vector<fs::path> text_files(const std::string& input) {
   std::vector<fs::path> files;
   if (fs::is_directory(input)) {
     for (const auto& entry : fs::recursive_directory_iterator(input)) {
@@ -341,14 +358,15 @@ PrepareStats prepare_text(const std::string& input, const std::string& out_dir,
     throw Error("input '" + input + "' is neither a file nor a folder");
   }
   if (files.empty()) throw Error("no text files under '" + input + "'");
-  std::vector<uint16_t> train, val;
-  PrepareStats stats;
-  auto finish_document = [&](const std::string& doc) {
-    if (doc.find_first_not_of(" \t\r\n") == std::string::npos) return;
-    std::vector<uint16_t>& dst = (stats.documents % 10 == 9) ? val : train;
-    for (unsigned char c : doc) dst.push_back(c);
-    dst.push_back(static_cast<uint16_t>(kEndOfText));
-    ++stats.documents;
+  return files;
+}
+
+// Every document of the input, in order; documents of nothing but whitespace are dropped.
+std::vector<std::string> read_documents(const std::vector<fs::path>& files, const std::string& separator) {
+  std::vector<std::string> documents;
+  auto finish_document = [&](std::string& doc) {
+    if (doc.find_first_not_of(" \t\r\n") != std::string::npos) documents.push_back(std::move(doc));
+    doc.clear();
   };
   for (const fs::path& file : files) {
     std::ifstream in(file, std::ios::binary);
@@ -357,19 +375,148 @@ PrepareStats prepare_text(const std::string& input, const std::string& out_dir,
     while (std::getline(in, line)) {
       if (!separator.empty() && line == separator) {
         finish_document(doc);
-        doc.clear();
       } else {
-        doc += line + "\n";
+        doc += line;
+        doc += '\n';
       }
     }
     finish_document(doc);
   }
+  return documents;
+}
+
+bool is_validation(int64_t document) {
+  return document % 10 == 9;
+}
+
+// A run of text the encoder takes at once: documents whole, long ones in pieces cut after a line break (about
+// kPieceBytes each; a piece is encoded on its own, so tokens never span a cut), grouped into units of about
+// kUnitBytes that the threads take one at a time.
+struct Segment {
+  int64_t document;
+  size_t begin, end;
+  bool last;  // ends its document: the end-of-text id follows
+};
+constexpr size_t kPieceBytes = size_t{1} << 20, kUnitBytes = size_t{1} << 16;
+
+std::vector<std::vector<Segment>> encoding_units(const std::vector<std::string>& documents) {
+  std::vector<std::vector<Segment>> units(1);
+  size_t unit_bytes = 0;
+  for (size_t d = 0; d < documents.size(); ++d) {
+    const std::string& text = documents[d];
+    for (size_t begin = 0; begin < text.size();) {
+      size_t end = text.size();
+      if (end - begin > kPieceBytes) {
+        const size_t newline = text.rfind('\n', begin + kPieceBytes);
+        end = newline != std::string::npos && newline > begin ? newline + 1 : begin + kPieceBytes;
+        while (end > begin + 1 && (static_cast<unsigned char>(text[end]) & 0xC0) == 0x80) --end;
+      }
+      if (unit_bytes >= kUnitBytes) {
+        units.emplace_back();
+        unit_bytes = 0;
+      }
+      units.back().push_back({static_cast<int64_t>(d), begin, end, end == text.size()});
+      unit_bytes += end - begin;
+      begin = end;
+    }
+  }
+  return units;
+}
+
+// Tokens of every document (each followed by the end-of-text id), split into training and validation
+// documents; the same for any number of threads.
+void encode_documents(const std::vector<std::string>& documents, const Tokenizer& tokenizer, int threads,
+                      std::vector<uint16_t>& train, std::vector<uint16_t>& val) {
+  const std::vector<std::vector<Segment>> units = encoding_units(documents);
+  struct Output {
+    std::vector<uint16_t> train, val;
+  };
+  std::vector<Output> outputs(units.size());
+  std::atomic<size_t> next{0};
+  std::exception_ptr failure;
+  std::mutex failure_mutex;
+  auto work = [&] {
+    try {
+      for (size_t u = next++; u < units.size(); u = next++) {
+        for (const Segment& s : units[u]) {
+          std::vector<uint16_t>& dst = is_validation(s.document) ? outputs[u].val : outputs[u].train;
+          const std::string_view text(documents[static_cast<size_t>(s.document)]);
+          for (int32_t id : tokenizer.encode(text.substr(s.begin, s.end - s.begin)))
+            dst.push_back(static_cast<uint16_t>(id));
+          if (s.last) dst.push_back(static_cast<uint16_t>(tokenizer.end_of_text()));
+        }
+      }
+    } catch (...) {
+      const std::lock_guard<std::mutex> lock(failure_mutex);
+      if (!failure) failure = std::current_exception();
+      next = units.size();
+    }
+  };
+  std::vector<std::thread> pool;
+  for (int t = 1; t < threads; ++t) pool.emplace_back(work);
+  work();
+  for (std::thread& t : pool) t.join();
+  if (failure) std::rethrow_exception(failure);
+  for (Output& o : outputs) {
+    train.insert(train.end(), o.train.begin(), o.train.end());
+    val.insert(val.end(), o.val.begin(), o.val.end());
+  }
+}
+
+std::unique_ptr<Tokenizer> make_tokenizer(const PrepareOptions& options,
+                                          const std::vector<std::string>& documents, PrepareStats& stats) {
+  if (options.tokenizer == "bytes") {
+    TT_CHECK(options.vocab_size == 0 && options.tokenizer_model.empty(),
+             "--vocab and --tokenizer-model are for --tokenizer sentencepiece");
+    return byte_tokenizer();
+  }
+  TT_CHECK(options.tokenizer == "sentencepiece",
+           "unknown tokenizer '" + options.tokenizer + "' (expected bytes or sentencepiece)");
+  if (!options.tokenizer_model.empty()) {
+    TT_CHECK(options.vocab_size == 0, "--vocab trains a new tokenizer; --tokenizer-model " +
+                                          options.tokenizer_model + " brings its own vocabulary");
+    return load_sentencepiece(options.tokenizer_model);
+  }
+  TT_CHECK(options.vocab_size > 0, "--tokenizer sentencepiece needs --vocab N (or --tokenizer-model FILE)");
+  // The tokenizer learns from the training documents only (all of them when there are fewer than ten).
+  std::vector<std::string_view> texts;
+  for (size_t d = 0; d < documents.size(); ++d)
+    if (documents.size() < 10 || !is_validation(static_cast<int64_t>(d))) texts.emplace_back(documents[d]);
+  const auto start = std::chrono::steady_clock::now();
+  std::unique_ptr<Tokenizer> tokenizer = train_sentencepiece(texts, options.vocab_size);
+  stats.tokenizer_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  return tokenizer;
+}
+
+}  // namespace
+
+PrepareStats prepare_text(const std::string& input, const std::string& out_dir, const std::string& separator,
+                          const PrepareOptions& options) {
+  PrepareStats stats;
+  const std::vector<std::string> documents = read_documents(text_files(input), separator);
+  TT_CHECK(!documents.empty(), "input '" + input + "' has too little text to split");
+  const std::unique_ptr<Tokenizer> tokenizer = make_tokenizer(options, documents, stats);
+  stats.documents = static_cast<int64_t>(documents.size());
+  stats.vocab_size = tokenizer->vocab_size();
+  for (const std::string& d : documents) stats.text_bytes += static_cast<int64_t>(d.size());
+  stats.threads = options.threads > 0 ? options.threads
+                                      : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  std::vector<uint16_t> train, val;
+  const auto start = std::chrono::steady_clock::now();
+  encode_documents(documents, *tokenizer, stats.threads, train, val);
+  stats.encode_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   if (val.empty() && !train.empty()) {
-    // Fewer than ten documents (a single file, say): the last ~10% of the text, cut at a line break, is
-    // the validation split instead.
-    size_t cut = train.size() - std::max<size_t>(1, train.size() / 10);
-    while (cut > 0 && train[cut - 1] != '\n' && train[cut - 1] != static_cast<uint16_t>(kEndOfText)) --cut;
-    if (cut == 0) cut = train.size() - std::max<size_t>(1, train.size() / 10);
+    // Fewer than ten documents (a single file, say): the last ~10% of the tokens, cut after a line break or
+    // a document's end, is the validation split instead.
+    std::vector<char> ends_line(static_cast<size_t>(tokenizer->vocab_size()), 0);
+    for (int32_t id = 0; id < tokenizer->vocab_size(); ++id) {
+      const std::string piece = tokenizer->decode({id});
+      ends_line[static_cast<size_t>(id)] = !piece.empty() && piece.back() == '\n';
+    }
+    const size_t fallback = train.size() - std::max<size_t>(1, train.size() / 10);
+    size_t cut = fallback;
+    while (cut > 0 && !ends_line[train[cut - 1]]) --cut;
+    if (cut == 0) cut = fallback;
     val.assign(train.begin() + static_cast<std::ptrdiff_t>(cut), train.end());
     train.resize(cut);
   }
@@ -378,12 +525,17 @@ PrepareStats prepare_text(const std::string& input, const std::string& out_dir,
   DatasetWriter writer(out_dir);
   writer.add("train.bin", reinterpret_cast<const char*>(train.data()), train.size() * 2);
   writer.add("val.bin", reinterpret_cast<const char*>(val.data()), val.size() * 2);
-  const std::string meta_text =
-      meta_json({"bytes", kByteVocab, kEndOfText}, {{"documents", stats.documents},
-                                                    {"train_tokens", static_cast<int64_t>(train.size())},
-                                                    {"val_tokens", static_cast<int64_t>(val.size())}});
+  const std::string& model = tokenizer->model_bytes();
+  if (!model.empty()) writer.add("tokenizer.model", model.data(), model.size());
+  const DataMeta meta{tokenizer->name(), tokenizer->vocab_size(), tokenizer->end_of_text(),
+                      tokenizer->checksum()};
+  const std::string meta_text = meta_json(meta, {{"documents", stats.documents},
+                                                 {"train_tokens", static_cast<int64_t>(train.size())},
+                                                 {"val_tokens", static_cast<int64_t>(val.size())}});
   writer.add("meta.json", meta_text.data(), meta_text.size());
   writer.commit();
+  // A tokenizer.model left by an earlier SentencePiece dataset would contradict the new meta.json.
+  if (model.empty()) fs::remove(out_dir + "/tokenizer.model");
   stats.train_tokens = static_cast<int64_t>(train.size());
   stats.val_tokens = static_cast<int64_t>(val.size());
   return stats;

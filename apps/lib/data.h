@@ -2,7 +2,8 @@
 // 256 int32, then uint16 tokens), memory-mapped, and the two ways of drawing batches: random windows
 // (REFERENCE.md: B starts in [0, len - T)) from a counter-based RNG whose (seed, counter) is saved in
 // checkpoints, and sequential windows (step s takes windows s*B .. s*B+B-1, window i = tokens [i*T, i*T+T],
-// wrapping around). Also the dataset's meta.json and the byte-level tokenizer that prepare_data uses.
+// wrapping around). Also the dataset's meta.json and prepare_data's text-to-tokens step (apps/lib/tokenizer.h
+// has the tokenizers).
 #pragma once
 
 #include <cstdint>
@@ -97,6 +98,9 @@ struct DataMeta {
   std::string tokenizer;     // one of known_tokenizers()
   int64_t vocab_size = 0;    // 1 .. 65536: every id fits uint16
   int64_t end_of_text = -1;  // the id that ends a document, below vocab_size; -1 when the file has none
+  // sentencepiece: FNV-1a 64 of DIR/tokenizer.model (16 hex digits, field tokenizer_model_fnv1a64); "" when
+  // the file has none.
+  std::string tokenizer_checksum;
 };
 const std::vector<std::string>& known_tokenizers();  // bytes, sentencepiece, gpt2
 // DIR/meta.json checked field by field, or nullopt when the file does not exist. Malformed JSON, a missing
@@ -110,12 +114,27 @@ std::string meta_json(const DataMeta& meta, const std::vector<std::pair<std::str
 int64_t read_vocab_size(const std::string& data_dir);
 std::string read_tokenizer(const std::string& data_dir);
 
+struct PrepareOptions {
+  std::string tokenizer = "bytes";  // bytes | sentencepiece
+  int64_t vocab_size = 0;           // sentencepiece: the pieces of the BPE model trained on the input
+  std::string tokenizer_model;      // sentencepiece: this tokenizer.model instead of training one
+  int threads = 0;                  // encoding threads (0: every core)
+};
 struct PrepareStats {
   int64_t documents = 0, train_tokens = 0, val_tokens = 0;
+  int64_t vocab_size = 0;
+  int64_t text_bytes = 0;        // bytes of document text encoded
+  double encode_seconds = 0;     // encoding alone (reading, training a tokenizer and writing excluded)
+  double tokenizer_seconds = 0;  // training the SentencePiece model
+  int threads = 1;
 };
-// Tokenises a text file or every regular file under a folder (sorted; *.dat and *.u8 skipped) into
-// DIR/train.bin and DIR/val.bin (every tenth document goes to validation) and DIR/meta.json. Lines equal to
-// `separator` (when non-empty) split a file into documents, as in fortune files ("%").
-PrepareStats prepare_text(const std::string& input, const std::string& out_dir, const std::string& separator);
+// Tokenises a text file or every regular file under a folder (sorted; *.dat, *.u8 and *.bin skipped) into
+// DIR/train.bin and DIR/val.bin (every tenth document goes to validation; each document is followed by the
+// end-of-text id) and DIR/meta.json; with SentencePiece also DIR/tokenizer.model, trained on the training
+// documents unless options.tokenizer_model names one. Lines equal to `separator` (when non-empty) split a
+// file into documents, as in fortune files ("%"). Encoding runs on options.threads threads; the token files
+// do not depend on their number.
+PrepareStats prepare_text(const std::string& input, const std::string& out_dir, const std::string& separator,
+                          const PrepareOptions& options = {});
 
 }  // namespace tt::app
