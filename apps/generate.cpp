@@ -1,0 +1,243 @@
+// generate: text from a checkpoint. The prompt (--prompt, or one per line on stdin) and its continuation go
+// to stdout, streamed as the tokens come for a single prompt; several prompts run as one batch and print in
+// order when it ends. Speed goes to stderr. Tokens come from the checkpoint's data folder's tokenizer (its
+// /train args record --data) or --tokenizer.
+#include <unistd.h>
+
+#include <algorithm>
+#include <csignal>
+#include <cstdio>
+#include <filesystem>
+#include <iostream>
+#include <memory>
+#include <optional>
+#include <sstream>
+
+#include "apps/lib/checkpoint.h"
+#include "apps/lib/data.h"
+#include "apps/lib/flags.h"
+#include "apps/lib/generation.h"
+#include "apps/lib/run_setup.h"
+#include "apps/lib/tokenizer.h"
+#include "core/io/h5.h"
+
+namespace fs = std::filesystem;
+using namespace tt;
+using namespace tt::app;
+
+namespace {
+
+// The flags a checkpoint records ("--a 1 --data DIR ..."), "" when it has none (an imported one).
+std::string recorded_args(const std::string& checkpoint) {
+  const io::H5File file = io::H5File::open_read(checkpoint);
+  if (!file.exists("/train") || !file.has_attr("/train", "args")) return "";
+  return file.attr_string("/train", "args");
+}
+
+// The value of `--name` in recorded flags, or "".
+std::string flag_value(const std::string& args, const std::string& name) {
+  std::istringstream in(args);
+  std::string token, value;
+  while (in >> token) {
+    if (token == "--" + name) return (in >> value) && value.rfind("--", 0) != 0 ? value : "";
+  }
+  return "";
+}
+
+// The data folder the checkpoint was trained on, as train resolved it ("" when unknown). A relative path
+// was relative to train's working folder: tried from here, then from that folder as the checkpoint's place
+// tells it (RUN/checkpoints/step_N.h5, RUN being the recorded --out).
+std::string training_data(const std::string& checkpoint) {
+  const std::string args = recorded_args(checkpoint);
+  if (args.empty()) return "";
+  std::string data = flag_value(args, "data");
+  if (data.empty()) data = "data/fortunes";  // train's built-in corpus
+  const fs::path recorded(data), out(flag_value(args, "out"));
+  if (fs::exists(recorded / "meta.json") || recorded.is_absolute() || out.empty() || out.is_absolute())
+    return data;
+  fs::path base = fs::absolute(checkpoint).lexically_normal().parent_path().parent_path();
+  fs::path part = out.lexically_normal();
+  if (!part.has_filename()) part = part.parent_path();  // "runs/x/"
+  for (; !part.empty() && part != "."; part = part.parent_path()) {
+    if (base.filename() != part.filename()) return data;
+    base = base.parent_path();
+  }
+  const fs::path there = base / recorded;
+  return fs::exists(there / "meta.json") ? there.string() : data;
+}
+
+std::string describe(const Tokenizer& t) {
+  return t.name() + " (" + std::to_string(t.vocab_size()) + " ids)";
+}
+
+// --tokenizer, or the tokenizer of the data the checkpoint was trained on, checked against that data's
+// meta.json (when it can be found) and the model's vocabulary.
+std::unique_ptr<Tokenizer> resolve_tokenizer(const std::string& spec, const std::string& checkpoint,
+                                             int64_t model_vocab) {
+  const std::string data = training_data(checkpoint);
+  const bool data_known = !data.empty() && fs::exists(data + "/meta.json");
+  std::unique_ptr<Tokenizer> tokenizer;
+  if (spec.empty()) {
+    TT_CHECK(!data.empty(),
+             "no tokenizer: " + checkpoint +
+                 " records no training run (imported?); pass --tokenizer bytes or --tokenizer FILE.model");
+    TT_CHECK(data_known, "no tokenizer: the checkpoint's data folder '" + data +
+                             "' has no meta.json; pass --tokenizer bytes or --tokenizer FILE.model");
+    tokenizer = load_data_tokenizer(data);
+  } else {
+    tokenizer = spec == "bytes" ? byte_tokenizer() : load_sentencepiece(spec);
+    if (data_known) {
+      const DataMeta meta = *read_meta(data);
+      const bool same = meta.tokenizer == tokenizer->name() && meta.vocab_size == tokenizer->vocab_size() &&
+                        (meta.tokenizer_checksum.empty() || meta.tokenizer_checksum == tokenizer->checksum());
+      TT_CHECK(same, "--tokenizer " + spec + " is " + describe(*tokenizer) + ", not the tokenizer of " +
+                         data + " that the checkpoint was trained on (" + meta.tokenizer + ", " +
+                         std::to_string(meta.vocab_size) + " ids" +
+                         (meta.tokenizer == tokenizer->name() && meta.vocab_size == tokenizer->vocab_size()
+                              ? ", another model file"
+                              : "") +
+                         ")");
+    } else {
+      // Without the data to compare with, only an exact fit is taken (a padded vocabulary is known only
+      // from the data's meta.json).
+      TT_CHECK(tokenizer->vocab_size() == model_vocab,
+               "--tokenizer " + spec + " is " + describe(*tokenizer) + "; the checkpoint's vocabulary has " +
+                   std::to_string(model_vocab) + " ids: not the tokenizer it was trained with");
+    }
+  }
+  TT_CHECK(tokenizer->vocab_size() <= model_vocab,
+           "the tokenizer is " + describe(*tokenizer) + ", more than the checkpoint's vocabulary of " +
+               std::to_string(model_vocab) + " ids: not the tokenizer it was trained with");
+  return tokenizer;
+}
+
+std::vector<std::string> read_prompts(const Flags& flags) {
+  if (flags.given("prompt")) return {flags.str("prompt")};
+  if (::isatty(STDIN_FILENO))
+    std::fprintf(stderr, "reading prompts from stdin, one per line (Ctrl-D ends)\n");
+  std::vector<std::string> prompts;
+  std::string line;
+  while (std::getline(std::cin, line)) {
+    if (!line.empty() && line.back() == '\r') line.pop_back();
+    if (!line.empty()) prompts.push_back(line);
+  }
+  TT_CHECK(!prompts.empty(), "no prompts: pass --prompt TEXT or give prompts on stdin, one per line");
+  return prompts;
+}
+
+void write_out(const std::string& text) {
+  std::fwrite(text.data(), 1, text.size(), stdout);
+  std::fflush(stdout);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::signal(SIGPIPE, SIG_IGN);  // `generate ... | head` ends with a write error, not a signal
+  try {
+    Flags flags("generate",
+                "Continue prompts with a trained checkpoint (KV cache). Text to stdout, speed to stderr.\n"
+                "Prompts: --prompt TEXT, or one per line on stdin, run in batches of --batch.");
+    flags.add("checkpoint", "", "checkpoint (.h5) to generate with (required)");
+    flags.add("prompt", "", "text to continue (else prompts on stdin)");
+    flags.add("max-tokens", "256", "new tokens per prompt, at most");
+    flags.add("temperature", "0.8", "softmax temperature; 0: greedy");
+    flags.add("top-k", "40", "sample among the k likeliest tokens (0: all)");
+    flags.add("top-p", "0.95", "... and the fewest reaching this mass (1: all)");
+    flags.add("seed", "0", "random seed of the sampling");
+    flags.add("tokenizer", "", "bytes | a tokenizer.model (default: the data's)");
+    flags.add("batch", "16", "prompts generated together, at most");
+    flags.add("device", "auto", "cpu | cuda | cuda:N | auto (a GPU when there is one)");
+    flags.add("precision", "f32", "f32 | bf16");
+    flags.add_switch("no-stop", "go on past the end-of-text token");
+    if (!flags.parse(argc, argv)) return 0;
+    const std::string checkpoint = flags.str("checkpoint");
+    TT_CHECK(!checkpoint.empty(), "--checkpoint is required");
+    SamplingOptions sampling;
+    sampling.max_tokens = flags.integer("max-tokens");
+    sampling.temperature = flags.number("temperature");
+    sampling.top_k = flags.integer("top-k");
+    sampling.top_p = flags.number("top-p");
+    sampling.seed = static_cast<uint64_t>(flags.integer("seed"));
+    sampling.stop_at_end_of_text = !flags.boolean("no-stop");
+    check_sampling_options(sampling);
+    const int64_t batch = flags.integer("batch");
+    TT_CHECK(batch >= 1, "--batch must be at least 1, got " + flags.str("batch"));
+    nn::ModelConfig config = read_checkpoint_config(checkpoint);
+    config.precision = nn::parse_precision(flags.str("precision"));
+    const Device device = pick_device(flags.str("device"));
+    const std::unique_ptr<Tokenizer> tokenizer =
+        resolve_tokenizer(flags.str("tokenizer"), checkpoint, config.vocab_size);
+    sampling.end_of_text = tokenizer->end_of_text();
+    sampling.vocab_limit = tokenizer->vocab_size();
+    const std::vector<std::string> prompts = read_prompts(flags);
+    std::vector<std::vector<int32_t>> ids;
+    for (size_t i = 0; i < prompts.size(); ++i) {
+      ids.push_back(prompt_ids(*tokenizer, prompts[i]));
+      TT_CHECK(static_cast<int64_t>(ids.back().size()) <= config.context_length,
+               (prompts.size() > 1 ? "prompt " + std::to_string(i + 1) : std::string("the prompt")) + " is " +
+                   std::to_string(ids.back().size()) + " tokens, longer than the model's context of " +
+                   std::to_string(config.context_length));
+    }
+
+    nn::TransformerLM model(config);
+    nn::FlatParameters params(model, device, 0);
+    load_checkpoint(checkpoint, params, nullptr, nullptr);
+    if (config.precision == nn::Precision::bf16) params.enable_bf16_mirror();  // no weight casts per token
+
+    GenerationResult total;
+    for (size_t first = 0; first < ids.size(); first += static_cast<size_t>(batch)) {
+      const size_t end = std::min(ids.size(), first + static_cast<size_t>(batch));
+      const std::vector<std::vector<int32_t>> group(ids.begin() + first, ids.begin() + end);
+      std::vector<TextStream> streams;
+      std::vector<std::string> texts;
+      for (size_t i = first; i < end; ++i) {
+        streams.emplace_back(*tokenizer, ids[i]);
+        texts.push_back(prompts[i]);
+      }
+      const bool stream_now = group.size() == 1;
+      if (stream_now) write_out(texts[0]);
+      auto on_token = [&](int64_t row, int32_t token) {
+        if (token == sampling.end_of_text && sampling.stop_at_end_of_text) return;
+        const std::string piece = streams[static_cast<size_t>(row)].push(token);
+        if (stream_now)
+          write_out(piece);
+        else
+          texts[static_cast<size_t>(row)] += piece;
+      };
+      const GenerationResult result = generate_tokens(model, group, sampling, device, on_token);
+      for (size_t r = 0; r < group.size(); ++r) {
+        const std::string rest = streams[r].finish();
+        if (stream_now)
+          write_out(rest + "\n");
+        else
+          write_out(texts[r] + rest + "\n");
+      }
+      total.prompt_tokens += result.prompt_tokens;
+      total.new_tokens += result.new_tokens;
+      total.prefill_seconds += result.prefill_seconds;
+      total.decode_seconds += result.decode_seconds;
+      total.context_refills += result.context_refills;
+    }
+    const double seconds = total.prefill_seconds + total.decode_seconds;
+    const int64_t rows = static_cast<int64_t>(ids.size());
+    // Each row's first new token comes out of its prefill; the rest out of the batched steps.
+    const int64_t stepped = std::max<int64_t>(0, total.new_tokens - rows);
+    std::fprintf(stderr,
+                 "%lld new tokens for %lld prompt%s in %.3f s: %.1f tokens/s (prompts %lld tokens in %.3f s; "
+                 "decoding %.1f tokens/s) on %s, %s\n",
+                 static_cast<long long>(total.new_tokens), static_cast<long long>(rows), rows == 1 ? "" : "s",
+                 seconds, static_cast<double>(total.new_tokens) / std::max(seconds, 1e-9),
+                 static_cast<long long>(total.prompt_tokens), total.prefill_seconds,
+                 static_cast<double>(stepped) / std::max(total.decode_seconds, 1e-9),
+                 device_name(device).c_str(), nn::precision_name(config.precision));
+    if (total.context_refills > 0)
+      std::fprintf(stderr, "the context filled up %lld time%s: generation went on from its last half\n",
+                   static_cast<long long>(total.context_refills), total.context_refills == 1 ? "" : "s");
+    return 0;
+  } catch (const std::exception& e) {
+    std::fflush(stdout);
+    std::fprintf(stderr, "error: %s\n", e.what());
+    return 1;
+  }
+}
