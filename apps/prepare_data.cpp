@@ -18,8 +18,8 @@ int main(int argc, char** argv) {
         "Tokenise text into train/validation token files (every 10th document to validation).");
     flags.add("input", "", "a text file or a folder of text files (required)");
     flags.add("out", "", "output folder for train.bin, val.bin, meta.json (required)");
-    flags.add("separator", "", "a line that separates documents inside a file (e.g. % for fortune files)");
-    flags.add("tokenizer", "bytes", "bytes | sentencepiece (BPE with byte fallback, trained on the input)");
+    flags.add("separator", "", "a line that separates documents in a file (e.g. % for fortunes)");
+    flags.add("tokenizer", "bytes", "bytes | sentencepiece (BPE with byte fallback)");
     flags.add("vocab", "0", "sentencepiece: vocabulary size to train, 260..65536");
     flags.add("tokenizer-model", "", "sentencepiece: reuse this tokenizer.model instead of training one");
     flags.add("threads", "0", "encoding threads (0: every core)");

@@ -111,8 +111,10 @@ a=$("$generate" "${sampled[@]}" 2>/dev/null) && b=$("$generate" "${sampled[@]}" 
   echo "ok   bytes checkpoint" || fail "bytes checkpoint"
 
 # --help fits in 100 columns.
-"$generate" --help >"$work/help.txt" && [ "$(awk '{ if (length($0) > m) m = length($0) } END { print m }' "$work/help.txt")" -le 100 ] &&
-  echo "ok   --help within 100 columns" || fail "--help wider than 100 columns or failing"
+for app in "$generate" "$prepare"; do
+  "$app" --help >"$work/help.txt" && [ "$(awk '{ if (length($0) > m) m = length($0) } END { print m }' "$work/help.txt")" -le 100 ] &&
+    echo "ok   $(basename "$app") --help within 100 columns" || fail "$(basename "$app") --help wider than 100 columns or failing"
+done
 
 # One error line each.
 long=$(printf 'the cat sat %.0s' $(seq 1 40))
