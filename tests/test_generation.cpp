@@ -447,6 +447,13 @@ TEST_CASE("generate_text: the prompt and its continuation, stopped at the end-of
     shown.push_back(t);
   }
   CHECK(text == "The " + bytes->decode(shown));
+  // Past the end-of-text id when asked: it shows as a marker.
+  o.stop_at_end_of_text = false;
+  o.max_tokens = 40;
+  const std::vector<int32_t> all =
+      app::generate_tokens(model, {bytes->encode("The ")}, o, Device::cpu()).tokens[0];
+  CHECK(all.size() == 40);
+  CHECK(app::generate_text(model, *bytes, "The ", o, Device::cpu()) == "The " + bytes->decode(all));
   // A tokenizer with more ids than the model is refused.
   const nn::ModelConfig small = tiny_config(100, 32);
   nn::TransformerLM small_model(small);

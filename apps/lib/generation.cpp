@@ -173,7 +173,7 @@ std::string generate_text(const nn::TransformerLM& model, const Tokenizer& token
   TextStream stream(tokenizer, ids);
   std::string text = prompt;
   for (int32_t token : result.tokens[0]) {
-    if (token == options.end_of_text) break;
+    if (token == options.end_of_text && options.stop_at_end_of_text) break;
     text += stream.push(token);
   }
   return text + stream.finish();

@@ -56,7 +56,8 @@ GenerationResult generate_tokens(const nn::TransformerLM& model,
 std::vector<int32_t> prompt_ids(const Tokenizer& tokenizer, const std::string& prompt);
 
 // `prompt` and its continuation as text (what train writes to RUN/sample.txt): the tokenizer's end-of-text
-// id stops it, and ids beyond the tokenizer's vocabulary are never chosen.
+// id stops it (with options.stop_at_end_of_text off it shows as "\n<|endoftext|>\n" instead), and ids
+// beyond the tokenizer's vocabulary are never chosen.
 std::string generate_text(const nn::TransformerLM& model, const Tokenizer& tokenizer,
                           const std::string& prompt, SamplingOptions options, Device device);
 
