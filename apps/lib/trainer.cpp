@@ -10,10 +10,12 @@
 #include <mpi.h>
 
 #include "apps/lib/checkpoint.h"
+#include "apps/lib/generation.h"
 #include "apps/lib/report.h"
 #include "apps/lib/run_folder.h"
 #include "apps/lib/run_setup.h"
 #include "apps/lib/stop_signal.h"
+#include "apps/lib/tokenizer.h"
 #include "apps/lib/train_step.h"
 #include "core/allocator.h"
 #include "core/autograd.h"
@@ -83,7 +85,7 @@ void declare_train_flags(Flags& f) {
   f.add_switch("eval-only", "evaluate --resume on val.bin and exit (prints and writes the mean loss)");
   f.add("json", "", "with --eval-only: write the result as JSON to this file");
   f.add("sample-tokens", "300", "tokens of text to generate at the end (0: none)");
-  f.add("top-k", "10", "sample from the k most likely tokens (1: greedy)");
+  f.add("top-k", "10", "sample from the k most likely tokens (1: greedy; 0: all)");
   f.add("prompt", "The ", "text the final sample starts from");
 }
 
@@ -108,43 +110,6 @@ double evaluate(const nn::TransformerLM& model, const TokenFile& val, int64_t ba
     total += model.loss(x, y).item();
   }
   return total / static_cast<double>(batches);
-}
-
-std::string generate(const nn::TransformerLM& model, const std::string& prompt, int64_t tokens, int64_t top_k,
-                     uint64_t seed, Device device) {
-  NoGradGuard no_grad;
-  std::vector<int32_t> ids;
-  for (unsigned char c : prompt) ids.push_back(c);
-  if (ids.empty()) ids.push_back(kEndOfText);
-  const int64_t vocab = model.config().vocab_size, ctx = model.config().context_length;
-  CounterRng rng{seed ^ 0x5eed5eedULL, 0};
-  for (int64_t t = 0; t < tokens; ++t) {
-    const int64_t start = std::max<int64_t>(0, static_cast<int64_t>(ids.size()) - ctx);
-    const std::vector<int32_t> window(ids.begin() + start, ids.end());
-    const Tensor x = Tensor::from_ints(window, {1, static_cast<int64_t>(window.size())}, device);
-    const Tensor logits = model.forward(x);
-    const std::vector<float> all = logits.to_floats();
-    const float* last = all.data() + (window.size() - 1) * vocab;
-    std::vector<int32_t> order(static_cast<size_t>(vocab));
-    for (int32_t i = 0; i < vocab; ++i) order[i] = i;
-    const int64_t k = std::clamp<int64_t>(top_k, 1, vocab);
-    std::partial_sort(order.begin(), order.begin() + k, order.end(),
-                      [&](int32_t a, int32_t b) { return last[a] > last[b]; });
-    std::vector<double> weights(static_cast<size_t>(k));
-    double sum = 0;
-    for (int64_t i = 0; i < k; ++i)
-      sum += weights[i] = std::exp(static_cast<double>(last[order[i]] - last[order[0]]));
-    double u = rng.next_double() * sum;
-    int32_t chosen = order[0];
-    for (int64_t i = 0; i < k; ++i) {
-      if ((u -= weights[i]) <= 0) {
-        chosen = order[i];
-        break;
-      }
-    }
-    ids.push_back(chosen);
-  }
-  return decode_bytes(ids);
 }
 
 namespace {
@@ -214,7 +179,8 @@ void check_training_numbers(const Flags& flags) {
     TT_CHECK(flags.integer(name) >= 0, std::string("--") + name + " must be >= 0, got " + flags.str(name));
   TT_CHECK(flags.integer("ckpt-every") >= -1,
            "--ckpt-every must be >= 0, or -1 for none, got " + flags.str("ckpt-every"));
-  for (const char* name : {"eval-batches", "log-every", "top-k"})
+  TT_CHECK(flags.integer("top-k") >= 0, "--top-k must be >= 0 (0: all tokens), got " + flags.str("top-k"));
+  for (const char* name : {"eval-batches", "log-every"})
     TT_CHECK(flags.integer(name) >= 1, std::string("--") + name + " must be >= 1, got " + flags.str(name));
   TT_CHECK(flags.str("json").empty() || flags.boolean("eval-only"),
            "--json writes the result of --eval-only; training writes metrics.jsonl in --out");
@@ -567,16 +533,23 @@ int run_training(const Flags& flags, Device device, const std::string& data_dir,
   std::printf("done: final validation loss %.4f (unigram entropy %.4f); checkpoint %s\n", last_val, entropy,
               last_checkpoint.empty() ? "none (--ckpt-every -1)" : last_checkpoint.c_str());
   const int64_t sample_tokens = flags.integer("sample-tokens");
-  if (sample_tokens > 0 && read_tokenizer(data_dir) != "bytes") {
-    std::printf(
-        "no text sample: %s was not made by the byte-level tokenizer (prepare_data), so ids cannot be "
-        "decoded\n",
-        data_dir.c_str());
-  } else if (sample_tokens > 0) {
-    const std::string text =
-        generate(model, flags.str("prompt"), sample_tokens, flags.integer("top-k"), plan.seed, device);
-    write_file_atomically(plan.out + "/sample.txt", text + "\n");
-    std::printf("sample (%s/sample.txt):\n----\n%s\n----\n", plan.out.c_str(), text.c_str());
+  if (sample_tokens > 0) {
+    std::unique_ptr<Tokenizer> tokenizer;
+    try {
+      tokenizer = load_data_tokenizer(data_dir);
+    } catch (const Error& e) {
+      std::printf("no text sample: %s\n", e.what());
+    }
+    if (tokenizer) {
+      SamplingOptions sampling;
+      sampling.max_tokens = sample_tokens;
+      sampling.top_k = flags.integer("top-k");
+      sampling.seed = plan.seed;
+      sampling.stop_at_end_of_text = false;  // a sample may run across documents
+      const std::string text = generate_text(model, *tokenizer, flags.str("prompt"), sampling, device);
+      write_file_atomically(plan.out + "/sample.txt", text + "\n");
+      std::printf("sample (%s/sample.txt):\n----\n%s\n----\n", plan.out.c_str(), text.c_str());
+    }
   }
   std::printf("outputs: %s/metrics.jsonl, %s/loss.svg, %s/checkpoints/\n", plan.out.c_str(), plan.out.c_str(),
               plan.out.c_str());

@@ -20,9 +20,6 @@ int run_training(const Flags& flags, Device device, const std::string& data_dir,
 // Mean loss over windows 0 .. batches*batch-1 of `val`.
 double evaluate(const nn::TransformerLM& model, const TokenFile& val, int64_t batch, int64_t ctx,
                 int64_t batches, Device device);
-// Text continuing `prompt` (top-k sampling; k = 1 is greedy), decoded as bytes.
-std::string generate(const nn::TransformerLM& model, const std::string& prompt, int64_t tokens, int64_t top_k,
-                     uint64_t seed, Device device);
 double unigram_entropy(const TokenFile& file, int64_t vocab);
 
 }  // namespace tt::app
