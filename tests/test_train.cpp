@@ -1,13 +1,17 @@
 // The train loop end to end on the CPU: checkpoint round trip and bit-identical resume.
 #include <doctest/doctest.h>
 
+#include <algorithm>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 
 #include "apps/lib/checkpoint.h"
 #include "apps/lib/data.h"
+#include "apps/lib/train_step.h"
 #include "apps/lib/trainer.h"
 #include "core/io/h5.h"
+#include "core/ops.h"
 #include "core/rng.h"
 
 using namespace tt;
@@ -136,4 +140,55 @@ TEST_CASE("resume is bit-identical to an uninterrupted run (random and sequentia
             b.read_floats("/optimizer/" + name + "/exp_avg_sq"));
     }
   }
+}
+
+// TrainStep (what train runs: the fused classifier and loss, clipping, AdamW) against the step written out by
+// hand the way train did it before: the logits, cross_entropy over them, clip_grad_norm, AdamW. f32, 20
+// steps, the clip engaged at every step.
+TEST_CASE("TrainStep equals forward, cross_entropy, clip_grad_norm and AdamW written out, f32, 20 steps") {
+  nn::ModelConfig config = nn::preset("tiny");
+  config.vocab_size = 257;
+  config.context_length = 16;
+  const int64_t batch = 3;
+  const double clip = 0.05;
+  nn::TransformerLM model_a(config), model_b(config);
+  nn::FlatParameters params_a(model_a, Device::cpu(), 5), params_b(model_b, Device::cpu(), 5);
+  app::TrainStepOptions options;
+  options.batch = batch;
+  options.ctx = config.context_length;
+  options.clip = clip;
+  options.adamw.weight_decay = 0.1;
+  app::TrainStep step(model_a, params_a, Device::cpu(), nullptr, options);
+  optim::AdamW adamw({params_b.flat_params()}, options.adamw);
+  CounterRng rng{3, 0};
+  int clipped = 0;
+  for (int64_t s = 1; s <= 20; ++s) {
+    app::Batch b;
+    for (int64_t i = 0; i < batch * config.context_length; ++i) {
+      b.inputs.push_back(static_cast<int32_t>(rng.next_below(257)));
+      b.targets.push_back(static_cast<int32_t>(rng.next_below(257)));
+    }
+    const double lr = 1e-3 * static_cast<double>(s) / 20.0;
+    const app::StepResult a = step.run([&](int64_t) { return b; }, lr, false, s);
+
+    adamw.set_lr(lr);
+    params_b.zero_grad();
+    const Tensor x = Tensor::from_ints(b.inputs, {batch, config.context_length});
+    const Tensor y = Tensor::from_ints(b.targets, {batch, config.context_length});
+    const int64_t rows = batch * config.context_length;
+    const Tensor loss = ops::cross_entropy(ops::reshape(model_b.forward(x), {rows, config.vocab_size}),
+                                           ops::reshape(y, {rows}));
+    loss.backward();
+    const double norm = optim::clip_grad_norm({params_b.flat_grads()}, clip);
+    adamw.step();
+    clipped += norm > clip;
+    CHECK(a.loss == doctest::Approx(loss.item()).epsilon(1e-6));
+    CHECK(a.grad_norm == doctest::Approx(norm).epsilon(1e-5));
+  }
+  CHECK(clipped == 20);
+  const std::vector<float> pa = params_a.flat_params().to_floats(), pb = params_b.flat_params().to_floats();
+  double worst = 0;
+  for (size_t i = 0; i < pa.size(); ++i)
+    worst = std::max(worst, std::abs(static_cast<double>(pa[i]) - pb[i]) / (std::abs(pb[i]) + 1e-3));
+  CHECK(worst < 1e-5);
 }
