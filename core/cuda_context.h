@@ -10,8 +10,7 @@
 namespace tt {
 
 // The compute stream of the device as an opaque handle (cudaStream_t); nullptr on CPU-only builds. Created
-// at CUDA's default priority (its lowest), or with TT_COMPUTE_STREAM_PRIORITY=high at the greatest, so that
-// kernels of other streams (communication, overlapped optimizer updates) only take SMs it leaves free.
+// at CUDA's default priority, like the communication and side streams.
 void* compute_stream(int device);
 // A second stream of the device for work that overlaps the compute stream (optimizer updates during
 // backward); created on first use. nullptr on CPU-only builds.

@@ -46,10 +46,8 @@ class PeerAllReduce {
 
   // Collective over MPI_COMM_WORLD, which must hold 2 to kMaxRanks ranks, all on one host. Each all-reduce is
   // ordered after the work queued on `comm_stream` and the work queued there afterwards after it; in
-  // between it runs on a stream of its own, at CUDA's lowest priority unless TT_COPY_ENGINE_PRIORITY=high.
-  // That is also the compute stream's default; with TT_COMPUTE_STREAM_PRIORITY=high the compute stream
-  // ranks above it and the add kernels only fill SMs the computation leaves idle. Throws tt::Error saying
-  // why when another rank's memory cannot be reached.
+  // between it runs on a stream of its own, at CUDA's default priority like the compute stream. Throws
+  // tt::Error saying why when another rank's memory cannot be reached.
   PeerAllReduce(int rank, int world, int device, cudaStream_t comm_stream);
   ~PeerAllReduce();
   PeerAllReduce(const PeerAllReduce&) = delete;
@@ -99,8 +97,6 @@ class PeerAllReduce {
   cudaStream_t comm_stream_;
   cudaStream_t stream_ = nullptr;
   cudaEvent_t begin_ = nullptr, end_ = nullptr;
-  bool kernel_wait_ =
-      false;  // TT_COPY_ENGINE_WAIT=kernel: a one-warp polling kernel instead of the stream wait
   uint32_t sequence_ = 0;
   // Inbox words, one per (signal, sender), written by the other ranks; three staging words read by the
   // copies to them.

@@ -13,12 +13,20 @@ struct AttentionStrides {
   int64_t batch = 0, head = 0, seq = 0;  // in elements; the d_head dim has stride 1
 };
 
+// Which CUDA kernels run; the CPU ignores it. `automatic` (what the model uses) takes the fastest tier that
+// applies to the dtype, the row alignment and the GPU (docs/attention.md has the table). Tests pin the
+// other tiers to check each of them on one GPU: `cp_async_forward` runs the Hopper forward fed by cp.async
+// for d_head 64 too (its fallback where no TMA tensor map can be made), `mma_sync` keeps bf16 off the Hopper
+// kernels, `simple` runs the FMA kernels for every dtype.
+enum class AttentionKernels { automatic, cp_async_forward, mma_sync, simple };
+
 struct AttentionProblem {
   int64_t batch = 1, heads = 1, seq = 1, d_head = 64;
   bool causal = true;
   float scale = 0.125f;  // usually 1/sqrt(d_head)
   // Bit-identical results run to run (the CUDA backward then avoids atomic dQ accumulation; slower).
   bool deterministic = false;
+  AttentionKernels kernels = AttentionKernels::automatic;
   AttentionStrides q, k, v, o;  // layouts of Q, K, V, O (dO/dQ/dK/dV use the same strides as O/Q/K/V)
   // Contiguous (batch, heads, seq, d_head) strides.
   static AttentionStrides contiguous(int64_t heads, int64_t seq, int64_t d_head) {

@@ -50,8 +50,8 @@ export NCCL_NVLS_ENABLE=0
 launcher=(mpirun -np "$np" --bind-to none -x NCCL_NVLS_ENABLE)
 # Forward the variables that matter when they are set (mpirun -x exports the current value).
 for var in NCCL_DEBUG NCCL_DEBUG_SUBSYS NCCL_SOCKET_IFNAME NCCL_IB_HCA NCCL_IB_DISABLE NCCL_P2P_DISABLE \
-           NCCL_ALGO NCCL_PROTO NCCL_MAX_CTAS CUDA_VISIBLE_DEVICES TT_NCCL_TIMEOUT_S TT_COPY_ENGINE_PRIORITY \
-           TT_COPY_ENGINE_WAIT TT_COMPUTE_STREAM_PRIORITY OMP_NUM_THREADS; do
+           NCCL_ALGO NCCL_PROTO NCCL_MAX_CTAS CUDA_VISIBLE_DEVICES TT_NCCL_TIMEOUT_S TT_MPI_TIMEOUT_S \
+           OMP_NUM_THREADS; do
   if [[ -n "${!var:-}" ]]; then launcher+=(-x "$var"); fi
 done
 # Open MPI refuses root unless told twice; containers often run as root.

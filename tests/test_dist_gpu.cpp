@@ -277,13 +277,7 @@ static void check_copy_engine_all_reduce() {
 
 TEST_CASE("copy-engine all-reduce: sums and averages of views of a registered buffer, f32 and bf16") {
   if (!ranks_on_one_host()) return;
-  // Both ways of waiting for the peer's signals: the stream's own wait and a polling kernel.
-  for (const char* wait : {"stream", "kernel"}) {
-    CAPTURE(wait);
-    setenv("TT_COPY_ENGINE_WAIT", wait, 1);
-    check_copy_engine_all_reduce();
-  }
-  unsetenv("TT_COPY_ENGINE_WAIT");
+  check_copy_engine_all_reduce();
 }
 
 TEST_CASE(

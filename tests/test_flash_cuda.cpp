@@ -18,6 +18,7 @@
 
 namespace {
 
+using tt::AttentionKernels;
 using tt::AttentionProblem;
 using tt::AttentionStrides;
 using tt::DType;
@@ -153,7 +154,7 @@ void expect_close(const std::vector<float>& actual, const std::vector<float>& ex
                                << expected[first]);
 }
 
-void run_case(const Shape& s, DType dtype) {
+void run_case(const Shape& s, DType dtype, AttentionKernels kernels = AttentionKernels::automatic) {
   CAPTURE(s.batch);
   CAPTURE(s.heads);
   CAPTURE(s.seq);
@@ -162,8 +163,10 @@ void run_case(const Shape& s, DType dtype) {
   CAPTURE(s.fused);
   CAPTURE(s.out_pad);
   CAPTURE(tt::dtype_name(dtype));
+  CAPTURE(static_cast<int>(kernels));
   const Views w = make_views(s);
-  const AttentionProblem& p = w.p;
+  AttentionProblem p = w.p;
+  p.kernels = kernels;
   std::mt19937 rng(static_cast<unsigned>(7 + s.seq * 31 + s.d));
   const bool bf16 = dtype == DType::bf16;
   const std::vector<float> in = random_values(w.in_elements, rng, bf16);
@@ -222,19 +225,14 @@ void run_case(const Shape& s, DType dtype) {
 
 // Runs the case on every path that applies: f32 (simple kernels), bf16 on the tensor-core kernels (on an
 // sm_90 GPU with d_head 64 or 128 the forward is a wgmma kernel: the TMA-fed one for 64, the cp.async
-// one for 128; then the cp.async one for 64 too, and the mma.sync forward), and bf16 forced onto the
-// simple kernels.
+// one for 128; then the cp.async one for 64 too, and the mma.sync forward), and bf16 pinned to the simple
+// kernels.
 void run_all_paths(const Shape& s) {
   run_case(s, DType::f32);
-  run_case(s, DType::bf16);
-  for (const char* hopper : {"cpasync", "0"}) {
-    setenv("TT_FLASH_HOPPER", hopper, 1);
-    run_case(s, DType::bf16);
+  for (const AttentionKernels kernels : {AttentionKernels::automatic, AttentionKernels::cp_async_forward,
+                                         AttentionKernels::mma_sync, AttentionKernels::simple}) {
+    run_case(s, DType::bf16, kernels);
   }
-  unsetenv("TT_FLASH_HOPPER");
-  setenv("TT_FLASH_SIMPLE", "1", 1);
-  run_case(s, DType::bf16);
-  unsetenv("TT_FLASH_SIMPLE");
 }
 
 bool have_gpu() {

@@ -121,9 +121,6 @@ void strided_copy(const void* in, void* out, int64_t elem_bytes, int ndim, const
 constexpr int kMaxAddInputs = 8;
 void add_ranks_scaled(void* dst, const void* const* inputs, int count, DType type, int64_t n, float scale,
                       cudaStream_t stream);
-// One warp that returns once *flag >= value (wrap-around compare), polling with a short sleep: a wait between
-// GPUs whose flag the other GPU writes, which holds one SM slot instead of the stream's hardware queue.
-void wait_flag_at_least(const uint32_t* flag, uint32_t value, cudaStream_t stream);
 
 // AdamW in two parts so a CUDA graph can hold the update: the step's factors (lr / (1 - beta1^t),
 // sqrt(1 - beta2^t), 1 - lr * wd) are uploaded to 3 floats of device memory outside any capture, and the

@@ -114,16 +114,6 @@ struct AddRanksScaledOp {
   }
 };
 
-__global__ void wait_flag_kernel(const uint32_t* flag, uint32_t value) {
-  if (threadIdx.x != 0) return;
-  while (true) {
-    uint32_t seen;
-    asm volatile("ld.acquire.sys.global.u32 %0, [%1];" : "=r"(seen) : "l"(flag) : "memory");
-    if (static_cast<int32_t>(seen - value) >= 0) break;
-    __nanosleep(256);
-  }
-}
-
 template <class T>
 __global__ void fill_kernel(T* x, int64_t n, T value) {
   for (int64_t i = thread_index(); i < n; i += grid_threads()) x[i] = value;
@@ -426,11 +416,6 @@ void add_ranks_scaled(void* dst, const void* const* inputs, int count, DType typ
   } else {
     launch(static_cast<__nv_bfloat16*>(dst));
   }
-}
-
-void wait_flag_at_least(const uint32_t* flag, uint32_t value, cudaStream_t stream) {
-  wait_flag_kernel<<<1, 32, 0, stream>>>(flag, value);
-  TT_CUDA_LAUNCH_CHECK();
 }
 
 void strided_copy(const void* in, void* out, int64_t elem_bytes, int ndim, const int64_t* shape,

@@ -416,10 +416,10 @@ void flash_attention_backward(const AttentionProblem& p, DType dtype, const void
   params.dv = dv;
   const auto cuda_stream = static_cast<cudaStream_t>(stream);
   const int64_t batch_heads = p.batch * p.heads, rows = batch_heads * p.seq;
-  const bool fast = dtype == DType::bf16 && !simple_path_forced() && !p.deterministic && p.scale > 0 &&
-                    rows_aligned_16(q, p.q) && rows_aligned_16(k, p.k) && rows_aligned_16(v, p.v) &&
-                    rows_aligned_16(d_o, p.o) && rows_aligned_16(o, p.o) && rows_aligned_16(dq, p.q) &&
-                    rows_aligned_16(dk, p.k) && rows_aligned_16(dv, p.v);
+  const bool fast = dtype == DType::bf16 && p.kernels != AttentionKernels::simple && !p.deterministic &&
+                    p.scale > 0 && rows_aligned_16(q, p.q) && rows_aligned_16(k, p.k) &&
+                    rows_aligned_16(v, p.v) && rows_aligned_16(d_o, p.o) && rows_aligned_16(o, p.o) &&
+                    rows_aligned_16(dq, p.q) && rows_aligned_16(dk, p.k) && rows_aligned_16(dv, p.v);
 
   // Scratch: D, then for the fast kernel L * log2(e) and the dQ accumulator. Each part is rounded up to a
   // multiple of 4 floats so that the accumulator stays 16-byte aligned.

@@ -316,7 +316,8 @@ __global__ void __launch_bounds__(kConsumerThreads + 128, 1)
 }  // namespace
 
 bool launch_backward_hopper(const Params& params, int64_t d_head, int64_t batch_heads, cudaStream_t stream) {
-  if (d_head != kD || hopper_path_disabled() || current_device_major() != 9) return false;
+  if (d_head != kD || params.kernels == AttentionKernels::mma_sync || current_device_major() != 9)
+    return false;
   const int64_t batch = batch_heads / params.heads;
   CUtensorMap map_q, map_k, map_v, map_do, map_dq;
   if (!make_tensor_map(&map_q, params.q, params.sq, params, kD, batch, kBlockQ) ||

@@ -49,6 +49,7 @@ struct Params {
   int64_t seq = 0, heads = 0;
   float scale = 0, scale_log2 = 0;  // scale and scale * log2(e) (the fast kernels use exp2)
   bool causal = true;
+  AttentionKernels kernels = AttentionKernels::automatic;  // read on the host only
 };
 
 inline constexpr float kLog2e = 1.4426950408889634f;
@@ -103,27 +104,6 @@ inline void check_problem(const AttentionProblem& p, DType dtype) {
   TT_CHECK(p.seq <= int64_t{65535} * 64, "flash_attention (cuda): seq must be at most 4194240");
 }
 
-// A TT_FLASH_* environment setting, "" when unset.
-inline const char* flash_setting(const char* name) {
-  const char* env = std::getenv(name);
-  return env != nullptr ? env : "";
-}
-
-// TT_FLASH_SIMPLE=1 forces the plain FMA kernels (the obviously-correct fallback) for every dtype.
-inline bool simple_path_forced() {
-  const char* value = flash_setting("TT_FLASH_SIMPLE");
-  return value[0] != '\0' && value[0] != '0';
-}
-
-// TT_FLASH_HOPPER: a value starting with 0 keeps attention off the wgmma kernels; "cpasync" uses the
-// cp.async forward for d_head 64 too. Anything else (or unset): the wgmma kernels wherever they apply.
-inline bool hopper_path_disabled() {
-  return flash_setting("TT_FLASH_HOPPER")[0] == '0';
-}
-inline bool hopper_cp_async_forced() {
-  return std::strcmp(flash_setting("TT_FLASH_HOPPER"), "cpasync") == 0;
-}
-
 // The tensor-core kernels move 16-byte chunks: every row start must be 16-byte aligned.
 inline bool rows_aligned_16(const void* base, const AttentionStrides& s) {
   return reinterpret_cast<uintptr_t>(base) % 16 == 0 && s.batch % 8 == 0 && s.head % 8 == 0 && s.seq % 8 == 0;
@@ -140,6 +120,7 @@ inline Params make_params(const AttentionProblem& p) {
   params.scale = p.scale;
   params.scale_log2 = p.scale * kLog2e;
   params.causal = p.causal;
+  params.kernels = p.kernels;
   return params;
 }
 
@@ -153,10 +134,10 @@ void allow_shared_memory(Kernel kernel, size_t bytes) {
 }
 
 // The Hopper (wgmma) bf16 forward, flash_attention_fwd_hopper.cu: launches it and returns true when the
-// device is sm_90, d_head is 64 or 128 and TT_FLASH_HOPPER is not 0; otherwise returns false.
+// device is sm_90, d_head is 64 or 128 and params.kernels is not mma_sync; otherwise returns false.
 bool launch_forward_hopper(const Params& params, int64_t d_head, int64_t batch_heads, cudaStream_t stream);
-// The Hopper bf16 backward main kernel, flash_attention_bwd_hopper.cu (d_head 64, sm_90, TT_FLASH_HOPPER not
-// 0): adds unscaled dQ into params.dq_accum and writes dK, dV; returns false when it does not apply.
+// The Hopper bf16 backward main kernel, flash_attention_bwd_hopper.cu (d_head 64, sm_90, params.kernels not
+// mma_sync): adds unscaled dQ into params.dq_accum and writes dK, dV; returns false when it does not apply.
 bool launch_backward_hopper(const Params& params, int64_t d_head, int64_t batch_heads, cudaStream_t stream);
 
 // ---- Warp-level tensor-core and async-copy wrappers (sm_80+) ---------------------------------------------

@@ -280,8 +280,9 @@ void flash_attention_forward(const AttentionProblem& p, DType dtype, const void*
   params.lse = lse;
   const auto cuda_stream = static_cast<cudaStream_t>(stream);
   const int64_t batch_heads = p.batch * p.heads;
-  const bool fast = dtype == DType::bf16 && !simple_path_forced() && p.scale > 0 && rows_aligned_16(q, p.q) &&
-                    rows_aligned_16(k, p.k) && rows_aligned_16(v, p.v) && rows_aligned_16(o, p.o);
+  const bool fast = dtype == DType::bf16 && p.kernels != AttentionKernels::simple && p.scale > 0 &&
+                    rows_aligned_16(q, p.q) && rows_aligned_16(k, p.k) && rows_aligned_16(v, p.v) &&
+                    rows_aligned_16(o, p.o);
   if (fast && launch_forward_hopper(params, p.d_head, batch_heads, cuda_stream)) return;
   dispatch_head_dim(p.d_head, [&](auto head_dim) {
     constexpr int D = decltype(head_dim)::value;

@@ -329,8 +329,8 @@ __global__ void __launch_bounds__(kConsumerThreads + 32, 1)
 #endif
 }
 
-// ---- d_head 128 (and 64 with TT_FLASH_HOPPER=cpasync or where no tensor map can be made): cp.async
-// ----------------------
+// ---- d_head 128 (and 64 where no tensor map can be made, or with AttentionKernels::cp_async_forward):
+// cp.async ---------------
 
 template <int D>
 __global__ void __launch_bounds__(kConsumerThreads, 1) flash_forward_hopper_kernel(const Params p) {
@@ -494,9 +494,13 @@ bool make_dq_accum_map(CUtensorMap* map, float* base, int64_t seq, int64_t d_hea
 }
 
 bool launch_forward_hopper(const Params& params, int64_t d_head, int64_t batch_heads, cudaStream_t stream) {
-  if ((d_head != 64 && d_head != 128) || hopper_path_disabled() || current_device_major() != 9) return false;
+  if ((d_head != 64 && d_head != 128) || params.kernels == AttentionKernels::mma_sync ||
+      current_device_major() != 9)
+    return false;
   if (d_head == 64) {
-    if (!hopper_cp_async_forced() && launch_warp_specialised<64>(params, batch_heads, stream)) return true;
+    if (params.kernels != AttentionKernels::cp_async_forward &&
+        launch_warp_specialised<64>(params, batch_heads, stream))
+      return true;
     launch_cp_async<64>(params, batch_heads, stream);
   } else {
     launch_cp_async<128>(params, batch_heads, stream);

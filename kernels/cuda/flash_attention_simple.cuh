@@ -1,6 +1,6 @@
 // The simple FlashAttention kernels: plain f32 FMA arithmetic, any element type (f32 or bf16 storage),
 // written to be obviously correct rather than fast. They serve the f32 path, shapes the tensor-core
-// kernels do not take (unaligned rows), and TT_FLASH_SIMPLE=1 as a fallback when the fast path is in doubt.
+// kernels do not take (unaligned rows), and bf16 too when AttentionKernels::simple asks for them (tests).
 //
 // Work split: a block of 4 warps owns 16 rows (queries in the forward and the dQ pass, keys in the dK/dV
 // pass), 4 rows per warp. The block streams the other side (keys or queries) through shared memory in
