@@ -13,7 +13,8 @@
 
 namespace tt::nn {
 
-// How a parameter is initialised (REFERENCE.md): truncated normal with a std (cut at +-3 std), or ones.
+// How a parameter is initialised (as the CS336 "basics" handout says): truncated normal with a std (cut at
+// +-3 std), or ones.
 struct Init {
   enum class Kind { truncated_normal, ones } kind = Kind::ones;
   double std = 1.0;

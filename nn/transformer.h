@@ -1,5 +1,6 @@
-// The CS336 "basics" Transformer LM (REFERENCE.md): pre-norm blocks of causal multi-head attention with
-// interleaved RoPE and a SwiGLU feed-forward, RMSNorm everywhere, separate embedding and LM head.
+// The CS336 "basics" Transformer LM (apps/python/model_baseline.py is it in PyTorch): pre-norm blocks of
+// causal multi-head attention with interleaved RoPE and a SwiGLU feed-forward, RMSNorm everywhere, separate
+// embedding and LM head.
 #pragma once
 
 #include <memory>

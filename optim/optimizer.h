@@ -45,7 +45,7 @@ struct AdamWOptions {
   double weight_decay = 0.01;
 };
 
-// torch.optim.AdamW semantics (REFERENCE.md), state per parameter: exp_avg, exp_avg_sq, and one step count.
+// torch.optim.AdamW semantics, state per parameter: exp_avg, exp_avg_sq, and one step count.
 class AdamW : public Optimizer {
  public:
   AdamW(std::vector<Tensor> params, const AdamWOptions& options = {});
@@ -108,7 +108,8 @@ class AdamW : public Optimizer {
   bool check_factored_gradient(size_t index, const FactoredGradient& g) const;
 };
 
-// Cosine schedule with linear warm-up (REFERENCE.md): it < warmup: max*it/warmup; it > cosine_steps: min.
+// Cosine schedule with linear warm-up (the CS336 handout's): it < warmup: max*it/warmup;
+// it > cosine_steps: min.
 double cosine_lr(int64_t it, double lr_max, double lr_min, int64_t warmup_steps, int64_t cosine_steps);
 
 // Scales all gradients so their global L2 norm is at most max_norm (scale = min(1, max/(norm + 1e-6))).

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Measurements on a GPU machine, each section bounded in time, results (Markdown + JSON) under $OUT.
 # Usage: scripts/gpu_report.sh SECTION...   sections: build tests gputests attention model quickmodel ours
-#        fused grid priority profile torch ddp
+#        fused grid profile torch ddp
 #   build      configure + build into build-gpu
 #   tests      ctest (GPU suites included; the 2-rank NCCL suite needs 2 GPUs)
 #   attention  bench_attention leaderboard + course sweep, and PyTorch's SDPA on the same cases
@@ -13,13 +13,12 @@
 #              context 256, graph on, AdamW after backward and fused into it)
 #   fused      the bf16 step with AdamW fused into backward (--mode step-fused), and an SM-margin sweep
 #   grid       the course grid: sizes x contexts, warm-up x graph x attention, 2.7b peak memory
-#   priority   TT_COMPUTE_STREAM_PRIORITY=high vs default: DDP step (2 GPUs) or step-fused (1 GPU)
 #   profile    per-kernel GPU time of one bf16 step, ours (ncu) and torch.compile's (torch.profiler);
 #              PROFILE_SIZE (default 2.7b)
 #   torch      the PyTorch reference (eager f32, torch.compile bf16), one process per size and variant;
 #              TORCH_SIZES (default small,medium,large; then xl,2.7b in another call) / TORCH_VARIANTS
 #              choose, TORCH_ADAMW=default times torch.optim.AdamW's foreach
-#              implementation instead of fused=True (what REFERENCE.md's figures used); run after `ours`
+#              implementation instead of fused=True (what docs/baselines.md's figures used); run after `ours`
 #              (same OUT) and it ends with the side-by-side table (scripts/step_table.py)
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -131,24 +130,6 @@ for s in "$@"; do
       # Forward+backward with naive and with flash attention in every size.
       timeout 200 $b/benchmark --sizes small,medium,large,xl,2.7b --ctx 256 --precision bf16 --attention naive,flash \
         --mode backward --graph on --json "$out/grid_attention.jsonl" 2>/dev/null | tee "$out/grid_attention.md" | tail -11 ;;
-    priority)
-      # The compute stream above the other streams (TT_COMPUTE_STREAM_PRIORITY=high) against CUDA's default:
-      # on two GPUs the DDP step with both all-reduce transports, on one the step with AdamW fused into
-      # backward (both overlap kernels of another stream with backward's).
-      section priority
-      mpi=(mpirun --allow-run-as-root -np 2 --bind-to none -x NCCL_NVLS_ENABLE=0 -x PATH -x LD_LIBRARY_PATH)
-      for p in default high; do
-        echo "TT_COMPUTE_STREAM_PRIORITY=$p"
-        if [ "$gpus" -ge 2 ]; then
-          timeout 200 "${mpi[@]}" -x TT_COMPUTE_STREAM_PRIORITY=$p $b/bench_ddp --preset xl --precision bf16 \
-            --ctx 512 --batch 4 --strategy bucketed --bucket-mb 25,100 --steps 20 --all-reduce library,copy-engine \
-            --json "$out/ddp_priority_$p.jsonl" 2>/dev/null | grep -E "^\| xl" | head -5
-        else
-          TT_COMPUTE_STREAM_PRIORITY=$p timeout 200 $b/benchmark --sizes xl,2.7b --ctx 256 --batch 4 \
-            --precision bf16 --mode step,step-fused --graph on --json "$out/fused_priority_$p.jsonl" 2>/dev/null |
-            grep -E "^\| (xl|2.7b)"
-        fi
-      done ;;
     torch)
       section torch
       # One process per size and variant: a cold torch.compile takes 1-3 minutes per size, so a machine call
@@ -158,7 +139,7 @@ for s in "$@"; do
         --json "$out/torch_all.jsonl" 2>&1 |
         tee "$out/torch_all.md" | tail -12
       # Ours next to PyTorch's, when the `ours` section ran before in the same output folder; sizes PyTorch
-      # was not timed for take REFERENCE.md's figures for this GPU.
+      # was not timed for take docs/baselines.md's figures for this GPU.
       if [ -f "$out/ours_all.jsonl" ]; then
         gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
         ref=(); case "$gpu" in *H100*) ref=(--reference h100) ;; *H200*) ref=(--reference h200) ;; esac

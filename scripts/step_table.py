@@ -6,13 +6,13 @@
 
 bf16 rows (ours: --grad-dtype as chosen, AdamW after backward and fused into it) are compared with
 torch.compile of the bf16 reference, f32 rows with eager f32. Sizes PyTorch was not measured for take
-REFERENCE.md's figures when --reference names a GPU there (marked "REF"), else show "-". Speed-ups use our
+docs/baselines.md's figures when --reference names a GPU there (marked "REF"), else show "-". Speed-ups use our
 step row (step-fused in parentheses)."""
 import argparse
 import json
 import sys
 
-# REFERENCE.md, "Baseline numbers measured with PyTorch 2.11": full step ms (f32 eager, bf16 compile).
+# docs/baselines.md, "Model step": full step ms (f32 eager, bf16 compile).
 REFERENCE = {
     "h100": {
         "small": (63.0, 23.9), "medium": (113.9, 50.8), "large": (192.9, 70.0), "xl": (374.6, 112.6),
@@ -58,7 +58,7 @@ def main():
     ap.add_argument("--grad-dtype", default="bf16", choices=["f32", "bf16"],
                     help="which of our bf16 rows to use (their gradient buffer dtype)")
     ap.add_argument("--ctx", type=int, default=256, help="context length to compare")
-    ap.add_argument("--reference", choices=sorted(REFERENCE), help="REFERENCE.md's figures for missing sizes")
+    ap.add_argument("--reference", choices=sorted(REFERENCE), help="docs/baselines.md's figures for missing sizes")
     args = ap.parse_args()
 
     ours = {}  # (size, precision, mode) -> row

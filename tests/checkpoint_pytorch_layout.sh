@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # A checkpoint opens with h5py as a PyTorch state_dict would expect (names, shapes, f32), and an independent
-# NumPy implementation of the reference model (REFERENCE.md's math) evaluated on those weights gives the
-# same validation loss as `train --eval-only` on the same windows of val.bin (read with numpy, uint16).
+# NumPy implementation of the reference model (apps/python/model_baseline.py's math) evaluated on those
+# weights gives the same validation loss as `train --eval-only` on the same windows of val.bin (read with
+# numpy, uint16).
 # Usage: checkpoint_pytorch_layout.sh train prepare_data. Skipped (77) without Debian's python3-h5py.
 set -euo pipefail
 train=$1 prepare=$2

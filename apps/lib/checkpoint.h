@@ -1,4 +1,4 @@
-// Training checkpoints in one HDF5 file (DESIGN.md, README.md's "Checkpoint format"):
+// Training checkpoints in one HDF5 file (README.md's "Checkpoint format"):
 //   /model/<parameter name>: f32, PyTorch shape
 //   /optimizer/<parameter name>/exp_avg, exp_avg_sq: f32; attributes step, lr, beta1, beta2, eps and
 //      weight_decay

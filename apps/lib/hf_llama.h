@@ -1,5 +1,6 @@
-// Our model in Hugging Face's Llama layout (DESIGN.md "Export"): parameter names, the row order RoPE
-// needs, config.json, and the tokenizer files of SentencePiece data. `export` and `import` are built on it.
+// Our model in Hugging Face's Llama layout (README.md's "From your text to Hugging Face"): parameter names,
+// the row order RoPE needs, config.json, and the tokenizer files of SentencePiece data. `export` and `import`
+// are built on it.
 #pragma once
 
 #include <cstdint>

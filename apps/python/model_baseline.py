@@ -1,12 +1,12 @@
 #!/usr/bin/env python3
-"""The PyTorch reference Transformer LM (REFERENCE.md's math and parameter names), timed like `benchmark`:
+"""The PyTorch reference Transformer LM (the CS336 "basics" model, nn/'s parameter names), timed like `benchmark`:
 forward and full training step (forward + backward + AdamW), mean of --steps after --warmup, for eager f32,
 bf16 autocast with fused attention (sdpa), and torch.compile of the bf16 model. One run gives the columns
 that sit next to ours. Each (size, context, variant) runs in a process of its own (--in-process: all in
 this one), so that no measurement starts from what an earlier one left behind: near the top of the 80 GB
 card (2.7b trains at 64 GiB) torch.compile's step measured 1.5 times slower in a shared process than alone.
 A measurement whose process fails becomes a row saying so. AdamW is torch.optim.AdamW(fused=True), as in
-REFERENCE.md's figures (--adamw default: its multi-tensor foreach kernels, 65 ms slower at 2.7b)."""
+docs/baselines.md's figures (--adamw default: its multi-tensor foreach kernels, 65 ms slower at 2.7b)."""
 import argparse
 import json
 import math

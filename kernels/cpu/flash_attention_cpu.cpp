@@ -1,5 +1,6 @@
-// FlashAttention-2 on the CPU: the same tiled algorithm the CUDA kernels run, written as plain loops so
-// that it can be read next to REFERENCE.md and used as the reference the GPU is tested against.
+// FlashAttention-2 on the CPU: the same tiled algorithm the CUDA kernels run, written as plain loops so that
+// it can be read next to the FlashAttention-2 paper's Algorithms 1 and 2 and used as the reference the GPU is
+// tested against.
 //
 // Forward, per (batch, head) and per tile of tile_q queries: walk the key tiles left to right keeping, per
 // query row, the running max m of the scaled scores, the running sum l of exp(score - m) and an
