@@ -78,13 +78,15 @@ ModelConfig preset(const std::string& name) {
     set(1600, 6400, 48, 25);
   else if (name == "2.7b")
     set(2560, 10240, 32, 32);
+  else if (name == "7b")  // LLaMA-7B's shape
+    set(4096, 11008, 32, 32);
   else
-    throw Error("unknown preset '" + name + "' (expected tiny, small, medium, large, xl or 2.7b)");
+    throw Error("unknown preset '" + name + "' (expected tiny, small, medium, large, xl, 2.7b or 7b)");
   return c;
 }
 
 std::vector<std::string> preset_names() {
-  return {"tiny", "small", "medium", "large", "xl", "2.7b"};
+  return {"tiny", "small", "medium", "large", "xl", "2.7b", "7b"};
 }
 
 namespace {

@@ -45,8 +45,8 @@ struct ModelConfig {
   void validate() const;  // throws tt::Error naming the inconsistent field
 };
 
-// tiny (tests), small, medium, large, xl, 2.7b. vocab_size and context_length keep their defaults
-// (10000, 256) unless the caller changes them.
+// tiny (tests), small, medium, large, xl, 2.7b, 7b (LLaMA-7B's shape). vocab_size and context_length keep
+// their defaults (10000, 256) unless the caller changes them.
 ModelConfig preset(const std::string& name);
 std::vector<std::string> preset_names();
 
