@@ -74,13 +74,14 @@ int main(int argc, char** argv) {
       "All-reduce (sum) time, algorithm and bus bandwidth per message size; run under mpirun, one rank\n"
       "per GPU. 1 MB = 2^20 bytes; bandwidths in GB/s (1e9 bytes/s); time = slowest rank's mean.");
   flags.add("sizes-mb", "1,10,100,1000", "comma-separated message sizes in MB");
-  flags.add("dtype", "f32", "f32 | bf16 (bf16 needs CUDA)");
-  flags.add("device", "auto", "cpu | cuda | auto (rank i uses GPU local rank i)");
+  flags.add("dtype", "f32", "bf16 needs CUDA", {"f32", "bf16"});
+  flags.add("device", "auto", "rank i uses GPU local rank i", {"cpu", "cuda", "auto"});
   flags.add(
       "all-reduce", "library",
       "comma-separated transports: library (NCCL on GPUs, MPI on CPU) | copy-engine (CUDA, 2 to 8 ranks, "
       "all on one host: peer DMA copies and one add kernel)");
-  flags.add("warmup", "5", "untimed all-reduces per size");
+  flags.add("warmup-iters", "5", "untimed all-reduces per size, before the timed ones");
+  flags.alias("warmup", "warmup-iters");
   flags.add("iters", "20", "timed all-reduces per size");
   flags.add("json", "", "also write one JSON object per size to this file (rank 0)");
   std::unique_ptr<dist::DistRuntime> runtime;
@@ -98,8 +99,8 @@ int main(int argc, char** argv) {
     TT_CHECK(
         dtype == DType::f32 || device.is_cuda(),
         "--dtype bf16 is measured on CUDA only (the MPI backend adds bf16 element by element on the host)");
-    const int64_t warmup = flags.integer("warmup"), iters = flags.integer("iters");
-    TT_CHECK(warmup >= 0 && iters > 0, "--warmup must be >= 0 and --iters positive");
+    const int64_t warmup = flags.integer("warmup-iters"), iters = flags.integer("iters");
+    TT_CHECK(warmup >= 0 && iters > 0, "--warmup-iters must be >= 0 and --iters positive");
     std::unique_ptr<dist::Communicator> comm = dist::make_communicator(device, *runtime);
     const bool root = runtime->is_root();
     std::unique_ptr<JsonlWriter> json;

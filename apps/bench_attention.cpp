@@ -122,18 +122,19 @@ int main(int argc, char** argv) {
         "flash),\n"
         "sweep (batch 1, causal, T 128..65536, d 16..128, bf16 and f32), leaderboard (1x16x16384x64 bf16).");
     flags.add("suite", "leaderboard", "course | sweep | leaderboard (comma-separated for several)");
-    flags.add("warmup", "10", "untimed iterations");
+    flags.add("warmup-iters", "10", "untimed iterations before the timed ones");
+    flags.alias("warmup", "warmup-iters");
     flags.add("iters", "100", "timed iterations (forward, backward, forward+backward each)");
-    flags.add("dtype", "f32", "course suite: f32 | bf16");
+    flags.add("dtype", "f32", "course suite's dtype", {"f32", "bf16"});
     flags.add("max-seq", "65536", "sweep: largest T");
-    flags.add("device", "auto", "cpu | cuda | auto");
+    flags.add("device", "auto", "auto: a GPU when there is one", {"cpu", "cuda", "auto"});
     flags.add("json", "", "also write one JSON object per row to this file");
     if (!flags.parse(argc, argv)) return 0;
     const Device device = pick_device(flags.str("device"));
     std::unique_ptr<JsonlWriter> json;
     if (!flags.str("json").empty()) json = std::make_unique<JsonlWriter>(flags.str("json"), false);
-    const int64_t warmup = flags.integer("warmup"), iters = flags.integer("iters");
-    TT_CHECK(warmup >= 0 && iters > 0, "--warmup must be >= 0 and --iters positive");
+    const int64_t warmup = flags.integer("warmup-iters"), iters = flags.integer("iters");
+    TT_CHECK(warmup >= 0 && iters > 0, "--warmup-iters must be >= 0 and --iters positive");
     TT_CHECK(flags.integer("max-seq") > 0, "--max-seq must be positive");
     TT_CHECK(flags.str("dtype") == "f32" || flags.str("dtype") == "bf16",
              "--dtype must be f32 or bf16, got '" + flags.str("dtype") + "'");

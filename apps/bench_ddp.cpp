@@ -180,14 +180,15 @@ int main(int argc, char** argv) {
   flags.add("preset", "xl", "comma-separated presets (tiny, small, medium, large, xl, 2.7b)");
   flags.add("strategy", "naive,flat,overlap,bucketed", "comma-separated DDP strategies");
   flags.add("bucket-mb", "1,10,100,1000", "comma-separated bucket caps for 'bucketed', in MB (2^20 bytes)");
-  flags.add("precision", "bf16", "f32 | bf16");
-  flags.add("attention", "auto", "naive | flash | auto (flash on CUDA)");
+  flags.add("precision", "bf16", "dtype of matmul and attention inputs", {"f32", "bf16"});
+  flags.add("attention", "auto", "auto: flash on CUDA", {"naive", "flash", "auto"});
   flags.add("ctx", "512", "context length");
   flags.add("batch", "4", "sequences per rank");
   flags.add("vocab", "10000", "vocabulary size");
-  flags.add("warmup", "3", "untimed steps per row");
+  flags.add("warmup-iters", "3", "untimed steps per row, before the timed ones");
+  flags.alias("warmup", "warmup-iters");
   flags.add("steps", "10", "timed steps per row");
-  flags.add("device", "auto", "cpu | cuda | auto (rank i uses GPU local rank i)");
+  flags.add("device", "auto", "rank i uses GPU local rank i", {"cpu", "cuda", "auto"});
   flags.add("single-gpu-baseline", "1",
             "1: also time the 'single' row: every rank alone, no communication (the scaling baseline)");
   flags.add(
@@ -220,9 +221,9 @@ int main(int argc, char** argv) {
     runtime = std::make_unique<dist::DistRuntime>(&argc, &argv);
     const Device device = pick_device(flags.str("device"), runtime->gpu_index());
     const int64_t batch = flags.integer("batch"), ctx = flags.integer("ctx"),
-                  warmup = flags.integer("warmup"), steps = flags.integer("steps");
+                  warmup = flags.integer("warmup-iters"), steps = flags.integer("steps");
     TT_CHECK(batch > 0 && ctx > 0 && steps > 0 && warmup >= 0,
-             "--batch, --ctx and --steps must be positive and --warmup >= 0");
+             "--batch, --ctx and --steps must be positive and --warmup-iters >= 0");
     TT_CHECK(flags.integer("vocab") > 0, "--vocab must be positive");
     const int64_t single = flags.integer("single-gpu-baseline"), zero = flags.integer("zero");
     TT_CHECK(single == 0 || single == 1, "--single-gpu-baseline takes 0 or 1");

@@ -299,7 +299,8 @@ int main(int argc, char** argv) {
     Flags flags("benchmark",
                 "Time forward / backward / optimizer of the Transformer LM over sizes and context lengths.\n"
                 "Phases are timed between device synchronisations; warm-up iterations are not timed.");
-    flags.add("sizes", "small", "comma-separated presets (tiny, small, medium, large, xl, 2.7b)");
+    flags.add("sizes", "small", "comma-separated presets: tiny, small, medium, large, xl, 2.7b");
+    flags.alias("preset", "sizes");
     flags.add("ctx", "256", "comma-separated context lengths");
     flags.add("batch", "4", "batch size");
     flags.add("vocab", "10000", "vocabulary size");
@@ -311,20 +312,24 @@ int main(int argc, char** argv) {
         "fused into backward: each parameter updated on a side stream as soon as its gradient is final) | "
         "train (the step `train` runs, apps/lib/train_step.h: loss read back, --clip, AdamW)");
     flags.add("clip", "1.0", "train rows: global gradient-norm clip, as train's --clip (0: off)");
-    flags.add(
-        "update-in-matmul", "on",
-        "on | off: in step-fused rows, update each linear weight inside the matmul that computes its "
+    flags.add_switch(
+        "update-in-matmul",
+        "in step-fused rows, update each linear weight inside the matmul that computes its "
         "gradient, a group of weights per launch (Hopper GPUs; the gradient is never stored; elsewhere, "
         "or where that kernel does not apply, on the side stream like the other parameters). One H100 "
-        "run: 2.7b 67.5 ms against 73.5 with off, xl 46.7, small 4.54 (docs/benchmarks.md)");
+        "run: 2.7b 67.5 ms against 73.5 with off, xl 46.7, small 4.54 (docs/benchmarks.md)",
+        true);
     flags.add("gemm-sm-margin", "0",
               "SMs to keep free of matmuls (cuBLASLt plans for the rest), e.g. for step-fused's side stream");
     flags.add("gemm-autotune", "0",
               "time this many cuBLASLt candidates per new matmul shape and keep the fastest (0: the "
               "heuristic's first); tuning happens in the first iteration, so give rows a warm-up");
-    flags.add("warmup", "5", "comma-separated untimed warm-up iteration counts (e.g. 0,1,2,5)");
-    flags.add("steps", "10", "timed iterations");
-    flags.add("device", "auto", "cpu | cuda | cuda:N | auto");
+    flags.add(
+        "warmup-iters", "5",
+        "comma-separated counts of untimed iterations before the timed ones (e.g. 0,1,2,5); one row each");
+    flags.alias("warmup", "warmup-iters");
+    flags.add("steps", "10", "timed iterations per row");
+    flags.add("device", "auto", "auto: a GPU when there is one", {"cpu", "cuda", "cuda:N", "auto"});
     flags.add_switch(
         "profile-steps",
         "call cudaProfilerStart/Stop around the measured steps (nsys --capture-range=cudaProfilerApi)");
@@ -337,7 +342,8 @@ int main(int argc, char** argv) {
               "zero the gradients, so there every pass after the first adds to them (bf16: through an f32 "
               "temporary); step and step-fused rows time what training does");
     flags.add("graph", "auto",
-              "on | off | both | auto (on for CUDA): capture the whole iteration in a CUDA graph");
+              "capture the whole iteration in a CUDA graph; both: a row each; auto: on for CUDA",
+              {"on", "off", "both", "auto"});
     flags.add("json", "", "also write one JSON object per row to this file");
     flags.add("memory-timeline", "",
               "record every allocation of one step into FILE.svg (plot), FILE.json (events) and FILE.pickle "
@@ -352,7 +358,7 @@ int main(int argc, char** argv) {
     set_matmul_autotune(static_cast<int>(autotune));
     std::vector<Row> rows;
     std::printf("device: %s, batch %lld, warm-up %s, timed steps %lld\n\n", device_name(device).c_str(),
-                static_cast<long long>(flags.integer("batch")), flags.str("warmup").c_str(),
+                static_cast<long long>(flags.integer("batch")), flags.str("warmup-iters").c_str(),
                 static_cast<long long>(flags.integer("steps")));
     std::unique_ptr<JsonlWriter> json;
     if (!flags.str("json").empty()) json = std::make_unique<JsonlWriter>(flags.str("json"), false);
@@ -381,9 +387,9 @@ int main(int argc, char** argv) {
     TT_CHECK(!grad_modes.empty(), "--grad-dtype needs f32 and/or bf16");
     const std::vector<int64_t> contexts = flags.int_list("ctx");
     TT_CHECK(!contexts.empty(), "--ctx needs at least one context length");
-    const std::vector<int64_t> warmups = flags.int_list("warmup");
-    TT_CHECK(!warmups.empty(), "--warmup needs at least one value");
-    for (int64_t w : warmups) TT_CHECK(w >= 0, "--warmup values must not be negative");
+    const std::vector<int64_t> warmups = flags.int_list("warmup-iters");
+    TT_CHECK(!warmups.empty(), "--warmup-iters needs at least one value");
+    for (int64_t w : warmups) TT_CHECK(w >= 0, "--warmup-iters values must not be negative");
     for (int64_t c : contexts) TT_CHECK(c > 0, "--ctx values must be positive");
     TT_CHECK(flags.integer("batch") > 0, "--batch must be positive");
     TT_CHECK(flags.integer("steps") > 0, "--steps must be positive");

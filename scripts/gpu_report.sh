@@ -52,7 +52,7 @@ for s in "$@"; do
       section attention
       timeout 120 $b/bench_attention --suite leaderboard --iters 50 --json "$out/attn_leaderboard.jsonl" 2>/dev/null | tee "$out/attn_leaderboard.md" | tail -4
       timeout 90 python3 apps/python/attention_baseline.py --suite leaderboard --iters 50 2>&1 | tail -4
-      timeout 150 $b/bench_attention --suite course --iters 20 --warmup 3 --dtype bf16 --json "$out/attn_course.jsonl" >"$out/attn_course.md" 2>/dev/null
+      timeout 150 $b/bench_attention --suite course --iters 20 --warmup-iters 3 --dtype bf16 --json "$out/attn_course.jsonl" >"$out/attn_course.md" 2>/dev/null
       tail -42 "$out/attn_course.md" ;;
     model)
       section model
@@ -123,7 +123,7 @@ for s in "$@"; do
       timeout 200 $b/benchmark --sizes small,medium,large,xl,2.7b --ctx 128,256,512,1024 --precision bf16 \
         --graph on --json "$out/grid_sizes.jsonl" 2>/dev/null | tee "$out/grid_sizes.md" | tail -22
       timeout 200 $b/benchmark --sizes small --ctx 256 --precision bf16,f32 --attention naive,flash \
-        --warmup 0,1,2,5 --graph both --json "$out/grid_warmup.jsonl" >"$out/grid_warmup.md" 2>/dev/null
+        --warmup-iters 0,1,2,5 --graph both --json "$out/grid_warmup.jsonl" >"$out/grid_warmup.md" 2>/dev/null
       tail -3 "$out/grid_warmup.md"
       timeout 150 $b/benchmark --sizes 2.7b --ctx 128,256,512 --precision f32,bf16 --mode forward,step \
         --graph off --steps 3 --json "$out/grid_memory.jsonl" 2>/dev/null | tee "$out/grid_memory.md" | tail -13
@@ -152,7 +152,7 @@ for s in "$@"; do
       section profile
       size=${PROFILE_SIZE:-2.7b}
       timeout 240 ncu --clock-control none --profile-from-start off --metrics gpu__time_duration.sum --csv \
-        $b/benchmark --sizes "$size" --ctx 256 --batch 4 --precision bf16 --mode step --graph off --warmup 1 \
+        $b/benchmark --sizes "$size" --ctx 256 --batch 4 --precision bf16 --mode step --graph off --warmup-iters 1 \
         --steps 1 --profile-steps >"$out/ncu_ours_$size.csv" 2>"$out/ncu_ours.err"
       python3 scripts/kernel_summary.py "$out/ncu_ours_$size.csv" --top 30 | tee "$out/kernels_ours_$size.md"
       timeout 300 python3 apps/python/model_baseline.py --sizes "$size" --ctx 256 --variants compile-bf16 \

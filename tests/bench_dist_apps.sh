@@ -9,11 +9,11 @@ ddp=$3
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 run() { "$mpiexec" -n 2 --oversubscribe --allow-run-as-root "$@"; }
-run "$allreduce" --device cpu --sizes-mb 0.01,1 --warmup 1 --iters 3 --json "$work/allreduce.jsonl" \
+run "$allreduce" --device cpu --sizes-mb 0.01,1 --warmup-iters 1 --iters 3 --json "$work/allreduce.jsonl" \
   >"$work/allreduce.md"
 grep -q "| 1 | f32 | mpi | 2 |" "$work/allreduce.md"
 run "$ddp" --device cpu --preset tiny --ctx 16 --batch 2 --precision f32 --bucket-mb 0.01,1000 \
-  --warmup 1 --steps 2 --json "$work/ddp.jsonl" >"$work/ddp.md"
+  --warmup-iters 1 --steps 2 --json "$work/ddp.jsonl" >"$work/ddp.md"
 grep -q "| tiny | single | - | 2 |" "$work/ddp.md"
 python3 - "$work/allreduce.jsonl" "$work/ddp.jsonl" <<'PY'
 import json, sys

@@ -6,7 +6,7 @@ set -euo pipefail
 bench=$(cd "$(dirname "$1")" && pwd)/$(basename "$1")  # absolute: one run below starts in another folder
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
-"$bench" --sizes tiny --ctx 32 --batch 2 --device cpu --warmup 1 --steps 3 --mode forward,backward,step,step-fused \
+"$bench" --sizes tiny --ctx 32 --batch 2 --device cpu --warmup-iters 1 --steps 3 --mode forward,backward,step,step-fused \
   --json "$work/rows.jsonl" >"$work/table.md"
 grep -q "| tiny | 32 | f32 | naive | step | off | 1 |" "$work/table.md"
 python3 - "$work/rows.jsonl" <<'PY'
@@ -24,12 +24,12 @@ PY
 # --update-in-matmul (on by default): the CPU runs the factored path too (the product, then AdamW on the CPU);
 # the row says how many parameters took it: q, k, v, o, w1, w2, w3 of both layers (the output projection's
 # gradient comes from the fused classifier and loss, ops::linear_cross_entropy).
-"$bench" --sizes tiny --ctx 32 --batch 2 --device cpu --warmup 1 --steps 2 --mode step-fused \
+"$bench" --sizes tiny --ctx 32 --batch 2 --device cpu --warmup-iters 1 --steps 2 --mode step-fused \
   --json "$work/matmul.jsonl" >/dev/null 2>"$work/err.txt"
 grep -q "step-fused: 14 of 21 parameters updated inside their matmul" "$work/err.txt"
 grep -q '"updated_in_matmul": 14, "parameters": 21' "$work/matmul.jsonl"
 # off: every parameter on the side-stream path.
-"$bench" --sizes tiny --ctx 32 --batch 2 --device cpu --warmup 1 --steps 2 --mode step-fused --update-in-matmul off \
+"$bench" --sizes tiny --ctx 32 --batch 2 --device cpu --warmup-iters 1 --steps 2 --mode step-fused --update-in-matmul off \
   --json "$work/matmul_off.jsonl" >/dev/null 2>"$work/err.txt"
 if grep -q "updated inside their matmul" "$work/err.txt"; then
   echo "--update-in-matmul off still updated parameters inside their matmul"
@@ -39,7 +39,7 @@ grep -q '"updated_in_matmul": 0, "parameters": 21' "$work/matmul_off.jsonl"
 echo "step-fused with the update in the matmuls ok"
 # --memory-timeline: the plot, the events, and a pytorch.org/memory_viz snapshot that replays to the same
 # active-memory curve as the events (what the viewer's "Active Memory Timeline" draws).
-(cd "$work" && "$bench" --sizes tiny --ctx 32 --batch 2 --device cpu --warmup 1 --steps 1 --memory-timeline mem \
+(cd "$work" && "$bench" --sizes tiny --ctx 32 --batch 2 --device cpu --warmup-iters 1 --steps 1 --memory-timeline mem \
   >/dev/null 2>&1)
 grep -q "<svg" "$work/mem.svg"
 python3 - "$work/mem.pickle" "$work/mem.json" <<'PY'
@@ -70,7 +70,7 @@ for t, e in zip(trace, events):
 print("memory_viz snapshot ok:", len(trace), "events, peak", peak, "bytes")
 PY
 # A folder that does not exist: a one-line error before anything runs, and a non-zero exit.
-if "$bench" --sizes tiny --device cpu --steps 1 --warmup 0 --memory-timeline "$work/missing/mem" >"$work/out.txt" \
+if "$bench" --sizes tiny --device cpu --steps 1 --warmup-iters 0 --memory-timeline "$work/missing/mem" >"$work/out.txt" \
   2>"$work/err.txt"; then
   echo "benchmark accepted an unwritable --memory-timeline path"
   exit 1
@@ -107,7 +107,7 @@ fi
 grep -q "add step-fused to --mode" "$work/err.txt"
 echo "bad flags rejected up front, --json file kept"
 # train rows time train's own step (apps/lib/train_step.h): one row, its step time and no phases of its own.
-"$bench" --sizes tiny --ctx 32 --batch 2 --device cpu --warmup 1 --steps 2 --mode train --clip 1.0 \
+"$bench" --sizes tiny --ctx 32 --batch 2 --device cpu --warmup-iters 1 --steps 2 --mode train --clip 1.0 \
   --json "$work/train.jsonl" >/dev/null 2>"$work/err.txt"
 python3 - "$work/train.jsonl" <<'PY'
 import json, sys

@@ -1,5 +1,6 @@
 #include "apps/lib/flags.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -9,28 +10,104 @@
 
 namespace tt::app {
 
-void Flags::add(const std::string& name, const std::string& default_value, const std::string& help) {
-  order_.push_back(name);
-  specs_[name] = {default_value, help, false};
+#ifndef TT_VERSION
+#define TT_VERSION "unknown"  // apps/CMakeLists.txt defines it
+#endif
+
+std::string version_line() {
+  std::string line = std::string("tinytrain ") + TT_VERSION;
+#ifdef TT_GIT_COMMIT
+  const std::string commit = TT_GIT_COMMIT;
+  if (!commit.empty()) {
+    line += " (git ";
+    line += commit;
+    line += ')';
+  }
+#endif
+  return line;
 }
 
-void Flags::add_switch(const std::string& name, const std::string& help) {
+void Flags::add(const std::string& name, const std::string& default_value, const std::string& help,
+                const std::vector<std::string>& choices) {
   order_.push_back(name);
-  specs_[name] = {"false", help, true};
+  specs_[name] = {default_value, help, false, choices, group_, {}};
+}
+
+void Flags::add_switch(const std::string& name, const std::string& help, bool on_by_default) {
+  order_.push_back(name);
+  specs_[name] = {on_by_default ? "true" : "false", help, true, {}, group_, {}};
+}
+
+void Flags::alias(const std::string& other_name, const std::string& name) {
+  TT_CHECK(specs_.count(name) > 0, "internal: alias of undeclared flag --" + name);
+  TT_CHECK(!specs_.count(other_name) && !aliases_.count(other_name),
+           "internal: --" + other_name + " is taken");
+  aliases_[other_name] = name;
+  specs_[name].aliases.push_back(other_name);
+}
+
+std::string Flags::canonical(const std::string& name) const {
+  auto it = aliases_.find(name);
+  return it == aliases_.end() ? name : it->second;
 }
 
 namespace {
 // A switch's value: on (true, 1, on, yes) or off (false, 0, off, no); anything else is an error. Used for
 // explicit values as they are given (--name=VALUE, or "name VALUE" in a config file) and when read back.
+bool is_on(const std::string& text) {
+  return text == "true" || text == "1" || text == "on" || text == "yes";
+}
+bool is_off(const std::string& text) {
+  return text == "false" || text == "0" || text == "off" || text == "no";
+}
 bool switch_value(const std::string& name, const std::string& text) {
-  if (text == "true" || text == "1" || text == "on" || text == "yes") return true;
-  if (text == "false" || text == "0" || text == "off" || text == "no") return false;
+  if (is_on(text)) return true;
+  if (is_off(text)) return false;
   throw Error("flag --" + name + " expects on/off, got '" + text + "'");
+}
+
+// `text` as lines of at most `width` columns, each but the first indented by `indent` spaces (the first
+// starts at column `first_column`); words longer than a line stay whole. Newlines in `text` are kept.
+std::string wrap(const std::string& text, size_t first_column, size_t indent, size_t width) {
+  std::string out;
+  size_t column = first_column;
+  bool line_empty = true;
+  std::istringstream lines(text);
+  std::string line;
+  bool first_line = true;
+  while (std::getline(lines, line)) {
+    if (!first_line) {
+      out += '\n';
+      out.append(indent, ' ');
+      column = indent;
+      line_empty = true;
+    }
+    first_line = false;
+    std::istringstream words(line);
+    std::string word;
+    while (words >> word) {
+      if (!line_empty && column + 1 + word.size() > width) {
+        out += '\n';
+        out.append(indent, ' ');
+        column = indent;
+        line_empty = true;
+      }
+      if (!line_empty) {
+        out += ' ';
+        ++column;
+      }
+      out += word;
+      column += word.size();
+      line_empty = false;
+    }
+  }
+  return out;
 }
 }  // namespace
 
-void Flags::set(const std::string& name, const std::string& value, const std::string& origin) {
-  if (!specs_.count(name)) throw Error("unknown flag --" + name + origin + " (see --help)");
+void Flags::set(const std::string& given_name, const std::string& value, const std::string& origin) {
+  const std::string name = canonical(given_name);
+  if (!specs_.count(name)) throw Error("unknown flag --" + given_name + origin + " (see --help)");
   values_[name] = value;
 }
 
@@ -67,6 +144,11 @@ void Flags::read_config(const std::string& path) {
       value = space_pos == std::string::npos ? "" : trim(stripped.substr(space_pos));
     }
     if (name.rfind("--", 0) == 0) name = name.substr(2);
+    name = canonical(name);
+    if (!specs_.count(name) && name.rfind("no-", 0) == 0 && value.empty()) {
+      const std::string positive = canonical(name.substr(3));
+      if (specs_.count(positive) && specs_[positive].is_switch) name = positive, value = "false";
+    }
     if (!specs_.count(name)) {
       throw Error("unknown flag '" + name + "' in " + path + ":" + std::to_string(number) + " (see --help)");
     }
@@ -78,9 +160,9 @@ void Flags::read_config(const std::string& path) {
                   " and " + std::to_string(number) + ")");
     }
     line_of[name] = number;
-    if (specs_[name].is_switch && !value.empty()) switch_value(name, value);
+    if (specs_[name].is_switch) value = value.empty() || switch_value(name, value) ? "true" : "false";
     // Command-line values were parsed first and win.
-    if (!values_.count(name)) values_[name] = value.empty() ? "true" : value;
+    if (!values_.count(name)) values_[name] = value;
   }
 }
 
@@ -90,6 +172,10 @@ bool Flags::parse(int argc, char** argv) {
     std::string arg = argv[i];
     if (arg == "--help" || arg == "-h") {
       std::fputs(help().c_str(), stdout);
+      return false;
+    }
+    if (arg == "--version") {
+      std::printf("%s\n", version_line().c_str());
       return false;
     }
     if (arg.rfind("--", 0) != 0)
@@ -112,14 +198,30 @@ bool Flags::parse(int argc, char** argv) {
       config_path = value;
       continue;
     }
-    if (!specs_.count(arg)) throw Error("unknown flag --" + arg + " (see --help)");
+    const std::string given_name = arg;
+    arg = canonical(arg);
+    if (!specs_.count(arg) && !has_inline && arg.rfind("no-", 0) == 0) {
+      // --no-NAME turns the switch NAME off.
+      const std::string positive = canonical(arg.substr(3));
+      if (specs_.count(positive) && specs_[positive].is_switch) {
+        set(positive, "false", "");
+        continue;
+      }
+    }
+    if (!specs_.count(arg)) throw Error("unknown flag --" + given_name + " (see --help)");
     if (specs_[arg].is_switch) {
-      if (has_inline) switch_value(arg, value);
-      set(arg, has_inline ? value : "true", "");
+      // `--name on|off`: a following word that is not a flag is the switch's value, checked (no app takes
+      // positional arguments).
+      if (!has_inline && i + 1 < argc && std::string(argv[i + 1]).rfind("--", 0) != 0) {
+        value = argv[++i];
+      } else if (!has_inline) {
+        value = "true";
+      }
+      set(arg, switch_value(given_name, value) ? "true" : "false", "");
       continue;
     }
     if (!has_inline) {
-      if (i + 1 >= argc) throw Error("flag --" + arg + " needs a value");
+      if (i + 1 >= argc) throw Error("flag --" + given_name + " needs a value");
       value = argv[++i];
     }
     set(arg, value, "");
@@ -208,19 +310,61 @@ std::vector<double> Flags::number_list(const std::string& name) const {
 }
 
 std::string Flags::help() const {
+  constexpr size_t kWidth = 100, kHelpColumn = 30;
   std::ostringstream out;
-  out << "usage: " << program_ << " [flags]\n" << summary_ << "\n\nflags:\n";
+  out << "usage: " << program_ << " [flags]\n" << wrap(summary_, 0, 0, kWidth) << "\n";
+  auto print = [&](std::string left, const std::string& text) {
+    if (left.size() + 1 > kHelpColumn) {
+      out << left << "\n";
+      left.clear();
+    }
+    left.resize(kHelpColumn, ' ');
+    out << left << wrap(text, kHelpColumn, kHelpColumn, kWidth) << "\n";
+  };
+  std::vector<std::string> groups;  // in order of first appearance; "" (no heading) first
+  groups.emplace_back();
   for (const std::string& name : order_) {
-    const Spec& spec = specs_.at(name);
-    std::string left = "  --" + name + (spec.is_switch ? "" : " VALUE");
-    if (left.size() < 28) left.resize(28, ' ');
-    out << left << " " << spec.help;
-    if (!spec.is_switch && !spec.default_value.empty()) out << " (default: " << spec.default_value << ")";
-    out << "\n";
+    const std::string& g = specs_.at(name).group;
+    if (std::find(groups.begin(), groups.end(), g) == groups.end()) groups.push_back(g);
   }
-  out << "  --config FILE                read flags from FILE (\"name = value\" lines, # comments);\n"
-         "                               flags on the command line take precedence\n"
-         "  --help                       print this help and exit\n";
+  for (const std::string& g : groups) {
+    bool heading_printed = false;
+    for (const std::string& name : order_) {
+      const Spec& spec = specs_.at(name);
+      if (spec.group != g) continue;
+      if (!heading_printed) out << "\n" << (g.empty() ? "flags" : g) << ":\n";
+      heading_printed = true;
+      const bool on_by_default = spec.is_switch && spec.default_value == "true";
+      std::string left = "  --";
+      if (on_by_default) left += "[no-]";
+      left += name;
+      if (!spec.is_switch) {
+        std::string choices;
+        for (const std::string& c : spec.choices) {
+          if (!choices.empty()) choices += '|';
+          choices += c;
+        }
+        left += ' ';
+        left += choices.empty() ? std::string("VALUE") : choices;
+      }
+      std::string text = spec.help;
+      if (!spec.is_switch && !spec.default_value.empty()) text += " (default: " + spec.default_value + ")";
+      if (on_by_default) text += " (default: on)";
+      for (const std::string& a : spec.aliases) {
+        text += " (also --";
+        text += a;
+        text += ')';
+      }
+      print(left, text);
+    }
+  }
+  out << "\nevery app:\n";
+  print("  --config FILE",
+        "read flags from FILE (\"name = value\" lines, # comments); flags on the command line take "
+        "precedence");
+  print("  --help", "print this help and exit");
+  print("  --version", "print \"tinytrain <version>\" and exit");
+  out << "Switches take --name or --no-name (or --name=on|off).\n";
   return out.str();
 }
 

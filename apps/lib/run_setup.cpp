@@ -10,7 +10,8 @@
 namespace tt::app {
 
 void declare_model_flags(Flags& f) {
-  f.add("preset", "tiny", "model size: tiny, small, medium, large, xl, 2.7b");
+  f.group("model");
+  f.add("preset", "tiny", "model size", {"tiny", "small", "medium", "large", "xl", "2.7b"});
   f.add("vocab", "0",
         "vocabulary size (0: DATA/meta.json's vocab_size; token files without meta.json need --vocab)");
   f.add("d-model", "0", "override the preset's d_model");
@@ -18,9 +19,10 @@ void declare_model_flags(Flags& f) {
   f.add("heads", "0", "override the preset's number of heads");
   f.add("d-ff", "0", "override the preset's feed-forward size");
   f.add("ctx", "128", "context length in tokens");
-  f.add("precision", "f32", "f32 | bf16 (bf16 matmul/attention inputs, f32 master weights and reductions)");
-  f.add("attention", "auto", "naive | flash | auto (flash on CUDA, naive on CPU)");
-  f.add("device", "auto", "cpu | cuda | cuda:N | auto (a GPU when there is one)");
+  f.add("precision", "f32", "bf16: bf16 matmul/attention inputs, f32 master weights and reductions",
+        {"f32", "bf16"});
+  f.add("attention", "auto", "auto: flash on CUDA, naive on CPU", {"naive", "flash", "auto"});
+  f.add("device", "auto", "cuda:N: GPU N; auto: a GPU when there is one", {"cpu", "cuda", "cuda:N", "auto"});
   f.add_switch(
       "deterministic",
       "bit-identical CUDA runs (exact resume on GPU): deterministic attention backward, a little slower");

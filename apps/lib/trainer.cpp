@@ -30,51 +30,62 @@ namespace fs = std::filesystem;
 
 void declare_train_flags(Flags& f) {
   declare_model_flags(f);
+  f.group("data");
   f.add(
       "data", "",
       "folder with train.bin, val.bin (and meta.json); default: the built-in corpus, prepared on first use");
-  f.add("out", "runs/tiny", "output folder: metrics.jsonl, loss.svg, checkpoints/, sample.txt");
+  f.group("schedule");
   f.add("steps", "2000", "optimizer steps to train (total, also when resuming)");
+  f.group("data");
   f.add("batch", "16", "sequences per micro-batch (per rank)");
   f.add("grad-accum", "1", "micro-batches accumulated per optimizer step");
+  f.group("schedule");
   f.add("lr-max", "3e-3", "peak learning rate");
   f.add("lr-min", "3e-4", "final learning rate of the cosine schedule");
-  f.add("warmup", "50", "linear warm-up steps");
+  f.add("warmup", "50", "learning-rate warm-up: steps of linear increase to lr-max");
   f.add("cosine-steps", "0", "step at which the cosine schedule reaches lr-min (0: --steps)");
   f.add("weight-decay", "0.1", "AdamW weight decay");
   f.add("beta1", "0.9", "AdamW beta1");
   f.add("beta2", "0.95", "AdamW beta2");
   f.add("clip", "1.0", "global gradient-norm clip (0: off)");
+  f.group("data");
   f.add("seed", "1", "seed for initialisation and data sampling");
-  f.add("sampling", "random", "random | sequential batches");
+  f.add("sampling", "random", "order of the training batches", {"random", "sequential"});
+  f.group("evaluation");
   f.add("eval-every", "200", "evaluate on val.bin every N steps (0: only at the end)");
   f.add("eval-batches", "20", "batches per evaluation (the first eval-batches*batch windows of val.bin)");
+  f.group("checkpoints");
   f.add("ckpt-every", "500",
         "write a checkpoint every N steps; step 0 is written too (0: only at the end; -1: none at all, for "
         "benchmarks and throwaway runs)");
   f.add("keep-ckpts", "3", "checkpoints to keep (0: all)");
-  f.add("log-every", "10", "print a progress line every N steps");
-  f.add("ddp", "bucketed", "data-parallel strategy under mpirun: naive | flat | overlap | bucketed");
+  f.group("distributed");
+  f.add("ddp", "bucketed", "data-parallel strategy under mpirun", {"naive", "flat", "overlap", "bucketed"});
   f.add("bucket-mb", "25", "gradient bucket capacity in MiB (2^20 bytes) for --ddp bucketed");
   f.add("grad-dtype", "auto",
-        "dtype of the gradient buffer: auto (bf16 with --precision bf16, else f32) | f32 | bf16 (with "
-        "--precision bf16: weight gradients rounded to bf16 "
+        "dtype of the gradient buffer: auto: bf16 with --precision bf16, else f32; bf16 (with "
+        "--precision bf16): weight gradients rounded to bf16 "
         "once, as PyTorch's autocast rounds them; half the bytes to write, read and all-reduce; with "
-        "--grad-accum each further micro-batch is added in f32 and rounded again)");
+        "--grad-accum each further micro-batch is added in f32 and rounded again",
+        {"auto", "f32", "bf16"});
   f.add("grad-comm-dtype", "f32",
-        "dtype gradients travel in under mpirun: f32 (exact average) | bf16 (half the bytes; each gradient "
-        "rounded to bf16 before and after the average)");
+        "dtype gradients travel in under mpirun: f32: the exact average; bf16: half the bytes, each "
+        "gradient rounded to bf16 before and after the average",
+        {"f32", "bf16"});
   f.add("all-reduce", "auto",
-        "how the DDP all-reduce moves gradients: library (NCCL on GPUs, MPI on CPU) | copy-engine (2 to 8 "
+        "how the DDP all-reduce moves gradients: library: NCCL on GPUs, MPI on CPU; copy-engine: 2 to 8 "
         "ranks, all on one host, with peer-to-peer GPUs: DMA copies and one add kernel instead of NCCL's "
-        "kernels) | auto (copy-engine for 2 ranks on one host where it works, else library)");
+        "kernels; auto: copy-engine for 2 ranks on one host where it works, else library",
+        {"library", "copy-engine", "auto"});
   f.add("zero", "0", "1: shard the AdamW state across ranks (ZeRO-1); checkpoints load at any world size");
   f.add("gemm-sm-margin", "0",
         "SMs to keep free of matmuls (CUDA), so the gradient all-reduce's kernels overlap backward without "
         "waiting for SMs; 0: matmuls use the whole GPU");
   f.add("zero-grads", "reduce-scatter",
-        "with --zero 1, how gradients are averaged: reduce-scatter (after backward, half the bytes of an "
-        "all-reduce) | ddp (the --ddp strategy's all-reduce, overlapped with backward when bucketed)");
+        "with --zero 1, how gradients are averaged: reduce-scatter: after backward, half the bytes of an "
+        "all-reduce; ddp: the --ddp strategy's all-reduce, overlapped with backward when bucketed",
+        {"reduce-scatter", "ddp"});
+  f.group("checkpoints");
   f.add_switch("overwrite", "replace the checkpoints of an earlier run in --out (otherwise refused)");
   f.add("resume", "",
         "checkpoint to resume from; 'latest': the newest checkpoint of --out that loads (a new run when "
@@ -82,8 +93,12 @@ void declare_train_flags(Flags& f) {
   f.add("init-from", "",
         "checkpoint whose weights a new run starts from (its optimizer state and step are not used), e.g. "
         "one written by `import` from a Hugging Face folder");
+  f.group("evaluation");
   f.add_switch("eval-only", "evaluate --resume on val.bin and exit (prints and writes the mean loss)");
   f.add("json", "", "with --eval-only: write the result as JSON to this file");
+  f.group("output");
+  f.add("out", "runs/tiny", "output folder: metrics.jsonl, loss.svg, checkpoints/, sample.txt");
+  f.add("log-every", "10", "print a progress line every N steps");
   f.add("sample-tokens", "300", "tokens of text to generate at the end (0: none)");
   f.add("top-k", "10", "sample from the k most likely tokens (1: greedy; 0: all)");
   f.add("prompt", "The ", "text the final sample starts from");
