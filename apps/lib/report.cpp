@@ -3,7 +3,10 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <mpi.h>
+
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 
 #include <algorithm>
@@ -181,26 +184,51 @@ PeakFlops device_peak_flops(const std::string& name, bool bf16) {
   return {};
 }
 
+namespace {
+// A terminal a person watches: stdout is a tty, the terminal can move the cursor, and this is a single
+// process (under an MPI launcher every rank's output is forwarded, and may be going to a file).
+bool interactive_terminal() {
+  if (::isatty(STDOUT_FILENO) == 0) return false;
+  const char* term = std::getenv("TERM");
+  if (term == nullptr || std::strcmp(term, "dumb") == 0) return false;
+  int mpi_started = 0;
+  MPI_Initialized(&mpi_started);
+  return mpi_started == 0;
+}
+}  // namespace
+
 Progress::Progress(int64_t first_step, int64_t last_step)
-    : first_(first_step),
-      last_(last_step),
-      interactive_(::isatty(STDOUT_FILENO) != 0),
-      start_s_(now_seconds()) {}
+    : first_(first_step), last_(last_step), interactive_(interactive_terminal()), start_s_(now_seconds()) {}
+
+std::string Progress::duration(double seconds) {
+  const int64_t s = std::isfinite(seconds) ? static_cast<int64_t>(std::max(0.0, std::round(seconds))) : 0;
+  char text[32];
+  if (s < 60)
+    std::snprintf(text, sizeof(text), "%llds", static_cast<long long>(s));
+  else if (s < 3600)
+    std::snprintf(text, sizeof(text), "%lldm%02llds", static_cast<long long>(s / 60),
+                  static_cast<long long>(s % 60));
+  else
+    std::snprintf(text, sizeof(text), "%lldh%02lldm", static_cast<long long>(s / 3600),
+                  static_cast<long long>(s / 60 % 60));
+  return text;
+}
 
 void Progress::update(int64_t step, const std::string& line) {
-  if (!interactive_) {
-    std::printf("%s\n", line.c_str());
-    std::fflush(stdout);
-    return;
-  }
   const double done =
       static_cast<double>(step - first_ + 1) / static_cast<double>(std::max<int64_t>(1, last_ - first_ + 1));
   const double elapsed = now_seconds() - start_s_;
   const double eta = done > 0 ? elapsed * (1 - done) / done : 0;
+  if (!interactive_) {
+    std::printf("%s | elapsed %s | ETA %s\n", line.c_str(), duration(elapsed).c_str(), duration(eta).c_str());
+    std::fflush(stdout);
+    return;
+  }
   const int width = 24, filled = static_cast<int>(done * width);
   std::string bar(static_cast<size_t>(filled), '#');
   bar.resize(width, '.');
-  std::printf("\r[%s] %3.0f%% ETA %5.0fs | %s\033[K", bar.c_str(), done * 100, eta, line.c_str());
+  std::printf("\r[%s] %3.0f%% ETA %s | %s\033[K", bar.c_str(), done * 100, duration(eta).c_str(),
+              line.c_str());
   std::fflush(stdout);
 }
 

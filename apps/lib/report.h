@@ -57,6 +57,10 @@ struct PeakFlops {
 };
 PeakFlops device_peak_flops(const std::string& device_name, bool bf16);
 
+// Progress of steps first..last. A bar redrawn in place only where stdout is an interactive terminal of a
+// single process (not under mpirun, whose ranks may write to a pseudo-terminal even when the job's output
+// goes to a file, and not with TERM=dumb); everywhere else plain lines with elapsed time and ETA, never a
+// carriage return or an escape code, so logs read well.
 class Progress {
  public:
   Progress(int64_t first_step, int64_t last_step);
@@ -64,6 +68,8 @@ class Progress {
   // Redraws the bar (terminal) or prints `line` (otherwise) - callers decide how often.
   void update(int64_t step, const std::string& line);
   void finish();
+  // "42s", "3m05s", "2h07m".
+  static std::string duration(double seconds);
 
  private:
   int64_t first_, last_;
