@@ -177,7 +177,7 @@ int main(int argc, char** argv) {
       "DDP step time per strategy under mpirun (one rank per GPU), weak scaling: the per-rank batch is\n"
       "fixed. Rows: 'single' (no communication, the baseline) and each strategy; bucketed once per\n"
       "--bucket-mb. Step = forward + backward + communication + AdamW; times are the slowest rank's mean.");
-  flags.add("preset", "xl", "comma-separated presets (tiny, small, medium, large, xl, 2.7b)");
+  flags.add("preset", "xl", "comma-separated presets (tiny, small, medium, large, xl, 2.7b, 7b)");
   flags.add("strategy", "naive,flat,overlap,bucketed", "comma-separated DDP strategies");
   flags.add("bucket-mb", "1,10,100,1000", "comma-separated bucket caps for 'bucketed', in MB (2^20 bytes)");
   flags.add("precision", "bf16", "dtype of matmul and attention inputs", {"f32", "bf16"});

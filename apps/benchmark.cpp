@@ -299,7 +299,7 @@ int main(int argc, char** argv) {
     Flags flags("benchmark",
                 "Time forward / backward / optimizer of the Transformer LM over sizes and context lengths.\n"
                 "Phases are timed between device synchronisations; warm-up iterations are not timed.");
-    flags.add("sizes", "small", "comma-separated presets: tiny, small, medium, large, xl, 2.7b");
+    flags.add("sizes", "small", "comma-separated presets: tiny, small, medium, large, xl, 2.7b, 7b");
     flags.alias("preset", "sizes");
     flags.add("ctx", "256", "comma-separated context lengths");
     flags.add("batch", "4", "batch size");

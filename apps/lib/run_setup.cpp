@@ -11,7 +11,7 @@ namespace tt::app {
 
 void declare_model_flags(Flags& f) {
   f.group("model");
-  f.add("preset", "tiny", "model size", {"tiny", "small", "medium", "large", "xl", "2.7b"});
+  f.add("preset", "tiny", "model size", nn::preset_names());
   f.add("vocab", "0",
         "vocabulary size (0: DATA/meta.json's vocab_size; token files without meta.json need --vocab)");
   f.add("d-model", "0", "override the preset's d_model");
