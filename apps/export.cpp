@@ -1,4 +1,4 @@
-// export: a checkpoint -> a Hugging Face Llama folder (DESIGN.md "Export") that
+// export: a checkpoint -> a Hugging Face Llama folder (README.md "From your text to Hugging Face") that
 // transformers.LlamaForCausalLM.from_pretrained loads with the same logits: model.safetensors (shards and
 // model.safetensors.index.json above --shard-bytes), config.json, and for SentencePiece data its
 // tokenizer.model with a tokenizer_config.json.

@@ -27,7 +27,7 @@ sources=$(grep -E '\.(cpp|h|cu|cuh|py|sh)$' <<<"$files" | grep -vE '^(docs/resul
 # Known exceptions, as "FILE: PATH". apps/export.cpp's first comment still cites the design document, which
 # is not in the repository (README.md's "From your text to Hugging Face" describes export); remove the entry
 # when that comment is fixed.
-allowed=("apps/export.cpp: DESIGN.md")
+allowed=()
 
 missing=()
 # check FILE WHERE_FROM TOKEN: records TOKEN (a path relative to WHERE_FROM) when it does not exist.
