@@ -20,7 +20,8 @@ run() {  # run NAME TRANSPORT [extra train flags]
     --eval-every 4 --eval-batches 2 --sample-tokens 0 --ckpt-every 0 --warmup 2 --ddp bucketed --bucket-mb 0.01 \
     --all-reduce "$transport" --out "$work/$name" "$@" >"$work/$name.log"
 }
-for transport in library copy-engine auto; do run "$transport" "$transport"; done
+# f32 gradient buffers (bf16 ones are the default with --precision bf16).
+for transport in library copy-engine auto; do run "$transport" "$transport" --grad-dtype f32; done
 # bf16 gradient buffers: both transports average bf16 gradients the same way (a + b in f32, halved, rounded).
 for transport in library copy-engine; do run "$transport-bf16" "$transport" --grad-dtype bf16; done
 # Two GPUs of one host with peer access: auto picks the copy engines, and says so.
