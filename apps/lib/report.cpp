@@ -236,8 +236,7 @@ void Progress::finish() {
   if (interactive_) std::printf("\n");
 }
 
-namespace {
-bool write_all_fd(int fd, const std::string& text) {
+bool write_all(int fd, const std::string& text) {
   size_t done = 0;
   while (done < text.size()) {
     const ssize_t n = ::write(fd, text.data() + done, text.size() - done);
@@ -247,13 +246,12 @@ bool write_all_fd(int fd, const std::string& text) {
   }
   return true;
 }
-}  // namespace
 
 void write_file_atomically(const std::string& path, const std::string& text) {
   const std::string tmp = path + ".tmp";
   const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   TT_CHECK(fd >= 0, "cannot write " + path + ": " + std::string(std::strerror(errno)));
-  const bool ok = write_all_fd(fd, text) && ::fsync(fd) == 0;
+  const bool ok = write_all(fd, text) && ::fsync(fd) == 0;
   const std::string why = std::string(std::strerror(errno));
   ::close(fd);
   if (!ok || std::rename(tmp.c_str(), path.c_str()) != 0) {

@@ -79,6 +79,9 @@ class Progress {
 
 double now_seconds();
 
+// Writes all of `text` to the file descriptor (retrying short writes); false on failure, errno set.
+bool write_all(int fd, const std::string& text);
+
 // Writes `text` to `path` through a temporary file and a rename, so a reader never sees a partial file;
 // throws naming `path` on any failure (the old file is then untouched).
 void write_file_atomically(const std::string& path, const std::string& text);

@@ -32,18 +32,6 @@ int64_t metrics_line_step(const std::string& path, const std::string& line) {
   throw Error("cannot read the step of a line of " + path + ": '" + line.substr(0, 60) + "'");
 }
 
-// Writes all of `text` to `fd`; false on any failure (errno set).
-bool write_all(int fd, const std::string& text) {
-  size_t done = 0;
-  while (done < text.size()) {
-    const ssize_t n = ::write(fd, text.data() + done, text.size() - done);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) return false;
-    done += static_cast<size_t>(n);
-  }
-  return true;
-}
-
 std::string errno_text() {
   return std::strerror(errno);
 }
