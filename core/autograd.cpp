@@ -42,6 +42,12 @@ NoGradGuard::NoGradGuard() : previous_(g_grad_mode) {
 NoGradGuard::~NoGradGuard() {
   g_grad_mode = previous_;
 }
+GradModeGuard::GradModeGuard(bool enabled) : previous_(g_grad_mode) {
+  g_grad_mode = enabled;
+}
+GradModeGuard::~GradModeGuard() {
+  g_grad_mode = previous_;
+}
 
 bool needs_grad(std::initializer_list<const Tensor*> inputs) {
   if (!g_grad_mode) return false;
@@ -164,17 +170,20 @@ void AccumulateGrad::accumulate_tensor(const Tensor& grad_output) {
 }
 
 void run_backward(const Tensor& root, const Tensor& grad) {
+  run_backward_owned(root, grad);
+}
+
+void run_backward_owned(const Tensor& root, Tensor root_grad) {
   TT_CHECK(root.requires_grad(), "backward() on a tensor that does not require grad");
   NoGradGuard no_grad;
-  // Ends this pass's zero marks however the pass ends (mark_grad_zeroed).
+  // Ends this pass's zero marks however the pass ends (mark_grad_zeroed); a pass nested in another (a
+  // recomputed block's) ends none: it is part of the outer one.
   struct PassScope {
     PassScope() { ++g_backward_depth; }
     ~PassScope() {
-      --g_backward_depth;
-      g_backward_passes.fetch_add(1);
+      if (--g_backward_depth == 0) g_backward_passes.fetch_add(1);
     }
   } pass_scope;
-  Tensor root_grad = grad;
   if (!root_grad.defined()) {
     TT_CHECK(root.numel() == 1, "backward() without a gradient needs a scalar, got " + root.describe());
     root_grad = Tensor::full(root.shape(), 1.0, root.dtype(), root.device());
@@ -202,7 +211,7 @@ void run_backward(const Tensor& root, const Tensor& grad) {
   std::priority_queue<std::shared_ptr<Node>, std::vector<std::shared_ptr<Node>>, decltype(later_first)> ready(
       later_first);
   std::unordered_map<Node*, Tensor> pending;
-  pending[root_node.get()] = root_grad;
+  pending[root_node.get()] = std::move(root_grad);
   // A node runs when a gradient reached it or a producer added into its buffer directly.
   auto has_work = [&pending](Node* n) { return pending.count(n) > 0 || n->has_direct_contribution(); };
   ready.push(root_node);
@@ -242,7 +251,7 @@ void run_backward(const Tensor& root, const Tensor& grad) {
       // Allocations of a backward node are attributed to it in memory timelines.
       MemoryTagGuard tag(node->name());
       const NvtxRange range(node->name());
-      input_grads = node->apply(node_grad);
+      input_grads = node->apply_owned(node_grad);
     }
     node_grad = Tensor();
     node->release_saved();

@@ -19,6 +19,10 @@ class Node {
   virtual const char* name() const = 0;
   // Gradients with respect to each input, in the order of `next`; undefined where none flows.
   virtual std::vector<Tensor> apply(const Tensor& grad_output) = 0;
+  // What the engine calls: apply() on the gradient, which the engine holds no other handle to. A node that
+  // hands the gradient on (a recomputed block's, core/recompute.h) may move it out, so that whoever gets it
+  // next can write to it in place as it could have without the node in between.
+  virtual std::vector<Tensor> apply_owned(Tensor& grad_output) { return apply(grad_output); }
   // Frees saved tensors once the node has run (a graph is used for one backward pass).
   virtual void release_saved() {}
   // Whether the node may run in later backward passes (leaf accumulators are shared by every graph).
@@ -100,6 +104,19 @@ bool grad_known_zero(const Tensor& leaf);
 // Whether ops record the graph (thread-local; on by default).
 bool grad_mode_enabled();
 
+// Sets grad mode for its lifetime and restores the previous mode (a recomputed block records its graph
+// inside backward, where the engine has turned recording off).
+class GradModeGuard {
+ public:
+  explicit GradModeGuard(bool enabled);
+  ~GradModeGuard();
+  GradModeGuard(const GradModeGuard&) = delete;
+  GradModeGuard& operator=(const GradModeGuard&) = delete;
+
+ private:
+  bool previous_;
+};
+
 class NoGradGuard {
  public:
   NoGradGuard();
@@ -120,5 +137,9 @@ void attach_node(const Tensor& output, const std::shared_ptr<Node>& node,
                  std::initializer_list<const Tensor*> inputs);
 
 void run_backward(const Tensor& root, const Tensor& grad);
+// run_backward() taking the root's gradient over (no handle to it stays behind), for a backward pass run from
+// inside a node's apply() (core/recompute.h): such a nested pass belongs to the pass that runs it, so zero
+// marks (mark_grad_zeroed) last until the outermost pass ends.
+void run_backward_owned(const Tensor& root, Tensor grad);
 
 }  // namespace tt

@@ -4,6 +4,7 @@
 
 #include "core/ops.h"
 #include "core/profile.h"
+#include "core/recompute.h"
 
 namespace tt::nn {
 
@@ -19,11 +20,20 @@ AttentionKind parse_attention(const std::string& text) {
   throw Error("unknown attention '" + text + "' (expected naive or flash)");
 }
 
+Recompute parse_recompute(const std::string& text) {
+  if (text == "none") return Recompute::none;
+  if (text == "block") return Recompute::block;
+  throw Error("unknown recompute '" + text + "' (expected none or block)");
+}
+
 const char* precision_name(Precision p) {
   return p == Precision::f32 ? "f32" : "bf16";
 }
 const char* attention_name(AttentionKind a) {
   return a == AttentionKind::naive ? "naive" : "flash";
+}
+const char* recompute_name(Recompute r) {
+  return r == Recompute::none ? "none" : "block";
 }
 
 int64_t ModelConfig::parameter_count() const {
@@ -192,7 +202,9 @@ TransformerBlock::TransformerBlock(const ModelConfig& config)
       attn_(register_module("attn", std::make_unique<CausalSelfAttention>(config))),
       ln1_(register_module("ln1", std::make_unique<RMSNorm>(config.d_model, config.norm_eps))),
       ln2_(register_module("ln2", std::make_unique<RMSNorm>(config.d_model, config.norm_eps))),
-      ffn_(register_module("ffn", std::make_unique<SwiGLU>(config.d_model, config.d_ff))) {}
+      ffn_(register_module("ffn", std::make_unique<SwiGLU>(config.d_model, config.d_ff))) {
+  for (const NamedParameter& p : named_parameters()) parameter_tensors_.push_back(p.tensor);
+}
 
 Tensor TransformerBlock::forward(const Tensor& x) const {
   // x + attention(ln1(x)), then h + ffn(ln2(h)): each residual addition happens in the epilogue of the
@@ -225,7 +237,14 @@ Tensor TransformerLM::hidden(const Tensor& ids) const {
   for (size_t i = 0; i < layers_.size(); ++i) {
     const std::string name = "layer " + std::to_string(i);
     const NvtxRange range(name.c_str());
-    x = layers_[i]->forward(x);
+    const TransformerBlock* block = layers_[i];
+    if (config_.recompute == Recompute::block) {
+      // Only x is kept for backward, which runs the block again from it (no dropout or other randomness
+      // in the model, so the second run computes the same values).
+      x = recompute([block](const Tensor& in) { return block->forward(in); }, x, block->parameter_tensors());
+    } else {
+      x = block->forward(x);
+    }
   }
   return ln_final_->forward(x, config_.precision);
 }

@@ -15,11 +15,16 @@ class KVCache;
 
 enum class Precision { f32, bf16 };
 enum class AttentionKind { naive, flash };
+// What the training forward keeps for backward: every op's saved tensors (none), or only each block's
+// input, the block run again in backward to rebuild the rest (block; core/recompute.h).
+enum class Recompute { none, block };
 
 Precision parse_precision(const std::string& text);
 AttentionKind parse_attention(const std::string& text);
+Recompute parse_recompute(const std::string& text);
 const char* precision_name(Precision p);
 const char* attention_name(AttentionKind a);
+const char* recompute_name(Recompute r);
 
 struct ModelConfig {
   int64_t vocab_size = 10000;
@@ -33,6 +38,9 @@ struct ModelConfig {
   Precision precision = Precision::f32;
   AttentionKind attention = AttentionKind::naive;
   bool deterministic = false;  // bit-identical runs on CUDA (exact resume); slower attention backward
+  // block: activation recomputation per Transformer block (less memory, one more forward of the blocks);
+  // the same losses and gradients, bit for bit. Changes nothing without grad mode.
+  Recompute recompute = Recompute::none;
   // Rows per chunk of the fused classifier + loss in loss() (ops::linear_cross_entropy; 0: automatic, about
   // 1 GiB of f32 logits). Tests set it to make several chunks of a small batch.
   int64_t loss_chunk_rows = 0;
@@ -138,9 +146,12 @@ class TransformerBlock : public Module {
   Tensor forward(const Tensor& x) const;
   Tensor forward_cached(const Tensor& x, KVCache& cache, int64_t layer,
                         const std::vector<int64_t>& rows) const;
+  // The block's parameters (for recompute(), which needs to know whether any requires grad).
+  const std::vector<const Tensor*>& parameter_tensors() const { return parameter_tensors_; }
 
  private:
   const ModelConfig config_;
+  std::vector<const Tensor*> parameter_tensors_;
   CausalSelfAttention& attn_;
   RMSNorm &ln1_, &ln2_;
   SwiGLU& ffn_;

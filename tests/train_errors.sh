@@ -68,6 +68,8 @@ expect_ok "last good checkpoint still loads" "$train" --eval-only --resume "$ckp
 expect_error "bf16 gradients in f32" "--grad-dtype bf16 needs --precision bf16" "$train" "${common[@]}" --grad-dtype bf16 --steps 1
 expect_ok "bf16 gradients with ZeRO-1" "$train" "${common[@]}" --precision bf16 --grad-dtype bf16 --zero 1 --steps 2 --out "$work/bf16zero"
 expect_error "bad gradient dtype" "--grad-dtype must be auto, f32 or bf16, got 'f16'" "$train" "${common[@]}" --grad-dtype f16 --steps 1
+expect_error "bad recompute" "unknown recompute 'blocks' (expected none or block)" "$train" "${common[@]}" --recompute blocks --steps 1
+expect_ok "recompute block trains" "$train" "${common[@]}" --recompute block --steps 2 --out "$work/recompute"
 expect_ok "bf16 gradients train" "$train" "${common[@]}" --precision bf16 --grad-dtype bf16 --steps 3 --out "$work/bf16grads"
 grep -q '"loss"' "$work/bf16grads/metrics.jsonl" || { echo "FAIL: no metrics from the bf16-gradient run"; failures=$((failures + 1)); }
 

@@ -23,6 +23,10 @@ void declare_model_flags(Flags& f) {
         {"f32", "bf16"});
   f.add("attention", "auto", "auto: flash on CUDA, naive on CPU", {"naive", "flash", "auto"});
   f.add("device", "auto", "cuda:N: GPU N; auto: a GPU when there is one", {"cpu", "cuda", "cuda:N", "auto"});
+  f.add("recompute", "none",
+        "block: keep only each block's input for backward and run the block again there (less activation "
+        "memory, one more forward of the blocks; the same results)",
+        {"none", "block"});
   f.add_switch(
       "deterministic",
       "bit-identical CUDA runs (exact resume on GPU): deterministic attention backward, a little slower");
@@ -58,6 +62,8 @@ void apply_runtime_model_flags(const Flags& flags, nn::ModelConfig& config, Devi
   config.precision = nn::parse_precision(flags.str("precision"));
   config.deterministic = flags.declared("deterministic") && flags.boolean("deterministic");
   config.attention = resolve_attention(flags.str("attention"), device);
+  // Apps that declare their own model flags (bench_ddp) may lack it.
+  if (flags.declared("recompute")) config.recompute = nn::parse_recompute(flags.str("recompute"));
 }
 
 nn::ModelConfig model_config_from_flags(const Flags& flags, Device device, int64_t data_vocab) {
