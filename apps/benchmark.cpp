@@ -48,6 +48,7 @@ nn::ModelConfig bench_config(const Flags& flags, Device device, const std::strin
   config.context_length = max_ctx;
   config.precision = nn::parse_precision(precision);
   config.attention = resolve_attention(attention, device);
+  config.recompute = nn::parse_recompute(flags.str("recompute"));
   return config;
 }
 
@@ -311,6 +312,9 @@ int main(int argc, char** argv) {
         "comma-separated: forward | backward (forward+backward) | step (+ AdamW) | step-fused (AdamW "
         "fused into backward: each parameter updated on a side stream as soon as its gradient is final) | "
         "train (the step `train` runs, apps/lib/train_step.h: loss read back, --clip, AdamW)");
+    flags.add("recompute", "none",
+              "none | block: keep only each transformer block's input and recompute the block in backward",
+              {"none", "block"});
     flags.add("clip", "1.0", "train rows: global gradient-norm clip, as train's --clip (0: off)");
     flags.add_switch(
         "update-in-matmul",
