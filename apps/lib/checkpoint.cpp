@@ -482,19 +482,20 @@ void write_initial_checkpoint(const std::string& path, const nn::ModelConfig& co
   }
 }
 
-nn::ModelConfig config_for_init_from(const std::string& path, const nn::ModelConfig& run) {
+nn::ModelConfig config_for_checkpoint(const std::string& path, const nn::ModelConfig& run, bool resume) {
   const nn::ModelConfig saved = read_checkpoint_config(path);
   const std::pair<const char*, std::pair<int64_t, int64_t>> fields[] = {
       {"--vocab", {saved.vocab_size, run.vocab_size}},
+      {"--ctx", {resume ? saved.context_length : run.context_length, run.context_length}},
       {"--d-model", {saved.d_model, run.d_model}},
       {"--layers", {saved.num_layers, run.num_layers}},
       {"--heads", {saved.num_heads, run.num_heads}},
       {"--d-ff", {saved.d_ff, run.d_ff}}};
   for (const auto& [flag, values] : fields) {
-    TT_CHECK(values.first == values.second, std::string(flag) + " " + std::to_string(values.second) +
-                                                " differs from the checkpoint " + path + " (" +
-                                                std::to_string(values.first) + "); pass " + flag + " " +
-                                                std::to_string(values.first) + " to start from it");
+    TT_CHECK(values.first == values.second,
+             std::string(flag) + " " + std::to_string(values.second) + " differs from the checkpoint " +
+                 path + " (" + std::to_string(values.first) + "); pass " + flag + " " +
+                 std::to_string(values.first) + (resume ? " to resume it" : " to start from it"));
   }
   nn::ModelConfig config = run;
   config.rope_theta = saved.rope_theta;

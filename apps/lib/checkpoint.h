@@ -85,11 +85,12 @@ using ParameterSource = std::function<Tensor(const std::string& name, const Shap
 void write_initial_checkpoint(const std::string& path, const nn::ModelConfig& config,
                               const ParameterSource& parameter, const TrainState& state);
 
-// For a run that starts from a checkpoint's weights alone (train --init-from): `run` (the configuration of
-// the run's flags) with the checkpoint's RoPE theta and RMSNorm epsilon, which no flag sets, once its sizes
-// are the checkpoint's (else one line naming the flag to pass). The context length may differ (RoPE has no
-// learned positions). Build the model from the result, then load_checkpoint(path, params, nullptr, nullptr).
-nn::ModelConfig config_for_init_from(const std::string& path, const nn::ModelConfig& run);
+// For a run that starts from a checkpoint: `run` (the configuration of the run's flags) with the
+// checkpoint's RoPE theta and RMSNorm epsilon, which no flag sets, once its sizes are the checkpoint's (else
+// one line naming the flag to pass). Resuming (`resume`) needs the same context length too (every recorded
+// window depends on it); a run from the weights alone (train --init-from) may change it (RoPE has no learned
+// positions). Build the model from the result, then load_checkpoint.
+nn::ModelConfig config_for_checkpoint(const std::string& path, const nn::ModelConfig& run, bool resume);
 
 // Deletes all but the newest `keep` files named step_N.h5 with N <= up_to_step in `dir` (keep <= 0 keeps
 // everything).

@@ -69,13 +69,6 @@ void TrainStep::begin() {
   }
 }
 
-double TrainStep::global_mean(double local) {
-  if (!comm_) return local;
-  Tensor t = Tensor::from_floats({static_cast<float>(local)}, {1}, device_);
-  comm_->all_reduce(t, dist::ReduceOp::avg);
-  return t.item();
-}
-
 namespace {
 [[noreturn]] void diverged(const char* what, double value, int64_t step) {
   throw RunEnded(kExitDiverged, std::string(what) + " is " + (std::isnan(value) ? "NaN" : "infinite") +

@@ -58,7 +58,6 @@ class TrainStep {
 
   // What checkpoints save and load; load before the first run().
   OptimizerState& optimizer_state() { return *optimizer_state_; }
-  dist::Communicator* communicator() { return comm_.get(); }
   // One line for the start-up banner: the strategy and transport, when data-parallel.
   std::string describe() const;
 
@@ -67,9 +66,6 @@ class TrainStep {
   // loss or gradient norm is not finite, before anything is updated.
   StepResult run(const std::function<Batch(int64_t micro)>& next_batch, double lr, bool stop_here,
                  int64_t step);
-
-  // The mean over ranks of a per-rank value (the value itself in one process).
-  double global_mean(double local);
 
  private:
   void begin();  // the first run(): after loading, before any update

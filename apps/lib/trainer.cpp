@@ -286,25 +286,6 @@ void check_ranks_agree(const Flags& flags, const RunPlan& plan, const TokenFile&
   dist::check_ranks_agree(*runtime, settings);
 }
 
-// A checkpoint resumed from must hold the model this run builds (the context length included: the position
-// encodings and every recorded window depend on it).
-void check_checkpoint_matches(const std::string& path, const nn::ModelConfig& config) {
-  const nn::ModelConfig saved = read_checkpoint_config(path);
-  const std::pair<const char*, std::pair<int64_t, int64_t>> fields[] = {
-      {"--vocab", {saved.vocab_size, config.vocab_size}},
-      {"--ctx", {saved.context_length, config.context_length}},
-      {"--d-model", {saved.d_model, config.d_model}},
-      {"--layers", {saved.num_layers, config.num_layers}},
-      {"--heads", {saved.num_heads, config.num_heads}},
-      {"--d-ff", {saved.d_ff, config.d_ff}}};
-  for (const auto& [flag, values] : fields) {
-    TT_CHECK(values.first == values.second, std::string(flag) + " " + std::to_string(values.second) +
-                                                " differs from the checkpoint " + path + " (" +
-                                                std::to_string(values.first) + "); pass " + flag + " " +
-                                                std::to_string(values.first) + " to resume it");
-  }
-}
-
 // Rank 0 decides which checkpoint a run resumes from (a name like "latest" is resolved against the run
 // folder it holds the lock of); every rank then loads that file.
 std::string agree_on_resume(const std::string& chosen, dist::DistRuntime* runtime) {
@@ -350,12 +331,9 @@ int run_training(const Flags& flags, Device device, const std::string& data_dir,
       "--init-from starts a new run from a checkpoint's weights; --resume continues one: pass one of them");
   // The model the file holds: its RoPE theta and RMSNorm epsilon (not flags) come from it.
   if (!resume.empty()) {
-    check_checkpoint_matches(resume, plan.config);
-    const nn::ModelConfig saved = read_checkpoint_config(resume);
-    plan.config.rope_theta = saved.rope_theta;
-    plan.config.norm_eps = saved.norm_eps;
+    plan.config = config_for_checkpoint(resume, plan.config, true);
   } else if (!init_from.empty()) {
-    plan.config = config_for_init_from(init_from, plan.config);
+    plan.config = config_for_checkpoint(init_from, plan.config, false);
   }
   const nn::ModelConfig& config = plan.config;
 
