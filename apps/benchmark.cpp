@@ -321,7 +321,7 @@ int main(int argc, char** argv) {
         "in step-fused rows, update each linear weight inside the matmul that computes its "
         "gradient, a group of weights per launch (Hopper GPUs; the gradient is never stored; elsewhere, "
         "or where that kernel does not apply, on the side stream like the other parameters). One H100 "
-        "run: 2.7b 67.5 ms against 73.5 with off, xl 46.7, small 4.54 (docs/benchmarks.md)",
+        "run: 2.7b 67.5 ms against 73.5 with off, xl 46.7, small 4.54 (docs/course.md)",
         true);
     flags.add("gemm-sm-margin", "0",
               "SMs to keep free of matmuls (cuBLASLt plans for the rest), e.g. for step-fused's side stream");
