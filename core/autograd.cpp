@@ -118,6 +118,10 @@ void mark_grad_zeroed(const Tensor& leaf) {
   leaf.impl()->grad_zero_pass = g_backward_passes.load() + (g_backward_depth > 0 ? 1 : 0);
 }
 
+void mark_grad_zeroed_in_current_pass(const Tensor& leaf) {
+  leaf.impl()->grad_zero_pass = g_backward_passes.load();
+}
+
 bool grad_known_zero(const Tensor& leaf) {
   return leaf.impl()->grad_zero_pass == g_backward_passes.load();
 }

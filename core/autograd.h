@@ -99,6 +99,9 @@ bool consume_factored_grad(const std::shared_ptr<Node>& edge, const Tensor& dy, 
 // tensor: a gradient that reaches the same memory through another leaf in the same pass (FlatParameters'
 // flat tensor, whose .grad spans every parameter's) is not seen, so differentiate through the parameters.
 void mark_grad_zeroed(const Tensor& leaf);
+// The same for a buffer given to a leaf inside a pass before any of the pass's gradient reached it (ZeRO
+// stages a unit's gradient buffers from inside backward, just before the unit's backward): for this pass.
+void mark_grad_zeroed_in_current_pass(const Tensor& leaf);
 bool grad_known_zero(const Tensor& leaf);
 
 // Whether ops record the graph (thread-local; on by default).

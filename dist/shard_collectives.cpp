@@ -28,6 +28,12 @@ class CommunicatorCollectives : public optim::ShardCollectives {
   }
   void all_gather(const Tensor& input, Tensor& output) override { comm_.all_gather(input, output); }
   void all_reduce_sum(Tensor& tensor) override { comm_.all_reduce(tensor, ReduceOp::sum); }
+  std::unique_ptr<Pending> reduce_scatter_avg_async(const Tensor& input, Tensor& output) override {
+    return std::make_unique<PendingWork>(comm_.reduce_scatter_async(input, output, ReduceOp::avg));
+  }
+  std::unique_ptr<Pending> all_gather_async(const Tensor& input, Tensor& output) override {
+    return std::make_unique<PendingWork>(comm_.all_gather_async(input, output));
+  }
   std::unique_ptr<Pending> all_gather_blocks_async(Tensor& buffer, int64_t offset, int64_t count,
                                                    int64_t stride) override {
     return std::make_unique<PendingWork>(comm_.all_gather_blocks_async(buffer, offset, count, stride));
@@ -46,6 +52,14 @@ class SingleProcess : public optim::ShardCollectives {
   }
   void all_gather(const Tensor& input, Tensor& output) override { output.copy_(input.view(output.shape())); }
   void all_reduce_sum(Tensor&) override {}
+  std::unique_ptr<Pending> reduce_scatter_avg_async(const Tensor& input, Tensor& output) override {
+    reduce_scatter_avg(input, output);
+    return std::make_unique<Done>();
+  }
+  std::unique_ptr<Pending> all_gather_async(const Tensor& input, Tensor& output) override {
+    all_gather(input, output);
+    return std::make_unique<Done>();
+  }
   std::unique_ptr<Pending> all_gather_blocks_async(Tensor&, int64_t, int64_t, int64_t) override {
     return std::make_unique<Done>();
   }

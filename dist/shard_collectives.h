@@ -1,4 +1,4 @@
-// Adapts a Communicator to the collectives ZeRO-1 needs (optim::ShardCollectives), so optim/ stays free of
+// Adapts a Communicator to the collectives ZeRO needs (optim::ShardCollectives), so optim/ stays free of
 // any dependency on dist/.
 #pragma once
 

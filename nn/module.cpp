@@ -125,6 +125,7 @@ FlatParameters::FlatParameters(Module& module, Device device, uint64_t seed, DTy
 }
 
 void FlatParameters::attach_grads() {
+  grad_dtype_ = flat_grads_.dtype();
   flat_params_.set_grad(flat_grads_);
   for (size_t i = 0; i < params_.size(); ++i) {
     const Tensor& t = *params_[i].tensor;
@@ -159,7 +160,23 @@ void FlatParameters::set_grad_dtype(DType dtype) {
   attach_grads();
 }
 
+void FlatParameters::release_gradient_buffer() {
+  if (flat_params_.defined()) flat_params_.set_grad(Tensor());
+  for (const NamedParameter& p : params_) p.tensor->set_grad(Tensor());
+  flat_grads_ = Tensor();
+}
+
+void FlatParameters::release_parameter_buffer() {
+  disable_bf16_mirror();
+  for (const NamedParameter& p : params_) {
+    p.tensor->impl()->storage.reset();
+    p.tensor->impl()->offset = 0;
+  }
+  flat_params_ = Tensor();
+}
+
 void FlatParameters::zero_grad() {
+  if (!flat_grads_.defined()) return;
   flat_grads_.zero_();
   for (const NamedParameter& p : params_) mark_grad_zeroed(*p.tensor);
 }

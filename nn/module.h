@@ -85,7 +85,14 @@ class FlatParameters {
   // rounded again. Reallocates the (zeroed) buffer and re-points every .grad: call it before handing the
   // gradients to anything that keeps them (DataParallel, ShardedOptimizer, UpdateInBackward).
   void set_grad_dtype(DType dtype);
-  DType grad_dtype() const { return flat_grads_.dtype(); }
+  DType grad_dtype() const { return grad_dtype_; }
+
+  // For ZeRO-2 and 3 (optim/zero_optimizer.h), which keep only shards and per-unit buffers: frees the
+  // gradient buffer (every .grad becomes undefined; zero_grad() then does nothing) or the parameter buffer
+  // (flat_params() becomes undefined and each parameter keeps its shape, dtype and autograd state but no
+  // storage until someone points it at some). Afterwards whoever freed them provides the memory.
+  void release_gradient_buffer();
+  void release_parameter_buffer();
 
   // For bf16 training (f32 parameters): a bf16 copy of every parameter, laid out like the flat buffer and
   // attached to each parameter (Tensor::low_precision_copy), so the bf16 matmuls read it instead of casting
@@ -104,6 +111,7 @@ class FlatParameters {
   std::vector<int64_t> offsets_;
   void attach_grads();  // points the flat tensor's and every parameter's .grad at flat_grads_, marked zero
   Tensor flat_params_, flat_grads_;
+  DType grad_dtype_ = DType::f32;
   Tensor mirror_;
   int64_t parameter_numel_ = 0;
 };

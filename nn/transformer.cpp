@@ -228,41 +228,74 @@ TransformerLM::TransformerLM(const ModelConfig& config) : config_(config) {
   lm_head_ = &register_module("lm_head", std::make_unique<Linear>(config.d_model, config.vocab_size));
 }
 
-Tensor TransformerLM::hidden(const Tensor& ids) const {
+std::vector<size_t> TransformerLM::unit_first_parameters() {
+  // Parameters are registered embedding, blocks, final norm, head: one unit per registered child, the
+  // blocks split out of their ModuleList.
+  const std::vector<NamedParameter> all = named_parameters();
+  std::vector<size_t> first{0};
+  for (size_t i = 1; i < all.size(); ++i) {
+    if (all[i].name.rfind("layers.", 0) != 0 && all[i - 1].name.rfind("layers.", 0) != 0) continue;
+    const auto block = [](const std::string& name) { return name.substr(0, name.find('.', 7)); };
+    if (block(all[i].name) != block(all[i - 1].name)) first.push_back(i);
+  }
+  TT_CHECK(first.size() == static_cast<size_t>(config_.num_layers) + 2,
+           "internal: TransformerLM parameter units do not match its layers");
+  return first;
+}
+
+Tensor TransformerLM::blocks_output(const Tensor& ids) const {
   TT_CHECK(ids.dim() == 2, "model input must be (batch, seq) token ids, got " + ids.describe());
   TT_CHECK(ids.size(1) <= config_.context_length, "sequence length " + std::to_string(ids.size(1)) +
                                                       " exceeds the context length " +
                                                       std::to_string(config_.context_length));
-  Tensor x = token_embeddings_->forward(ids);
+  Tensor x = run_unit(
+      units_, 0, [this](const Tensor& in) { return token_embeddings_->forward(in); }, ids);
   for (size_t i = 0; i < layers_.size(); ++i) {
     const std::string name = "layer " + std::to_string(i);
     const NvtxRange range(name.c_str());
     const TransformerBlock* block = layers_[i];
-    if (config_.recompute == Recompute::block) {
-      // Only x is kept for backward, which runs the block again from it (no dropout or other randomness
-      // in the model, so the second run computes the same values).
-      x = recompute([block](const Tensor& in) { return block->forward(in); }, x, block->parameter_tensors());
-    } else {
-      x = block->forward(x);
-    }
+    const bool recomputed = config_.recompute == Recompute::block;
+    x = run_unit(
+        units_, static_cast<int>(i) + 1,
+        [block, recomputed](const Tensor& in) {
+          // Only the input is kept for backward, which runs the block again from it (no dropout or other
+          // randomness in the model, so the second run computes the same values).
+          if (recomputed) {
+            return recompute([block](const Tensor& v) { return block->forward(v); }, in,
+                             block->parameter_tensors());
+          }
+          return block->forward(in);
+        },
+        x);
   }
-  return ln_final_->forward(x, config_.precision);
+  return x;
 }
 
 Tensor TransformerLM::forward(const Tensor& ids) const {
-  const Tensor h = hidden(ids);
+  const Tensor x = blocks_output(ids);
   const NvtxRange range("lm_head");
-  return lm_head_->forward(h, config_.precision);
+  return run_unit(
+      units_, static_cast<int>(layers_.size()) + 1,
+      [this](const Tensor& in) {
+        return lm_head_->forward(ln_final_->forward(in, config_.precision), config_.precision);
+      },
+      x);
 }
 
 Tensor TransformerLM::loss(const Tensor& ids, const Tensor& targets) const {
-  const Tensor h = hidden(ids);
+  const Tensor x = blocks_output(ids);
   const NvtxRange range("lm_head");
-  const int64_t rows = h.size(0) * h.size(1);
-  const Tensor& weight = lm_head_->weight();
-  return ops::linear_cross_entropy(
-      ops::reshape(h, {rows, config_.d_model}), weight, ops::reshape(targets, {rows}),
-      config_.precision == Precision::bf16 ? DType::bf16 : weight.dtype(), config_.loss_chunk_rows);
+  return run_unit(
+      units_, static_cast<int>(layers_.size()) + 1,
+      [this, &targets](const Tensor& in) {
+        const Tensor h = ln_final_->forward(in, config_.precision);
+        const int64_t rows = h.size(0) * h.size(1);
+        const Tensor& weight = lm_head_->weight();
+        return ops::linear_cross_entropy(
+            ops::reshape(h, {rows, config_.d_model}), weight, ops::reshape(targets, {rows}),
+            config_.precision == Precision::bf16 ? DType::bf16 : weight.dtype(), config_.loss_chunk_rows);
+      },
+      x);
 }
 
 }  // namespace tt::nn

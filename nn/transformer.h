@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "nn/module.h"
+#include "nn/parameter_units.h"
 
 namespace tt::nn {
 
@@ -175,15 +176,23 @@ class TransformerLM : public Module {
   const ModelConfig& config() const { return config_; }
   ModelConfig& mutable_config() { return config_; }
 
+  // Parameter units (nn/parameter_units.h) for ZeRO-2/3: unit 0 is the token embedding, unit i + 1 block i,
+  // the last unit the final norm and the LM head. The index of each unit's first parameter in
+  // named_parameters() order; units cover the parameters contiguously. forward() and loss() run each unit
+  // through `units` (nullptr: none); forward_cached does not (it needs every parameter present).
+  std::vector<size_t> unit_first_parameters();
+  void set_parameter_units(ParameterUnits* units) { units_ = units; }
+
  private:
-  // The final norm's output (batch, seq, d_model): what the classifier reads.
-  Tensor hidden(const Tensor& ids) const;
+  // The last block's output (batch, seq, d_model): what the final norm reads.
+  Tensor blocks_output(const Tensor& ids) const;
 
   ModelConfig config_;
   Embedding* token_embeddings_ = nullptr;
   std::vector<TransformerBlock*> layers_;
   RMSNorm* ln_final_ = nullptr;
   Linear* lm_head_ = nullptr;
+  ParameterUnits* units_ = nullptr;
 };
 
 }  // namespace tt::nn

@@ -17,7 +17,8 @@
 
 namespace tt::optim {
 
-// The collectives ZeRO needs, implemented by dist/ over its communicators (optim does not depend on dist).
+// The collectives ZeRO needs (ShardedOptimizer here, ZeroOptimizer in zero_optimizer.h), implemented by dist/
+// over its communicators (optim does not depend on dist).
 class ShardCollectives {
  public:
   // A collective in flight; wait() orders later work after it (CUDA) or blocks until it is done (CPU).
@@ -35,6 +36,10 @@ class ShardCollectives {
   // output (world * n) = concatenation of every rank's input (n); input may be output's own block.
   virtual void all_gather(const Tensor& input, Tensor& output) = 0;
   virtual void all_reduce_sum(Tensor& tensor) = 0;
+  // Asynchronous forms (ZeRO-2/3 overlap them with backward and forward); the tensors stay alive until
+  // wait(). Not in place: output and input are separate buffers.
+  virtual std::unique_ptr<Pending> reduce_scatter_avg_async(const Tensor& input, Tensor& output) = 0;
+  virtual std::unique_ptr<Pending> all_gather_async(const Tensor& input, Tensor& output) = 0;
   // In place in the contiguous `buffer`: rank r's block is the `count` elements from offset + r * stride;
   // afterwards every rank holds every rank's block.
   virtual std::unique_ptr<Pending> all_gather_blocks_async(Tensor& buffer, int64_t offset, int64_t count,

@@ -54,21 +54,33 @@ class Mlp : public TestModel {
             : Tensor::from_floats(std::vector<float>(x.begin(), x.end()), {rows, kIn}, device);
     const Tensor targets = Tensor::from_ints(y, {rows}, device);
     const auto f32 = nn::Precision::f32;
-    const Tensor h = ops::swiglu(net_.gate.forward(inputs, f32), net_.up.forward(inputs, f32));
-    const Tensor mixed = ops::add(h, net_.mix.forward(h, f32));
-    return ops::cross_entropy(net_.out.forward(mixed, f32), targets);
+    const Tensor h = nn::run_unit(
+        units_, 0,
+        [&](const Tensor& in) { return ops::swiglu(net_.gate.forward(in, f32), net_.up.forward(in, f32)); },
+        inputs);
+    const Tensor mixed = nn::run_unit(
+        units_, 1, [&](const Tensor& in) { return ops::add(in, net_.mix.forward(in, f32)); }, h);
+    const Tensor logits = nn::run_unit(
+        units_, 2, [&](const Tensor& in) { return net_.out.forward(in, f32); }, mixed);
+    return ops::cross_entropy(logits, targets);
   }
+  // gate and up, the frozen mix, out.
+  std::vector<size_t> unit_first_parameters() override { return {0, 2, 3}; }
+  void set_parameter_units(nn::ParameterUnits* units) override { units_ = units; }
 
  private:
   Net net_;
+  nn::ParameterUnits* units_ = nullptr;
 };
 
 class TinyLm : public TestModel {
  public:
   static constexpr int64_t kRows = 2;
 
-  explicit TinyLm(bool bf16) : model_(config(bf16)) {}
+  TinyLm(bool bf16, bool recompute) : model_(config(bf16, recompute)) {}
   nn::Module& module() override { return model_; }
+  std::vector<size_t> unit_first_parameters() override { return model_.unit_first_parameters(); }
+  void set_parameter_units(nn::ParameterUnits* units) override { model_.set_parameter_units(units); }
 
   Tensor loss(const std::vector<uint64_t>& batch_ids, Device device) override {
     const nn::ModelConfig& c = model_.config();
@@ -88,11 +100,12 @@ class TinyLm : public TestModel {
   }
 
  private:
-  static nn::ModelConfig config(bool bf16) {
+  static nn::ModelConfig config(bool bf16, bool recompute) {
     nn::ModelConfig c = nn::preset("tiny");
     c.vocab_size = 32;
     c.context_length = 8;
     if (bf16) c.precision = nn::Precision::bf16;
+    if (recompute) c.recompute = nn::Recompute::block;
     return c;
   }
   nn::TransformerLM model_;
@@ -156,6 +169,8 @@ const char* model_kind_name(ModelKind kind) {
       return "transformer";
     case ModelKind::transformer_bf16:
       return "transformer (bf16)";
+    case ModelKind::transformer_recompute:
+      return "transformer (recompute)";
   }
   return "?";
 }
@@ -166,7 +181,8 @@ const char* optimizer_kind_name(OptimizerKind kind) {
 
 std::unique_ptr<TestModel> make_test_model(ModelKind kind) {
   if (kind == ModelKind::mlp) return std::make_unique<Mlp>();
-  return std::make_unique<TinyLm>(kind == ModelKind::transformer_bf16);
+  return std::make_unique<TinyLm>(kind == ModelKind::transformer_bf16,
+                                  kind == ModelKind::transformer_recompute);
 }
 
 std::vector<DdpConfig> ddp_configs(ModelKind kind) {

@@ -11,6 +11,7 @@
 #include "dist/data_parallel.h"
 #include "dist/runtime.h"
 #include "nn/module.h"
+#include "nn/parameter_units.h"
 
 namespace tt::testing {
 
@@ -29,9 +30,14 @@ class TestModel {
   virtual void freeze() {}
   // Mean loss over the concatenation of the batches `batch_ids` (equal sizes, content drawn from the id).
   virtual Tensor loss(const std::vector<uint64_t>& batch_ids, Device device) = 0;
+  // Parameter units for ZeRO-2/3 (nn/parameter_units.h): each unit's first parameter, and the hooks the
+  // loss runs its units through (nullptr: none).
+  virtual std::vector<size_t> unit_first_parameters() = 0;
+  virtual void set_parameter_units(nn::ParameterUnits* units) = 0;
 };
 
-enum class ModelKind { mlp, transformer, transformer_bf16 };
+// transformer_recompute: the tiny LM with activation recomputation per block (--recompute block).
+enum class ModelKind { mlp, transformer, transformer_bf16, transformer_recompute };
 enum class OptimizerKind { sgd, adamw };
 const char* model_kind_name(ModelKind kind);
 const char* optimizer_kind_name(OptimizerKind kind);

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# A ZeRO-1 checkpoint written by 2 ranks resumes at 3 ranks, sharded and unsharded, with the same losses,
-# and loads in a single process. Usage: zero_resume.sh MPIEXEC train prepare_data
+# Checkpoints load at any world size and ZeRO stage: a ZeRO-1 checkpoint written by 2 ranks resumes at 3
+# ranks sharded and unsharded, and a ZeRO-3 one written by 2 ranks resumes at 3 ranks with every stage (and
+# a stage-0 one from 3 ranks at 2 ranks with ZeRO-3), all with the same losses as the unsharded run; and they
+# load in a single process. Usage: zero_resume.sh MPIEXEC train prepare_data
 set -euo pipefail
 mpiexec=$1 train=$2 prepare=$3
 work=$(mktemp -d)
@@ -19,14 +21,43 @@ ckpt="$work/first/checkpoints/step_3.h5"
 "${mpi[@]}" -np 3 "$train" "${common[@]}" --zero 1 --zero-grads ddp --bucket-mb 0.001 --steps 6 --resume "$ckpt" \
   --out "$work/sharded_ddp" >/dev/null
 "$train" "${common[@]}" --steps 4 --resume "$ckpt" --out "$work/single" >/dev/null
-python3 - "$work/sharded/metrics.jsonl" "$work/whole/metrics.jsonl" "$work/sharded_ddp/metrics.jsonl" <<'PY'
+# ZeRO-2 and 3 from the ZeRO-1 checkpoint, with gradient accumulation and recomputation in one of them.
+"${mpi[@]}" -np 3 "$train" "${common[@]}" --zero 2 --steps 6 --resume "$ckpt" --out "$work/zero2" >/dev/null
+"${mpi[@]}" -np 3 "$train" "${common[@]}" --zero 3 --recompute block --steps 6 --resume "$ckpt" \
+  --out "$work/zero3" >/dev/null
+# A ZeRO-3 checkpoint from 2 ranks (its step 0 written before sharding, step 3 from the shards) resumes at 2
+# ranks unsharded as the ZeRO-3 run went on, and at 3 ranks unsharded and with ZeRO-2; a stage-0 checkpoint
+# from 3 ranks resumes at 2 ranks with ZeRO-3.
+"${mpi[@]}" -np 2 "$train" "${common[@]}" --zero 3 --steps 6 --ckpt-every 3 --out "$work/first3" >/dev/null
+ckpt3="$work/first3/checkpoints/step_3.h5"
+# At the same world size the resumed run sees the same batches: it must repeat the uninterrupted one.
+"${mpi[@]}" -np 2 "$train" "${common[@]}" --zero 0 --steps 6 --resume "$ckpt3" --out "$work/from3_np2" >/dev/null
+"${mpi[@]}" -np 3 "$train" "${common[@]}" --zero 0 --steps 6 --resume "$ckpt3" --out "$work/from3_whole" >/dev/null
+"${mpi[@]}" -np 3 "$train" "${common[@]}" --zero 2 --steps 6 --resume "$ckpt3" --out "$work/from3_zero2" >/dev/null
+"${mpi[@]}" -np 3 "$train" "${common[@]}" --zero 0 --steps 4 --ckpt-every 4 --resume "$ckpt3" \
+  --out "$work/from3_np3" >/dev/null
+"${mpi[@]}" -np 2 "$train" "${common[@]}" --zero 3 --steps 6 --resume "$work/from3_np3/checkpoints/step_4.h5" \
+  --out "$work/back_to_2" >/dev/null
+"${mpi[@]}" -np 2 "$train" "${common[@]}" --zero 0 --steps 6 --resume "$work/from3_np3/checkpoints/step_4.h5" \
+  --out "$work/back_to_2_whole" >/dev/null
+"$train" "${common[@]}" --steps 4 --resume "$ckpt3" --out "$work/single3" >/dev/null
+python3 - "$work" <<'PY'
 import json, sys
-a = [json.loads(l) for l in open(sys.argv[1])]
-b = [json.loads(l) for l in open(sys.argv[2])]
-c = [json.loads(l) for l in open(sys.argv[3])]
-assert [r["step"] for r in a] == [4, 5, 6] == [r["step"] for r in b] == [r["step"] for r in c], (a, b, c)
-for x, y, z in zip(a, b, c):
-    assert abs(x["loss"] - y["loss"]) <= 1e-6 * abs(y["loss"]), (x["loss"], y["loss"])
-    assert abs(z["loss"] - y["loss"]) <= 1e-6 * abs(y["loss"]), (z["loss"], y["loss"])
-print("resumed at 3 ranks, sharded vs unsharded losses:", [(r["loss"], s["loss"]) for r, s in zip(a, b)])
+work = sys.argv[1]
+def losses(name):
+    return [(r["step"], r["loss"]) for r in map(json.loads, open(f"{work}/{name}/metrics.jsonl"))]
+def same(name, reference, steps):
+    a, b = losses(name), losses(reference)
+    assert [s for s, _ in a] == steps == [s for s, _ in b], (name, a, b)
+    for (_, x), (_, y) in zip(a, b):
+        assert abs(x - y) <= 1e-6 * abs(y), (name, x, y)
+for name in ["sharded", "sharded_ddp", "zero2", "zero3"]:
+    same(name, "whole", [4, 5, 6])
+same("from3_zero2", "from3_whole", [4, 5, 6])
+a, b = losses("from3_np2"), losses("first3")[3:]
+assert [s for s, _ in a] == [4, 5, 6] == [s for s, _ in b], (a, b)
+for (_, x), (_, y) in zip(a, b):
+    assert abs(x - y) <= 1e-6 * abs(y), ("a ZeRO-3 checkpoint resumed unsharded", x, y)
+same("back_to_2", "back_to_2_whole", [5, 6])
+print("resumed across stages and world sizes with the same losses:", losses("zero3"), losses("from3_zero2"))
 PY

@@ -80,6 +80,32 @@ class ShardedState : public OptimizerState {
   optim::ShardedOptimizer& sharded_;
 };
 
+// ZeRO-2/3: the master weights and the state are shards of the optimizer's own layout (zero_optimizer.h).
+class ZeroState : public OptimizerState {
+ public:
+  explicit ZeroState(optim::ZeroOptimizer& zero) : zero_(zero) {}
+  int64_t step_count() const override { return zero_.step_count(); }
+  void set_step_count(int64_t step) override { zero_.set_step_count(step); }
+  double lr() const override { return zero_.lr(); }
+  const optim::AdamWOptions& options() const override { return zero_.options(); }
+  Tensor gather(int which, int64_t offset, const Shape& shape) override {
+    return zero_.gather_moment(which, offset, shape);
+  }
+  void scatter(int which, int64_t offset, const Tensor& full) override {
+    zero_.scatter_moment(which, offset, full);
+  }
+  bool holds_parameters() const override { return true; }
+  Tensor gather_parameter(int64_t offset, const Shape& shape) override {
+    return zero_.gather_parameter(offset, shape);
+  }
+  void scatter_parameter(int64_t offset, const Tensor& full) override {
+    zero_.scatter_parameter(offset, full);
+  }
+
+ private:
+  optim::ZeroOptimizer& zero_;
+};
+
 void write_model_attributes(io::H5File& file, const nn::ModelConfig& config) {
   file.set_attr("/", "format_version", kFormatVersion);
   file.set_attr("/", "vocab_size", config.vocab_size);
@@ -98,8 +124,13 @@ void write_model_attributes(io::H5File& file, const nn::ModelConfig& config) {
 void write_contents(io::H5File* file, const nn::ModelConfig& config, nn::FlatParameters& params,
                     OptimizerState* optimizer, const TrainState& state) {
   const auto& named = params.parameters();
-  if (file) {
-    write_model_attributes(*file, config);
+  if (file) write_model_attributes(*file, config);
+  if (optimizer && optimizer->holds_parameters()) {
+    for (size_t i = 0; i < named.size(); ++i) {
+      const Tensor value = optimizer->gather_parameter(params.offsets()[i], named[i].tensor->shape());
+      if (file) file->write_tensor("/model/" + named[i].name, value);
+    }
+  } else if (file) {
     for (const nn::NamedParameter& p : named) file->write_tensor("/model/" + p.name, *p.tensor);
   }
   if (optimizer) {
@@ -130,6 +161,17 @@ void write_contents(io::H5File* file, const nn::ModelConfig& config, nn::FlatPar
 }
 
 }  // namespace
+
+Tensor OptimizerState::gather_parameter(int64_t, const Shape&) {
+  throw Error("internal: this optimizer does not hold the parameters");
+}
+void OptimizerState::scatter_parameter(int64_t, const Tensor&) {
+  throw Error("internal: this optimizer does not hold the parameters");
+}
+
+std::unique_ptr<OptimizerState> optimizer_state(optim::ZeroOptimizer& zero) {
+  return std::make_unique<ZeroState>(zero);
+}
 
 std::unique_ptr<OptimizerState> optimizer_state(optim::AdamW& adamw) {
   return std::make_unique<WholeAdamW>(adamw);
@@ -364,9 +406,14 @@ void load_checkpoint_unnamed(const std::string& path, nn::FlatParameters& params
     const Tensor host = Tensor::from_floats(values, like.shape());
     return like.dtype() == DType::f32 ? host : ops::cast(host, like.dtype());
   };
-  for (const nn::NamedParameter& p : named) {
+  for (size_t i = 0; i < named.size(); ++i) {
+    const nn::NamedParameter& p = named[i];
     const Tensor host = host_tensor(reader.read_values("/model/" + p.name, false), *p.tensor);
-    p.tensor->copy_(host.to(p.tensor->device()));
+    if (optimizer && optimizer->holds_parameters()) {
+      optimizer->scatter_parameter(params.offsets()[i], host);
+    } else {
+      p.tensor->copy_(host.to(p.tensor->device()));
+    }
   }
   if (optimizer) {
     for (size_t i = 0; i < named.size(); ++i) {

@@ -19,6 +19,7 @@
 #include "nn/transformer.h"
 #include "optim/optimizer.h"
 #include "optim/sharded_optimizer.h"
+#include "optim/zero_optimizer.h"
 
 namespace tt::app {
 
@@ -44,12 +45,19 @@ class OptimizerState {
   virtual Tensor gather(int which, int64_t offset, const Shape& shape) = 0;
   // Takes this rank's part of a parameter's full state (a host tensor every rank read).
   virtual void scatter(int which, int64_t offset, const Tensor& full) = 0;
+  // Whether the optimizer holds the parameters' master copy (ZeRO-2/3: shards); then checkpoints read and
+  // write them through the two calls below (the same contract as gather and scatter), else through the
+  // model's parameter tensors.
+  virtual bool holds_parameters() const { return false; }
+  virtual Tensor gather_parameter(int64_t offset, const Shape& shape);
+  virtual void scatter_parameter(int64_t offset, const Tensor& full);
 };
 std::unique_ptr<OptimizerState> optimizer_state(optim::AdamW& adamw);
 std::unique_ptr<OptimizerState> optimizer_state(optim::ShardedOptimizer& sharded);
+std::unique_ptr<OptimizerState> optimizer_state(optim::ZeroOptimizer& zero);
 
-// Every rank calls it (sharded state is gathered parameter by parameter, never whole on one rank); only the
-// rank with `writer` set writes the file.
+// Every rank calls it (sharded parameters and state are gathered parameter by parameter, never whole on
+// one rank); only the rank with `writer` set writes the file.
 void save_checkpoint(const std::string& path, const nn::ModelConfig& config, nn::FlatParameters& params,
                      OptimizerState* optimizer, const TrainState& state, bool writer = true);
 

@@ -18,36 +18,49 @@ TrainStep::TrainStep(nn::TransformerLM& model, nn::FlatParameters& params, Devic
   if (world_ > 1) {
     comm_ = dist::make_communicator(device, *runtime);
     // Only DDP all-reduces gradients; ZeRO's reduce-scatter has nothing for the copy engine to carry.
-    const bool ddp_all_reduce = !options.zero || options.zero_grads_by_ddp;
+    const bool ddp_all_reduce = options.zero == 0 || (options.zero == 1 && options.zero_grads_by_ddp);
     const std::string note =
         dist::select_all_reduce_transport(*comm_, options.all_reduce, *runtime, ddp_all_reduce);
     if (runtime->rank() == 0 && !note.empty()) std::fprintf(stderr, "note: %s\n", note.c_str());
   }
-  if (options.zero) {
+  if (options.zero >= 1) {
     collectives_ = comm_ ? dist::shard_collectives(*comm_) : dist::single_process_collectives();
     if (comm_) comm_->broadcast(params.flat_params(), 0);
+  }
+  if (options.zero == 1) {
     sharded_ = std::make_unique<optim::ShardedOptimizer>(params, *collectives_, options.adamw);
     optimizer_state_ = app::optimizer_state(*sharded_);
+  } else if (options.zero >= 2) {
+    zero_ = std::make_unique<optim::ZeroOptimizer>(params, *collectives_, model.unit_first_parameters(),
+                                                   options.zero, options.adamw,
+                                                   model.config().precision == nn::Precision::bf16);
+    model.set_parameter_units(zero_.get());
+    optimizer_state_ = app::optimizer_state(*zero_);
   } else {
     adamw_ = std::make_unique<optim::AdamW>(std::vector<Tensor>{params.flat_params()}, options.adamw);
     optimizer_state_ = app::optimizer_state(*adamw_);
   }
   // Gradients are averaged by a DDP strategy, unless ZeRO reduce-scatters them itself.
-  if (comm_ && (!options.zero || options.zero_grads_by_ddp)) {
+  if (comm_ && (options.zero == 0 || (options.zero == 1 && options.zero_grads_by_ddp))) {
     ddp_ = std::make_unique<dist::DataParallel>(params, *comm_, options.ddp, options.bucket_mb,
                                                 options.grad_comm_bf16);
   }
 }
 
-TrainStep::~TrainStep() = default;
+TrainStep::~TrainStep() {
+  if (zero_) model_.set_parameter_units(nullptr);
+}
 
 std::string TrainStep::describe() const {
   if (!comm_) return "";
   const std::string transport = comm_->all_reduce_transport() == dist::AllReduceTransport::library
                                     ? comm_->backend()
                                     : dist::all_reduce_transport_name(comm_->all_reduce_transport());
-  const std::string strategy = options_.zero ? std::string("ZeRO-1 (sharded AdamW state)")
-                                             : std::string("DDP ") + dist::ddp_strategy_name(options_.ddp);
+  const char* zero[] = {"", "ZeRO-1 (sharded AdamW state)", "ZeRO-2 (sharded AdamW state and gradients)",
+                        "ZeRO-3 (sharded AdamW state, gradients and parameters)"};
+  const std::string strategy = options_.zero > 0
+                                   ? std::string(zero[options_.zero])
+                                   : std::string("DDP ") + dist::ddp_strategy_name(options_.ddp);
   return strategy + ", all-reduce by " + transport;
 }
 
@@ -81,7 +94,7 @@ namespace {
 StepResult TrainStep::run(const std::function<Batch(int64_t micro)>& next_batch, double lr, bool stop_here,
                           int64_t step) {
   if (!started_) begin();
-  options_.zero ? sharded_->set_lr(lr) : adamw_->set_lr(lr);
+  zero_ ? zero_->set_lr(lr) : sharded_ ? sharded_->set_lr(lr) : adamw_->set_lr(lr);
   params_.zero_grad();
   const int64_t accum = options_.grad_accum;
   double loss_sum = 0;
@@ -94,8 +107,10 @@ StepResult TrainStep::run(const std::function<Batch(int64_t micro)>& next_batch,
       ddp_->set_sync(micro == accum - 1);  // only the last micro-batch communicates
       ddp_->begin_backward();
     }
+    if (zero_) zero_->begin_backward();  // every micro-batch reduce-scatters into the shard
     (accum == 1 ? loss : ops::scale(loss, 1.0 / static_cast<double>(accum))).backward();
     if (ddp_) ddp_->finish_backward();
+    if (zero_) zero_->finish_backward();
     loss_sum += loss.item();
   }
   StepResult result;
@@ -111,7 +126,9 @@ StepResult TrainStep::run(const std::function<Batch(int64_t micro)>& next_batch,
   }
   if (!std::isfinite(result.loss)) diverged("the loss", result.loss, step);
   const double clip = options_.clip;
-  if (options_.zero) {
+  if (zero_) {
+    result.grad_norm = zero_->step(clip);  // untouched when the norm is not finite
+  } else if (sharded_) {
     // Leaves parameters and state untouched when the norm is not finite.
     result.grad_norm = sharded_->step(clip, ddp_ != nullptr);
   } else if (clip_factor_.defined()) {

@@ -17,14 +17,15 @@
 #include "nn/transformer.h"
 #include "optim/optimizer.h"
 #include "optim/sharded_optimizer.h"
+#include "optim/zero_optimizer.h"
 
 namespace tt::app {
 
 struct TrainStepOptions {
   int64_t batch = 1, ctx = 1, grad_accum = 1;
   double clip = 1.0;               // global gradient-norm clip (0: off)
-  bool zero = false;               // ZeRO-1: AdamW state sharded across ranks
-  bool zero_grads_by_ddp = false;  // with zero: gradients averaged by the DDP strategy, not a reduce-scatter
+  int zero = 0;                    // ZeRO stage: 1 AdamW state, 2 and gradients, 3 and parameters sharded
+  bool zero_grads_by_ddp = false;  // with zero 1: gradients averaged by the DDP all-reduce instead
   dist::DdpStrategy ddp = dist::DdpStrategy::bucketed;
   double bucket_mb = 25;
   bool grad_comm_bf16 = false;      // all-reduce f32 gradients in bf16
@@ -50,8 +51,8 @@ struct StepResult {
 class TrainStep {
  public:
   // Builds the optimizer and, under mpirun, the communicator and data-parallel strategy (collective: every
-  // rank constructs it at the same point). `params` must have been padded for ZeRO (FlatParameters'
-  // pad_multiple = world size).
+  // rank constructs it at the same point). `params` must have been padded for ZeRO-1 (FlatParameters'
+  // pad_multiple = world size). ZeRO-2/3 run the model's units through the optimizer (until destroyed).
   TrainStep(nn::TransformerLM& model, nn::FlatParameters& params, Device device, dist::DistRuntime* runtime,
             const TrainStepOptions& options);
   ~TrainStep();
@@ -80,6 +81,7 @@ class TrainStep {
   std::unique_ptr<optim::ShardCollectives> collectives_;
   std::unique_ptr<optim::AdamW> adamw_;
   std::unique_ptr<optim::ShardedOptimizer> sharded_;
+  std::unique_ptr<optim::ZeroOptimizer> zero_;  // stages 2 and 3
   std::unique_ptr<dist::DataParallel> ddp_;
   std::unique_ptr<OptimizerState> optimizer_state_;
   Tensor clip_norm_, clip_factor_;  // device scalars when AdamW clips on the GPU

@@ -77,7 +77,11 @@ void declare_train_flags(Flags& f) {
         "ranks, all on one host, with peer-to-peer GPUs: DMA copies and one add kernel instead of NCCL's "
         "kernels; auto: copy-engine for 2 ranks on one host where it works, else library",
         {"library", "copy-engine", "auto"});
-  f.add("zero", "0", "1: shard the AdamW state across ranks (ZeRO-1); checkpoints load at any world size");
+  f.add("zero", "0",
+        "ZeRO stage: 1: shard the AdamW state across ranks; 2: and the gradients (reduce-scattered per "
+        "Transformer block during backward); 3: and the parameters (each block's gathered just before use); "
+        "checkpoints load at any world size and stage",
+        {"0", "1", "2", "3"});
   f.add("gemm-sm-margin", "0",
         "SMs to keep free of matmuls (CUDA), so the gradient all-reduce's kernels overlap backward without "
         "waiting for SMs; 0: matmuls use the whole GPU");
@@ -237,13 +241,14 @@ RunPlan plan_run(const Flags& flags, Device device, const std::string& data_dir,
            "--lr-min " + flags.str("lr-min") + " is above --lr-max " + flags.str("lr-max"));
   TT_CHECK(!p.out.empty(), "--out must name a folder");
   const int64_t zero = flags.integer("zero");
-  TT_CHECK(zero == 0 || zero == 1, "--zero must be 0 or 1");
+  TT_CHECK(zero >= 0 && zero <= 3, "--zero must be 0, 1, 2 or 3");
   const std::string zero_grads = flags.str("zero-grads");
   const std::string grad_comm = flags.str("grad-comm-dtype");
   TT_CHECK(grad_comm == "f32" || grad_comm == "bf16",
            "--grad-comm-dtype must be f32 or bf16, got '" + grad_comm + "'");
-  TT_CHECK(grad_comm == "f32" || !zero || zero_grads == "ddp",
-           "--grad-comm-dtype bf16 applies to the DDP all-reduce; with --zero 1 use --zero-grads ddp");
+  TT_CHECK(grad_comm == "f32" || zero == 0 || (zero == 1 && zero_grads == "ddp"),
+           "--grad-comm-dtype bf16 applies to the DDP all-reduce; with --zero 1 use --zero-grads ddp, with "
+           "--zero 2 or 3 gradients are reduce-scattered in their own dtype");
   TT_CHECK(zero_grads == "reduce-scatter" || zero_grads == "ddp",
            "--zero-grads must be reduce-scatter or ddp, got '" + zero_grads + "'");
   p.grads_bf16 = grads_bf16_from_flags(flags, p.config.precision == nn::Precision::bf16, grad_comm == "bf16");
@@ -260,7 +265,7 @@ RunPlan plan_run(const Flags& flags, Device device, const std::string& data_dir,
   s.ctx = p.ctx;
   s.grad_accum = p.accum;
   s.clip = flags.number("clip");
-  s.zero = zero == 1;
+  s.zero = static_cast<int>(zero);
   s.zero_grads_by_ddp = zero_grads == "ddp";
   // Checked in a single process too, so that a launch script's flags fail on one machine before many.
   s.ddp = dist::parse_ddp_strategy(flags.str("ddp"));
@@ -339,7 +344,7 @@ int run_training(const Flags& flags, Device device, const std::string& data_dir,
 
   // Every rank builds the same initial model from the seed (rank 0's is broadcast as well).
   nn::TransformerLM model(config);
-  nn::FlatParameters params(model, device, plan.seed, DType::f32, plan.step.zero ? plan.world : 1);
+  nn::FlatParameters params(model, device, plan.seed, DType::f32, plan.step.zero == 1 ? plan.world : 1);
   if (plan.grads_bf16) params.set_grad_dtype(DType::bf16);
   TrainStep train_step(model, params, device, runtime, plan.step);
   // Each rank draws its own batches: the stream is seeded by (seed, rank).
@@ -526,7 +531,11 @@ int run_training(const Flags& flags, Device device, const std::string& data_dir,
   std::printf("done: final validation loss %.4f (unigram entropy %.4f); checkpoint %s\n", last_val, entropy,
               last_checkpoint.empty() ? "none (--ckpt-every -1)" : last_checkpoint.c_str());
   const int64_t sample_tokens = flags.integer("sample-tokens");
-  if (sample_tokens > 0) {
+  if (sample_tokens > 0 && plan.step.zero == 3) {
+    // Generation runs on this rank alone and needs every weight here.
+    std::printf("no text sample with --zero 3 (the weights are sharded): run generate on %s\n",
+                last_checkpoint.empty() ? "a checkpoint" : last_checkpoint.c_str());
+  } else if (sample_tokens > 0) {
     std::unique_ptr<Tokenizer> tokenizer;
     try {
       tokenizer = load_data_tokenizer(data_dir);

@@ -1,0 +1,455 @@
+#include "optim/zero_optimizer.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <exception>
+
+#include "core/autograd.h"
+#include "core/ops.h"
+
+namespace tt::optim {
+
+namespace {
+// Staging buffers kept for reuse before a unit waits for the oldest reduce-scatter to free one: one unit
+// being written by backward while the previous one is on the wire.
+constexpr size_t kStagingBuffers = 2;
+}  // namespace
+
+ZeroOptimizer::ZeroOptimizer(nn::FlatParameters& params, ShardCollectives& comm,
+                             std::vector<size_t> unit_first_parameters, int stage,
+                             const AdamWOptions& options, bool bf16_copies)
+    : params_(params),
+      comm_(comm),
+      stage_(stage),
+      bf16_copies_(bf16_copies),
+      param_dtype_(params.flat_params().dtype()),
+      grad_dtype_(params.grad_dtype()),
+      device_(params.flat_params().device()) {
+  TT_CHECK(stage == 2 || stage == 3, "ZeroOptimizer: stage must be 2 or 3, got " + std::to_string(stage));
+  const auto& list = params.parameters();
+  TT_CHECK(!unit_first_parameters.empty() && unit_first_parameters[0] == 0 &&
+               std::is_sorted(unit_first_parameters.begin(), unit_first_parameters.end()) &&
+               unit_first_parameters.back() < list.size(),
+           "ZeroOptimizer: unit_first_parameters must start at 0 and ascend within the parameters");
+  const int64_t world = comm.world_size();
+  unit_of_.assign(list.size(), 0);
+  for (size_t u = 0; u < unit_first_parameters.size(); ++u) {
+    Unit unit;
+    unit.first = unit_first_parameters[u];
+    unit.end = u + 1 < unit_first_parameters.size() ? unit_first_parameters[u + 1] : list.size();
+    TT_CHECK(unit.end > unit.first, "ZeroOptimizer: a unit without parameters");
+    unit.begin = params.offsets()[unit.first];
+    unit.finish = params.offsets()[unit.end - 1] + list[unit.end - 1].tensor->numel();
+    unit.chunk = (unit.numel() + world - 1) / world;
+    unit.shard_offset = shard_numel_;
+    shard_numel_ += unit.chunk;
+    max_unit_padded_ = std::max(max_unit_padded_, unit.chunk * world);
+    for (size_t i = unit.first; i < unit.end; ++i) {
+      unit_of_[i] = u;
+      trainable_.push_back(list[i].tensor->requires_grad());
+      unit.trainable += trainable_.back() ? 1 : 0;
+    }
+    units_.push_back(std::move(unit));
+  }
+  // The shard's padding stays zero: no gradient reaches it, so AdamW leaves it zero.
+  shard_params_ = Tensor::zeros({shard_numel_}, param_dtype_, device_);
+  shard_params_.set_requires_grad(true);
+  shard_grads_ = Tensor::zeros({shard_numel_}, param_dtype_, device_);
+  shard_params_.set_grad(shard_grads_);
+  adamw_ = std::make_unique<AdamW>(std::vector<Tensor>{shard_params_}, options);
+  // Gradients live in staging buffers and the shard from now on.
+  params.release_gradient_buffer();
+  for (size_t i = 0; i < list.size(); ++i) {
+    if (!trainable_[i]) continue;
+    hooks_.emplace_back(i,
+                        list[i].tensor->register_grad_ready_hook([this, i](Tensor&) { on_grad_ready(i); }));
+  }
+}
+
+ZeroOptimizer::~ZeroOptimizer() {
+  // Collectives in flight write into buffers this object owns.
+  try {
+    for (Unit& unit : units_) {
+      if (unit.gather) unit.gather->wait();
+    }
+    for (InFlight& f : in_flight_) f.work->wait();
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "ZeroOptimizer: %s\n", e.what());
+  }
+  for (const auto& [index, handle] : hooks_)
+    params_.parameters()[index].tensor->remove_grad_ready_hook(handle);
+}
+
+void ZeroOptimizer::start() {
+  if (started_) return;
+  started_ = true;
+  const Tensor& flat = params_.flat_params();
+  for (const Piece& piece : owned(0, params_.numel())) {
+    Tensor dst = shard_params_.narrow_view(0, piece.shard, piece.count);
+    dst.copy_(flat.narrow_view(0, piece.flat, piece.count));
+  }
+  const auto& list = params_.parameters();
+  if (stage_ == 2) {
+    if (bf16_copies_) params_.enable_bf16_mirror();
+    return;
+  }
+  params_.release_parameter_buffer();
+  if (!bf16_copies_) return;
+  // One bf16 tensor per parameter for the model's whole life, its storage pointed into the unit's bf16
+  // buffer while gathered: a matmul's backward saves this handle and sees the unit gathered again.
+  for (const nn::NamedParameter& p : list) {
+    auto impl = std::make_shared<TensorImpl>();
+    impl->shape = p.tensor->shape();
+    impl->strides = contiguous_strides(impl->shape);
+    impl->dtype = DType::bf16;
+    impl->device = device_;
+    bf16_copies_of_.emplace_back(impl);
+    p.tensor->set_low_precision_copy(bf16_copies_of_.back());
+  }
+}
+
+std::vector<ZeroOptimizer::Piece> ZeroOptimizer::owned(int64_t offset, int64_t count) const {
+  std::vector<Piece> pieces;
+  const int64_t rank = comm_.rank(), end = offset + count;
+  for (const Unit& unit : units_) {
+    if (unit.finish <= offset || unit.begin >= end) continue;
+    const int64_t chunk_begin = unit.begin + rank * unit.chunk;
+    const int64_t lo = std::max(offset, chunk_begin);
+    const int64_t hi = std::min({end, chunk_begin + unit.chunk, unit.finish});
+    if (lo < hi) pieces.push_back({lo, unit.shard_offset + (lo - chunk_begin), hi - lo});
+  }
+  return pieces;
+}
+
+Tensor ZeroOptimizer::gather_pieces(const Tensor& shard, int64_t offset, const Shape& shape) {
+  const int64_t n = shape_numel(shape);
+  // Each rank contributes its pieces, zeros elsewhere; the sum over ranks is the whole (adding zeros is
+  // exact).
+  Tensor full = Tensor::zeros({n}, shard.dtype(), device_);
+  for (const Piece& piece : owned(offset, n)) {
+    Tensor dst = full.narrow_view(0, piece.flat - offset, piece.count);
+    dst.copy_(shard.narrow_view(0, piece.shard, piece.count));
+  }
+  comm_.all_reduce_sum(full);
+  return full.view(shape).to(Device::cpu());
+}
+
+void ZeroOptimizer::scatter_pieces(Tensor& shard, int64_t offset, const Tensor& full) {
+  const Tensor flat = full.view({full.numel()});
+  for (const Piece& piece : owned(offset, full.numel())) {
+    Tensor dst = shard.narrow_view(0, piece.shard, piece.count);
+    dst.copy_(flat.narrow_view(0, piece.flat - offset, piece.count).to(device_));
+  }
+}
+
+Tensor ZeroOptimizer::gather_parameter(int64_t offset, const Shape& shape) {
+  // Before start() (and in stage 2 always) every rank holds the parameter whole.
+  if (params_.flat_params().defined()) {
+    return params_.flat_params().narrow_view(0, offset, shape_numel(shape)).view(shape).to(Device::cpu());
+  }
+  return gather_pieces(shard_params_, offset, shape);
+}
+
+void ZeroOptimizer::scatter_parameter(int64_t offset, const Tensor& full) {
+  if (params_.flat_params().defined()) {
+    Tensor dst = params_.flat_params().narrow_view(0, offset, full.numel());
+    dst.copy_(full.view({full.numel()}).to(device_));
+    params_.refresh_bf16_mirror();
+  }
+  if (started_) scatter_pieces(shard_params_, offset, full);
+}
+
+Tensor ZeroOptimizer::gather_moment(int which, int64_t offset, const Shape& shape) {
+  return gather_pieces(which == 0 ? adamw_->exp_avg()[0] : adamw_->exp_avg_sq()[0], offset, shape);
+}
+
+void ZeroOptimizer::scatter_moment(int which, int64_t offset, const Tensor& full) {
+  scatter_pieces(which == 0 ? adamw_->exp_avg()[0] : adamw_->exp_avg_sq()[0], offset, full);
+}
+
+// --- gradients ---
+
+void ZeroOptimizer::begin_backward() {
+  start();
+  TT_CHECK(!armed_, "ZeroOptimizer::begin_backward twice without finish_backward");
+  armed_ = true;
+  for (Unit& unit : units_) {
+    unit.ready = 0;
+    unit.staged = unit.launched = false;
+  }
+  next_launch_ = static_cast<int>(units_.size()) - 1;
+}
+
+Tensor ZeroOptimizer::acquire_staging() {
+  if (free_staging_.empty() && !in_flight_.empty() &&
+      in_flight_.size() + 1 >= kStagingBuffers) {  // the one being written plus those on the wire
+    complete_oldest();
+  }
+  if (free_staging_.empty()) {
+    free_staging_.push_back(Tensor::empty({max_unit_padded_}, grad_dtype_, device_));
+  }
+  Tensor staging = std::move(free_staging_.back());
+  free_staging_.pop_back();
+  return staging;
+}
+
+void ZeroOptimizer::before_backward(int index) {
+  TT_CHECK(armed_, "ZeroOptimizer: a unit's backward began outside begin_backward/finish_backward");
+  const size_t u = static_cast<size_t>(index);
+  if (stage_ == 3) {
+    // Units after this one have finished their backward (see run_unit): their parameters go.
+    for (size_t v = u + 1; v < units_.size(); ++v) release(v);
+    ensure_gathered(u);
+    if (u > 0) issue_gather(u - 1);
+  }
+  Unit& unit = units_[u];
+  if (unit.staged || unit.trainable == 0) return;
+  unit.staging = acquire_staging();
+  const int64_t padded = unit.chunk * comm_.world_size();
+  Tensor used = unit.staging.narrow_view(0, 0, padded);
+  // Zeros where no gradient is written (frozen parameters, padding) and under the accumulator's additions.
+  used.zero_();
+  const auto& list = params_.parameters();
+  for (size_t i = unit.first; i < unit.end; ++i) {
+    if (!trainable_[i]) continue;
+    const Tensor& t = *list[i].tensor;
+    t.set_grad(unit.staging.narrow_view(0, params_.offsets()[i] - unit.begin, t.numel()).view(t.shape()));
+    mark_grad_zeroed_in_current_pass(t);
+  }
+  unit.staged = true;
+  note_staging_bytes();
+}
+
+void ZeroOptimizer::on_grad_ready(size_t parameter) {
+  if (!armed_) return;
+  Unit& unit = units_[unit_of_[parameter]];
+  if (!unit.staged) {
+    throw Error(
+        "ZeroOptimizer: the gradient of " + params_.parameters()[parameter].name +
+        " arrived before its unit's backward began; the model must run its units through nn::run_unit");
+  }
+  if (++unit.ready == unit.trainable) launch_ready_units();
+}
+
+void ZeroOptimizer::launch_ready_units() {
+  // Strictly in descending unit order, so every rank issues the same collectives in the same order.
+  while (next_launch_ >= 0) {
+    Unit& unit = units_[static_cast<size_t>(next_launch_)];
+    if (unit.trainable > 0 && unit.ready < unit.trainable) return;
+    if (unit.trainable > 0) launch(static_cast<size_t>(next_launch_));
+    --next_launch_;
+  }
+}
+
+void ZeroOptimizer::launch(size_t u) {
+  Unit& unit = units_[u];
+  unit.launched = true;
+  const auto& list = params_.parameters();
+  // No gradient of this unit is written again in this pass; the buffer may serve another unit next.
+  for (size_t i = unit.first; i < unit.end; ++i) list[i].tensor->set_grad(Tensor());
+  InFlight f;
+  f.unit = u;
+  f.staging = std::move(unit.staging);
+  const int64_t padded = unit.chunk * comm_.world_size();
+  f.wire = f.staging.narrow_view(0, 0, padded);
+  if (f.wire.dtype() == DType::bf16 && device_.is_cpu()) {
+    // MPI reduces no bf16: widen (exact) and reduce in f32.
+    Tensor wide = Tensor::empty({padded}, DType::f32, device_);
+    ops::cast_into(wide, f.wire);
+    f.wire = wide;
+  }
+  f.received = Tensor::empty({unit.chunk}, f.wire.dtype(), device_);
+  f.work = comm_.reduce_scatter_avg_async(f.wire, f.received);
+  in_flight_.push_back(std::move(f));
+  note_staging_bytes();
+}
+
+void ZeroOptimizer::complete_oldest() {
+  InFlight f = std::move(in_flight_.front());
+  in_flight_.pop_front();
+  f.work->wait();
+  const Unit& unit = units_[f.unit];
+  Tensor dst = shard_grads_.narrow_view(0, unit.shard_offset, unit.chunk);
+  ops::add_into(dst, f.received.dtype() == dst.dtype() ? f.received : ops::cast(f.received, dst.dtype()));
+  free_staging_.push_back(std::move(f.staging));
+}
+
+void ZeroOptimizer::finish_backward() {
+  TT_CHECK(armed_, "ZeroOptimizer::finish_backward without begin_backward");
+  armed_ = false;
+  // Units whose parameters did not all get a gradient in this pass (the same on every rank): their staged
+  // gradients go now, in the same descending order.
+  for (int u = next_launch_; u >= 0; --u) {
+    if (units_[static_cast<size_t>(u)].staged && !units_[static_cast<size_t>(u)].launched)
+      launch(static_cast<size_t>(u));
+  }
+  next_launch_ = -1;
+  while (!in_flight_.empty()) complete_oldest();
+  // Between passes the shard is the only gradient memory (the caching allocator keeps the blocks on CUDA).
+  free_staging_.clear();
+  for (Unit& unit : units_) unit.staging = Tensor();
+  const auto& list = params_.parameters();
+  for (const nn::NamedParameter& p : list) p.tensor->set_grad(Tensor());
+  if (stage_ == 3) {
+    for (size_t u = 0; u < units_.size(); ++u) release(u);
+  }
+}
+
+void ZeroOptimizer::note_staging_bytes() {
+  int64_t bytes = 0;
+  for (const Tensor& t : free_staging_) bytes += static_cast<int64_t>(t.nbytes());
+  for (const Unit& unit : units_)
+    bytes += unit.staging.defined() ? static_cast<int64_t>(unit.staging.nbytes()) : 0;
+  for (const InFlight& f : in_flight_) {
+    bytes += static_cast<int64_t>(f.staging.nbytes() + f.received.nbytes());
+    if (f.wire.storage() != f.staging.storage()) bytes += static_cast<int64_t>(f.wire.nbytes());
+  }
+  peak_staging_bytes_ = std::max(peak_staging_bytes_, bytes);
+}
+
+// --- the update ---
+
+double ZeroOptimizer::step(double max_norm, bool measure_norm) {
+  start();
+  TT_CHECK(!armed_, "ZeroOptimizer::step between begin_backward and finish_backward");
+  double norm = std::nan("");
+  if (max_norm > 0 || measure_norm) {
+    const double local = ops::sum_squares(shard_grads_);
+    Tensor total = device_.is_cpu() ? Tensor::from_doubles({local}, {1})
+                                    : Tensor::from_floats({static_cast<float>(local)}, {1}, device_);
+    comm_.all_reduce_sum(total);
+    norm = std::sqrt(total.item());
+    if (!std::isfinite(norm)) return norm;  // diverged: the caller stops; nothing is updated
+    if (max_norm > 0) {
+      const double scale = std::min(1.0, max_norm / (norm + 1e-6));
+      if (scale < 1.0) scale_gradients(shard_grads_, scale);
+    }
+  }
+  adamw_->step();
+  shard_grads_.zero_();
+  if (stage_ == 3) return norm;
+  // Stage 2: every rank's updated chunks into the whole flat buffer, unit by unit through two buffers, the
+  // next unit's gather in flight while the last one is copied out.
+  Tensor& flat = params_.flat_params();
+  const int64_t world = comm_.world_size();
+  Tensor buffers[2];
+  std::unique_ptr<ShardCollectives::Pending> pending[2];
+  auto issue = [&](size_t u) {
+    Tensor& buffer = buffers[u % 2];
+    if (!buffer.defined()) buffer = Tensor::empty({max_unit_padded_}, param_dtype_, device_);
+    Tensor out = buffer.narrow_view(0, 0, units_[u].chunk * world);
+    pending[u % 2] =
+        comm_.all_gather_async(shard_params_.narrow_view(0, units_[u].shard_offset, units_[u].chunk), out);
+  };
+  issue(0);
+  for (size_t u = 0; u < units_.size(); ++u) {
+    if (u + 1 < units_.size()) issue(u + 1);
+    pending[u % 2]->wait();
+    Tensor dst = flat.narrow_view(0, units_[u].begin, units_[u].numel());
+    dst.copy_(buffers[u % 2].narrow_view(0, 0, units_[u].numel()));
+  }
+  params_.refresh_bf16_mirror();
+  return norm;
+}
+
+// --- stage 3: parameters gathered per unit ---
+
+void ZeroOptimizer::issue_gather(size_t u) {
+  Unit& unit = units_[u];
+  if (unit.gathered.defined()) return;
+  unit.gathered = Tensor::empty({unit.chunk * comm_.world_size()}, param_dtype_, device_);
+  unit.gather =
+      comm_.all_gather_async(shard_params_.narrow_view(0, unit.shard_offset, unit.chunk), unit.gathered);
+  peak_gathered_units_ = std::max(peak_gathered_units_, gathered_units());
+}
+
+void ZeroOptimizer::ensure_gathered(size_t u) {
+  Unit& unit = units_[u];
+  issue_gather(u);
+  if (!unit.gather) return;  // pointed at it already
+  unit.gather->wait();
+  unit.gather.reset();
+  const auto& list = params_.parameters();
+  for (size_t i = unit.first; i < unit.end; ++i) {
+    TensorImpl* impl = list[i].tensor->impl();
+    impl->storage = unit.gathered.storage();
+    impl->offset = unit.gathered.offset() + (params_.offsets()[i] - unit.begin);
+  }
+  if (!bf16_copies_) return;
+  unit.gathered_bf16 = Tensor::empty({unit.numel()}, DType::bf16, device_);
+  ops::cast_into(unit.gathered_bf16, unit.gathered.narrow_view(0, 0, unit.numel()));
+  for (size_t i = unit.first; i < unit.end; ++i) {
+    TensorImpl* impl = bf16_copies_of_[i].impl();
+    impl->storage = unit.gathered_bf16.storage();
+    impl->offset = unit.gathered_bf16.offset() + (params_.offsets()[i] - unit.begin);
+  }
+}
+
+void ZeroOptimizer::release(size_t u) {
+  Unit& unit = units_[u];
+  if (!unit.gathered.defined()) return;
+  if (unit.gather) unit.gather->wait();  // a prefetch nobody used
+  unit.gather.reset();
+  const auto& list = params_.parameters();
+  for (size_t i = unit.first; i < unit.end; ++i) {
+    list[i].tensor->impl()->storage.reset();
+    if (bf16_copies_) bf16_copies_of_[i].impl()->storage.reset();
+  }
+  unit.gathered = Tensor();
+  unit.gathered_bf16 = Tensor();
+}
+
+void ZeroOptimizer::before_forward(int index) {
+  start();
+  if (stage_ != 3) return;
+  const size_t u = static_cast<size_t>(index);
+  ensure_gathered(u);
+  if (u + 1 < units_.size()) issue_gather(u + 1);
+}
+
+void ZeroOptimizer::after_forward(int index, bool backward_follows) {
+  if (stage_ != 3) return;
+  const size_t u = static_cast<size_t>(index);
+  // The last unit's backward comes first: keep it.
+  if (backward_follows && u + 1 == units_.size()) return;
+  release(u);
+}
+
+int ZeroOptimizer::gathered_units() const {
+  int n = 0;
+  for (const Unit& unit : units_) n += unit.gathered.defined() ? 1 : 0;
+  return n;
+}
+
+// --- memory ---
+
+int64_t ZeroOptimizer::gradient_bytes() const {
+  int64_t bytes = static_cast<int64_t>(shard_grads_.nbytes());
+  for (const Tensor& t : free_staging_) bytes += static_cast<int64_t>(t.nbytes());
+  for (const Unit& unit : units_)
+    bytes += unit.staging.defined() ? static_cast<int64_t>(unit.staging.nbytes()) : 0;
+  for (const InFlight& f : in_flight_)
+    bytes += static_cast<int64_t>(f.staging.nbytes() + f.received.nbytes());
+  // Anything still attached to the parameters outside a staging buffer.
+  if (params_.flat_grads().defined()) bytes += static_cast<int64_t>(params_.flat_grads().nbytes());
+  return bytes;
+}
+
+int64_t ZeroOptimizer::parameter_bytes() const {
+  int64_t bytes = static_cast<int64_t>(shard_params_.nbytes());
+  const Tensor& flat = params_.flat_params();
+  if (flat.defined()) bytes += static_cast<int64_t>(flat.nbytes());
+  if (params_.bf16_mirror().defined()) bytes += static_cast<int64_t>(params_.bf16_mirror().nbytes());
+  for (const Unit& unit : units_) {
+    if (unit.gathered.defined()) bytes += static_cast<int64_t>(unit.gathered.nbytes());
+    if (unit.gathered_bf16.defined()) bytes += static_cast<int64_t>(unit.gathered_bf16.nbytes());
+  }
+  return bytes;
+}
+
+int64_t ZeroOptimizer::state_bytes() const {
+  return static_cast<int64_t>(adamw_->exp_avg()[0].nbytes() + adamw_->exp_avg_sq()[0].nbytes());
+}
+
+}  // namespace tt::optim
