@@ -52,14 +52,16 @@ ZeroOptimizer::ZeroOptimizer(nn::FlatParameters& params, ShardCollectives& comm,
     }
     units_.push_back(std::move(unit));
   }
+  // Gradients live in staging buffers and the shard from now on; the model's buffers go before the
+  // shards come (a 7b model's f32 parameters are 28 GB).
+  params.release_gradient_buffer();
   // The shard's padding stays zero: no gradient reaches it, so AdamW leaves it zero.
   shard_params_ = Tensor::zeros({shard_numel_}, param_dtype_, device_);
+  start();
   shard_params_.set_requires_grad(true);
   shard_grads_ = Tensor::zeros({shard_numel_}, param_dtype_, device_);
   shard_params_.set_grad(shard_grads_);
   adamw_ = std::make_unique<AdamW>(std::vector<Tensor>{shard_params_}, options);
-  // Gradients live in staging buffers and the shard from now on.
-  params.release_gradient_buffer();
   for (size_t i = 0; i < list.size(); ++i) {
     if (!trainable_[i]) continue;
     hooks_.emplace_back(i,
@@ -82,8 +84,6 @@ ZeroOptimizer::~ZeroOptimizer() {
 }
 
 void ZeroOptimizer::start() {
-  if (started_) return;
-  started_ = true;
   const Tensor& flat = params_.flat_params();
   for (const Piece& piece : owned(0, params_.numel())) {
     Tensor dst = shard_params_.narrow_view(0, piece.shard, piece.count);
@@ -144,7 +144,7 @@ void ZeroOptimizer::scatter_pieces(Tensor& shard, int64_t offset, const Tensor& 
 }
 
 Tensor ZeroOptimizer::gather_parameter(int64_t offset, const Shape& shape) {
-  // Before start() (and in stage 2 always) every rank holds the parameter whole.
+  // In stage 2 every rank holds the parameter whole.
   if (params_.flat_params().defined()) {
     return params_.flat_params().narrow_view(0, offset, shape_numel(shape)).view(shape).to(Device::cpu());
   }
@@ -155,9 +155,12 @@ void ZeroOptimizer::scatter_parameter(int64_t offset, const Tensor& full) {
   if (params_.flat_params().defined()) {
     Tensor dst = params_.flat_params().narrow_view(0, offset, full.numel());
     dst.copy_(full.view({full.numel()}).to(device_));
-    params_.refresh_bf16_mirror();
+    if (params_.bf16_mirror().defined()) {
+      Tensor mirror = params_.bf16_mirror().narrow_view(0, offset, full.numel());
+      ops::cast_into(mirror, dst);
+    }
   }
-  if (started_) scatter_pieces(shard_params_, offset, full);
+  scatter_pieces(shard_params_, offset, full);
 }
 
 Tensor ZeroOptimizer::gather_moment(int which, int64_t offset, const Shape& shape) {
@@ -171,7 +174,6 @@ void ZeroOptimizer::scatter_moment(int which, int64_t offset, const Tensor& full
 // --- gradients ---
 
 void ZeroOptimizer::begin_backward() {
-  start();
   TT_CHECK(!armed_, "ZeroOptimizer::begin_backward twice without finish_backward");
   armed_ = true;
   for (Unit& unit : units_) {
@@ -311,7 +313,6 @@ void ZeroOptimizer::note_staging_bytes() {
 // --- the update ---
 
 double ZeroOptimizer::step(double max_norm, bool measure_norm) {
-  start();
   TT_CHECK(!armed_, "ZeroOptimizer::step between begin_backward and finish_backward");
   double norm = std::nan("");
   if (max_norm > 0 || measure_norm) {
@@ -401,7 +402,6 @@ void ZeroOptimizer::release(size_t u) {
 }
 
 void ZeroOptimizer::before_forward(int index) {
-  start();
   if (stage_ != 3) return;
   const size_t u = static_cast<size_t>(index);
   ensure_gathered(u);

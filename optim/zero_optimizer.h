@@ -26,8 +26,9 @@
 // ahead (prefetch: on CUDA it runs on the communication stream while the current unit computes). The last
 // unit stays gathered from its forward into its backward, which comes next.
 //
-// The flat buffer is authoritative until the first forward, backward or step (loading a checkpoint or the
-// broadcast from rank 0 write it); then each rank copies its chunks out of it (start()).
+// The constructor takes each rank's chunks out of the flat buffer (which must hold the model: broadcast or
+// loaded) before it allocates anything of its own, so stage 3 never holds the flat buffer beside the
+// AdamW state; from then on load parameters through scatter_parameter (checkpoints do).
 //
 // Per step: for each micro-batch { loss = model.loss(...); zero.begin_backward(); loss.backward();
 // zero.finish_backward(); }  norm = zero.step(max_norm);
@@ -126,7 +127,7 @@ class ZeroOptimizer : public nn::ParameterUnits {
     int64_t flat = 0, shard = 0, count = 0;
   };
 
-  void start();  // copies this rank's chunks out of the flat buffer (see above); idempotent
+  void start();  // copies this rank's chunks out of the flat buffer (see above)
   std::vector<Piece> owned(int64_t offset, int64_t count) const;
   Tensor gather_pieces(const Tensor& shard, int64_t offset, const Shape& shape);
   void scatter_pieces(Tensor& shard, int64_t offset, const Tensor& full);
@@ -153,7 +154,7 @@ class ZeroOptimizer : public nn::ParameterUnits {
   std::vector<std::pair<size_t, uint64_t>> hooks_;
   std::vector<Tensor> bf16_copies_of_;  // stage 3 bf16: per parameter, the copy the matmuls read
   int64_t shard_numel_ = 0, max_unit_padded_ = 0;
-  bool started_ = false, armed_ = false;
+  bool armed_ = false;
   int next_launch_ = -1;  // the unit whose reduce-scatter comes next (descending order)
   Tensor shard_params_, shard_grads_;
   std::unique_ptr<AdamW> adamw_;

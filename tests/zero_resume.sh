@@ -41,6 +41,11 @@ ckpt3="$work/first3/checkpoints/step_3.h5"
 "${mpi[@]}" -np 2 "$train" "${common[@]}" --zero 0 --steps 6 --resume "$work/from3_np3/checkpoints/step_4.h5" \
   --out "$work/back_to_2_whole" >/dev/null
 "$train" "${common[@]}" --steps 4 --resume "$ckpt3" --out "$work/single3" >/dev/null
+# A new run from a checkpoint's weights alone loads them into the shards too.
+for zero in 0 2 3; do
+  "${mpi[@]}" -np 3 "$train" "${common[@]}" --zero $zero --steps 2 --ckpt-every -1 --init-from "$ckpt3" \
+    --out "$work/init$zero" >/dev/null
+done
 python3 - "$work" <<'PY'
 import json, sys
 work = sys.argv[1]
@@ -59,5 +64,7 @@ assert [s for s, _ in a] == [4, 5, 6] == [s for s, _ in b], (a, b)
 for (_, x), (_, y) in zip(a, b):
     assert abs(x - y) <= 1e-6 * abs(y), ("a ZeRO-3 checkpoint resumed unsharded", x, y)
 same("back_to_2", "back_to_2_whole", [5, 6])
+same("init2", "init0", [1, 2])
+same("init3", "init0", [1, 2])
 print("resumed across stages and world sizes with the same losses:", losses("zero3"), losses("from3_zero2"))
 PY

@@ -383,8 +383,11 @@ nn::ModelConfig read_checkpoint_config_unnamed(const std::string& path) {
   return config;
 }
 
+// weights_only: `optimizer` only receives the parameters it holds, not its state.
 void load_checkpoint_unnamed(const std::string& path, nn::FlatParameters& params, OptimizerState* optimizer,
-                             TrainState* state) {
+                             TrainState* state, bool weights_only = false) {
+  OptimizerState* holder = optimizer && optimizer->holds_parameters() ? optimizer : nullptr;
+  if (weights_only) optimizer = nullptr;
   const CheckedReader reader(path);
   const io::H5File& file = reader.file();
   read_config(reader);
@@ -409,8 +412,8 @@ void load_checkpoint_unnamed(const std::string& path, nn::FlatParameters& params
   for (size_t i = 0; i < named.size(); ++i) {
     const nn::NamedParameter& p = named[i];
     const Tensor host = host_tensor(reader.read_values("/model/" + p.name, false), *p.tensor);
-    if (optimizer && optimizer->holds_parameters()) {
-      optimizer->scatter_parameter(params.offsets()[i], host);
+    if (holder) {
+      holder->scatter_parameter(params.offsets()[i], host);
     } else {
       p.tensor->copy_(host.to(p.tensor->device()));
     }
@@ -476,6 +479,10 @@ nn::ModelConfig read_checkpoint_config(const std::string& path) {
 void load_checkpoint(const std::string& path, nn::FlatParameters& params, OptimizerState* optimizer,
                      TrainState* state) {
   naming_file(path, [&] { load_checkpoint_unnamed(path, params, optimizer, state); });
+}
+
+void load_checkpoint_weights(const std::string& path, nn::FlatParameters& params, OptimizerState* optimizer) {
+  naming_file(path, [&] { load_checkpoint_unnamed(path, params, optimizer, nullptr, true); });
 }
 
 void verify_checkpoint(const std::string& path) {

@@ -71,6 +71,9 @@ nn::ModelConfig read_checkpoint_config(const std::string& path);
 // reading throws with the model partly loaded, so the caller must not use it then.
 void load_checkpoint(const std::string& path, nn::FlatParameters& params, OptimizerState* optimizer,
                      TrainState* state);
+// The parameters only (a run that starts from a checkpoint's weights), through `optimizer` when it holds
+// them (ZeRO-2/3), else into the model's tensors.
+void load_checkpoint_weights(const std::string& path, nn::FlatParameters& params, OptimizerState* optimizer);
 
 // Whether `path` is a checkpoint `train` can resume from: the layout and every attribute checked as loading
 // does, then every dataset of /model and /optimizer read (one at a time, so memory is bounded by the

@@ -351,7 +351,7 @@ int run_training(const Flags& flags, Device device, const std::string& data_dir,
   BatchSampler sampler(train_file, plan.batch, plan.ctx, plan.sampling,
                        (plan.seed * 0x9E3779B97F4A7C15ULL + 1) ^ (uint64_t(plan.rank) << 48), plan.rank,
                        plan.world);
-  if (!init_from.empty()) load_checkpoint(init_from, params, nullptr, nullptr);
+  if (!init_from.empty()) load_checkpoint_weights(init_from, params, &train_step.optimizer_state());
   TrainState state;
   state.rng_seed = sampler.rng().seed;
   state.args = flags.summary_line();
