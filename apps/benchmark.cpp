@@ -340,9 +340,10 @@ int main(int argc, char** argv) {
     flags.add("bf16-weights", "mirror",
               "comma-separated, bf16 rows: mirror (matmuls read a bf16 copy of the weights that AdamW writes "
               "with each update) | cast (every weight cast to bf16 in every forward); one row each");
-    flags.add("grad-dtype", "f32",
+    flags.add("grad-dtype", "auto",
               "comma-separated, bf16 rows: f32 | bf16 (the gradient buffer in bf16: weight gradients "
-              "rounded to bf16 once, as PyTorch's autocast rounds them); one row each. backward rows never "
+              "rounded to bf16 once, as PyTorch's autocast rounds them) | auto (bf16, as train's "
+              "default); one row each (f32 rows: f32). backward rows never "
               "zero the gradients, so there every pass after the first adds to them (bf16: through an f32 "
               "temporary); step and step-fused rows time what training does");
     flags.add("graph", "auto",
@@ -385,8 +386,9 @@ int main(int argc, char** argv) {
     TT_CHECK(!weight_modes.empty(), "--bf16-weights needs mirror and/or cast");
     std::vector<bool> grad_modes;
     for (const std::string& g : flags.list("grad-dtype")) {
-      TT_CHECK(g == "f32" || g == "bf16", "unknown --grad-dtype '" + g + "' (expected f32 or bf16)");
-      grad_modes.push_back(g == "bf16");
+      TT_CHECK(g == "f32" || g == "bf16" || g == "auto",
+               "unknown --grad-dtype '" + g + "' (expected f32, bf16 or auto)");
+      grad_modes.push_back(g != "f32");
     }
     TT_CHECK(!grad_modes.empty(), "--grad-dtype needs f32 and/or bf16");
     const std::vector<int64_t> contexts = flags.int_list("ctx");

@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
-# `train`'s own step time at GPT-2 shapes (vocabulary 50257, context 1024, bf16) against the PyTorch reference
-# model trained the same way (bf16 autocast, SDPA, fused AdamW, clip_grad_norm 1.0; torch.compile and eager),
-# measured in one run on one GPU. Tokens are uniform random ids (the step's time does not depend on them).
-#   scripts/train_speed.sh BUILD_DIR OUT_DIR [SIZE:BATCH ...]      (default: small:32 xl:8)
+# `train`'s own step time (bf16; GPT-2 shapes by default: vocabulary 50257, context 1024) against the PyTorch
+# reference model trained the same way (bf16 autocast, SDPA, fused AdamW, clip_grad_norm 1.0; torch.compile
+# and eager), measured in one run on one GPU. Tokens are uniform random ids (the step's time does not depend
+# on them).
+#   scripts/train_speed.sh BUILD_DIR OUT_DIR [SIZE:BATCH[:CTX[:VOCAB]] ...]      (default: small:32 xl:8)
+# e.g. 2.7b:4:256:10000 is the course configuration.
 # Writes OUT_DIR/train_speed.md (the table) and the raw logs beside it.
 set -euo pipefail
 build=$1 out=$2
@@ -10,47 +12,61 @@ shift 2
 cases=("$@")
 [ ${#cases[@]} -gt 0 ] || cases=(small:32 xl:8)
 steps=${STEPS:-30}
+baselines=${BASELINES:-compile-bf16,sdpa-bf16}  # model_baseline.py variants
 mkdir -p "$out"
-data="$out/gpt2_random"
-if [ ! -f "$data/train.bin" ]; then
-  mkdir -p "$data"
-  python3 - "$data" <<'PY'
+make_data() {  # DIR VOCAB: uniform random tokens
+  [ -f "$1/train.bin" ] && return
+  mkdir -p "$1"
+  python3 - "$1" "$2" <<'PY'
 import json, sys
 import numpy as np
 rng = np.random.default_rng(0)
+vocab = int(sys.argv[2])
 for name, n in (("train.bin", 20_000_000), ("val.bin", 200_000)):
-    rng.integers(0, 50257, n, dtype=np.uint16).tofile(f"{sys.argv[1]}/{name}")
-json.dump({"tokenizer": "gpt2", "vocab_size": 50257, "end_of_text": 50256}, open(f"{sys.argv[1]}/meta.json", "w"))
+    rng.integers(0, vocab, n, dtype=np.uint16).tofile(f"{sys.argv[1]}/{name}")
+# No text is sampled from these ids, so no tokenizer is loaded: the name only has to be a known one.
+json.dump({"tokenizer": "gpt2" if vocab == 50257 else "sentencepiece", "vocab_size": vocab,
+           "end_of_text": vocab - 1}, open(f"{sys.argv[1]}/meta.json", "w"))
 PY
-fi
+}
 gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
 table="$out/train_speed.md"
 {
-  echo "GPU: $gpu; $(date -u +%Y-%m-%d); vocabulary 50257, context 1024, bf16; median of steps 6..$steps"
+  echo "GPU: $gpu; $(date -u +%Y-%m-%d); bf16, clip 1.0; train: median of steps 6..$steps"
   echo
-  echo "| model | batch | train ms | tokens/s | MFU | peak GiB | torch.compile ms | eager (SDPA) ms | vs compile |"
-  echo "|---|---|---|---|---|---|---|---|---|"
+  echo "| model | batch | ctx | vocab | train ms | tokens/s | MFU | peak GiB | benchmark ms | torch.compile ms | eager (SDPA) ms | vs compile |"
+  echo "|---|---|---|---|---|---|---|---|---|---|---|---|"
 } >"$table"
 for case in "${cases[@]}"; do
-  size=${case%%:*} batch=${case##*:}
-  run="$out/run_${size}_$batch"
-  "$build/apps/train" --preset "$size" --data "$data" --ctx 1024 --batch "$batch" --precision bf16 \
+  IFS=: read -r size batch ctx vocab <<<"$case"
+  ctx=${ctx:-1024} vocab=${vocab:-50257}
+  data="$out/random_$vocab"
+  make_data "$data" "$vocab"
+  tag="${size}_${batch}_${ctx}_$vocab"
+  run="$out/run_$tag"
+  "$build/apps/train" --preset "$size" --data "$data" --ctx "$ctx" --batch "$batch" --precision bf16 \
     --steps "$steps" --eval-every 0 --eval-batches 1 --ckpt-every -1 --sample-tokens 0 --log-every 10 \
-    --out "$run" --overwrite 2>&1 | tee "$out/train_${size}_$batch.log" | grep -E "^(step|error)" || true
-  ours=$(python3 - "$run/metrics.jsonl" "$batch" <<'PY'
+    --out "$run" --overwrite 2>&1 | tee "$out/train_$tag.log" | grep -E "^(step|error)" || true
+  ours=$(python3 - "$run/metrics.jsonl" "$batch" "$ctx" <<'PY'
 import json, statistics, sys
 rows = [json.loads(l) for l in open(sys.argv[1])][5:]
 ms = statistics.median(r["step_ms"] for r in rows)
 mfu = statistics.median(r["mfu"] for r in rows)
-tokens = int(sys.argv[2]) * 1024
+tokens = int(sys.argv[2]) * int(sys.argv[3])
 print(f"{ms:.1f} {tokens / ms * 1e3:.0f} {mfu * 100:.1f}% {max(r.get('peak_mib', 0) for r in rows) / 1024:.1f}")
 PY
 )
   read -r ms tok mfu peak <<<"$ours"
-  PYTHONUNBUFFERED=1 timeout 400 python3 apps/python/model_baseline.py --sizes "$size" --ctx 1024 --batch "$batch" \
-    --vocab 50257 --variants compile-bf16,sdpa-bf16 --clip 1.0 --warmup 5 --steps 15 \
-    --json "$out/torch_${size}_$batch.jsonl" 2>&1 | tee "$out/torch_${size}_$batch.md" | grep "^|" | tail -2 || true
-  read -r compile eager <<<"$(python3 - "$out/torch_${size}_$batch.jsonl" <<'PY'
+  # benchmark's train row: the same step, timed by the benchmark app (should agree with train within 3%).
+  "$build/apps/benchmark" --sizes "$size" --ctx "$ctx" --batch "$batch" --vocab "$vocab" --precision bf16 \
+    --mode train --clip 1.0 --warmup-iters 5 --steps 15 --json "$out/bench_$tag.jsonl" \
+    >"$out/bench_$tag.md" 2>&1 || true
+  bench=$(python3 -c "import json,sys; print(f\"{json.loads(open(sys.argv[1]).readline())['step_ms']:.1f}\")" \
+    "$out/bench_$tag.jsonl" 2>/dev/null || echo -)
+  [ -n "$baselines" ] && PYTHONUNBUFFERED=1 timeout 400 python3 apps/python/model_baseline.py --sizes "$size" --ctx "$ctx" --batch "$batch" \
+    --vocab "$vocab" --variants "$baselines" --clip 1.0 --warmup 5 --steps 15 \
+    --json "$out/torch_$tag.jsonl" 2>&1 | tee "$out/torch_$tag.md" | grep "^|" | tail -2 || true
+  read -r compile eager <<<"$(python3 - "$out/torch_$tag.jsonl" <<'PY'
 import json, sys
 r = {j["variant"]: j for j in map(json.loads, open(sys.argv[1]))}
 f = lambda v: f"{r[v]['step_ms']:.1f}" if v in r and "step_ms" in r[v] else "-"
@@ -58,6 +74,6 @@ print(f("compile-bf16"), f("sdpa-bf16"))
 PY
 )"
   ratio=$(python3 -c "print(f'{$compile / $ms:.2f}x')" 2>/dev/null || echo -)
-  echo "| $size | $batch | $ms | $tok | $mfu | $peak | $compile | $eager | $ratio |" | tee -a "$table"
+  echo "| $size | $batch | $ctx | $vocab | $ms | $tok | $mfu | $peak | $bench | $compile | $eager | $ratio |" | tee -a "$table"
 done
 cat "$table"

@@ -1,6 +1,7 @@
 #include "apps/lib/train_step.h"
 
 #include <cmath>
+#include <cstdio>
 
 #include "apps/lib/stop_signal.h"
 #include "core/autograd.h"
@@ -39,7 +40,12 @@ TrainStep::TrainStep(nn::TransformerLM& model, nn::FlatParameters& params, Devic
   } else {
     adamw_ = std::make_unique<optim::AdamW>(std::vector<Tensor>{params.flat_params()}, options.adamw);
     optimizer_state_ = app::optimizer_state(*adamw_);
+    if (device.is_cuda()) {
+      overlap_ = std::make_unique<optim::OverlappedUpdate>(*adamw_, params, model.unit_first_parameters());
+      model.set_parameter_units(overlap_.get());
+    }
   }
+  upload_ = std::make_unique<PinnedUpload>(device);
   // Gradients are averaged by a DDP strategy, unless ZeRO reduce-scatters them itself.
   if (comm_ && (options.zero == 0 || (options.zero == 1 && options.zero_grads_by_ddp))) {
     ddp_ = std::make_unique<dist::DataParallel>(params, *comm_, options.ddp, options.bucket_mb,
@@ -48,7 +54,11 @@ TrainStep::TrainStep(nn::TransformerLM& model, nn::FlatParameters& params, Devic
 }
 
 TrainStep::~TrainStep() {
-  if (zero_) model_.set_parameter_units(nullptr);
+  if (zero_ || overlap_) model_.set_parameter_units(nullptr);
+}
+
+void TrainStep::settle() {
+  if (overlap_) overlap_->settle();
 }
 
 std::string TrainStep::describe() const {
@@ -62,6 +72,16 @@ std::string TrainStep::describe() const {
                                    ? std::string(zero[options_.zero])
                                    : std::string("DDP ") + dist::ddp_strategy_name(options_.ddp);
   return strategy + ", all-reduce by " + transport;
+}
+
+std::string TrainStep::update_path() const {
+  char clip_text[64];
+  std::snprintf(clip_text, sizeof(clip_text), "exact global-norm clipping at %g", options_.clip);
+  const std::string clip = options_.clip > 0 ? clip_text : "no clipping";
+  if (zero_ || sharded_)
+    return "AdamW after backward, sharded (ZeRO-" + std::to_string(options_.zero) + "), " + clip;
+  if (overlap_) return "AdamW after backward (" + clip + "), beside the next step's forward";
+  return "AdamW after backward, " + clip;
 }
 
 void TrainStep::begin() {
@@ -95,14 +115,19 @@ StepResult TrainStep::run(const std::function<Batch(int64_t micro)>& next_batch,
                           int64_t step) {
   if (!started_) begin();
   zero_ ? zero_->set_lr(lr) : sharded_ ? sharded_->set_lr(lr) : adamw_->set_lr(lr);
-  params_.zero_grad();
+  if (!overlap_) params_.zero_grad();
   const int64_t accum = options_.grad_accum;
-  double loss_sum = 0;
+  // Nothing is read back until the whole step is queued: the host runs ahead of the GPU within the step.
+  std::vector<Tensor> losses;
   for (int64_t micro = 0; micro < accum; ++micro) {
     const Batch b = next_batch(micro);
-    const Tensor x = Tensor::from_ints(b.inputs, {options_.batch, options_.ctx}, device_);
-    const Tensor y = Tensor::from_ints(b.targets, {options_.batch, options_.ctx}, device_);
+    const Tensor x = upload_->ints(b.inputs, {options_.batch, options_.ctx});
+    const Tensor y = upload_->ints(b.targets, {options_.batch, options_.ctx});
     const Tensor loss = model_.loss(x, y);
+    if (overlap_ && micro == 0) {
+      overlap_->settle();  // the last update has read the gradients: they can be cleared
+      params_.zero_grad();
+    }
     if (ddp_) {
       ddp_->set_sync(micro == accum - 1);  // only the last micro-batch communicates
       ddp_->begin_backward();
@@ -111,8 +136,13 @@ StepResult TrainStep::run(const std::function<Batch(int64_t micro)>& next_batch,
     (accum == 1 ? loss : ops::scale(loss, 1.0 / static_cast<double>(accum))).backward();
     if (ddp_) ddp_->finish_backward();
     if (zero_) zero_->finish_backward();
-    loss_sum += loss.item();
+    losses.push_back(loss);
   }
+  const double clip = options_.clip;
+  if (clip_factor_.defined())
+    optim::clip_factor_on_device(params_.flat_grads(), clip, clip_norm_, clip_factor_);
+  double loss_sum = 0;
+  for (const Tensor& loss : losses) loss_sum += loss.item();  // the first waits for the step's work
   StepResult result;
   // The loss and the stop request travel together: one small all-reduce per step.
   result.loss = loss_sum / static_cast<double>(accum);
@@ -125,22 +155,25 @@ StepResult TrainStep::run(const std::function<Batch(int64_t micro)>& next_batch,
     result.stop_requested = both[1] > 0;
   }
   if (!std::isfinite(result.loss)) diverged("the loss", result.loss, step);
-  const double clip = options_.clip;
+  const auto update = [this] {
+    if (!overlap_) return adamw_->step();
+    adamw_->prepare_step();
+    overlap_->launch();
+  };
   if (zero_) {
     result.grad_norm = zero_->step(clip);  // untouched when the norm is not finite
   } else if (sharded_) {
     // Leaves parameters and state untouched when the norm is not finite.
     result.grad_norm = sharded_->step(clip, ddp_ != nullptr);
   } else if (clip_factor_.defined()) {
-    optim::clip_factor_on_device(params_.flat_grads(), clip, clip_norm_, clip_factor_);
     result.grad_norm = clip_norm_.item();
-    if (std::isfinite(result.grad_norm)) adamw_->step();
+    if (std::isfinite(result.grad_norm)) update();
   } else {
     result.grad_norm = optim::clip_grad_norm({params_.flat_grads()}, clip);
-    if (std::isfinite(result.grad_norm)) adamw_->step();
+    if (std::isfinite(result.grad_norm)) update();
   }
   if (!std::isfinite(result.grad_norm)) diverged("the gradient norm", result.grad_norm, step);
-  synchronize(device_);
+  if (!overlap_) synchronize(device_);
   return result;
 }
 

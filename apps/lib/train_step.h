@@ -11,11 +11,13 @@
 
 #include "apps/lib/checkpoint.h"
 #include "apps/lib/data.h"
+#include "core/pinned_upload.h"
 #include "dist/communicator.h"
 #include "dist/data_parallel.h"
 #include "dist/runtime.h"
 #include "nn/transformer.h"
 #include "optim/optimizer.h"
+#include "optim/overlapped_update.h"
 #include "optim/sharded_optimizer.h"
 #include "optim/zero_optimizer.h"
 
@@ -61,12 +63,19 @@ class TrainStep {
   OptimizerState& optimizer_state() { return *optimizer_state_; }
   // One line for the start-up banner: the strategy and transport, when data-parallel.
   std::string describe() const;
+  // One line for the banner: how and when the optimizer update runs.
+  std::string update_path() const;
 
   // One optimizer step at learning rate `lr`; `next_batch(micro)` gives micro-batch 0..grad_accum-1.
   // `stop_here` says this rank got a stop signal. Throws RunEnded (kExitDiverged, on every rank) when the
   // loss or gradient norm is not finite, before anything is updated.
   StepResult run(const std::function<Batch(int64_t micro)>& next_batch, double lr, bool stop_here,
                  int64_t step);
+  // On CUDA without ZeRO the update of a step runs beside the next step's forward
+  // (optim/overlapped_update.h), so run() returns before it is done: call settle() before reading the
+  // parameters or the optimizer state other than through the model's forward (saving, sampling). Work
+  // queued on the compute stream afterwards sees the updated values.
+  void settle();
 
  private:
   void begin();  // the first run(): after loading, before any update
@@ -84,6 +93,8 @@ class TrainStep {
   std::unique_ptr<optim::ZeroOptimizer> zero_;  // stages 2 and 3
   std::unique_ptr<dist::DataParallel> ddp_;
   std::unique_ptr<OptimizerState> optimizer_state_;
+  std::unique_ptr<optim::OverlappedUpdate> overlap_;
+  std::unique_ptr<PinnedUpload> upload_;
   Tensor clip_norm_, clip_factor_;  // device scalars when AdamW clips on the GPU
 };
 

@@ -407,6 +407,7 @@ int run_training(const Flags& flags, Device device, const std::string& data_dir,
                   train_step.describe().c_str(),
                   static_cast<long long>(plan.batch * plan.accum * plan.world));
     }
+    std::printf("update: %s\n", train_step.update_path().c_str());
     std::printf("unigram entropy of the training data: %.4f nats/token (a model must beat this)\n", entropy);
     std::printf("MFU peak: %s\n",
                 peak.flops_per_s > 0 ? peak.description.c_str() : "unknown for this device (MFU not shown)");
@@ -421,6 +422,7 @@ int run_training(const Flags& flags, Device device, const std::string& data_dir,
   const int64_t cosine_steps = flags.integer("cosine-steps") > 0 ? flags.integer("cosine-steps") : steps;
   std::string last_checkpoint = resume;
   auto save = [&](int64_t step) {
+    train_step.settle();
     state.step = step;
     state.rng_counter = sampler.rng().counter;
     const std::string path = checkpoint_file(plan.out, step);
@@ -548,6 +550,7 @@ int run_training(const Flags& flags, Device device, const std::string& data_dir,
       sampling.top_k = flags.integer("top-k");
       sampling.seed = plan.seed;
       sampling.stop_at_end_of_text = false;  // a sample may run across documents
+      train_step.settle();
       const std::string text = generate_text(model, *tokenizer, flags.str("prompt"), sampling, device);
       write_file_atomically(plan.out + "/sample.txt", text + "\n");
       std::printf("sample (%s/sample.txt):\n----\n%s\n----\n", plan.out.c_str(), text.c_str());

@@ -150,10 +150,29 @@ __device__ double widen(__nv_bfloat16 v) {
   return __bfloat162float(v);
 }
 
+// With `vec` (x 16-byte aligned) 16 bytes per load: element-sized loads of bf16 gradients left two thirds of
+// the bandwidth unused (xl's 2.1 G bf16 gradients: 3.3 ms for the norm on an H100).
 template <class In, class Out>
-__global__ void sum_partial_kernel(const In* x, int64_t n, bool squares, Out* partials) {
+__global__ void sum_partial_kernel(const In* x, int64_t n, bool squares, Out* partials, bool vec) {
   double acc = 0;
-  for (int64_t i = thread_index(); i < n; i += grid_threads()) {
+  int64_t done = 0;
+  if (vec) {
+    constexpr int kPerLoad = 16 / sizeof(In);
+    const int64_t groups = n / kPerLoad;
+    const uint4* x16 = reinterpret_cast<const uint4*>(x);
+#pragma unroll 4
+    for (int64_t k = thread_index(); k < groups; k += grid_threads()) {
+      const uint4 raw = __ldcs(x16 + k);
+      const In* e = reinterpret_cast<const In*>(&raw);
+#pragma unroll
+      for (int j = 0; j < kPerLoad; ++j) {
+        const double v = widen(e[j]);
+        acc += squares ? v * v : v;
+      }
+    }
+    done = groups * kPerLoad;
+  }
+  for (int64_t i = done + thread_index(); i < n; i += grid_threads()) {
     const double v = widen(x[i]);
     acc += squares ? v * v : v;
   }
@@ -345,12 +364,13 @@ void fill_i32(int32_t* x, int64_t n, int32_t value, cudaStream_t stream) {
 
 template <class In>
 void sum_of(const In* x, int64_t n, bool squares, float* out, cudaStream_t stream) {
+  const bool vec = reinterpret_cast<uintptr_t>(x) % 16 == 0;
   if (n == 0) {
     TT_CUDA_CHECK(cudaMemsetAsync(out, 0, sizeof(float), stream));  // all-zero bits are 0.0f
     return;
   }
   if (n <= kSumSingleBlockMax) {
-    sum_partial_kernel<In, float><<<1, kSumThreads, 0, stream>>>(x, n, squares, out);
+    sum_partial_kernel<In, float><<<1, kSumThreads, 0, stream>>>(x, n, squares, out, vec);
     TT_CUDA_LAUNCH_CHECK();
     return;
   }
@@ -360,7 +380,7 @@ void sum_of(const In* x, int64_t n, bool squares, float* out, cudaStream_t strea
   double* partials = nullptr;
   TT_CUDA_CHECK(cudaMallocAsync(reinterpret_cast<void**>(&partials), partial_count * sizeof(double), stream));
   sum_partial_kernel<In, double>
-      <<<static_cast<unsigned int>(partial_count), kSumThreads, 0, stream>>>(x, n, squares, partials);
+      <<<static_cast<unsigned int>(partial_count), kSumThreads, 0, stream>>>(x, n, squares, partials, vec);
   TT_CUDA_LAUNCH_CHECK();
   sum_partials_kernel<<<1, kSumThreads, 0, stream>>>(partials, static_cast<int>(partial_count), out);
   TT_CUDA_LAUNCH_CHECK();

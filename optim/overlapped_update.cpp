@@ -1,0 +1,60 @@
+#include "optim/overlapped_update.h"
+
+#include <string>
+
+namespace tt::optim {
+
+OverlappedUpdate::OverlappedUpdate(AdamW& adamw, const nn::FlatParameters& params,
+                                   const std::vector<size_t>& unit_first_parameters)
+    : adamw_(adamw), device_(params.flat_params().device()) {
+  TT_CHECK(adamw.parameter_count() == 1 && adamw.params()[0].raw_data() == params.flat_params().raw_data() &&
+               adamw.params()[0].numel() == params.flat_params().numel(),
+           "internal: OverlappedUpdate needs the AdamW of the flat parameter buffer");
+  TT_CHECK(!unit_first_parameters.empty() && unit_first_parameters[0] == 0,
+           "internal: the first parameter unit starts at parameter 0");
+  for (const size_t first : unit_first_parameters) {
+    TT_CHECK(first < params.offsets().size(), "internal: a parameter unit starts past the last parameter");
+    const int64_t begin = params.offsets()[first];
+    TT_CHECK(unit_begin_.empty() || begin > unit_begin_.back(), "internal: parameter units out of order");
+    unit_begin_.push_back(begin);
+  }
+  unit_begin_.push_back(params.flat_params().numel());
+  if (device_.is_cuda()) {
+    for (size_t u = 0; u + 1 < unit_begin_.size(); ++u)
+      unit_done_.push_back(std::make_unique<StreamEvent>(device_.index));
+    gradients_final_ = std::make_unique<StreamEvent>(device_.index);
+    all_done_ = std::make_unique<StreamEvent>(device_.index);
+  }
+}
+
+OverlappedUpdate::~OverlappedUpdate() {
+  settle();
+}
+
+void OverlappedUpdate::launch() {
+  if (!device_.is_cuda()) {
+    adamw_.apply();
+    return;
+  }
+  void* compute = compute_stream(device_.index);
+  void* side = side_stream(device_.index);
+  gradients_final_->record(compute);
+  gradients_final_->block(side);
+  for (size_t u = 0; u < unit_done_.size(); ++u) {
+    adamw_.apply_range(0, unit_begin_[u], unit_begin_[u + 1] - unit_begin_[u], side);
+    unit_done_[u]->record(side);
+  }
+  all_done_->record(side);
+}
+
+void OverlappedUpdate::settle() {
+  if (all_done_) all_done_->block(compute_stream(device_.index));
+}
+
+void OverlappedUpdate::before_forward(int unit) {
+  TT_CHECK(unit >= 0 && static_cast<size_t>(unit) + 1 < unit_begin_.size(),
+           "internal: no parameter unit " + std::to_string(unit));
+  if (!unit_done_.empty()) unit_done_[static_cast<size_t>(unit)]->block(compute_stream(device_.index));
+}
+
+}  // namespace tt::optim

@@ -1,0 +1,48 @@
+// The AdamW update of one step overlapped with the next step's forward. Global-norm clipping needs every
+// gradient before the first update, so the update cannot run inside backward; it can run beside the next
+// forward instead. After backward and clipping, launch() queues the update on the side stream unit by unit
+// (the embedding, each Transformer block, the final norm with the head: nn/parameter_units.h), and the next
+// forward waits, before each unit, for that unit's update only. Exact: every parameter (and its bf16
+// mirror) is updated before anything reads it, from final, clipped gradients; only the timing changes.
+//
+// Per step:  forward (gated per unit);  settle();  zero_grad();  backward;  clip;  adamw.prepare_step();
+//            launch();
+// Anything else that reads the parameters or the optimizer state (a checkpoint, a sample) calls settle()
+// first. On the CPU there is no side stream: launch() updates in place, in order.
+#pragma once
+
+#include <memory>
+#include <vector>
+
+#include "core/cuda_context.h"
+#include "nn/parameter_units.h"
+#include "optim/optimizer.h"
+
+namespace tt::optim {
+
+class OverlappedUpdate : public nn::ParameterUnits {
+ public:
+  // `adamw` updates exactly params.flat_params(); unit u owns the parameters from index
+  // unit_first_parameters[u] to the next unit's first (the last unit also the padding).
+  OverlappedUpdate(AdamW& adamw, const nn::FlatParameters& params,
+                   const std::vector<size_t>& unit_first_parameters);
+  ~OverlappedUpdate() override;
+
+  // Queues this step's update, after prepare_step(), the gradients final and clipped on the compute stream.
+  void launch();
+  // Work queued on the compute stream from now on waits for the whole update.
+  void settle();
+
+  void before_forward(int unit) override;  // the compute stream waits for the unit's update
+  void after_forward(int, bool) override {}
+  void before_backward(int) override {}
+
+ private:
+  AdamW& adamw_;
+  Device device_;
+  std::vector<int64_t> unit_begin_;  // element offsets into the flat buffer; one more than units, the end
+  std::vector<std::unique_ptr<StreamEvent>> unit_done_;
+  std::unique_ptr<StreamEvent> gradients_final_, all_done_;
+};
+
+}  // namespace tt::optim
