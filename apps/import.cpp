@@ -12,7 +12,7 @@
 #include "apps/lib/flags.h"
 #include "apps/lib/hf_llama.h"
 #include "apps/lib/safetensors.h"
-#include "kernels/common.h"
+#include "base/error.h"
 
 namespace fs = std::filesystem;
 using namespace tt;

@@ -8,7 +8,7 @@
 
 #include "apps/lib/data.h"
 #include "apps/lib/flags.h"
-#include "kernels/common.h"
+#include "base/error.h"
 
 int main(int argc, char** argv) {
   std::signal(SIGXFSZ, SIG_IGN);  // a full disk (or file-size limit) is reported as a write error

@@ -7,8 +7,8 @@
 #include <unordered_map>
 #include <vector>
 
+#include "base/error.h"
 #include "core/cuda_context.h"
-#include "kernels/common.h"
 #ifdef TT_WITH_CUDA
 #include "kernels/cuda/cuda_kernels.h"
 #endif

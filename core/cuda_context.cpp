@@ -5,7 +5,7 @@
 #include <mutex>
 #include <string>
 
-#include "kernels/common.h"
+#include "base/error.h"
 #ifdef TT_WITH_CUDA
 #include "kernels/cuda/cuda_kernels.h"
 #endif

@@ -1,8 +1,8 @@
 #include "core/cuda_graph.h"
 
+#include "base/error.h"
 #include "core/allocator.h"
 #include "core/cuda_context.h"
-#include "kernels/common.h"
 #ifdef TT_WITH_CUDA
 #include "kernels/cuda/cuda_kernels.h"
 #endif

@@ -2,8 +2,9 @@
 
 #include <cstring>
 
+#include "base/dtype.h"
+#include "base/error.h"
 #include "core/cuda_context.h"
-#include "kernels/common.h"
 #ifdef TT_WITH_CUDA
 #include "kernels/cuda/cuda_kernels.h"
 #endif

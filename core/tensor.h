@@ -8,8 +8,9 @@
 #include <string>
 #include <vector>
 
+#include "base/dtype.h"
+#include "base/error.h"
 #include "core/device.h"
-#include "kernels/common.h"
 
 namespace tt {
 

@@ -7,7 +7,7 @@
 #include <utility>
 #include <vector>
 
-#include "kernels/common.h"
+#include "base/error.h"
 
 namespace tt::dist {
 

@@ -10,8 +10,8 @@
 #include <mutex>
 #include <thread>
 
+#include "base/error.h"
 #include "dist/runtime.h"
-#include "kernels/common.h"
 
 namespace tt::dist {
 

@@ -4,7 +4,7 @@
 
 #include <mpi.h>
 
-#include "kernels/common.h"
+#include "base/error.h"
 
 namespace tt::dist {
 

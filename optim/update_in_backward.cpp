@@ -2,9 +2,10 @@
 
 #include <vector>
 
+#include "base/dtype.h"
+#include "base/error.h"
 #include "core/autograd.h"
 #include "core/cuda_context.h"
-#include "kernels/common.h"
 #ifdef TT_WITH_CUDA
 #include "kernels/cuda/cuda_kernels.h"
 #endif

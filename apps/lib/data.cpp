@@ -19,7 +19,7 @@
 #include <nlohmann/json.hpp>
 
 #include "apps/lib/tokenizer.h"
-#include "kernels/common.h"
+#include "base/error.h"
 
 namespace tt::app {
 

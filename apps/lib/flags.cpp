@@ -6,7 +6,7 @@
 #include <fstream>
 #include <sstream>
 
-#include "kernels/common.h"
+#include "base/error.h"
 
 namespace tt::app {
 

@@ -5,7 +5,7 @@
 #include <cmath>
 #include <numeric>
 
-#include "kernels/common.h"
+#include "base/error.h"
 #include "nn/kv_cache.h"
 
 namespace tt::app {

@@ -9,7 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "apps/lib/data.h"
-#include "kernels/common.h"
+#include "base/error.h"
 
 namespace tt::app {
 

@@ -8,8 +8,8 @@
 #include <sstream>
 
 #include "apps/lib/report.h"
+#include "base/error.h"
 #include "core/allocator.h"
-#include "kernels/common.h"
 
 namespace tt::app {
 

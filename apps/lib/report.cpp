@@ -17,7 +17,7 @@
 #include <regex>
 #include <sstream>
 
-#include "kernels/common.h"
+#include "base/error.h"
 
 namespace tt::app {
 

@@ -14,7 +14,7 @@
 
 #include "apps/lib/checkpoint.h"
 #include "apps/lib/report.h"
-#include "kernels/common.h"
+#include "base/error.h"
 
 namespace tt::app {
 

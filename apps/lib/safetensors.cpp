@@ -13,7 +13,8 @@
 
 #include <nlohmann/json.hpp>
 
-#include "kernels/common.h"
+#include "base/dtype.h"
+#include "base/error.h"
 
 namespace tt::app {
 

@@ -14,7 +14,7 @@
 #include <unordered_map>
 
 #include "apps/lib/data.h"
-#include "kernels/common.h"
+#include "base/error.h"
 
 namespace tt::app {
 

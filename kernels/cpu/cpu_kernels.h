@@ -5,7 +5,7 @@
 
 #include <cstdint>
 
-#include "kernels/common.h"
+#include "base/dtype.h"
 
 namespace tt::cpu {
 

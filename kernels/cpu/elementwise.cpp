@@ -2,6 +2,7 @@
 #include <cmath>
 #include <type_traits>
 
+#include "base/error.h"
 #include "kernels/cpu/cpu_kernels.h"
 
 namespace tt::cpu {

@@ -20,6 +20,7 @@
 #include <limits>
 #include <vector>
 
+#include "base/error.h"
 #include "kernels/flash_attention.h"
 
 namespace tt::cpu {

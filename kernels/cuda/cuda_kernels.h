@@ -9,7 +9,8 @@
 #include <cstdint>
 #include <string>
 
-#include "kernels/common.h"
+#include "base/dtype.h"
+#include "base/error.h"
 
 #define TT_CUDA_CHECK(call)                                                                   \
   do {                                                                                        \

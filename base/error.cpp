@@ -1,4 +1,4 @@
-#include "kernels/common.h"
+#include "base/error.h"
 
 #include <atomic>
 

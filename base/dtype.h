@@ -1,11 +1,9 @@
-// Types and error checking shared by every layer: the bf16 storage type and the exception thrown by
-// failed CUDA, cuBLASLt, NCCL, MPI and HDF5 calls (naming the call, file:line and rank).
+// Element types and the bf16 storage type, shared by every layer.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <cstring>
-#include <stdexcept>
-#include <string>
 
 namespace tt {
 
@@ -28,31 +26,6 @@ inline const char* dtype_name(DType t) {
   }
   return "?";
 }
-
-// Rank of this process, set by the distributed runtime; errors mention it.
-int process_rank();
-void set_process_rank(int rank);
-
-class Error : public std::runtime_error {
- public:
-  using std::runtime_error::runtime_error;
-};
-
-// Raised when a device allocation cannot be satisfied even after emptying the cache; benchmarks turn it
-// into an "OOM" row instead of crashing.
-class OutOfMemory : public Error {
- public:
-  using Error::Error;
-};
-
-[[noreturn]] void throw_call_error(const char* what, const char* call, const std::string& detail,
-                                   const char* file, int line);
-
-// Checks a plain condition about user input or API use; the message should say what is wrong.
-#define TT_CHECK(cond, msg)                           \
-  do {                                                \
-    if (!(cond)) throw ::tt::Error(std::string(msg)); \
-  } while (0)
 
 // bfloat16 as stored in memory: the upper 16 bits of an IEEE float. Conversion rounds to nearest even,
 // which is what CUDA's __float2bfloat16 does, so CPU and GPU casts agree bit for bit.
