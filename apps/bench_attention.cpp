@@ -8,6 +8,7 @@
 #include "apps/lib/flags.h"
 #include "apps/lib/report.h"
 #include "apps/lib/run_setup.h"
+#include "base/error.h"
 #include "core/allocator.h"
 #include "core/cuda_context.h"
 #include "core/ops.h"
@@ -212,7 +213,7 @@ int main(int argc, char** argv) {
     }
     return 0;
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "error: %s\n", e.what());
+    std::fprintf(stderr, "%s\n", tt::error_line(e).c_str());
     return 1;
   }
 }

@@ -14,6 +14,7 @@
 #include "apps/lib/flags.h"
 #include "apps/lib/report.h"
 #include "apps/lib/run_setup.h"
+#include "base/error.h"
 #include "core/allocator.h"
 #include "core/cuda_context.h"
 #include "core/rng.h"
@@ -411,7 +412,7 @@ int main(int argc, char** argv) {
     return 0;
   } catch (const std::exception& e) {
     if (runtime && runtime->world_size() > 1) dist::abort_job(e.what());
-    std::fprintf(stderr, "error: %s\n", e.what());
+    std::fprintf(stderr, "%s\n", tt::error_line(e).c_str());
     return 1;
   }
 }

@@ -11,6 +11,7 @@
 #include "apps/lib/report.h"
 #include "apps/lib/run_setup.h"
 #include "apps/lib/train_step.h"
+#include "base/error.h"
 #include "core/allocator.h"
 #include "core/autograd.h"
 #include "core/cuda_context.h"
@@ -468,7 +469,7 @@ int main(int argc, char** argv) {
                           .c_str());
     return 0;
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "error: %s\n", e.what());
+    std::fprintf(stderr, "%s\n", tt::error_line(e).c_str());
     return 1;
   }
 }

@@ -19,6 +19,7 @@
 #include "apps/lib/generation.h"
 #include "apps/lib/run_setup.h"
 #include "apps/lib/tokenizer.h"
+#include "base/error.h"
 #include "core/io/h5.h"
 
 namespace fs = std::filesystem;
@@ -237,7 +238,7 @@ int main(int argc, char** argv) {
     return 0;
   } catch (const std::exception& e) {
     std::fflush(stdout);
-    std::fprintf(stderr, "error: %s\n", e.what());
+    std::fprintf(stderr, "%s\n", tt::error_line(e).c_str());
     return 1;
   }
 }

@@ -158,7 +158,7 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "error: out of host memory (std::bad_alloc)\n");
     return 1;
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "error: %s\n", e.what());
+    std::fprintf(stderr, "%s\n", tt::error_line(e).c_str());
     return 1;
   }
 }

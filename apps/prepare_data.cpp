@@ -60,7 +60,7 @@ int main(int argc, char** argv) {
                 model_note.c_str());
     return 0;
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "error: %s\n", e.what());
+    std::fprintf(stderr, "%s\n", tt::error_line(e).c_str());
     return 1;
   }
 }

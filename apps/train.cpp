@@ -17,6 +17,7 @@
 #include "apps/lib/stop_signal.h"
 #include "apps/lib/train_step.h"
 #include "apps/lib/trainer.h"
+#include "base/error.h"
 #include "core/autograd.h"
 #include "core/cuda_context.h"
 #include "core/ops.h"
@@ -137,7 +138,7 @@ int main(int argc, char** argv) {
   } catch (const std::exception& e) {
     std::fflush(stdout);
     if (runtime && runtime->world_size() > 1) dist::abort_job(e.what());
-    std::fprintf(stderr, "\nerror: %s\n", e.what());
+    std::fprintf(stderr, "\n%s\n", tt::error_line(e).c_str());
     return 1;
   }
 }

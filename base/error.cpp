@@ -6,7 +6,17 @@ namespace tt {
 
 namespace {
 std::atomic<int> g_rank{0};
+
+// __FILE__ relative to the repository ("core/ops_nn.cpp"), as the sources name each other.
+std::string source_path(const char* file) {
+  const std::string path(file);
+#ifdef TT_SOURCE_ROOT
+  const std::string root(TT_SOURCE_ROOT);
+  if (path.compare(0, root.size(), root) == 0) return path.substr(root.size());
+#endif
+  return path;
 }
+}  // namespace
 
 int process_rank() {
   return g_rank.load();
@@ -17,8 +27,18 @@ void set_process_rank(int rank) {
 
 void throw_call_error(const char* what, const char* call, const std::string& detail, const char* file,
                       int line) {
-  throw Error(std::string(what) + " error in " + call + " at " + file + ":" + std::to_string(line) +
-              " (rank " + std::to_string(process_rank()) + "): " + detail);
+  throw Error(std::string(what) + " error in " + call + " at " + source_path(file) + ":" +
+              std::to_string(line) + " (rank " + std::to_string(process_rank()) + "): " + detail);
+}
+
+void throw_internal_error(const std::string& message, const char* file, int line) {
+  throw InternalError("internal error: " + message + " (" + source_path(file) + ":" + std::to_string(line) +
+                      ", rank " + std::to_string(process_rank()) + "; a bug in tinytrain, please report it)");
+}
+
+std::string error_line(const std::exception& e) {
+  if (dynamic_cast<const InternalError*>(&e) != nullptr) return e.what();
+  return std::string("error: ") + e.what();
 }
 
 }  // namespace tt

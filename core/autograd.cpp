@@ -101,9 +101,9 @@ Tensor direct_grad_buffer(const std::shared_ptr<Node>& edge, const Shape& shape,
 }
 
 void set_factored_grad_consumer(const Tensor& leaf, FactoredGradConsumer consumer) {
-  TT_CHECK(leaf.grad_fn() == nullptr, "set_factored_grad_consumer: " + leaf.describe() + " is not a leaf");
-  TT_CHECK(!consumer || !leaf.impl()->factored_grad_consumer,
-           "set_factored_grad_consumer: " + leaf.describe() + " has a consumer already (remove it first)");
+  TT_ASSERT(leaf.grad_fn() == nullptr, "set_factored_grad_consumer: " + leaf.describe() + " is not a leaf");
+  TT_ASSERT(!consumer || !leaf.impl()->factored_grad_consumer,
+            "set_factored_grad_consumer: " + leaf.describe() + " has a consumer already (remove it first)");
   leaf.impl()->factored_grad_consumer = std::move(consumer);
 }
 
@@ -133,7 +133,7 @@ void AccumulateGrad::note_direct_contribution(bool written) {
 
 void note_direct_contribution(const std::shared_ptr<Node>& edge, bool written) {
   auto* accumulator = dynamic_cast<AccumulateGrad*>(edge.get());
-  TT_CHECK(accumulator != nullptr, "note_direct_contribution: not a leaf accumulator");
+  TT_ASSERT(accumulator != nullptr, "note_direct_contribution: not a leaf accumulator");
   accumulator->note_direct_contribution(written);
 }
 
@@ -146,8 +146,8 @@ std::vector<Tensor> AccumulateGrad::apply(const Tensor& grad_output) {
 
 void AccumulateGrad::accumulate_tensor(const Tensor& grad_output) {
   Tensor g = grad_output.dtype() == leaf_.dtype() ? grad_output : ops::cast(grad_output, leaf_.dtype());
-  TT_CHECK(g.shape() == leaf_.shape(),
-           "gradient shape " + shape_str(g.shape()) + " does not match parameter " + leaf_.describe());
+  TT_ASSERT(g.shape() == leaf_.shape(),
+            "gradient shape " + shape_str(g.shape()) + " does not match parameter " + leaf_.describe());
   Tensor existing = leaf_.grad();
   const bool was_zero = grad_known_zero(leaf_);
   leaf_.impl()->grad_zero_pass = TensorImpl::kNoZeroPass;

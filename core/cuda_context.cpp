@@ -175,7 +175,7 @@ size_t DeviceClock::mark() {
 }
 
 double DeviceClock::ms_between(size_t a, size_t b) {
-  TT_CHECK(a < used_ && b < used_, "DeviceClock: no such time point");
+  TT_ASSERT(a < used_ && b < used_, "DeviceClock: no such time point");
 #ifdef TT_WITH_CUDA
   if (device_.is_cuda()) {
     TT_CUDA_CHECK(cudaEventSynchronize(static_cast<cudaEvent_t>(events_[a])));

@@ -27,7 +27,7 @@ CudaGraph::~CudaGraph() {
 
 void CudaGraph::capture(const std::function<void()>& body) {
 #ifdef TT_WITH_CUDA
-  TT_CHECK(!exec_, "CudaGraph::capture called twice");
+  TT_ASSERT(!exec_, "CudaGraph::capture called twice");
   set_current_device(device_.index);
   const auto stream = static_cast<cudaStream_t>(compute_stream(device_.index));
   // Relaxed mode lets the allocator call cudaMalloc for the graph pool during capture.
@@ -58,7 +58,7 @@ void CudaGraph::capture(const std::function<void()>& body) {
 
 void CudaGraph::replay() {
 #ifdef TT_WITH_CUDA
-  TT_CHECK(exec_, "CudaGraph::replay before capture");
+  TT_ASSERT(exec_, "CudaGraph::replay before capture");
   TT_CUDA_CHECK(cudaGraphLaunch(static_cast<cudaGraphExec_t>(exec_),
                                 static_cast<cudaStream_t>(compute_stream(device_.index))));
 #endif

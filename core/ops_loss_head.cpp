@@ -89,8 +89,8 @@ struct LinearCrossEntropyNode : Node {
   Tensor dx, dw;
   const char* name() const override { return "LinearCrossEntropy"; }
   std::vector<Tensor> apply(const Tensor& grad) override {
-    TT_CHECK(grad.numel() == 1,
-             "linear_cross_entropy: the loss's gradient must be a scalar, got " + grad.describe());
+    TT_ASSERT(grad.numel() == 1,
+              "linear_cross_entropy: the loss's gradient must be a scalar, got " + grad.describe());
     scale_by(dx, grad);
     scale_by(dw, grad);
     return {dx, dw};

@@ -12,7 +12,7 @@
 namespace tt {
 
 PinnedUpload::PinnedUpload(Device device, int slots) : device_(device) {
-  TT_CHECK(slots >= 1, "internal: PinnedUpload needs a slot");
+  TT_ASSERT(slots >= 1, "PinnedUpload needs a slot");
   if (device.is_cuda()) slots_.resize(static_cast<size_t>(slots));
 }
 
@@ -31,8 +31,8 @@ PinnedUpload::~PinnedUpload() {
 
 Tensor PinnedUpload::ints(const std::vector<int32_t>& values, const Shape& shape) {
   if (!device_.is_cuda()) return Tensor::from_ints(values, shape, device_);
-  TT_CHECK(static_cast<int64_t>(values.size()) == shape_numel(shape),
-           "PinnedUpload::ints: size does not match shape");
+  TT_ASSERT(static_cast<int64_t>(values.size()) == shape_numel(shape),
+            "PinnedUpload::ints: size does not match shape");
   Tensor t = Tensor::empty(shape, DType::i32, device_);
   if (values.empty()) return t;
 #ifdef TT_WITH_CUDA

@@ -43,7 +43,7 @@ class RecomputeBackward : public Node {
       const GradModeGuard grad_mode(true);
       y = fn_(x);
     }
-    TT_CHECK(y.requires_grad(), "recompute: the recomputed function's output does not require grad");
+    TT_ASSERT(y.requires_grad(), "recompute: the recomputed function's output does not require grad");
     run_backward_owned(y, std::move(grad_output));
     return {std::move(entry->grad)};
   }

@@ -372,10 +372,10 @@ const Tensor& Tensor::low_precision_copy() const {
   return impl_->low_precision_copy;
 }
 void Tensor::set_low_precision_copy(const Tensor& copy) const {
-  TT_CHECK(!copy.defined() ||
-               (copy.shape() == shape() && copy.device() == device() && copy.dtype() == DType::bf16),
-           "set_low_precision_copy: " + (copy.defined() ? copy.describe() : std::string("?")) +
-               " is not a bf16 tensor of the shape and device of " + describe());
+  TT_ASSERT(!copy.defined() ||
+                (copy.shape() == shape() && copy.device() == device() && copy.dtype() == DType::bf16),
+            "set_low_precision_copy: " + (copy.defined() ? copy.describe() : std::string("?")) +
+                " is not a bf16 tensor of the shape and device of " + describe());
   impl_->low_precision_copy = copy;
 }
 

@@ -41,10 +41,10 @@ Settings decode(const char* data, size_t size) {
   size_t at = 0;
   auto field = [&](std::string& text) {
     uint64_t length = 0;
-    TT_CHECK(size - at >= sizeof(length), "check_ranks_agree: a truncated settings list");
+    TT_ASSERT(size - at >= sizeof(length), "check_ranks_agree: a truncated settings list");
     std::memcpy(&length, data + at, sizeof(length));
     at += sizeof(length);
-    TT_CHECK(size - at >= length, "check_ranks_agree: a truncated settings list");
+    TT_ASSERT(size - at >= length, "check_ranks_agree: a truncated settings list");
     text.assign(data + at, length);
     at += length;
   };

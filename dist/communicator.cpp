@@ -98,18 +98,18 @@ void Communicator::all_gather(const Tensor& input, Tensor& output) {
 
 void Communicator::check_tensor(const Tensor& t, const char* collective, bool reduces) const {
   const std::string where = std::string(backend()) + " " + collective + ": ";
-  TT_CHECK(t.defined(), where + "undefined tensor");
-  TT_CHECK(t.is_contiguous(), where + "needs a contiguous tensor, got " + t.describe());
-  TT_CHECK(t.device() == device_,
-           where + "tensor " + t.describe() + " is not on the communicator's device " + device_.str());
+  TT_ASSERT(t.defined(), where + "undefined tensor");
+  TT_ASSERT(t.is_contiguous(), where + "needs a contiguous tensor, got " + t.describe());
+  TT_ASSERT(t.device() == device_,
+            where + "tensor " + t.describe() + " is not on the communicator's device " + device_.str());
   TT_CHECK(supports(t.dtype(), reduces), where + "dtype " + dtype_name(t.dtype()) + " is not supported" +
                                              (reduces ? " for reductions" : ""));
 }
 
 void Communicator::check_root(int root) const {
-  TT_CHECK(root >= 0 && root < world_size_, std::string(backend()) + " broadcast: root " +
-                                                std::to_string(root) + " outside a world of " +
-                                                std::to_string(world_size_));
+  TT_ASSERT(root >= 0 && root < world_size_, std::string(backend()) + " broadcast: root " +
+                                                 std::to_string(root) + " outside a world of " +
+                                                 std::to_string(world_size_));
 }
 
 bool Communicator::is_rank_block(const Tensor& whole, const Tensor& part) const {
@@ -119,21 +119,21 @@ bool Communicator::is_rank_block(const Tensor& whole, const Tensor& part) const 
 
 void Communicator::check_widened(const Tensor& tensor, const Tensor& widened) const {
   check_tensor(widened, "all_reduce_widen", false);
-  TT_CHECK(widened.shape() == tensor.shape(), std::string(backend()) +
-                                                  " all_reduce_widen: " + widened.describe() +
-                                                  " does not have the shape of " + tensor.describe());
+  TT_ASSERT(widened.shape() == tensor.shape(), std::string(backend()) +
+                                                   " all_reduce_widen: " + widened.describe() +
+                                                   " does not have the shape of " + tensor.describe());
 }
 
 void Communicator::check_gather_blocks(const Tensor& buffer, int64_t offset, int64_t count,
                                        int64_t stride) const {
   check_tensor(buffer, "all_gather_blocks", false);
   const std::string where = std::string(backend()) + " all_gather_blocks: ";
-  TT_CHECK(offset >= 0 && count >= 0 && stride >= count,
-           where + "needs offset >= 0 and stride >= count >= 0 (offset " + std::to_string(offset) +
-               ", count " + std::to_string(count) + ", stride " + std::to_string(stride) + ")");
+  TT_ASSERT(offset >= 0 && count >= 0 && stride >= count,
+            where + "needs offset >= 0 and stride >= count >= 0 (offset " + std::to_string(offset) +
+                ", count " + std::to_string(count) + ", stride " + std::to_string(stride) + ")");
   const int64_t end = offset + static_cast<int64_t>(world_size_ - 1) * stride + count;
-  TT_CHECK(end <= buffer.numel(), where + "the last block ends at element " + std::to_string(end) +
-                                      ", past the buffer's " + std::to_string(buffer.numel()));
+  TT_ASSERT(end <= buffer.numel(), where + "the last block ends at element " + std::to_string(end) +
+                                       ", past the buffer's " + std::to_string(buffer.numel()));
 }
 
 std::unique_ptr<Communicator> make_communicator(Device device, DistRuntime& runtime) {

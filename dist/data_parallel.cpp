@@ -162,9 +162,9 @@ DataParallel::DataParallel(nn::FlatParameters& params, Communicator& comm, DdpSt
                  dtype_name(grads.dtype()));
     s.wire = Tensor::empty(grads.shape(), DType::bf16, grads.device());
   }
-  TT_CHECK(params.flat_params().device() == comm.device(),
-           "DataParallel: parameters on " + params.flat_params().device().str() +
-               " but the communicator is on " + comm.device().str());
+  TT_ASSERT(params.flat_params().device() == comm.device(),
+            "DataParallel: parameters on " + params.flat_params().device().str() +
+                " but the communicator is on " + comm.device().str());
   s.capacity_bytes = std::max<int64_t>(1, static_cast<int64_t>(bucket_mb * 1024.0 * 1024.0));
 
   // A rank built from a different configuration would otherwise receive a broadcast of the wrong size and
@@ -211,7 +211,7 @@ DataParallel::~DataParallel() {
 }
 
 void DataParallel::set_sync(bool sync) {
-  TT_CHECK(!state_->armed, "DataParallel::set_sync between begin_backward and finish_backward");
+  TT_ASSERT(!state_->armed, "DataParallel::set_sync between begin_backward and finish_backward");
   state_->sync = sync;
 }
 
@@ -226,7 +226,7 @@ void DataParallel::begin_backward() {
 
 void DataParallel::finish_backward() {
   State& s = *state_;
-  TT_CHECK(s.armed, "DataParallel::finish_backward without begin_backward");
+  TT_ASSERT(s.armed, "DataParallel::finish_backward without begin_backward");
   s.armed = false;
   s.wait_timer.reset();
   s.wait_ms = 0;

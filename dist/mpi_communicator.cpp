@@ -204,8 +204,8 @@ class MpiCommunicator : public Communicator {
     // MPI forbids aliased send and receive buffers, and its in-place form puts the result at the start of
     // the input rather than in this rank's block: receive into a scratch tensor instead.
     const bool in_place = overlaps(input, output);
-    TT_CHECK(!in_place || is_rank_block(input, output),
-             "mpi reduce_scatter: output overlaps input but is not this rank's block of it");
+    TT_ASSERT(!in_place || is_rank_block(input, output),
+              "mpi reduce_scatter: output overlaps input but is not this rank's block of it");
     Tensor received = in_place ? Tensor::empty(output.shape(), output.dtype()) : output;
     std::vector<MPI_Request> requests(1, MPI_REQUEST_NULL);
     TT_MPI_CHECK(MPI_Ireduce_scatter_block(input.raw_data(), received.raw_data(), count,
@@ -225,8 +225,8 @@ class MpiCommunicator : public Communicator {
     check_blocks(output, input, "all_gather");
     const int count = checked_count(input.numel(), "all_gather");
     const bool in_place = overlaps(input, output);
-    TT_CHECK(!in_place || is_rank_block(output, input),
-             "mpi all_gather: input overlaps output but is not this rank's block of it");
+    TT_ASSERT(!in_place || is_rank_block(output, input),
+              "mpi all_gather: input overlaps output but is not this rank's block of it");
     const MPI_Datatype type = mpi_type(input.dtype());
     std::vector<MPI_Request> requests(1, MPI_REQUEST_NULL);
     if (in_place) {
@@ -291,16 +291,16 @@ class MpiCommunicator : public Communicator {
 
   void check_reduce(const Tensor& t, const char* collective, ReduceOp op) const {
     check_tensor(t, collective, true);
-    TT_CHECK(op == ReduceOp::sum || t.dtype() != DType::i32,
-             std::string("mpi ") + collective + ": avg needs a floating-point tensor");
+    TT_ASSERT(op == ReduceOp::sum || t.dtype() != DType::i32,
+              std::string("mpi ") + collective + ": avg needs a floating-point tensor");
   }
   // `whole` holds world_size blocks the size of `part`.
   void check_blocks(const Tensor& whole, const Tensor& part, const char* collective) const {
-    TT_CHECK(whole.dtype() == part.dtype(),
-             std::string("mpi ") + collective + ": input and output dtypes differ");
-    TT_CHECK(whole.numel() == part.numel() * world_size(),
-             std::string("mpi ") + collective + ": " + whole.describe() + " is not " +
-                 std::to_string(world_size()) + " blocks of " + part.describe());
+    TT_ASSERT(whole.dtype() == part.dtype(),
+              std::string("mpi ") + collective + ": input and output dtypes differ");
+    TT_ASSERT(whole.numel() == part.numel() * world_size(),
+              std::string("mpi ") + collective + ": " + whole.describe() + " is not " +
+                  std::to_string(world_size()) + " blocks of " + part.describe());
   }
   static void* element(const Tensor& t, int64_t index) {
     return static_cast<char*>(t.raw_data()) + index * static_cast<int64_t>(dtype_size(t.dtype()));

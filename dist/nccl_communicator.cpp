@@ -242,7 +242,7 @@ class CudaTimer : public StreamTimer {
     stopped_ = true;
   }
   double elapsed_ms() override {
-    TT_CHECK(stopped_, "StreamTimer::elapsed_ms before stop()");
+    TT_ASSERT(stopped_, "StreamTimer::elapsed_ms before stop()");
     TT_CUDA_CHECK(cudaEventSynchronize(stop_.get()));
     float ms = 0;
     TT_CUDA_CHECK(cudaEventElapsedTime(&ms, start_.get(), stop_.get()));
@@ -280,8 +280,8 @@ class NcclCommunicator : public Communicator {
 
   void set_all_reduce_transport(AllReduceTransport transport) override {
     if (transport == all_reduce_transport()) return;
-    TT_CHECK(registered_ == 0, "set_all_reduce_transport: " + std::to_string(registered_) +
-                                   " buffers are still registered with the current transport");
+    TT_ASSERT(registered_ == 0, "set_all_reduce_transport: " + std::to_string(registered_) +
+                                    " buffers are still registered with the current transport");
     if (transport == AllReduceTransport::copy_engine) {
       TT_CHECK(copy_engine_layout(world_size(), local_size_),
                "the copy-engine all-reduce needs 2 to " + std::to_string(PeerAllReduce::kMaxRanks) +
@@ -311,9 +311,9 @@ class NcclCommunicator : public Communicator {
     check_tensor(t, "all_reduce", true);
     check_widened(t, widened);
     // Checked before anything is queued: the cast runs after the collective, on the communication stream.
-    TT_CHECK(t.dtype() == widened.dtype() || (t.dtype() == DType::bf16 && widened.dtype() == DType::f32),
-             std::string("nccl all_reduce_widen: cannot widen ") + dtype_name(t.dtype()) + " into " +
-                 dtype_name(widened.dtype()) + " (supported: bf16 -> f32)");
+    TT_ASSERT(t.dtype() == widened.dtype() || (t.dtype() == DType::bf16 && widened.dtype() == DType::f32),
+              std::string("nccl all_reduce_widen: cannot widen ") + dtype_name(t.dtype()) + " into " +
+                  dtype_name(widened.dtype()) + " (supported: bf16 -> f32)");
     const bool peer = by_copy_engine(t);
     return launch(all_reduce_name(peer), {t, widened}, [&](cudaStream_t s) {
       issue_all_reduce(t, op, s, peer);
@@ -394,14 +394,14 @@ class NcclCommunicator : public Communicator {
   // NCCL's in-place forms are exactly "this rank's block"; any other overlap would corrupt the data.
   void check_blocks(const Tensor& whole, const Tensor& part, const char* collective) const {
     const std::string where = std::string("nccl ") + collective + ": ";
-    TT_CHECK(whole.dtype() == part.dtype(), where + "input and output dtypes differ");
-    TT_CHECK(whole.numel() == part.numel() * world_size(), where + whole.describe() + " is not " +
-                                                               std::to_string(world_size()) + " blocks of " +
-                                                               part.describe());
+    TT_ASSERT(whole.dtype() == part.dtype(), where + "input and output dtypes differ");
+    TT_ASSERT(whole.numel() == part.numel() * world_size(), where + whole.describe() + " is not " +
+                                                                std::to_string(world_size()) + " blocks of " +
+                                                                part.describe());
     if (whole.storage() != part.storage()) return;
     const int64_t whole_end = whole.offset() + whole.numel(), part_end = part.offset() + part.numel();
     const bool disjoint = part_end <= whole.offset() || whole_end <= part.offset();
-    TT_CHECK(disjoint || is_rank_block(whole, part), where + "buffers overlap but not as this rank's block");
+    TT_ASSERT(disjoint || is_rank_block(whole, part), where + "buffers overlap but not as this rank's block");
   }
 
   // The copy-engine transport takes tensors inside its registered buffers, outside CUDA graph capture (its

@@ -171,9 +171,9 @@ void PeerAllReduce::register_buffer(const Tensor& buffer) {
   std::string error;
   char* first = static_cast<char*>(buffer.raw_data());
   try {
-    TT_CHECK(buffer.device() == Device::cuda(device_) && buffer.is_contiguous(),
-             "copy-engine all-reduce: register_buffer needs a contiguous tensor on " +
-                 Device::cuda(device_).str() + ", got " + buffer.describe());
+    TT_ASSERT(buffer.device() == Device::cuda(device_) && buffer.is_contiguous(),
+              "copy-engine all-reduce: register_buffer needs a contiguous tensor on " +
+                  Device::cuda(device_).str() + ", got " + buffer.describe());
     set_current_device(device_);
     char* base = static_cast<char*>(buffer.storage()->data());
     TT_CUDA_CHECK(cudaIpcGetMemHandle(&mine.handle, base));
@@ -267,8 +267,8 @@ void PeerAllReduce::unregister_buffer(const Tensor& buffer) {
   auto it = std::find_if(registrations_.begin(), registrations_.end(), [&](const Registration& r) {
     return r.local == first && r.bytes == buffer.nbytes();
   });
-  TT_CHECK(it != registrations_.end(),
-           "copy-engine all-reduce: unregister_buffer of a buffer never registered");
+  TT_ASSERT(it != registrations_.end(),
+            "copy-engine all-reduce: unregister_buffer of a buffer never registered");
   set_current_device(device_);
   // Every queued transfer has passed its DONE wait once the stream drains: no rank reads ours any more.
   TT_CUDA_CHECK(cudaStreamSynchronize(stream_));
@@ -334,7 +334,7 @@ void PeerAllReduce::pull(const std::array<const char*, kMaxRanks>& from,
 
 void PeerAllReduce::issue(Tensor& t, float scale) {
   const Registration* r = find(t);
-  TT_CHECK(r != nullptr, "copy-engine all-reduce: " + t.describe() + " is not in a registered buffer");
+  TT_ASSERT(r != nullptr, "copy-engine all-reduce: " + t.describe() + " is not in a registered buffer");
   const int64_t n = t.numel();
   if (n == 0) return;
   const size_t element = dtype_size(t.dtype());

@@ -97,7 +97,7 @@ KVCache::KVCache(const ModelConfig& config, int64_t rows, Device device)
 }
 
 int64_t KVCache::length(int64_t row) const {
-  TT_CHECK(row >= 0 && row < rows(), "KVCache: row " + std::to_string(row) + " out of range");
+  TT_ASSERT(row >= 0 && row < rows(), "KVCache: row " + std::to_string(row) + " out of range");
   return lengths_[static_cast<size_t>(row)];
 }
 
@@ -107,7 +107,7 @@ void KVCache::reset(int64_t row) {
 }
 
 void KVCache::advance(int64_t row, int64_t count) {
-  TT_CHECK(length(row) + count <= capacity_, "KVCache: row " + std::to_string(row) + " overflows");
+  TT_ASSERT(length(row) + count <= capacity_, "KVCache: row " + std::to_string(row) + " overflows");
   lengths_[static_cast<size_t>(row)] += count;
 }
 
@@ -123,9 +123,9 @@ Tensor CausalSelfAttention::forward_cached(const Tensor& x, const Tensor& residu
   const Tensor q = rope_from(q_proj_.forward(x, precision, bf16), starts, cache, d_head, config_.rope_theta);
   const Tensor k = rope_from(k_proj_.forward(x, precision, bf16), starts, cache, d_head, config_.rope_theta);
   const Tensor v = ops::contiguous(v_proj_.forward(x, precision, true));
-  TT_CHECK(k.dtype() == cache.keys(layer).dtype(), "KVCache: the cache holds " +
-                                                       std::string(dtype_name(cache.keys(layer).dtype())) +
-                                                       " keys, the model computes " + dtype_name(k.dtype()));
+  TT_ASSERT(k.dtype() == cache.keys(layer).dtype(), "KVCache: the cache holds " +
+                                                        std::string(dtype_name(cache.keys(layer).dtype())) +
+                                                        " keys, the model computes " + dtype_name(k.dtype()));
   Tensor merged = Tensor::empty({n, count, dim}, q.dtype(), x.device());
   for (int64_t i = 0; i < n; ++i) {
     const int64_t row = rows[static_cast<size_t>(i)], start = starts[static_cast<size_t>(i)];
@@ -165,8 +165,8 @@ Tensor TransformerLM::forward_cached(const Tensor& ids, KVCache& cache,
                " positions, more than the context length " + std::to_string(config_.context_length));
   const int64_t count = ids.size(1);
   for (size_t i = 0; i < rows.size(); ++i) {
-    TT_CHECK(std::count(rows.begin(), rows.end(), rows[i]) == 1,
-             "forward_cached: cache row " + std::to_string(rows[i]) + " is given twice");
+    TT_ASSERT(std::count(rows.begin(), rows.end(), rows[i]) == 1,
+              "forward_cached: cache row " + std::to_string(rows[i]) + " is given twice");
     TT_CHECK(cache.length(rows[i]) + count <= cache.capacity(),
              "forward_cached: cache row " + std::to_string(rows[i]) + " holds " +
                  std::to_string(cache.length(rows[i])) + " tokens; " + std::to_string(count) +

@@ -238,8 +238,8 @@ std::vector<size_t> TransformerLM::unit_first_parameters() {
     const auto block = [](const std::string& name) { return name.substr(0, name.find('.', 7)); };
     if (block(all[i].name) != block(all[i - 1].name)) first.push_back(i);
   }
-  TT_CHECK(first.size() == static_cast<size_t>(config_.num_layers) + 2,
-           "internal: TransformerLM parameter units do not match its layers");
+  TT_ASSERT(first.size() == static_cast<size_t>(config_.num_layers) + 2,
+            "TransformerLM parameter units do not match its layers");
   return first;
 }
 

@@ -56,21 +56,21 @@ void SGD::step() {
 }
 
 void SGD::apply_range(size_t index, int64_t begin, int64_t count, void* stream) {
-  TT_CHECK(index < params_.size(), "SGD::apply_range: no parameter " + std::to_string(index));
-  TT_CHECK(stream == nullptr, "SGD::apply_range runs on the compute stream only");
+  TT_ASSERT(index < params_.size(), "SGD::apply_range: no parameter " + std::to_string(index));
+  TT_ASSERT(stream == nullptr, "SGD::apply_range runs on the compute stream only");
   Tensor& p = params_[index];
   const Tensor g = p.grad();
   TT_CHECK(g.defined(), "SGD::apply_range: parameter " + std::to_string(index) + " has no gradient");
   TT_CHECK(g.dtype() == p.dtype(), std::string("SGD needs gradients of the parameters' dtype (") +
                                        dtype_name(p.dtype()) + "), got " + dtype_name(g.dtype()));
-  TT_CHECK(begin >= 0 && count >= 0 && begin + count <= p.numel(), "SGD::apply_range: range out of bounds");
+  TT_ASSERT(begin >= 0 && count >= 0 && begin + count <= p.numel(), "SGD::apply_range: range out of bounds");
   if (count == 0) return;
   if (begin == 0 && count == p.numel()) {
     ops::add_into(p, ops::scale(g, -lr_));
     return;
   }
-  TT_CHECK(p.is_contiguous() && g.is_contiguous(),
-           "SGD::apply_range needs contiguous parameters and gradients");
+  TT_ASSERT(p.is_contiguous() && g.is_contiguous(),
+            "SGD::apply_range needs contiguous parameters and gradients");
   Tensor p_range = p.view({-1}).narrow_view(0, begin, count);
   const Tensor g_range = g.view({-1}).narrow_view(0, begin, count);
   ops::add_into(p_range, ops::scale(g_range, -lr_));
@@ -123,17 +123,18 @@ void AdamW::apply() {
 }
 
 void AdamW::apply_range(size_t index, int64_t begin, int64_t count, void* stream) {
-  TT_CHECK(index < params_.size(), "AdamW::apply_range: no parameter " + std::to_string(index));
+  TT_ASSERT(index < params_.size(), "AdamW::apply_range: no parameter " + std::to_string(index));
   Tensor& p = params_[index];
   const Tensor g = p.grad();
   TT_CHECK(g.defined(), "AdamW::apply_range: parameter " + std::to_string(index) + " has no gradient");
-  TT_CHECK(p.is_contiguous() && g.is_contiguous(), "AdamW needs contiguous parameters and gradients");
-  TT_CHECK(begin >= 0 && count >= 0 && begin + count <= p.numel(), "AdamW::apply_range: range out of bounds");
+  TT_ASSERT(p.is_contiguous() && g.is_contiguous(), "AdamW needs contiguous parameters and gradients");
+  TT_ASSERT(begin >= 0 && count >= 0 && begin + count <= p.numel(),
+            "AdamW::apply_range: range out of bounds");
   if (count == 0) return;
   if (p.device().is_cuda()) {
 #ifdef TT_WITH_CUDA
     TT_CHECK(p.dtype() == DType::f32, "AdamW on CUDA needs f32 parameters");
-    TT_CHECK(device_factors_.defined(), "AdamW::apply() before prepare_step()");
+    TT_ASSERT(device_factors_.defined(), "AdamW::apply() before prepare_step()");
     cudaStream_t s = static_cast<cudaStream_t>(stream ? stream : compute_stream(p.device().index));
     const Tensor* mirror = current_mirror();
     const bool grad_bf16 = g.dtype() == DType::bf16;
@@ -145,8 +146,8 @@ void AdamW::apply_range(size_t index, int64_t begin, int64_t count, void* stream
                       options_.beta2, options_.eps, s, mirror ? mirror->data<bf16>() + begin : nullptr);
 #endif
   } else {
-    TT_CHECK(!grad_scale_.defined(), "AdamW: device gradient scaling is for CUDA parameters");
-    TT_CHECK(step_ >= 1, "AdamW::apply() before prepare_step()");
+    TT_ASSERT(!grad_scale_.defined(), "AdamW: device gradient scaling is for CUDA parameters");
+    TT_ASSERT(step_ >= 1, "AdamW::apply() before prepare_step()");
     apply_on_cpu(index, begin, g.view({-1}).narrow_view(0, begin, count));
   }
 }
@@ -172,22 +173,22 @@ void AdamW::apply_on_cpu(size_t index, int64_t begin, const Tensor& grads) {
 }
 
 bool AdamW::check_factored_gradient(size_t index, const FactoredGradient& fg) const {
-  TT_CHECK(index < params_.size(), "AdamW: factored gradient for no parameter " + std::to_string(index));
+  TT_ASSERT(index < params_.size(), "AdamW: factored gradient for no parameter " + std::to_string(index));
   const Tensor& p = params_[index];
   const Tensor g = p.grad();
-  TT_CHECK(g.defined(), "AdamW: factored gradient for parameter " + std::to_string(index) +
-                            ", which has no gradient buffer (its dtype says how the gradient is rounded)");
-  TT_CHECK(!grad_scale_.defined(), "AdamW: factored gradient while gradients are scaled (clipping)");
+  TT_ASSERT(g.defined(), "AdamW: factored gradient for parameter " + std::to_string(index) +
+                             ", which has no gradient buffer (its dtype says how the gradient is rounded)");
+  TT_ASSERT(!grad_scale_.defined(), "AdamW: factored gradient while gradients are scaled (clipping)");
   const Tensor &dy = fg.dy, &x = fg.x;
-  TT_CHECK(dy.dim() == 2 && x.dim() == 2 && dy.size(0) == x.size(0) && dy.dtype() == x.dtype(),
-           "AdamW: a factored gradient's dy and x must be (rows, out) and (rows, in) of one dtype, got " +
-               dy.describe() + " and " + x.describe());
-  TT_CHECK(p.is_contiguous() && fg.begin >= 0 && fg.begin + dy.size(1) * x.size(1) <= p.numel(),
-           "AdamW: factored gradient's range out of bounds");
-  TT_CHECK(dy.device() == p.device() && x.device() == p.device(),
-           "AdamW: a factored gradient's dy and x must be on the parameter's device, got " + dy.describe() +
-               " and " + x.describe() + " for " + p.describe());
-  TT_CHECK(step_ >= 1, "AdamW: factored gradient before prepare_step()");
+  TT_ASSERT(dy.dim() == 2 && x.dim() == 2 && dy.size(0) == x.size(0) && dy.dtype() == x.dtype(),
+            "AdamW: a factored gradient's dy and x must be (rows, out) and (rows, in) of one dtype, got " +
+                dy.describe() + " and " + x.describe());
+  TT_ASSERT(p.is_contiguous() && fg.begin >= 0 && fg.begin + dy.size(1) * x.size(1) <= p.numel(),
+            "AdamW: factored gradient's range out of bounds");
+  TT_ASSERT(dy.device() == p.device() && x.device() == p.device(),
+            "AdamW: a factored gradient's dy and x must be on the parameter's device, got " + dy.describe() +
+                " and " + x.describe() + " for " + p.describe());
+  TT_ASSERT(step_ >= 1, "AdamW: factored gradient before prepare_step()");
   if (!p.device().is_cuda()) return true;
   // dy's rows may be further apart than its width (columns of a wider product); x is dense.
   const bool dy_rows = dy.strides()[1] == 1 && dy.strides()[0] >= dy.size(1);
@@ -210,7 +211,7 @@ void AdamW::apply_factored_gradients(size_t index, const std::vector<FactoredGra
   // The arguments and dtypes only: the CUDA kernel checks each weight's layout itself as it encodes its
   // tensor maps, which takes_factored_gradient has already done once.
   for (const FactoredGradient& fg : grads) {
-    TT_CHECK(
+    TT_ASSERT(
         check_factored_gradient(index, fg),
         "AdamW::apply_factored_gradients: a gradient its kernel does not take (ask takes_factored_gradient)");
   }
@@ -220,7 +221,7 @@ void AdamW::apply_factored_gradients(size_t index, const std::vector<FactoredGra
   if (p.device().is_cuda()) {
 #ifdef TT_WITH_CUDA
     static_assert(kFactoredGroup == static_cast<size_t>(cuda::kGemmAdamwMaxProblems));
-    TT_CHECK(device_factors_.defined(), "AdamW::apply_factored_gradients before prepare_step()");
+    TT_ASSERT(device_factors_.defined(), "AdamW::apply_factored_gradients before prepare_step()");
     cudaStream_t s = static_cast<cudaStream_t>(stream ? stream : compute_stream(p.device().index));
     // One launch per run of up to kFactoredGroup weights with the same number of rows.
     std::vector<cuda::GemmAdamwProblem> group;
@@ -283,7 +284,7 @@ void scale_gradients(Tensor& grads, double scale) {
   }
   // bf16 gradients (FlatParameters::set_grad_dtype) are scaled in f32 and rounded back, a bounded piece at a
   // time (a 2.7b model's in one piece would need a 13.6 GB temporary).
-  TT_CHECK(grads.is_contiguous(), "scale_gradients: bf16 gradients must be contiguous");
+  TT_ASSERT(grads.is_contiguous(), "scale_gradients: bf16 gradients must be contiguous");
   Tensor flat = grads.view({-1});
   constexpr int64_t kPiece = int64_t{1} << 24;
   for (int64_t begin = 0; begin < flat.numel(); begin += kPiece) {
@@ -299,10 +300,10 @@ void scale_gradients(Tensor& grads, double scale) {
 namespace tt::optim {
 
 void clip_factor_on_device(const Tensor& flat_grads, double max_norm, Tensor& norm, Tensor& factor) {
-  TT_CHECK(flat_grads.device().is_cuda() &&
-               (flat_grads.dtype() == DType::f32 || flat_grads.dtype() == DType::bf16) &&
-               flat_grads.is_contiguous(),
-           "clip_factor_on_device needs a contiguous f32 or bf16 CUDA gradient buffer");
+  TT_ASSERT(flat_grads.device().is_cuda() &&
+                (flat_grads.dtype() == DType::f32 || flat_grads.dtype() == DType::bf16) &&
+                flat_grads.is_contiguous(),
+            "clip_factor_on_device needs a contiguous f32 or bf16 CUDA gradient buffer");
 #ifdef TT_WITH_CUDA
   const cudaStream_t stream = static_cast<cudaStream_t>(compute_stream(flat_grads.device().index));
   ops::sum_squares_into(flat_grads, norm);

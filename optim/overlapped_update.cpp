@@ -7,15 +7,15 @@ namespace tt::optim {
 OverlappedUpdate::OverlappedUpdate(AdamW& adamw, const nn::FlatParameters& params,
                                    const std::vector<size_t>& unit_first_parameters)
     : adamw_(adamw), device_(params.flat_params().device()) {
-  TT_CHECK(adamw.parameter_count() == 1 && adamw.params()[0].raw_data() == params.flat_params().raw_data() &&
-               adamw.params()[0].numel() == params.flat_params().numel(),
-           "internal: OverlappedUpdate needs the AdamW of the flat parameter buffer");
-  TT_CHECK(!unit_first_parameters.empty() && unit_first_parameters[0] == 0,
-           "internal: the first parameter unit starts at parameter 0");
+  TT_ASSERT(adamw.parameter_count() == 1 && adamw.params()[0].raw_data() == params.flat_params().raw_data() &&
+                adamw.params()[0].numel() == params.flat_params().numel(),
+            "OverlappedUpdate needs the AdamW of the flat parameter buffer");
+  TT_ASSERT(!unit_first_parameters.empty() && unit_first_parameters[0] == 0,
+            "the first parameter unit starts at parameter 0");
   for (const size_t first : unit_first_parameters) {
-    TT_CHECK(first < params.offsets().size(), "internal: a parameter unit starts past the last parameter");
+    TT_ASSERT(first < params.offsets().size(), "a parameter unit starts past the last parameter");
     const int64_t begin = params.offsets()[first];
-    TT_CHECK(unit_begin_.empty() || begin > unit_begin_.back(), "internal: parameter units out of order");
+    TT_ASSERT(unit_begin_.empty() || begin > unit_begin_.back(), "parameter units out of order");
     unit_begin_.push_back(begin);
   }
   unit_begin_.push_back(params.flat_params().numel());
@@ -52,8 +52,8 @@ void OverlappedUpdate::settle() {
 }
 
 void OverlappedUpdate::before_forward(int unit) {
-  TT_CHECK(unit >= 0 && static_cast<size_t>(unit) + 1 < unit_begin_.size(),
-           "internal: no parameter unit " + std::to_string(unit));
+  TT_ASSERT(unit >= 0 && static_cast<size_t>(unit) + 1 < unit_begin_.size(),
+            "no parameter unit " + std::to_string(unit));
   if (!unit_done_.empty()) unit_done_[static_cast<size_t>(unit)]->block(compute_stream(device_.index));
 }
 

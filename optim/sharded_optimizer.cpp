@@ -27,9 +27,9 @@ ShardedOptimizer::ShardedOptimizer(nn::FlatParameters& params, ShardCollectives&
 void ShardedOptimizer::slice() {
   const int64_t total = params_.flat_params().numel();
   const int world = comm_.world_size();
-  TT_CHECK(total % world == 0, "ShardedOptimizer: the flat buffer (" + std::to_string(total) +
-                                   " elements) must be padded to a multiple of the world size " +
-                                   std::to_string(world) + " (FlatParameters pad_multiple)");
+  TT_ASSERT(total % world == 0, "ShardedOptimizer: the flat buffer (" + std::to_string(total) +
+                                    " elements) must be padded to a multiple of the world size " +
+                                    std::to_string(world) + " (FlatParameters pad_multiple)");
   shard_size_ = total / world;
   shard_begin_ = shard_size_ * comm_.rank();
   // The slice of the parameters this rank updates and its gradient are views of the flat buffers: the

@@ -68,9 +68,9 @@ struct UpdateInBackward::State {
   }
 
   void check_first_gradient(size_t index) const {
-    TT_CHECK(!done[index] && !in_product[index],
-             "UpdateInBackward: parameter " + params.parameters()[index].name +
-                 " got its gradient twice in one pass (gradient accumulation is not supported)");
+    TT_ASSERT(!done[index] && !in_product[index],
+              "UpdateInBackward: parameter " + params.parameters()[index].name +
+                  " got its gradient twice in one pass (gradient accumulation is not supported)");
   }
 
   // The factored-gradient consumer of parameter `index`: the update inside its weight-gradient matmul.
@@ -122,8 +122,8 @@ struct UpdateInBackward::State {
 
 UpdateInBackward::UpdateInBackward(nn::FlatParameters& params, AdamW& optimizer, bool in_matmul, size_t group)
     : state_(std::make_shared<State>(params, optimizer)) {
-  TT_CHECK(optimizer.parameter_count() == 1 && optimizer.params()[0].impl() == params.flat_params().impl(),
-           "UpdateInBackward needs an AdamW over the flat parameter buffer");
+  TT_ASSERT(optimizer.parameter_count() == 1 && optimizer.params()[0].impl() == params.flat_params().impl(),
+            "UpdateInBackward needs an AdamW over the flat parameter buffer");
   TT_CHECK(group >= 1 && group <= AdamW::kFactoredGroup,
            "UpdateInBackward: a group of " + std::to_string(group) + " weights per launch (1 to " +
                std::to_string(AdamW::kFactoredGroup) + ")");
@@ -189,9 +189,9 @@ int64_t UpdateInBackward::updated_in_matmul() const {
 
 void UpdateInBackward::begin() {
   State& s = *state_;
-  TT_CHECK(!s.armed, "UpdateInBackward::begin() twice without finish()");
-  TT_CHECK(s.optimizer.step_count() >= 1, "UpdateInBackward::begin() before the optimizer's prepare_step()");
-  TT_CHECK(
+  TT_ASSERT(!s.armed, "UpdateInBackward::begin() twice without finish()");
+  TT_ASSERT(s.optimizer.step_count() >= 1, "UpdateInBackward::begin() before the optimizer's prepare_step()");
+  TT_ASSERT(
       !s.optimizer.has_grad_scale(),
       "UpdateInBackward: gradients are scaled (clipping); a fused update cannot wait for the global norm");
   s.done.assign(s.done.size(), false);
@@ -204,7 +204,7 @@ void UpdateInBackward::begin() {
 
 void UpdateInBackward::finish() {
   State& s = *state_;
-  TT_CHECK(s.armed, "UpdateInBackward::finish() without begin()");
+  TT_ASSERT(s.armed, "UpdateInBackward::finish() without begin()");
   s.armed = false;
   s.flush();
   if (s.device.is_cuda()) {

@@ -28,17 +28,17 @@ ZeroOptimizer::ZeroOptimizer(nn::FlatParameters& params, ShardCollectives& comm,
       device_(params.flat_params().device()) {
   TT_CHECK(stage == 2 || stage == 3, "ZeroOptimizer: stage must be 2 or 3, got " + std::to_string(stage));
   const auto& list = params.parameters();
-  TT_CHECK(!unit_first_parameters.empty() && unit_first_parameters[0] == 0 &&
-               std::is_sorted(unit_first_parameters.begin(), unit_first_parameters.end()) &&
-               unit_first_parameters.back() < list.size(),
-           "ZeroOptimizer: unit_first_parameters must start at 0 and ascend within the parameters");
+  TT_ASSERT(!unit_first_parameters.empty() && unit_first_parameters[0] == 0 &&
+                std::is_sorted(unit_first_parameters.begin(), unit_first_parameters.end()) &&
+                unit_first_parameters.back() < list.size(),
+            "ZeroOptimizer: unit_first_parameters must start at 0 and ascend within the parameters");
   const int64_t world = comm.world_size();
   unit_of_.assign(list.size(), 0);
   for (size_t u = 0; u < unit_first_parameters.size(); ++u) {
     Unit unit;
     unit.first = unit_first_parameters[u];
     unit.end = u + 1 < unit_first_parameters.size() ? unit_first_parameters[u + 1] : list.size();
-    TT_CHECK(unit.end > unit.first, "ZeroOptimizer: a unit without parameters");
+    TT_ASSERT(unit.end > unit.first, "ZeroOptimizer: a unit without parameters");
     unit.begin = params.offsets()[unit.first];
     unit.finish = params.offsets()[unit.end - 1] + list[unit.end - 1].tensor->numel();
     unit.chunk = (unit.numel() + world - 1) / world;
@@ -174,7 +174,7 @@ void ZeroOptimizer::scatter_moment(int which, int64_t offset, const Tensor& full
 // --- gradients ---
 
 void ZeroOptimizer::begin_backward() {
-  TT_CHECK(!armed_, "ZeroOptimizer::begin_backward twice without finish_backward");
+  TT_ASSERT(!armed_, "ZeroOptimizer::begin_backward twice without finish_backward");
   armed_ = true;
   for (Unit& unit : units_) {
     unit.ready = 0;
@@ -197,7 +197,7 @@ Tensor ZeroOptimizer::acquire_staging() {
 }
 
 void ZeroOptimizer::before_backward(int index) {
-  TT_CHECK(armed_, "ZeroOptimizer: a unit's backward began outside begin_backward/finish_backward");
+  TT_ASSERT(armed_, "ZeroOptimizer: a unit's backward began outside begin_backward/finish_backward");
   const size_t u = static_cast<size_t>(index);
   if (stage_ == 3) {
     // Units after this one have finished their backward (see run_unit): their parameters go.
@@ -278,7 +278,7 @@ void ZeroOptimizer::complete_oldest() {
 }
 
 void ZeroOptimizer::finish_backward() {
-  TT_CHECK(armed_, "ZeroOptimizer::finish_backward without begin_backward");
+  TT_ASSERT(armed_, "ZeroOptimizer::finish_backward without begin_backward");
   armed_ = false;
   // Units whose parameters did not all get a gradient in this pass (the same on every rank): their staged
   // gradients go now, in the same descending order.
@@ -313,7 +313,7 @@ void ZeroOptimizer::note_staging_bytes() {
 // --- the update ---
 
 double ZeroOptimizer::step(double max_norm, bool measure_norm) {
-  TT_CHECK(!armed_, "ZeroOptimizer::step between begin_backward and finish_backward");
+  TT_ASSERT(!armed_, "ZeroOptimizer::step between begin_backward and finish_backward");
   double norm = std::nan("");
   if (max_norm > 0 || measure_norm) {
     const double local = ops::sum_squares(shard_grads_);

@@ -4,6 +4,7 @@
 #include <chrono>
 #include <thread>
 
+#include "base/error.h"
 #include "core/allocator.h"
 #include "core/cuda_context.h"
 #include "core/rng.h"
@@ -29,6 +30,29 @@ TEST_CASE("views share storage; strides and contiguity") {
   CHECK_THROWS_WITH_AS(t.view({4, 2}), doctest::Contains("cannot view"), Error);
   CHECK_THROWS_WITH_AS(tr.view({6}), doctest::Contains("contiguous"), Error);
   CHECK_THROWS_AS(t.data<double>(), Error);
+}
+
+TEST_CASE("TT_CHECK reports the user's mistake; TT_ASSERT reports a bug in tinytrain, with its place") {
+  const auto user = [] { TT_CHECK(false, "--batch must be positive"); };
+  const auto bug = [] { TT_ASSERT(1 + 1 == 3, "Widget::finish without begin"); };
+  try {
+    user();
+    FAIL("no exception");
+  } catch (const InternalError&) {
+    FAIL("a user's mistake is not an internal error");
+  } catch (const Error& e) {
+    CHECK(std::string(e.what()) == "--batch must be positive");
+    CHECK(error_line(e) == "error: --batch must be positive");
+  }
+  try {
+    bug();
+    FAIL("no exception");
+  } catch (const InternalError& e) {
+    const std::string what = e.what();
+    CHECK(what.rfind("internal error: Widget::finish without begin (tests/test_tensor.cpp:", 0) == 0);
+    CHECK(what.find("please report") != std::string::npos);
+    CHECK(error_line(e) == what);
+  }
 }
 
 TEST_CASE("dtype conversions and copies") {

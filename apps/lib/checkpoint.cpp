@@ -163,10 +163,10 @@ void write_contents(io::H5File* file, const nn::ModelConfig& config, nn::FlatPar
 }  // namespace
 
 Tensor OptimizerState::gather_parameter(int64_t, const Shape&) {
-  throw Error("internal: this optimizer does not hold the parameters");
+  throw_internal_error("this optimizer does not hold the parameters", __FILE__, __LINE__);
 }
 void OptimizerState::scatter_parameter(int64_t, const Tensor&) {
-  throw Error("internal: this optimizer does not hold the parameters");
+  throw_internal_error("this optimizer does not hold the parameters", __FILE__, __LINE__);
 }
 
 std::unique_ptr<OptimizerState> optimizer_state(optim::ZeroOptimizer& zero) {
@@ -508,8 +508,8 @@ void write_initial_checkpoint(const std::string& path, const nn::ModelConfig& co
       for (const nn::NamedParameter& p : model.named_parameters()) {
         const Shape& shape = p.tensor->shape();
         const Tensor value = parameter(p.name, shape);
-        TT_CHECK(value.shape() == shape, "internal: parameter " + p.name + " came as " +
-                                             shape_str(value.shape()) + ", expected " + shape_str(shape));
+        TT_ASSERT(value.shape() == shape, "parameter " + p.name + " came as " + shape_str(value.shape()) +
+                                              ", expected " + shape_str(shape));
         file.write_tensor("/model/" + p.name, value);
         // A fresh AdamW: both moments zero, as the first step expects them.
         const Tensor zeros = Tensor::zeros(shape, DType::f32);

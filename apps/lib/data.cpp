@@ -177,11 +177,11 @@ Batch BatchSampler::next(int64_t step) {
 Batch eval_batch(const TokenFile& file, int64_t batch, int64_t context, int64_t first_window) {
   check_context_fits(file, context);
   const int64_t room = window_room(file, context);
-  TT_CHECK(batch > 0 && first_window >= 0 && first_window <= room - batch,
-           "internal: evaluation windows " + std::to_string(first_window) + ".." +
-               std::to_string(first_window + batch - 1) + " of '" + file.path() + "' (room for " +
-               std::to_string(room) + " windows of " + std::to_string(context + 1) +
-               " tokens) do not fit; check_eval_fits should have refused this at start-up");
+  TT_ASSERT(batch > 0 && first_window >= 0 && first_window <= room - batch,
+            "evaluation windows " + std::to_string(first_window) + ".." +
+                std::to_string(first_window + batch - 1) + " of '" + file.path() + "' (room for " +
+                std::to_string(room) + " windows of " + std::to_string(context + 1) +
+                " tokens) do not fit; check_eval_fits should have refused this at start-up");
   Batch out;
   out.inputs.resize(static_cast<size_t>(batch * context));
   out.targets.resize(out.inputs.size());

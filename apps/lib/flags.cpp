@@ -39,9 +39,8 @@ void Flags::add_switch(const std::string& name, const std::string& help, bool on
 }
 
 void Flags::alias(const std::string& other_name, const std::string& name) {
-  TT_CHECK(specs_.count(name) > 0, "internal: alias of undeclared flag --" + name);
-  TT_CHECK(!specs_.count(other_name) && !aliases_.count(other_name),
-           "internal: --" + other_name + " is taken");
+  TT_ASSERT(specs_.count(name) > 0, "alias of undeclared flag --" + name);
+  TT_ASSERT(!specs_.count(other_name) && !aliases_.count(other_name), "--" + other_name + " is taken");
   aliases_[other_name] = name;
   specs_[name].aliases.push_back(other_name);
 }
@@ -238,7 +237,8 @@ std::string Flags::str(const std::string& name) const {
   auto it = values_.find(name);
   if (it != values_.end()) return it->second;
   auto spec = specs_.find(name);
-  if (spec == specs_.end()) throw Error("internal: flag --" + name + " was never declared");
+  if (spec == specs_.end())
+    throw_internal_error("flag --" + name + " was never declared", __FILE__, __LINE__);
   return spec->second.default_value;
 }
 

@@ -39,7 +39,7 @@ std::string llama_name(const std::string& ours) {
     if (index.find_first_not_of("0123456789") == std::string::npos && found != layer.end())
       return "model.layers." + index + "." + found->second;
   }
-  throw Error("internal: parameter " + ours + " has no Llama name");
+  throw_internal_error("parameter " + ours + " has no Llama name", __FILE__, __LINE__);
 }
 
 bool rope_rows(const std::string& ours) {
@@ -54,10 +54,10 @@ namespace {
 template <class SourceRow>
 std::vector<float> reorder_rows(const std::vector<float>& weight, int64_t rows, int64_t cols, int64_t d_head,
                                 SourceRow source_row) {
-  TT_CHECK(d_head > 0 && d_head % 2 == 0 && rows % d_head == 0 &&
-               static_cast<int64_t>(weight.size()) == rows * cols,
-           "internal: cannot reorder a " + std::to_string(rows) + " x " + std::to_string(cols) +
-               " matrix by heads of " + std::to_string(d_head));
+  TT_ASSERT(d_head > 0 && d_head % 2 == 0 && rows % d_head == 0 &&
+                static_cast<int64_t>(weight.size()) == rows * cols,
+            "cannot reorder a " + std::to_string(rows) + " x " + std::to_string(cols) +
+                " matrix by heads of " + std::to_string(d_head));
   std::vector<float> out(weight.size());
   for (int64_t r = 0; r < rows; ++r) {
     const int64_t head = r / d_head * d_head;

@@ -195,7 +195,7 @@ SafetensorsWriter::SafetensorsWriter(const std::string& path, std::vector<Safete
   if (!metadata.empty()) header["__metadata__"] = metadata;
   uint64_t offset = 0;
   for (SafetensorsTensor& t : tensors_) {
-    TT_CHECK(t.dtype == "F32" || t.dtype == "BF16", "internal: cannot write " + t.dtype + " tensors");
+    TT_ASSERT(t.dtype == "F32" || t.dtype == "BF16", "cannot write " + t.dtype + " tensors");
     t.begin = offset;
     t.end = offset + static_cast<uint64_t>(shape_numel(t.shape) * safetensors_dtype_bytes(t.dtype));
     offset = t.end;
@@ -228,12 +228,12 @@ void SafetensorsWriter::write_bytes(const void* data, size_t bytes) {
 }
 
 void SafetensorsWriter::write(const std::string& name, const std::vector<float>& values) {
-  TT_CHECK(next_ < tensors_.size() && tensors_[next_].name == name,
-           "internal: tensor " + name + " written out of order to " + path_);
+  TT_ASSERT(next_ < tensors_.size() && tensors_[next_].name == name,
+            "tensor " + name + " written out of order to " + path_);
   const SafetensorsTensor& t = tensors_[next_];
-  TT_CHECK(static_cast<int64_t>(values.size()) == shape_numel(t.shape),
-           "internal: tensor " + name + " has " + std::to_string(values.size()) + " values, expected " +
-               std::to_string(shape_numel(t.shape)));
+  TT_ASSERT(static_cast<int64_t>(values.size()) == shape_numel(t.shape),
+            "tensor " + name + " has " + std::to_string(values.size()) + " values, expected " +
+                std::to_string(shape_numel(t.shape)));
   if (t.dtype == "F32") {
     write_bytes(values.data(), values.size() * sizeof(float));
   } else {
@@ -245,7 +245,7 @@ void SafetensorsWriter::write(const std::string& name, const std::vector<float>&
 }
 
 void SafetensorsWriter::close() {
-  TT_CHECK(next_ == tensors_.size(), "internal: " + path_ + " closed with tensors missing");
+  TT_ASSERT(next_ == tensors_.size(), path_ + " closed with tensors missing");
   const bool synced = ::fsync(fd_) == 0;
   const int saved = errno;
   const bool closed = ::close(fd_) == 0;

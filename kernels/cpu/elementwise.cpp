@@ -40,9 +40,9 @@ double sum_squares(const T* x, int64_t n) {
 }
 
 void add_ranks_scaled(void* dst, const void* const* inputs, int count, DType type, int64_t n, float scale) {
-  TT_CHECK(type == DType::f32 || type == DType::bf16,
-           std::string("add_ranks_scaled: f32 or bf16 only, got ") + dtype_name(type));
-  TT_CHECK(count >= 1, "add_ranks_scaled: no inputs");
+  TT_ASSERT(type == DType::f32 || type == DType::bf16,
+            std::string("add_ranks_scaled: f32 or bf16 only, got ") + dtype_name(type));
+  TT_ASSERT(count >= 1, "add_ranks_scaled: no inputs");
   auto run = [&](auto* d) {
     using T = std::remove_pointer_t<decltype(d)>;
     // Element by element across the inputs, so that dst may be one of them.

@@ -30,7 +30,7 @@ namespace {
 void check_problem(const AttentionProblem& p, int64_t tile_q, int64_t tile_k) {
   TT_CHECK(p.batch >= 1 && p.heads >= 1 && p.seq >= 1 && p.d_head >= 1,
            "flash_attention: batch, heads, seq and d_head must be positive");
-  TT_CHECK(tile_q >= 1 && tile_k >= 1, "flash_attention: tile sizes must be positive");
+  TT_ASSERT(tile_q >= 1 && tile_k >= 1, "flash_attention: tile sizes must be positive");
 }
 
 // Pointer to row 0 of one (batch, head) slice of a tensor with the given layout.

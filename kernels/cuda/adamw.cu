@@ -83,7 +83,7 @@ AdamWFactors adamw_constant_factors(double beta1, double beta2, double eps) {
 
 void adamw_upload_factors(float* device_factors, double lr, double beta1, double beta2, double weight_decay,
                           int64_t step, cudaStream_t stream) {
-  TT_CHECK(step >= 1, "cuda::adamw: step counts from 1, got " + std::to_string(step));
+  TT_ASSERT(step >= 1, "cuda::adamw: step counts from 1, got " + std::to_string(step));
   const double bias1 = 1.0 - std::pow(beta1, static_cast<double>(step));
   const double bias2 = 1.0 - std::pow(beta2, static_cast<double>(step));
   // Rounded exactly as the CPU twin rounds them.

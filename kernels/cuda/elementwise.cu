@@ -417,11 +417,11 @@ void cast(const void* in, DType in_type, void* out, DType out_type, int64_t n, c
 
 void add_ranks_scaled(void* dst, const void* const* inputs, int count, DType type, int64_t n, float scale,
                       cudaStream_t stream) {
-  TT_CHECK(type == DType::f32 || type == DType::bf16,
-           std::string("cuda::add_ranks_scaled: f32 or bf16 only, got ") + dtype_name(type));
-  TT_CHECK(count >= 1 && count <= kMaxAddInputs, "cuda::add_ranks_scaled: 1 to " +
-                                                     std::to_string(kMaxAddInputs) + " inputs, got " +
-                                                     std::to_string(count));
+  TT_ASSERT(type == DType::f32 || type == DType::bf16,
+            std::string("cuda::add_ranks_scaled: f32 or bf16 only, got ") + dtype_name(type));
+  TT_ASSERT(count >= 1 && count <= kMaxAddInputs, "cuda::add_ranks_scaled: 1 to " +
+                                                      std::to_string(kMaxAddInputs) + " inputs, got " +
+                                                      std::to_string(count));
   if (n == 0) return;
   bool vectorised = reinterpret_cast<uintptr_t>(dst) % 16 == 0;
   for (int i = 0; i < count; ++i) vectorised = vectorised && reinterpret_cast<uintptr_t>(inputs[i]) % 16 == 0;

@@ -95,8 +95,8 @@ void dispatch_head_dim(int64_t d_head, Fn&& fn) {
 }
 
 inline void check_problem(const AttentionProblem& p, DType dtype) {
-  TT_CHECK(dtype == DType::f32 || dtype == DType::bf16,
-           std::string("flash_attention (cuda): dtype must be f32 or bf16, got ") + dtype_name(dtype));
+  TT_ASSERT(dtype == DType::f32 || dtype == DType::bf16,
+            std::string("flash_attention (cuda): dtype must be f32 or bf16, got ") + dtype_name(dtype));
   TT_CHECK(p.batch >= 1 && p.heads >= 1 && p.seq >= 1,
            "flash_attention: batch, heads and seq must be positive");
   TT_CHECK(p.batch * p.heads <= 65535, "flash_attention (cuda): batch * heads must be at most 65535");

@@ -328,9 +328,9 @@ bool gemm_adamw_takes(const GemmAdamwProblem& problem, int64_t tokens) {
 
 void gemm_adamw(const GemmAdamwProblem* problems, int count, int64_t tokens, bool round_grad_bf16,
                 const float* device_factors, double beta1, double beta2, double eps, cudaStream_t stream) {
-  TT_CHECK(count >= 1 && count <= kGemmAdamwMaxProblems, "gemm_adamw: " + std::to_string(count) +
-                                                             " weights in one launch (1 to " +
-                                                             std::to_string(kGemmAdamwMaxProblems) + ")");
+  TT_ASSERT(count >= 1 && count <= kGemmAdamwMaxProblems, "gemm_adamw: " + std::to_string(count) +
+                                                              " weights in one launch (1 to " +
+                                                              std::to_string(kGemmAdamwMaxProblems) + ")");
   TT_CHECK(current_device_major() == 9, "gemm_adamw: not a Hopper GPU");
   Params a{};
   int64_t tiles = 0;

@@ -194,9 +194,9 @@ void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alp
   if (m == 0 || n == 0 || batch == 0) return;
   // The matrix added with beta: c itself, or another of c's layout.
   const void* c_in = addend != nullptr ? addend : c;
-  TT_CHECK(ab_type == DType::f32 || ab_type == DType::bf16, "cuda::gemm: inputs must be f32 or bf16");
-  TT_CHECK(c_type == DType::f32 || (c_type == DType::bf16 && ab_type == DType::bf16),
-           "cuda::gemm: the output must be f32, or bf16 for bf16 inputs");
+  TT_ASSERT(ab_type == DType::f32 || ab_type == DType::bf16, "cuda::gemm: inputs must be f32 or bf16");
+  TT_ASSERT(c_type == DType::f32 || (c_type == DType::bf16 && ab_type == DType::bf16),
+            "cuda::gemm: the output must be f32, or bf16 for bf16 inputs");
   int device = 0;
   TT_CUDA_CHECK(cudaGetDevice(&device));
   std::lock_guard<std::mutex> lock(g_mutex);

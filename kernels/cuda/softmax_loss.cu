@@ -284,8 +284,8 @@ bool aligned_to(const void* p, size_t bytes) {
 template <class L, class G>
 void launch_cross_entropy_rows(const L* logits, int64_t ld, const int32_t* targets, float* losses, G* dlogits,
                                double grad_scale, int64_t n, int64_t vocab, cudaStream_t stream) {
-  TT_CHECK(aligned_to(logits, 4 * sizeof(L)) && aligned_to(dlogits, 4 * sizeof(G)),
-           "cuda::cross_entropy_rows: buffers must be aligned to four elements");
+  TT_ASSERT(aligned_to(logits, 4 * sizeof(L)) && aligned_to(dlogits, 4 * sizeof(G)),
+            "cuda::cross_entropy_rows: buffers must be aligned to four elements");
   if (n == 0) return;
   const float scale = static_cast<float>(grad_scale);
   constexpr int64_t kElems = 16 / sizeof(L);
@@ -350,10 +350,10 @@ void cross_entropy_backward(const float* logits, const int32_t* targets, const f
 void cross_entropy_rows(const void* logits, DType logits_type, int64_t ld, const int32_t* targets,
                         float* losses, void* dlogits, DType dlogits_type, double grad_scale, int64_t n,
                         int64_t vocab, cudaStream_t stream) {
-  TT_CHECK(vocab > 0 && ld >= vocab && ld % 4 == 0, "cuda::cross_entropy_rows: rows " + std::to_string(ld) +
-                                                        " apart for vocab " + std::to_string(vocab) +
-                                                        " (a multiple of 4, at least vocab)");
-  TT_CHECK(
+  TT_ASSERT(vocab > 0 && ld >= vocab && ld % 4 == 0, "cuda::cross_entropy_rows: rows " + std::to_string(ld) +
+                                                         " apart for vocab " + std::to_string(vocab) +
+                                                         " (a multiple of 4, at least vocab)");
+  TT_ASSERT(
       (logits_type == DType::f32 && (dlogits_type == DType::f32 || dlogits_type == DType::bf16)) ||
           (logits_type == DType::bf16 && dlogits_type == DType::bf16),
       "cuda::cross_entropy_rows: f32 logits with an f32 or bf16 gradient, or bf16 logits with a bf16 one");
