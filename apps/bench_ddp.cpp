@@ -1,7 +1,9 @@
-// bench_ddp: the training step (forward + backward + gradient communication + AdamW) under each DDP
-// strategy, run under mpirun with a fixed per-rank batch (weak scaling). The 'single' row skips all
-// communication, so scaling efficiency = single step / distributed step; "comm wait" is the communication
-// that backward did not hide (host time on CPU, compute-stream stall on CUDA). An OOM is a row.
+// bench_ddp: one training step under each data-parallel strategy (DDP strategies and ZeRO stages), run
+// under mpirun with a fixed per-rank batch (weak scaling). Every row runs the step `train` runs
+// (apps/lib/train_step.h: forward, backward, gradient averaging, clipping, AdamW) on a fresh model. The
+// 'single' row skips all communication, so scaling efficiency = single step / distributed step; "comm wait"
+// is the communication that backward did not hide (host time on CPU, compute-stream stall on CUDA; DDP
+// strategies only). An OOM is a row.
 #include <mpi.h>
 
 #include <algorithm>
@@ -14,6 +16,7 @@
 #include "apps/lib/flags.h"
 #include "apps/lib/report.h"
 #include "apps/lib/run_setup.h"
+#include "apps/lib/train_step.h"
 #include "base/error.h"
 #include "core/allocator.h"
 #include "core/cuda_context.h"
@@ -21,9 +24,6 @@
 #include "dist/data_parallel.h"
 #include "dist/mpi_check.h"
 #include "dist/runtime.h"
-#include "dist/shard_collectives.h"
-#include "optim/optimizer.h"
-#include "optim/sharded_optimizer.h"
 
 using namespace tt;
 using namespace tt::app;
@@ -31,22 +31,22 @@ using namespace tt::app;
 namespace {
 
 struct Config {
-  std::string label;  // "single", the strategy name, or "zero1"
+  std::string label;  // "single", the strategy name, "zero1", "zero1+bucketed", "zero2" or "zero3"
   std::optional<dist::DdpStrategy> strategy;
   double bucket_mb = 0;
-  // ZeRO-1: sharded AdamW and an all-gather; gradients averaged by a reduce-scatter after backward, or, when
-  // a strategy is set too, by that strategy's all-reduce (overlapped with backward for bucketed).
-  bool zero = false;
+  // ZeRO stage (0: none). Stage 1 with a strategy set: gradients averaged by that strategy's all-reduce
+  // (overlapped with backward for bucketed) instead of a reduce-scatter after backward.
+  int zero = 0;
   int sm_margin = 0;  // SMs kept free of GEMMs for the communication kernels (cuBLASLt SM count target)
   double zero_chunk_mb = 0;         // MB of parameters per pipelined update + all-gather chunk of ZeRO-1
   bool bf16_communication = false;  // gradients all-reduced in bf16 (DDP strategies)
   dist::AllReduceTransport transport = dist::AllReduceTransport::library;
 };
 
-// Bytes per rank, measured from the allocator and the tensors.
+// Bytes per rank, measured from the tensors and the allocator.
 struct Memory {
-  int64_t params = 0, grads = 0, optimizer_state = 0;
-  int64_t after_init = 0, before_step = 0, after_step = 0, peak = 0;
+  StateBytes state;
+  int64_t between_steps = 0, peak = 0;
 };
 
 struct Result {
@@ -55,88 +55,57 @@ struct Result {
   Memory memory;
 };
 
-// One model per preset, reused by all its rows (initialising a billion-parameter model takes seconds).
-struct Bundle {
-  Bundle(const nn::ModelConfig& c, Device device, int rank, int world, int64_t batch)
-      : model(c), params(model, device, 1, DType::f32, world) {
-    // Each rank its own tokens, as in training.
-    CounterRng rng{77, static_cast<uint64_t>(rank) << 40};
-    std::vector<int32_t> ids(static_cast<size_t>(batch * c.context_length)), targets(ids.size());
-    for (auto& v : ids) v = static_cast<int32_t>(rng.next_below(static_cast<uint64_t>(c.vocab_size)));
-    for (auto& v : targets) v = static_cast<int32_t>(rng.next_below(static_cast<uint64_t>(c.vocab_size)));
-    x = Tensor::from_ints(ids, {batch, c.context_length}, device);
-    y = Tensor::from_ints(targets, {batch, c.context_length}, device);
-  }
-  nn::TransformerLM model;
-  nn::FlatParameters params;
-  std::unique_ptr<optim::AdamW> optimizer;  // made by the first row that needs it, dropped for ZeRO rows
-  Tensor x, y;
+struct RowSetup {
+  nn::ModelConfig model;
+  Device device;
+  bool grads_bf16 = false;
+  int64_t batch = 1, warmup = 0, steps = 1;
+  double clip = 1.0;
 };
 
-Result measure(Bundle& b, dist::Communicator& comm, const Config& config, int64_t warmup, int64_t steps) {
+// A fresh model per row: ZeRO-2 and 3 move the parameters and gradients out of the flat buffers into shards.
+Result measure(const RowSetup& setup, dist::DistRuntime& runtime, const Config& config) {
   Result result;
-  const Device device = comm.device();
+  const Device device = setup.device;
   set_matmul_sm_margin(config.sm_margin);
-  comm.set_all_reduce_transport(config.transport);
   try {
-    std::unique_ptr<dist::DataParallel> ddp;
-    std::unique_ptr<optim::ShardCollectives> collectives;
-    std::unique_ptr<optim::ShardedOptimizer> sharded;
-    if (config.zero) {
-      b.optimizer.reset();  // the whole AdamW state must not count against the sharded one
-      empty_cache(device);
-      collectives = dist::shard_collectives(comm);
-      sharded = std::make_unique<optim::ShardedOptimizer>(b.params, *collectives);
-      if (config.zero_chunk_mb > 0) {
-        const double bytes = config.zero_chunk_mb * 1024.0 * 1024.0;
-        const auto element = static_cast<double>(dtype_size(b.params.flat_params().dtype()));
-        sharded->set_gather_chunk(std::max<int64_t>(1, static_cast<int64_t>(bytes / element)));
-      }
-      result.memory.optimizer_state = sharded->state_bytes();
-      if (config.strategy)
-        ddp = std::make_unique<dist::DataParallel>(b.params, comm, *config.strategy, config.bucket_mb,
-                                                   config.bf16_communication);
-    } else {
-      if (!b.optimizer)
-        b.optimizer = std::make_unique<optim::AdamW>(std::vector<Tensor>{b.params.flat_params()});
-      result.memory.optimizer_state =
-          static_cast<int64_t>(b.optimizer->exp_avg()[0].nbytes() + b.optimizer->exp_avg_sq()[0].nbytes());
-      if (config.strategy)
-        ddp = std::make_unique<dist::DataParallel>(b.params, comm, *config.strategy, config.bucket_mb,
-                                                   config.bf16_communication);
+    nn::TransformerLM model(setup.model);
+    nn::FlatParameters params(model, device, 1, DType::f32, runtime.world_size());
+    if (setup.grads_bf16) params.set_grad_dtype(DType::bf16);
+    // Each rank its own tokens, as in training.
+    CounterRng rng{77, static_cast<uint64_t>(runtime.rank()) << 40};
+    Batch batch;
+    const auto vocab = static_cast<uint64_t>(setup.model.vocab_size);
+    for (int64_t i = 0; i < setup.batch * setup.model.context_length; ++i) {
+      batch.inputs.push_back(static_cast<int32_t>(rng.next_below(vocab)));
+      batch.targets.push_back(static_cast<int32_t>(rng.next_below(vocab)));
     }
-    // bf16 rows with plain AdamW read the bf16 weight copy AdamW writes (as train does); ZeRO's sharded
-    // update does not write it, so those rows cast.
-    if (b.model.config().precision == nn::Precision::bf16 && !config.zero) {
-      b.params.enable_bf16_mirror();
-      b.optimizer->write_bf16_mirror(&b.params);
-    } else {
-      b.params.disable_bf16_mirror();
-    }
-    result.memory.params = static_cast<int64_t>(b.params.flat_params().nbytes());
-    result.memory.grads = static_cast<int64_t>(b.params.flat_grads().nbytes());
-    synchronize(device);
-    result.memory.after_init = memory_stats(device).current_bytes;
-    reset_peak_memory(device);
+    TrainStepOptions options;
+    options.batch = setup.batch;
+    options.ctx = setup.model.context_length;
+    options.clip = setup.clip;
+    options.zero = config.zero;
+    options.zero_grads_by_ddp = config.zero == 1 && config.strategy.has_value();
+    options.ddp = config.strategy.value_or(dist::DdpStrategy::bucketed);
+    options.bucket_mb = config.bucket_mb > 0 ? config.bucket_mb : 25;
+    options.grad_comm_bf16 = config.bf16_communication;
+    options.all_reduce = dist::all_reduce_transport_name(config.transport);
+    options.zero1_gather_chunk_mb = config.zero_chunk_mb;
+    TrainStep step(model, params, device, config.label == "single" ? nullptr : &runtime, options);
     std::vector<double> waits;
-    const std::vector<Phase> phases = {{"step", [&] {
-                                          Tensor loss = b.model.loss(b.x, b.y);
-                                          if (ddp) ddp->begin_backward();
-                                          loss.backward();
-                                          loss = Tensor();
-                                          if (ddp) ddp->finish_backward();
-                                          result.memory.before_step = memory_stats(device).current_bytes;
-                                          if (sharded) {
-                                            sharded->step(0.0, ddp != nullptr, false);
-                                          } else {
-                                            b.optimizer->step();
-                                          }
-                                          b.params.zero_grad();
-                                          result.memory.after_step = memory_stats(device).current_bytes;
-                                        }}};
+    int64_t count = 0;
+    const std::vector<Phase> phases = {
+        {"step", [&] { step.run([&](int64_t) { return batch; }, 1e-4, false, ++count); }}};
+    reset_peak_memory(device);
     const StepTimings t = time_phases(
-        warmup, steps, phases, [&] { synchronize(device); },
-        [&](size_t) { waits.push_back(ddp ? ddp->communication_wait_ms() : 0.0); });
+        setup.warmup, setup.steps, phases,
+        [&] {
+          step.settle();  // the update belongs to the step it follows
+          synchronize(device);
+        },
+        [&](size_t) { waits.push_back(step.communication_wait_ms()); });
+    result.memory.state = step.state_bytes();
+    result.memory.between_steps = memory_stats(device).current_bytes;
     result.memory.peak = memory_stats(device).peak_bytes;
     result.step_ms = summarize(t.step_ms);
     result.wait_ms = summarize(waits);
@@ -148,6 +117,23 @@ Result measure(Bundle& b, dist::Communicator& comm, const Config& config, int64_
   result.oom = dist::max_over_ranks(result.oom ? 1.0 : 0.0) > 0;
   if (!result.oom) result.step_ms.mean = dist::max_over_ranks(result.step_ms.mean);
   return result;
+}
+
+// Bytes per rank of parameters, gradients and optimizer state in the ZeRO paper's accounting (mixed
+// precision with Adam: 2 bytes of fp16 parameters and 2 of gradients per parameter, K = 12 of optimizer
+// state: fp32 master weights and two moments), for `psi` parameters on `world` ranks at `stage`.
+double zero_paper_bytes(double psi, int world, int stage) {
+  const double n = world;
+  switch (stage) {
+    case 0:
+      return 16 * psi;
+    case 1:
+      return 4 * psi + 12 * psi / n;
+    case 2:
+      return 2 * psi + 14 * psi / n;
+    default:
+      return 16 * psi / n;
+  }
 }
 
 // Each row that `applies` to, once per value (set by `set`); the other rows once, as they are.
@@ -175,9 +161,10 @@ int main(int argc, char** argv) {
   stream_rows_to_stdout();
   Flags flags(
       "bench_ddp",
-      "DDP step time per strategy under mpirun (one rank per GPU), weak scaling: the per-rank batch is\n"
-      "fixed. Rows: 'single' (no communication, the baseline) and each strategy; bucketed once per\n"
-      "--bucket-mb. Step = forward + backward + communication + AdamW; times are the slowest rank's mean.");
+      "Training step time per data-parallel strategy under mpirun (one rank per GPU), weak scaling: the\n"
+      "per-rank batch is fixed. Rows: 'single' (no communication, the baseline), each DDP strategy\n"
+      "(bucketed once per --bucket-mb) and the ZeRO stages asked for. Each row runs train's step\n"
+      "(forward, backward, averaging, clipping, AdamW) on a fresh model; times are the slowest rank's mean.");
   flags.add("preset", "xl", "comma-separated presets (tiny, small, medium, large, xl, 2.7b, 7b)");
   flags.add("strategy", "naive,flat,overlap,bucketed", "comma-separated DDP strategies");
   flags.add("bucket-mb", "1,10,100,1000", "comma-separated bucket caps for 'bucketed', in MB (2^20 bytes)");
@@ -192,11 +179,12 @@ int main(int argc, char** argv) {
   flags.add("device", "auto", "rank i uses GPU local rank i", {"cpu", "cuda", "auto"});
   flags.add("single-gpu-baseline", "1",
             "1: also time the 'single' row: every rank alone, no communication (the scaling baseline)");
-  flags.add(
-      "zero", "0",
-      "1: add ZeRO-1 rows (sharded AdamW state + all-gather): gradients reduce-scattered after backward "
-      "('zero1'), and, with bucketed among the strategies, averaged by the bucketed all-reduce during "
-      "backward ('zero1+bucketed')");
+  flags.add("zero", "0",
+            "comma-separated ZeRO stages to add rows for (0: none): 1 (sharded AdamW state: gradients "
+            "reduce-scattered after backward, 'zero1', and, with bucketed among the strategies, averaged by "
+            "the bucketed all-reduce during backward, 'zero1+bucketed'), 2 (gradients sharded too), 3 "
+            "(parameters too)");
+  flags.add("clip", "1.0", "global gradient-norm clip, as train's --clip (0: off)");
   flags.add("gemm-sm-margin", "0",
             "comma-separated SM counts to keep free of matmuls in the communicating rows (cuBLASLt plans "
             "for fewer SMs), so NCCL's kernels overlap backward without waiting for SMs; 0: all SMs");
@@ -226,9 +214,14 @@ int main(int argc, char** argv) {
     TT_CHECK(batch > 0 && ctx > 0 && steps > 0 && warmup >= 0,
              "--batch, --ctx and --steps must be positive and --warmup-iters >= 0");
     TT_CHECK(flags.integer("vocab") > 0, "--vocab must be positive");
-    const int64_t single = flags.integer("single-gpu-baseline"), zero = flags.integer("zero");
+    const int64_t single = flags.integer("single-gpu-baseline");
     TT_CHECK(single == 0 || single == 1, "--single-gpu-baseline takes 0 or 1");
-    TT_CHECK(zero == 0 || zero == 1, "--zero takes 0 or 1 (ZeRO stage 1)");
+    std::vector<int64_t> zero_stages = flags.int_list("zero");
+    for (int64_t z : zero_stages) TT_CHECK(z >= 0 && z <= 3, "--zero takes stages 0 to 3");
+    const auto wants_stage = [&](int64_t z) {
+      return std::find(zero_stages.begin(), zero_stages.end(), z) != zero_stages.end();
+    };
+    TT_CHECK(std::isfinite(flags.number("clip")) && flags.number("clip") >= 0, "--clip must be >= 0");
     // Every preset and bucket size is checked before the first row runs.
     for (const std::string& preset : flags.list("preset")) nn::preset(preset);
     for (double mb : flags.number_list("bucket-mb"))
@@ -244,15 +237,17 @@ int main(int argc, char** argv) {
       }
       for (double mb : flags.number_list("bucket-mb")) configs.push_back({name, strategy, mb});
     }
-    if (zero == 1) {
-      configs.push_back({"zero1", std::nullopt, 0, true});
+    if (wants_stage(1)) {
+      configs.push_back({"zero1", std::nullopt, 0, 1});
       // ZeRO-1 fed by the bucketed all-reduce, for each bucket size asked for.
       const std::vector<std::string> names = flags.list("strategy");
       if (std::find(names.begin(), names.end(), "bucketed") != names.end()) {
         for (double mb : flags.number_list("bucket-mb"))
-          configs.push_back({"zero1+bucketed", dist::DdpStrategy::bucketed, mb, true});
+          configs.push_back({"zero1+bucketed", dist::DdpStrategy::bucketed, mb, 1});
       }
     }
+    if (wants_stage(2)) configs.push_back({"zero2", std::nullopt, 0, 2});
+    if (wants_stage(3)) configs.push_back({"zero3", std::nullopt, 0, 3});
     // Every communicating row again for each SM margin asked for (the single-GPU baseline uses the whole
     // GPU).
     const std::vector<double> margins = flags.number_list("gemm-sm-margin");
@@ -297,54 +292,47 @@ int main(int argc, char** argv) {
     const double chunk_mb = flags.number("zero-chunk-mb");
     TT_CHECK(chunk_mb > 0, "--zero-chunk-mb must be positive");
     for (Config& c : configs) c.zero_chunk_mb = chunk_mb;
-    std::unique_ptr<dist::Communicator> comm = dist::make_communicator(device, *runtime);
     const bool root = runtime->is_root();
     const int world = runtime->world_size();
     std::unique_ptr<JsonlWriter> json;
     if (root && !flags.str("json").empty()) json = std::make_unique<JsonlWriter>(flags.str("json"), false);
     if (root) {
       std::printf(
-          "%d ranks (%s), batch %lld x ctx %lld per rank, %s, %s gradients, warm-up %lld, timed %lld\n\n",
-          world, comm->backend(), static_cast<long long>(batch), static_cast<long long>(ctx),
-          flags.str("precision").c_str(), grad_dtype.c_str(), static_cast<long long>(warmup),
-          static_cast<long long>(steps));
+          "%d ranks (%s), batch %lld x ctx %lld per rank, %s, %s gradients, clip %g, warm-up %lld, timed "
+          "%lld\n\n",
+          world, device.is_cuda() ? "NCCL" : "MPI", static_cast<long long>(batch),
+          static_cast<long long>(ctx), flags.str("precision").c_str(), grad_dtype.c_str(),
+          flags.number("clip"), static_cast<long long>(warmup), static_cast<long long>(steps));
     }
     std::vector<std::vector<std::string>> rows, memory_rows;
     for (const std::string& preset : flags.list("preset")) {
-      nn::ModelConfig config = nn::preset(preset);
-      config.vocab_size = flags.integer("vocab");
-      config.context_length = ctx;
-      apply_runtime_model_flags(flags, config, device);
-      std::unique_ptr<Bundle> bundle;
-      bool oom = false;
-      const double build_start = now_seconds();
-      try {
-        bundle = std::make_unique<Bundle>(config, device, runtime->rank(), runtime->world_size(), batch);
-        if (grads_bf16) bundle->params.set_grad_dtype(DType::bf16);
-      } catch (const OutOfMemory&) {
-        oom = true;
-      }
-      if (root) {
-        std::fprintf(stderr, "  built %s (%s) in %.1f s\n", preset.c_str(),
-                     oom ? "out of memory" : (std::to_string(bundle->params.numel()) + " parameters").c_str(),
-                     now_seconds() - build_start);
-      }
-      oom = dist::max_over_ranks(oom ? 1.0 : 0.0) > 0;
+      RowSetup setup;
+      setup.model = nn::preset(preset);
+      setup.model.vocab_size = flags.integer("vocab");
+      setup.model.context_length = ctx;
+      apply_runtime_model_flags(flags, setup.model, device);
+      setup.device = device;
+      setup.grads_bf16 = grads_bf16;
+      setup.batch = batch;
+      setup.warmup = warmup;
+      setup.steps = steps;
+      setup.clip = flags.number("clip");
       double single_ms = 0;
       for (const Config& c : configs) {
         const double row_start = now_seconds();
-        const Result r = oom ? Result{true, {}, {}, {}} : measure(*bundle, *comm, c, warmup, steps);
+        const Result r = measure(setup, *runtime, c);
         const double row_seconds = now_seconds() - row_start;
         if (!r.oom) {
-          auto gib = [](int64_t bytes) { return format_fixed(static_cast<double>(bytes) / (1 << 30), 2); };
-          const double psi = static_cast<double>(bundle->params.numel());
-          // ZeRO paper's accounting for this setup: f32 parameters (4 bytes) and gradients (4, or 2 in bf16)
-          // on every rank, Adam's two f32 moments (8) divided by the world size with stage 1.
-          const double formula = 4 * psi + (grads_bf16 ? 2 : 4) * psi + 8 * psi / (c.zero ? world : 1);
-          memory_rows.push_back(
-              {preset, c.label, gib(r.memory.params), gib(r.memory.grads), gib(r.memory.optimizer_state),
-               format_fixed(formula / (1 << 30), 2), gib(r.memory.after_init), gib(r.memory.before_step),
-               gib(r.memory.after_step), gib(r.memory.peak), gib(r.memory.peak - r.memory.after_init)});
+          auto gib = [](double bytes) { return format_fixed(bytes / (1 << 30), 2); };
+          const StateBytes& b = r.memory.state;
+          const double psi = static_cast<double>(setup.model.parameter_count());
+          memory_rows.push_back({preset, c.label, gib(static_cast<double>(b.parameters)),
+                                 gib(static_cast<double>(b.gradients)), gib(static_cast<double>(b.optimizer)),
+                                 gib(static_cast<double>(b.parameters + b.gradients + b.optimizer)),
+                                 gib(zero_paper_bytes(psi, c.label == "single" ? 1 : world, c.zero)),
+                                 gib(static_cast<double>(r.memory.between_steps)),
+                                 gib(static_cast<double>(r.memory.peak)),
+                                 gib(static_cast<double>(r.memory.peak - r.memory.between_steps))});
         }
         if (!r.oom && c.label == "single") single_ms = r.step_ms.mean;
         const bool bucketed = c.strategy == dist::DdpStrategy::bucketed;
@@ -384,12 +372,11 @@ int main(int argc, char** argv) {
                        {"comm_share", r.oom ? "null" : JsonlWriter::number(share)},
                        {"tokens_per_s", r.oom ? "null" : JsonlWriter::number(tokens_per_s)},
                        {"scaling_efficiency", efficiency > 0 ? JsonlWriter::number(efficiency) : "null"},
-                       {"param_bytes", std::to_string(r.memory.params)},
-                       {"grad_bytes", std::to_string(r.memory.grads)},
-                       {"optimizer_state_bytes", std::to_string(r.memory.optimizer_state)},
-                       {"bytes_after_init", std::to_string(r.memory.after_init)},
-                       {"bytes_before_step", std::to_string(r.memory.before_step)},
-                       {"bytes_after_step", std::to_string(r.memory.after_step)},
+                       {"zero_stage", std::to_string(c.zero)},
+                       {"param_bytes", std::to_string(r.memory.state.parameters)},
+                       {"grad_bytes", std::to_string(r.memory.state.gradients)},
+                       {"optimizer_state_bytes", std::to_string(r.memory.state.optimizer)},
+                       {"bytes_between_steps", std::to_string(r.memory.between_steps)},
                        {"peak_bytes", std::to_string(r.memory.peak)}});
         }
         if (root)
@@ -401,14 +388,15 @@ int main(int argc, char** argv) {
                                         "comm share", "tokens/s (all ranks)", "scaling efficiency"},
                                        rows)
                             .c_str());
-      std::printf("\nmemory per rank (GiB; rank 0's allocator): measured, and the ZeRO paper's formula\n\n%s",
-                  markdown_table(
-                      {"preset", "row", "params", "grads", "optimizer state", "formula (P+G+O)", "after init",
-                       "before step", "after step", "peak", "activations (peak - after init)"},
-                      memory_rows)
-                      .c_str());
+      std::printf(
+          "\nmemory per rank (GiB, rank 0): parameters, gradients and optimizer state measured from the "
+          "tensors,\nbeside the ZeRO paper's P+G+O (2 + 2 + 12 bytes per parameter, sharded by stage); then "
+          "the allocator\n\n%s",
+          markdown_table({"preset", "row", "params", "grads", "optimizer state", "P+G+O", "ZeRO paper P+G+O",
+                          "between steps", "peak", "activations (peak - between steps)"},
+                         memory_rows)
+              .c_str());
     }
-    comm.reset();
     return 0;
   } catch (const std::exception& e) {
     if (runtime && runtime->world_size() > 1) dist::abort_job(e.what());

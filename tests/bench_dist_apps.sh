@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Runs bench_allreduce and bench_ddp on the CPU with 2 ranks and checks their JSON rows: every all-reduce
 # result was correct and bus bandwidth = algorithm bandwidth * 2(N-1)/N; bench_ddp has the 'single' row
-# plus one row per strategy (bucketed once per cap), none OOM, communication share within [0, 1].
+# plus one row per strategy (bucketed once per cap) and per ZeRO stage, none OOM, communication share within
+# [0, 1], and each ZeRO stage holds its share of the state: optimizer state (1), gradients (2) and
+# parameters (3) at most 60% of the single row's with 2 ranks.
 set -euo pipefail
 mpiexec=$1
 allreduce=$2
@@ -13,7 +15,7 @@ run "$allreduce" --device cpu --sizes-mb 0.01,1 --warmup-iters 1 --iters 3 --jso
   >"$work/allreduce.md"
 grep -q "| 1 | f32 | mpi | 2 |" "$work/allreduce.md"
 run "$ddp" --device cpu --preset tiny --ctx 16 --batch 2 --precision f32 --bucket-mb 0.01,1000 \
-  --warmup-iters 1 --steps 2 --json "$work/ddp.jsonl" >"$work/ddp.md"
+  --zero 1,2,3 --warmup-iters 1 --steps 2 --json "$work/ddp.jsonl" >"$work/ddp.md"
 grep -q "| tiny | single | - | 2 |" "$work/ddp.md"
 python3 - "$work/allreduce.jsonl" "$work/ddp.jsonl" <<'PY'
 import json, sys
@@ -24,9 +26,18 @@ for r in rows:
     assert abs(r["busbw_gbps"] - r["algbw_gbps"] * 2 * (2 - 1) / 2) < 1e-6 * r["algbw_gbps"], r
 rows = [json.loads(line) for line in open(sys.argv[2])]
 assert [(r["strategy"], r["bucket_mb"]) for r in rows] == [
-    ("single", None), ("naive", None), ("flat", None), ("overlap", None), ("bucketed", 0.01), ("bucketed", 1000)
+    ("single", None), ("naive", None), ("flat", None), ("overlap", None), ("bucketed", 0.01), ("bucketed", 1000),
+    ("zero1", None), ("zero1+bucketed", 0.01), ("zero1+bucketed", 1000), ("zero2", None), ("zero3", None)
 ], rows
 for r in rows:
     assert not r["oom"] and r["step_ms"] > 0 and 0 <= r["comm_share"] <= 1, r
+by = {r["strategy"]: r for r in rows}
+single = by["single"]
+for stage, keys in ((1, ["optimizer_state_bytes"]), (2, ["optimizer_state_bytes", "grad_bytes"]),
+                    (3, ["optimizer_state_bytes", "grad_bytes", "param_bytes"])):
+    r = by[f"zero{stage}"]
+    assert r["zero_stage"] == stage, r
+    for key in keys:
+        assert 0 < r[key] <= 0.6 * single[key], (stage, key, r[key], single[key])
 print("bench_allreduce and bench_ddp rows ok")
 PY

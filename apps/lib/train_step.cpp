@@ -1,5 +1,6 @@
 #include "apps/lib/train_step.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 
@@ -30,6 +31,11 @@ TrainStep::TrainStep(nn::TransformerLM& model, nn::FlatParameters& params, Devic
   }
   if (options.zero == 1) {
     sharded_ = std::make_unique<optim::ShardedOptimizer>(params, *collectives_, options.adamw);
+    if (options.zero1_gather_chunk_mb > 0) {
+      const double elements = options.zero1_gather_chunk_mb * 1024.0 * 1024.0 /
+                              static_cast<double>(dtype_size(params.flat_params().dtype()));
+      sharded_->set_gather_chunk(std::max<int64_t>(1, static_cast<int64_t>(elements)));
+    }
     optimizer_state_ = app::optimizer_state(*sharded_);
   } else if (options.zero >= 2) {
     zero_ = std::make_unique<optim::ZeroOptimizer>(params, *collectives_, model.unit_first_parameters(),
@@ -55,6 +61,27 @@ TrainStep::TrainStep(nn::TransformerLM& model, nn::FlatParameters& params, Devic
 
 TrainStep::~TrainStep() {
   if (zero_ || overlap_) model_.set_parameter_units(nullptr);
+}
+
+StateBytes TrainStep::state_bytes() const {
+  StateBytes b;
+  if (zero_) {
+    b.parameters = zero_->parameter_bytes();
+    b.gradients = zero_->gradient_bytes();
+    b.optimizer = zero_->state_bytes();
+    return b;
+  }
+  b.parameters = static_cast<int64_t>(params_.flat_params().nbytes() +
+                                      (params_.bf16_mirror().defined() ? params_.bf16_mirror().nbytes() : 0));
+  b.gradients = static_cast<int64_t>(params_.flat_grads().nbytes());
+  b.optimizer = sharded_
+                    ? sharded_->state_bytes()
+                    : static_cast<int64_t>(adamw_->exp_avg()[0].nbytes() + adamw_->exp_avg_sq()[0].nbytes());
+  return b;
+}
+
+double TrainStep::communication_wait_ms() {
+  return ddp_ ? ddp_->communication_wait_ms() : 0.0;
 }
 
 void TrainStep::settle() {

@@ -33,6 +33,7 @@ struct TrainStepOptions {
   bool grad_comm_bf16 = false;      // all-reduce f32 gradients in bf16
   std::string all_reduce = "auto";  // library | copy-engine | auto
   optim::AdamWOptions adamw;
+  double zero1_gather_chunk_mb = 0;  // ZeRO-1's pipelined update + all-gather chunk (0: its default)
 };
 
 // A run ends on every rank at once, with an exit code (divergence, a stop signal): not an error to abort on.
@@ -43,6 +44,13 @@ class RunEnded : public std::runtime_error {
 
  private:
   int exit_code_;
+};
+
+// Bytes this rank holds for the model's state, measured from the tensors (for memory tables).
+struct StateBytes {
+  int64_t parameters = 0;  // f32 parameters (or their shard) and any bf16 copy the matmuls read
+  int64_t gradients = 0;
+  int64_t optimizer = 0;  // AdamW's moments (or their shard)
 };
 
 struct StepResult {
@@ -63,6 +71,10 @@ class TrainStep {
   OptimizerState& optimizer_state() { return *optimizer_state_; }
   // One line for the start-up banner: the strategy and transport, when data-parallel.
   std::string describe() const;
+  StateBytes state_bytes() const;
+  // The communication of the last step that backward did not hide (DDP strategies; 0 otherwise); on CUDA
+  // reading it waits for that step's communication.
+  double communication_wait_ms();
   // One line for the banner: how and when the optimizer update runs.
   std::string update_path() const;
 
