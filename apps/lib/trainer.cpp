@@ -303,262 +303,313 @@ std::string agree_on_resume(const std::string& chosen, dist::DistRuntime* runtim
   return path;
 }
 
-}  // namespace
+// A run's stages, in the order run_training calls them; each uses what the ones before it set.
+class TrainingRun {
+ public:
+  TrainingRun(const Flags& flags, Device device, const std::string& data_dir, dist::DistRuntime* runtime)
+      : flags_(flags), device_(device), data_dir_(data_dir), runtime_(runtime) {}
 
-int run_training(const Flags& flags, Device device, const std::string& data_dir, dist::DistRuntime* runtime) {
   // Set-up: every setting checked and every input opened before the run folder is touched.
-  RunPlan plan = plan_run(flags, device, data_dir, runtime);
-  const bool root = plan.root;
-  const TokenFile train_file(data_dir + "/train.bin", plan.config.vocab_size);
-  const TokenFile val_file(data_dir + "/val.bin", plan.config.vocab_size);
-  check_context_fits(val_file, plan.ctx);  // now, not at the first evaluation
-  const int64_t eval_batches = flags.integer("eval-batches");
-  check_eval_fits(val_file, plan.batch, plan.ctx, eval_batches);
-  check_ranks_agree(flags, plan, train_file, runtime);
-
-  // Run folder: rank 0 holds its lock for the whole run and decides what is kept and what the run starts
-  // from; every rank then reads that checkpoint.
-  std::unique_ptr<RunFolder> folder;
-  std::string resume;
-  if (root) {
-    folder = std::make_unique<RunFolder>(plan.out);
-    resume = resolve_resume(flags.str("resume"), plan.out);
-    if (resume.empty() && flags.str("resume") == "latest")
-      std::printf("--resume latest: no checkpoint in %s yet, starting a new run\n",
-                  folder->checkpoints_dir().c_str());
+  void set_up() {
+    plan_ = plan_run(flags_, device_, data_dir_, runtime_);
+    root_ = plan_.root;
+    train_file_ = std::make_unique<TokenFile>(data_dir_ + "/train.bin", plan_.config.vocab_size);
+    val_file_ = std::make_unique<TokenFile>(data_dir_ + "/val.bin", plan_.config.vocab_size);
+    check_context_fits(*val_file_, plan_.ctx);  // now, not at the first evaluation
+    eval_batches_ = flags_.integer("eval-batches");
+    check_eval_fits(*val_file_, plan_.batch, plan_.ctx, eval_batches_);
+    check_ranks_agree(flags_, plan_, *train_file_, runtime_);
   }
-  resume = agree_on_resume(resume, runtime);
-  // --init-from: the weights only; the optimizer and the step start fresh. With --resume latest a job script
-  // passes both every time: the first start takes the weights, a restart continues its own checkpoints.
-  const std::string init_from = resume.empty() ? flags.str("init-from") : "";
-  TT_CHECK(
-      flags.str("init-from").empty() || flags.str("resume").empty() || flags.str("resume") == "latest",
-      "--init-from starts a new run from a checkpoint's weights; --resume continues one: pass one of them");
-  // The model the file holds: its RoPE theta and RMSNorm epsilon (not flags) come from it.
-  if (!resume.empty()) {
-    plan.config = config_for_checkpoint(resume, plan.config, true);
-  } else if (!init_from.empty()) {
-    plan.config = config_for_checkpoint(init_from, plan.config, false);
-  }
-  const nn::ModelConfig& config = plan.config;
 
-  // Every rank builds the same initial model from the seed (rank 0's is broadcast as well).
-  nn::TransformerLM model(config);
-  nn::FlatParameters params(model, device, plan.seed, DType::f32, plan.step.zero == 1 ? plan.world : 1);
-  if (plan.grads_bf16) params.set_grad_dtype(DType::bf16);
-  TrainStep train_step(model, params, device, runtime, plan.step);
-  // Each rank draws its own batches: the stream is seeded by (seed, rank).
-  BatchSampler sampler(train_file, plan.batch, plan.ctx, plan.sampling,
-                       (plan.seed * 0x9E3779B97F4A7C15ULL + 1) ^ (uint64_t(plan.rank) << 48), plan.rank,
-                       plan.world);
-  if (!init_from.empty()) load_checkpoint_weights(init_from, params, &train_step.optimizer_state());
-  TrainState state;
-  state.rng_seed = sampler.rng().seed;
-  state.args = flags.summary_line();
-  if (!resume.empty()) {
-    load_checkpoint(resume, params, &train_step.optimizer_state(), &state);
-    const std::string written_by = state.args;
-    state.args = flags.summary_line();  // later checkpoints record this run's flags
-    // Each rank keeps its own seed; the draw count is the same on every rank.
-    sampler.rng().counter = state.rng_counter;
-    TT_CHECK(state.step < plan.steps, "nothing to do: the checkpoint is at step " +
-                                          std::to_string(state.step) + " and --steps is " +
-                                          std::to_string(plan.steps));
-    if (root) {
-      std::printf("resumed from %s at step %lld\n", resume.c_str(), static_cast<long long>(state.step));
-      warn_if_schedule_differs(written_by, flags);
-      // The folder the checkpoint really lies in (links resolved) against --out's checkpoints folder.
-      std::error_code ec;
-      const fs::path from = fs::weakly_canonical(fs::absolute(resume), ec).parent_path();
-      const bool own = !ec && fs::equivalent(from, folder->checkpoints_dir(), ec) && !ec;
-      TT_CHECK(own || !folder->has_checkpoints() || flags.boolean("overwrite"),
-               plan.out + "/checkpoints already holds checkpoints of another run than " + resume +
-                   "; pass a new --out, or --overwrite to replace them");
-      // What came after the checkpoint in its own folder belongs to a future this run replaces; another
-      // folder's run is replaced whole. Either way only once this run has written a checkpoint.
-      folder->start(own ? state.step : -1, own ? resume : "");
+  // Run folder: rank 0 holds its lock for the whole run and decides what the run starts from (a checkpoint
+  // to resume, weights to start from, or the seed); every rank then reads that checkpoint.
+  void open_run_folder() {
+    if (root_) {
+      folder_ = std::make_unique<RunFolder>(plan_.out);
+      resume_ = resolve_resume(flags_.str("resume"), plan_.out);
+      if (resume_.empty() && flags_.str("resume") == "latest")
+        std::printf("--resume latest: no checkpoint in %s yet, starting a new run\n",
+                    folder_->checkpoints_dir().c_str());
     }
-  } else if (root) {
-    if (!init_from.empty()) std::printf("new run from the weights of %s\n", init_from.c_str());
-    TT_CHECK(!folder->has_checkpoints() || flags.boolean("overwrite"),
-             plan.out +
-                 "/checkpoints already holds checkpoints of another run; pass --resume "
-                 "to continue it (--resume latest: its newest), a new --out, or --overwrite to replace them");
-    folder->start(-1);
+    resume_ = agree_on_resume(resume_, runtime_);
+    // --init-from: the weights only; the optimizer and the step start fresh. With --resume latest a job
+    // script passes both every time: the first start takes the weights, a restart continues its own
+    // checkpoints.
+    init_from_ = resume_.empty() ? flags_.str("init-from") : "";
+    TT_CHECK(
+        flags_.str("init-from").empty() || flags_.str("resume").empty() || flags_.str("resume") == "latest",
+        "--init-from starts a new run from a checkpoint's weights; --resume continues one: pass one of them");
+    // The model the file holds: its RoPE theta and RMSNorm epsilon (not flags) come from it.
+    if (!resume_.empty()) {
+      plan_.config = config_for_checkpoint(resume_, plan_.config, true);
+    } else if (!init_from_.empty()) {
+      plan_.config = config_for_checkpoint(init_from_, plan_.config, false);
+    }
   }
 
-  const double entropy = unigram_entropy(train_file, config.vocab_size);
-  const PeakFlops peak = device_peak_flops(device_name(device), config.precision == nn::Precision::bf16);
-  if (root) {
+  // Model: every rank builds the same initial model from the seed (rank 0's is broadcast as well), then
+  // loads the start point; the run folder learns what this run replaces.
+  void build_model() {
+    const nn::ModelConfig& config = plan_.config;
+    model_ = std::make_unique<nn::TransformerLM>(config);
+    params_ = std::make_unique<nn::FlatParameters>(*model_, device_, plan_.seed, DType::f32,
+                                                   plan_.step.zero == 1 ? plan_.world : 1);
+    if (plan_.grads_bf16) params_->set_grad_dtype(DType::bf16);
+    step_ = std::make_unique<TrainStep>(*model_, *params_, device_, runtime_, plan_.step);
+    // Each rank draws its own batches: the stream is seeded by (seed, rank).
+    sampler_ = std::make_unique<BatchSampler>(
+        *train_file_, plan_.batch, plan_.ctx, plan_.sampling,
+        (plan_.seed * 0x9E3779B97F4A7C15ULL + 1) ^ (uint64_t(plan_.rank) << 48), plan_.rank, plan_.world);
+    if (!init_from_.empty()) load_checkpoint_weights(init_from_, *params_, &step_->optimizer_state());
+    state_.rng_seed = sampler_->rng().seed;
+    state_.args = flags_.summary_line();
+    if (!resume_.empty()) {
+      load_checkpoint(resume_, *params_, &step_->optimizer_state(), &state_);
+      const std::string written_by = state_.args;
+      state_.args = flags_.summary_line();  // later checkpoints record this run's flags
+      // Each rank keeps its own seed; the draw count is the same on every rank.
+      sampler_->rng().counter = state_.rng_counter;
+      TT_CHECK(state_.step < plan_.steps, "nothing to do: the checkpoint is at step " +
+                                              std::to_string(state_.step) + " and --steps is " +
+                                              std::to_string(plan_.steps));
+      if (root_) {
+        std::printf("resumed from %s at step %lld\n", resume_.c_str(), static_cast<long long>(state_.step));
+        warn_if_schedule_differs(written_by, flags_);
+        // The folder the checkpoint really lies in (links resolved) against --out's checkpoints folder.
+        std::error_code ec;
+        const fs::path from = fs::weakly_canonical(fs::absolute(resume_), ec).parent_path();
+        const bool own = !ec && fs::equivalent(from, folder_->checkpoints_dir(), ec) && !ec;
+        TT_CHECK(own || !folder_->has_checkpoints() || flags_.boolean("overwrite"),
+                 plan_.out + "/checkpoints already holds checkpoints of another run than " + resume_ +
+                     "; pass a new --out, or --overwrite to replace them");
+        // What came after the checkpoint in its own folder belongs to a future this run replaces; another
+        // folder's run is replaced whole. Either way only once this run has written a checkpoint.
+        folder_->start(own ? state_.step : -1, own ? resume_ : "");
+      }
+    } else if (root_) {
+      if (!init_from_.empty()) std::printf("new run from the weights of %s\n", init_from_.c_str());
+      TT_CHECK(
+          !folder_->has_checkpoints() || flags_.boolean("overwrite"),
+          plan_.out +
+              "/checkpoints already holds checkpoints of another run; pass --resume "
+              "to continue it (--resume latest: its newest), a new --out, or --overwrite to replace them");
+      folder_->start(-1);
+    }
+  }
+
+  void print_banner() {
+    const nn::ModelConfig& config = plan_.config;
+    entropy_ = unigram_entropy(*train_file_, config.vocab_size);
+    peak_ = device_peak_flops(device_name(device_), config.precision == nn::Precision::bf16);
+    if (!root_) return;
     std::printf(
         "model %s: %lld parameters (d_model %lld, %lld layers, %lld heads, d_ff %lld, vocab %lld, ctx "
         "%lld)\n",
-        flags.str("preset").c_str(), static_cast<long long>(params.numel()),
+        flags_.str("preset").c_str(), static_cast<long long>(params_->numel()),
         static_cast<long long>(config.d_model), static_cast<long long>(config.num_layers),
         static_cast<long long>(config.num_heads), static_cast<long long>(config.d_ff),
-        static_cast<long long>(config.vocab_size), static_cast<long long>(plan.ctx));
+        static_cast<long long>(config.vocab_size), static_cast<long long>(plan_.ctx));
     std::printf("device %s (%s), precision %s%s, attention %s; data %s: %lld train / %lld val tokens\n",
-                device.str().c_str(), device_name(device).c_str(), nn::precision_name(config.precision),
-                plan.grads_bf16 ? " (bf16 gradients)" : "", nn::attention_name(config.attention),
-                data_dir.c_str(), static_cast<long long>(train_file.size()),
-                static_cast<long long>(val_file.size()));
-    if (plan.world > 1) {
-      std::printf("data parallel: %d ranks, %s, global batch %lld sequences\n", plan.world,
-                  train_step.describe().c_str(),
-                  static_cast<long long>(plan.batch * plan.accum * plan.world));
+                device_.str().c_str(), device_name(device_).c_str(), nn::precision_name(config.precision),
+                plan_.grads_bf16 ? " (bf16 gradients)" : "", nn::attention_name(config.attention),
+                data_dir_.c_str(), static_cast<long long>(train_file_->size()),
+                static_cast<long long>(val_file_->size()));
+    if (plan_.world > 1) {
+      std::printf("data parallel: %d ranks, %s, global batch %lld sequences\n", plan_.world,
+                  step_->describe().c_str(), static_cast<long long>(plan_.batch * plan_.accum * plan_.world));
     }
-    std::printf("update: %s\n", train_step.update_path().c_str());
-    std::printf("unigram entropy of the training data: %.4f nats/token (a model must beat this)\n", entropy);
-    std::printf("MFU peak: %s\n",
-                peak.flops_per_s > 0 ? peak.description.c_str() : "unknown for this device (MFU not shown)");
+    std::printf("update: %s\n", step_->update_path().c_str());
+    std::printf("unigram entropy of the training data: %.4f nats/token (a model must beat this)\n", entropy_);
+    std::printf("MFU peak: %s\n", peak_.flops_per_s > 0 ? peak_.description.c_str()
+                                                        : "unknown for this device (MFU not shown)");
   }
 
-  // The loop.
-  const int64_t steps = plan.steps, eval_every = flags.integer("eval-every");
-  const int64_t ckpt_every = flags.integer("ckpt-every"), keep = flags.integer("keep-ckpts");
-  const int64_t log_every = std::max<int64_t>(1, flags.integer("log-every"));
-  const double lr_max = flags.number("lr-max"), lr_min = flags.number("lr-min");
-  const int64_t warmup = flags.integer("warmup");
-  const int64_t cosine_steps = flags.integer("cosine-steps") > 0 ? flags.integer("cosine-steps") : steps;
-  std::string last_checkpoint = resume;
-  auto save = [&](int64_t step) {
-    train_step.settle();
-    state.step = step;
-    state.rng_counter = sampler.rng().counter;
-    const std::string path = checkpoint_file(plan.out, step);
-    save_checkpoint(path, config, params, &train_step.optimizer_state(), state, root);
-    if (root) {
-      // Nothing older goes before this one is known to load.
-      verify_checkpoint(path);
-      folder->commit(step, keep);
-    }
-    last_checkpoint = path;
-  };
-  const bool checkpoints = ckpt_every >= 0;
-  if (!checkpoints && root) folder->commit(-1, keep);  // nothing to wait for: the folder is this run's now
-  if (resume.empty() && checkpoints) save(0);
+  // The loop: a step, then its metrics line, an evaluation, a checkpoint, a stop, as they fall due.
+  void loop() {
+    const int64_t steps = plan_.steps, eval_every = flags_.integer("eval-every");
+    const int64_t ckpt_every = flags_.integer("ckpt-every");
+    const int64_t log_every = std::max<int64_t>(1, flags_.integer("log-every"));
+    const double lr_max = flags_.number("lr-max"), lr_min = flags_.number("lr-min");
+    const int64_t warmup = flags_.integer("warmup");
+    const int64_t cosine_steps = flags_.integer("cosine-steps") > 0 ? flags_.integer("cosine-steps") : steps;
+    last_checkpoint_ = resume_;
+    const bool checkpoints = ckpt_every >= 0;
+    if (!checkpoints && root_) folder_->commit(-1, flags_.integer("keep-ckpts"));  // the folder is this run's
+    if (resume_.empty() && checkpoints) save(0);
 
-  std::vector<LossPoint> train_curve, val_curve;
-  if (root)
-    read_metrics(plan.out + "/metrics.jsonl", resume.empty() ? -1 : state.step, train_curve, val_curve);
-  const double flops_per_step = config.training_flops_per_sequence(plan.ctx) *
-                                static_cast<double>(plan.batch * plan.accum * plan.world);
-  const double tokens_per_step = static_cast<double>(plan.batch * plan.accum * plan.ctx * plan.world);
-  const std::string plot_title =
-      "train " + flags.str("preset") + " (" + std::to_string(params.numel()) + " parameters)";
-  Progress progress(state.step + 1, steps);
-  double last_val = NAN;
-  for (int64_t step = state.step + 1; step <= steps; ++step) {
-    const double t0 = now_seconds();
-    const double lr = optim::cosine_lr(step - 1, lr_max, lr_min, warmup, cosine_steps);
-    StepResult result;
+    std::vector<LossPoint> train_curve, val_curve;
+    if (root_)
+      read_metrics(plan_.out + "/metrics.jsonl", resume_.empty() ? -1 : state_.step, train_curve, val_curve);
+    const double flops_per_step = plan_.config.training_flops_per_sequence(plan_.ctx) *
+                                  static_cast<double>(plan_.batch * plan_.accum * plan_.world);
+    const double tokens_per_step = static_cast<double>(plan_.batch * plan_.accum * plan_.ctx * plan_.world);
+    const std::string plot_title =
+        "train " + flags_.str("preset") + " (" + std::to_string(params_->numel()) + " parameters)";
+    progress_ = std::make_unique<Progress>(state_.step + 1, steps);
+    for (int64_t step = state_.step + 1; step <= steps; ++step) {
+      const double t0 = now_seconds();
+      const double lr = optim::cosine_lr(step - 1, lr_max, lr_min, warmup, cosine_steps);
+      const StepResult result = run_step(step, lr);
+      const double step_s = now_seconds() - t0;
+      state_.tokens_seen += static_cast<int64_t>(tokens_per_step);
+      const double tokens_per_s = tokens_per_step / step_s;
+      const double mfu =
+          peak_.flops_per_s > 0 ? flops_per_step / step_s / (peak_.flops_per_s * plan_.world) : NAN;
+
+      const bool eval_now = (eval_every > 0 && step % eval_every == 0) || step == steps;
+      double val = NAN;
+      if (eval_now) {
+        val = evaluate(*model_, *val_file_, plan_.batch, plan_.ctx, eval_batches_, device_);
+        if (!std::isfinite(val)) {
+          progress_->finish();
+          throw RunEnded(kExitDiverged, "the validation loss is not finite at step " + std::to_string(step) +
+                                            " (last good checkpoint: " +
+                                            (last_checkpoint_.empty() ? "none" : last_checkpoint_) + ")");
+        }
+        last_val_ = val;
+        val_curve.push_back({step, val});
+      }
+      train_curve.push_back({step, result.loss});
+      if (root_) {
+        std::vector<std::pair<std::string, std::string>> fields = {
+            {"step", std::to_string(step)},
+            {"loss", JsonlWriter::number(result.loss)},
+            {"lr", JsonlWriter::number(lr)},
+            {"grad_norm", JsonlWriter::number(result.grad_norm)},
+            {"tokens_per_s", JsonlWriter::number(tokens_per_s)},
+            {"step_ms", JsonlWriter::number(step_s * 1e3)},
+            {"mfu", JsonlWriter::number(mfu)},
+            {"tokens_seen", std::to_string(state_.tokens_seen)}};
+        if (device_.is_cuda()) {
+          fields.emplace_back(
+              "peak_mib",
+              JsonlWriter::number(static_cast<double>(memory_stats(device_).peak_bytes) / (1 << 20)));
+        }
+        if (eval_now) fields.emplace_back("val_loss", JsonlWriter::number(val));
+        folder_->append_metrics(JsonlWriter::object(fields));
+        char line[320];
+        std::snprintf(
+            line, sizeof(line),
+            "step %5lld/%lld | loss %.4f%s | lr %.2e | grad norm %.3f | %.0f tok/s | %.1f ms%s",
+            static_cast<long long>(step), static_cast<long long>(steps), result.loss,
+            eval_now ? (" | val " + std::to_string(val).substr(0, 6)).c_str() : "", lr, result.grad_norm,
+            tokens_per_s, step_s * 1e3,
+            std::isfinite(mfu) ? (" | MFU " + std::to_string(mfu * 100).substr(0, 5) + "%").c_str() : "");
+        if (step % log_every == 0 || eval_now || step == state_.step + 1) progress_->update(step, line);
+        if (eval_now) {
+          if (progress_->interactive()) std::printf("\n");
+          write_loss_svg(plan_.out + "/loss.svg", train_curve, val_curve, plot_title, entropy_,
+                         "unigram entropy " + format_entropy(entropy_));
+        }
+      }
+      const bool save_now = checkpoints && ((ckpt_every > 0 && step % ckpt_every == 0) || step == steps);
+      if (save_now || result.stop_requested) save(step);
+      if (result.stop_requested && step < steps) {
+        progress_->finish();
+        throw RunEnded(kExitStopped, std::string("stopped by ") + signal_name(stop_signal()) +
+                                         " after step " + std::to_string(step) + "; checkpoint " +
+                                         last_checkpoint_ + " written; continue with --resume latest");
+      }
+    }
+  }
+
+  // Final outputs: the summary line and a text sample (rank 0).
+  int final_outputs() {
+    if (!root_) return 0;
+    progress_->finish();
+    std::printf("done: final validation loss %.4f (unigram entropy %.4f); checkpoint %s\n", last_val_,
+                entropy_, last_checkpoint_.empty() ? "none (--ckpt-every -1)" : last_checkpoint_.c_str());
+    const int64_t sample_tokens = flags_.integer("sample-tokens");
+    if (sample_tokens > 0 && plan_.step.zero == 3) {
+      // Generation runs on this rank alone and needs every weight here.
+      std::printf("no text sample with --zero 3 (the weights are sharded): run generate on %s\n",
+                  last_checkpoint_.empty() ? "a checkpoint" : last_checkpoint_.c_str());
+    } else if (sample_tokens > 0) {
+      std::unique_ptr<Tokenizer> tokenizer;
+      try {
+        tokenizer = load_data_tokenizer(data_dir_);
+      } catch (const Error& e) {
+        std::printf("no text sample: %s\n", e.what());
+      }
+      if (tokenizer) {
+        SamplingOptions sampling;
+        sampling.max_tokens = sample_tokens;
+        sampling.top_k = flags_.integer("top-k");
+        sampling.seed = plan_.seed;
+        sampling.stop_at_end_of_text = false;  // a sample may run across documents
+        step_->settle();
+        const std::string text = generate_text(*model_, *tokenizer, flags_.str("prompt"), sampling, device_);
+        write_file_atomically(plan_.out + "/sample.txt", text + "\n");
+        std::printf("sample (%s/sample.txt):\n----\n%s\n----\n", plan_.out.c_str(), text.c_str());
+      }
+    }
+    std::printf("outputs: %s/metrics.jsonl, %s/loss.svg, %s/checkpoints/\n", plan_.out.c_str(),
+                plan_.out.c_str(), plan_.out.c_str());
+    return 0;
+  }
+
+ private:
+  StepResult run_step(int64_t step, double lr) {
     try {
-      result =
-          train_step.run([&](int64_t micro) { return sampler.next((step - 1) * plan.accum + micro + 1); }, lr,
-                         stop_signal() != 0, step);
+      return step_->run([&](int64_t micro) { return sampler_->next((step - 1) * plan_.accum + micro + 1); },
+                        lr, stop_signal() != 0, step);
     } catch (const RunEnded& e) {
-      progress.finish();
+      progress_->finish();
       throw RunEnded(e.exit_code(), std::string(e.what()) + " (last good checkpoint: " +
-                                        (last_checkpoint.empty() ? "none" : last_checkpoint) + ")");
+                                        (last_checkpoint_.empty() ? "none" : last_checkpoint_) + ")");
     } catch (const std::exception&) {
-      // A new run that fails in its first step (a batch too large for memory, say) leaves nothing behind: its
-      // step_0 holds nothing the seed cannot recreate, and the corrected rerun must not be refused.
-      if (root && resume.empty() && step == 1) folder->discard_new_run();
+      // A new run that fails in its first step (a batch too large for memory, say) leaves nothing behind:
+      // its step_0 holds nothing the seed cannot recreate, and the corrected rerun must not be refused.
+      if (root_ && resume_.empty() && step == 1) folder_->discard_new_run();
       throw;
     }
-    const double step_s = now_seconds() - t0;
-    state.tokens_seen += static_cast<int64_t>(tokens_per_step);
-    const double tokens_per_s = tokens_per_step / step_s;
-    const double mfu = peak.flops_per_s > 0 ? flops_per_step / step_s / (peak.flops_per_s * plan.world) : NAN;
-
-    const bool eval_now = (eval_every > 0 && step % eval_every == 0) || step == steps;
-    double val = NAN;
-    if (eval_now) {
-      val = evaluate(model, val_file, plan.batch, plan.ctx, eval_batches, device);
-      if (!std::isfinite(val)) {
-        progress.finish();
-        throw RunEnded(kExitDiverged, "the validation loss is not finite at step " + std::to_string(step) +
-                                          " (last good checkpoint: " +
-                                          (last_checkpoint.empty() ? "none" : last_checkpoint) + ")");
-      }
-      last_val = val;
-      val_curve.push_back({step, val});
-    }
-    train_curve.push_back({step, result.loss});
-    if (root) {
-      std::vector<std::pair<std::string, std::string>> fields = {
-          {"step", std::to_string(step)},
-          {"loss", JsonlWriter::number(result.loss)},
-          {"lr", JsonlWriter::number(lr)},
-          {"grad_norm", JsonlWriter::number(result.grad_norm)},
-          {"tokens_per_s", JsonlWriter::number(tokens_per_s)},
-          {"step_ms", JsonlWriter::number(step_s * 1e3)},
-          {"mfu", JsonlWriter::number(mfu)},
-          {"tokens_seen", std::to_string(state.tokens_seen)}};
-      if (device.is_cuda()) {
-        fields.emplace_back(
-            "peak_mib",
-            JsonlWriter::number(static_cast<double>(memory_stats(device).peak_bytes) / (1 << 20)));
-      }
-      if (eval_now) fields.emplace_back("val_loss", JsonlWriter::number(val));
-      folder->append_metrics(JsonlWriter::object(fields));
-      char line[320];
-      std::snprintf(
-          line, sizeof(line),
-          "step %5lld/%lld | loss %.4f%s | lr %.2e | grad norm %.3f | %.0f tok/s | %.1f ms%s",
-          static_cast<long long>(step), static_cast<long long>(steps), result.loss,
-          eval_now ? (" | val " + std::to_string(val).substr(0, 6)).c_str() : "", lr, result.grad_norm,
-          tokens_per_s, step_s * 1e3,
-          std::isfinite(mfu) ? (" | MFU " + std::to_string(mfu * 100).substr(0, 5) + "%").c_str() : "");
-      if (step % log_every == 0 || eval_now || step == state.step + 1) progress.update(step, line);
-      if (eval_now) {
-        if (progress.interactive()) std::printf("\n");
-        write_loss_svg(plan.out + "/loss.svg", train_curve, val_curve, plot_title, entropy,
-                       "unigram entropy " + format_entropy(entropy));
-      }
-    }
-    const bool save_now = checkpoints && ((ckpt_every > 0 && step % ckpt_every == 0) || step == steps);
-    if (save_now || result.stop_requested) save(step);
-    if (result.stop_requested && step < steps) {
-      progress.finish();
-      throw RunEnded(kExitStopped, std::string("stopped by ") + signal_name(stop_signal()) + " after step " +
-                                       std::to_string(step) + "; checkpoint " + last_checkpoint +
-                                       " written; continue with --resume latest");
-    }
   }
 
-  // Final outputs.
-  if (!root) return 0;
-  progress.finish();
-  std::printf("done: final validation loss %.4f (unigram entropy %.4f); checkpoint %s\n", last_val, entropy,
-              last_checkpoint.empty() ? "none (--ckpt-every -1)" : last_checkpoint.c_str());
-  const int64_t sample_tokens = flags.integer("sample-tokens");
-  if (sample_tokens > 0 && plan.step.zero == 3) {
-    // Generation runs on this rank alone and needs every weight here.
-    std::printf("no text sample with --zero 3 (the weights are sharded): run generate on %s\n",
-                last_checkpoint.empty() ? "a checkpoint" : last_checkpoint.c_str());
-  } else if (sample_tokens > 0) {
-    std::unique_ptr<Tokenizer> tokenizer;
-    try {
-      tokenizer = load_data_tokenizer(data_dir);
-    } catch (const Error& e) {
-      std::printf("no text sample: %s\n", e.what());
+  void save(int64_t step) {
+    step_->settle();
+    state_.step = step;
+    state_.rng_counter = sampler_->rng().counter;
+    const std::string path = checkpoint_file(plan_.out, step);
+    save_checkpoint(path, plan_.config, *params_, &step_->optimizer_state(), state_, root_);
+    if (root_) {
+      // Nothing older goes before this one is known to load.
+      verify_checkpoint(path);
+      folder_->commit(step, flags_.integer("keep-ckpts"));
     }
-    if (tokenizer) {
-      SamplingOptions sampling;
-      sampling.max_tokens = sample_tokens;
-      sampling.top_k = flags.integer("top-k");
-      sampling.seed = plan.seed;
-      sampling.stop_at_end_of_text = false;  // a sample may run across documents
-      train_step.settle();
-      const std::string text = generate_text(model, *tokenizer, flags.str("prompt"), sampling, device);
-      write_file_atomically(plan.out + "/sample.txt", text + "\n");
-      std::printf("sample (%s/sample.txt):\n----\n%s\n----\n", plan.out.c_str(), text.c_str());
-    }
+    last_checkpoint_ = path;
   }
-  std::printf("outputs: %s/metrics.jsonl, %s/loss.svg, %s/checkpoints/\n", plan.out.c_str(), plan.out.c_str(),
-              plan.out.c_str());
-  return 0;
+
+  const Flags& flags_;
+  const Device device_;
+  const std::string data_dir_;
+  dist::DistRuntime* const runtime_;
+  RunPlan plan_;
+  bool root_ = true;
+  std::unique_ptr<TokenFile> train_file_, val_file_;
+  int64_t eval_batches_ = 0;
+  std::unique_ptr<RunFolder> folder_;
+  std::string resume_, init_from_, last_checkpoint_;
+  // Declared before the step, which is destroyed first (it detaches itself from the model).
+  std::unique_ptr<nn::TransformerLM> model_;
+  std::unique_ptr<nn::FlatParameters> params_;
+  std::unique_ptr<TrainStep> step_;
+  std::unique_ptr<BatchSampler> sampler_;
+  TrainState state_;
+  double entropy_ = 0, last_val_ = NAN;
+  PeakFlops peak_;
+  std::unique_ptr<Progress> progress_;
+};
+
+}  // namespace
+
+int run_training(const Flags& flags, Device device, const std::string& data_dir, dist::DistRuntime* runtime) {
+  TrainingRun run(flags, device, data_dir, runtime);
+  run.set_up();
+  run.open_run_folder();
+  run.build_model();
+  run.print_banner();
+  run.loop();
+  return run.final_outputs();
 }
 
 }  // namespace tt::app
