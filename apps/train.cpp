@@ -80,6 +80,14 @@ int run_eval_only(const Flags& flags, Device device) {
   std::printf("eval %s: mean loss %.6f (perplexity %.4f) over %lld windows of %lld tokens from %s/val.bin\n",
               ckpt.c_str(), loss, std::exp(loss), static_cast<long long>(batch * batches),
               static_cast<long long>(ctx), data.c_str());
+  if (!flags.str("logits").empty()) {
+    // The first window, as a model on another framework would be given it.
+    std::vector<int32_t> ids(val.data(), val.data() + ctx);
+    NoGradGuard no_grad;
+    const Tensor logits = model.forward(Tensor::from_ints(ids, {1, ctx}, device));
+    write_npy_f32(flags.str("logits"), logits.to_floats(), {ctx, config.vocab_size});
+    std::printf("logits of window 0: %s\n", flags.str("logits").c_str());
+  }
   if (json) {
     json->write({{"checkpoint", JsonlWriter::quote(ckpt)},
                  {"loss", JsonlWriter::number(loss)},

@@ -6,7 +6,8 @@ For each case (a checkpoint and its data; by default tiny models trained here on
 prepare_data has it, SentencePiece tokens):
   - export (f32): LlamaForCausalLM.from_pretrained (f32, eager attention, TF32 off) gives over the windows
     `train --eval-only` evaluates (window i = val.bin tokens [i*T, i*T+T]) the loss eval-only reports, on the
-    CPU and on the GPU, within 1e-4 (relative, at least absolute);
+    CPU and on the GPU, within 1e-4 (relative, at least absolute), and on window 0 the logits
+    `train --eval-only --logits` writes, within 1e-4 of the largest logit;
   - export --dtype bf16, loaded by transformers upcast to f32, against eval-only of its import;
   - transformers' own save_pretrained (sharded safetensors) imported, against its loss;
   - config.json's eos_token_id is meta.json's end_of_text;
@@ -66,11 +67,26 @@ def corpus(path, documents=3000, seed=0):
             f.write("\n".join(lines) + "\n%\n")
 
 
-def eval_only(apps, ckpt, data, device, json_path, ctx, batch, batches):
+def eval_only(apps, ckpt, data, device, json_path, ctx, batch, batches, logits_path=None):
     run([f"{apps}/train", "--eval-only", "--resume", ckpt, "--data", data, "--ctx", ctx, "--batch", batch,
-         "--eval-batches", batches, "--device", device, "--json", json_path], "train --eval-only")
+         "--eval-batches", batches, "--device", device, "--json", json_path] +
+        (["--logits", logits_path] if logits_path else []), "train --eval-only")
     with open(json_path) as f:
         return json.loads(f.readline())["loss"]
+
+
+def logits_close(ours_npy, model, val_bin, ctx, device, tolerance=1e-4):
+    """Window 0's logits from `train --eval-only --logits` against the transformers model's: the largest
+    difference over the largest logit, and whether it is within `tolerance`."""
+    import torch
+
+    ours = np.load(ours_npy).astype(np.float64)
+    tokens = np.fromfile(val_bin, dtype=np.uint16).astype(np.int64)[:int(ctx)]
+    with torch.no_grad():
+        ref = model.to(device)(input_ids=torch.tensor(tokens[None], device=device)).logits.float()
+    ref = ref[0].cpu().numpy().astype(np.float64)
+    worst = float(np.abs(ours - ref).max() / np.abs(ref).max()) if ours.shape == ref.shape else float("inf")
+    return worst <= tolerance, worst
 
 
 def hf_loss(folder, val_bin, ctx, batch, batches, device):
@@ -165,8 +181,11 @@ def check_case(case, apps, ckpt, data, device, work, ctx, batch, batches):
     import torch
 
     val = os.path.join(data, "val.bin")
-    cpu_loss = eval_only(apps, ckpt, data, "cpu", os.path.join(work, "eval_cpu.json"), ctx, batch, batches)
-    dev_loss = eval_only(apps, ckpt, data, device, os.path.join(work, "eval_dev.json"), ctx, batch, batches)
+    cpu_logits, dev_logits = os.path.join(work, "logits_cpu.npy"), os.path.join(work, "logits_dev.npy")
+    cpu_loss = eval_only(apps, ckpt, data, "cpu", os.path.join(work, "eval_cpu.json"), ctx, batch, batches,
+                         cpu_logits)
+    dev_loss = eval_only(apps, ckpt, data, device, os.path.join(work, "eval_dev.json"), ctx, batch, batches,
+                         dev_logits)
     hf = os.path.join(work, "hf")
     shutil.rmtree(hf, ignore_errors=True)
     run([f"{apps}/export", "--checkpoint", ckpt, "--out", hf, "--data", data], "export")
@@ -175,6 +194,10 @@ def check_case(case, apps, ckpt, data, device, work, ctx, batch, batches):
            f"transformers {ref:.7f}, ours {cpu_loss:.7f}")
     record(case, f"export f32: transformers == eval-only ({device})", close(dev_loss, ref),
            f"transformers {ref:.7f}, ours {dev_loss:.7f}")
+    for where, ours_npy in (("cpu", cpu_logits), (device, dev_logits)):
+        ok, worst = logits_close(ours_npy, model, val, ctx, device)
+        record(case, f"export f32: transformers logits == ours ({where}), window 0", ok,
+               f"max |difference| / max |logit| = {worst:.2e} (limit 1e-4)")
 
     hf16 = os.path.join(work, "hf_bf16")
     shutil.rmtree(hf16, ignore_errors=True)

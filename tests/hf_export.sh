@@ -53,7 +53,8 @@ expect_ok "train 5 steps" "$train" --data "$work/data" --ctx 16 --batch 2 --step
   --sample-tokens 0 --device cpu --out "$work/run" --ckpt-every 5
 ckpt="$work/run/checkpoints/step_5.h5"
 [ -e "$ckpt" ] || { echo "FAIL: no checkpoint"; exit 1; }
-expect_ok "eval-only" "$train" --eval-only --resume "$ckpt" "${windows[@]}" --json "$work/eval.json"
+expect_ok "eval-only" "$train" --eval-only --resume "$ckpt" "${windows[@]}" --json "$work/eval.json" \
+  --logits "$work/logits.npy"
 
 # 1. f32 export: the independent reader's Llama gives our loss; byte-level data has no HF tokenizer.
 expect_ok "export f32" "$export_app" --checkpoint "$ckpt" --out "$work/hf"
@@ -63,6 +64,8 @@ grep -q '"eos_token_id": 256' "$work/hf/config.json" || fail "export: config.jso
 grep -q "no Hugging Face tokenizer" "$work/last.log" || fail "export: no note about the byte-level tokenizer"
 expect_ok "NumPy Llama loss == eval-only (f32)" $py "$check" loss "$work/hf" "$work/data/val.bin" 16 3 2 \
   "$work/eval.json"
+expect_ok "NumPy Llama logits == eval-only --logits (f32)" $py "$check" logits "$work/hf" \
+  "$work/data/val.bin" 16 "$work/logits.npy"
 cat "$work/last.log"
 
 # 2. import: the same loss, train --resume continues it, and a second export is the same bytes.

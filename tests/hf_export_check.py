@@ -6,6 +6,9 @@
                                                  RMSNorm with rms_norm_eps, SwiGLU) over the windows
                                                  `train --eval-only` evaluates: the same mean loss
                                                  (relative 1e-5)
+  logits DIR VAL_BIN CTX NPY [TOL]               the same forward's logits of window 0 against the .npy that
+                                                 `train --eval-only --logits` wrote (parsed by hand): max
+                                                 |difference| over max |logit| within TOL (1e-5)
   bf16 F32_DIR BF16_DIR                          every BF16 tensor is its F32 twin rounded to nearest even
   make DIR KEY=VALUE...                          a random Llama folder (dtype, theta, eps, vocab, d, layers,
                                                  heads, dff, ctx, shards, seed; rope=parameters: theta in
@@ -101,7 +104,8 @@ def expected_shapes(c):
     return shapes
 
 
-def llama_loss(folder, tokens, ctx, windows):
+def llama_forward(folder):
+    """The Llama forward of an export in Hugging Face's convention: a function from token ids to logits."""
     c, raw = read_folder(folder)
     assert c["architectures"] == ["LlamaForCausalLM"] and c["model_type"] == "llama", c
     assert c["tie_word_embeddings"] is False and c["num_key_value_heads"] == c["num_attention_heads"], c
@@ -142,6 +146,11 @@ def llama_loss(folder, tokens, ctx, windows):
             x = x + (a / (1 + np.exp(-a)) * b) @ w[p + "mlp.down_proj.weight"].T
         return rms(x, w["model.norm.weight"]) @ w["lm_head.weight"].T
 
+    return forward
+
+
+def llama_loss(folder, tokens, ctx, windows):
+    forward = llama_forward(folder)
     losses = []
     for i in range(windows):
         ids, targets = tokens[i * ctx:i * ctx + ctx], tokens[i * ctx + 1:i * ctx + ctx + 1]
@@ -159,6 +168,29 @@ def cmd_loss(folder, val_bin, ctx, batch, batches, eval_json):
     ours = json.load(open(eval_json))["loss"]
     print(f"train --eval-only: {ours:.8f}  NumPy Llama (Hugging Face convention) on {folder}: {ref:.8f}")
     assert abs(ours - ref) <= 1e-5 * abs(ref), (ours, ref)
+
+
+def read_npy_f32(path):
+    """A .npy file of f32 values parsed by hand (format 1.0): header dict, then the raw little-endian data."""
+    raw = open(path, "rb").read()
+    assert raw[:8] == b"\x93NUMPY\x01\x00", "not a version 1.0 .npy file"
+    length = int.from_bytes(raw[8:10], "little")
+    header = raw[10:10 + length].decode("latin1")
+    assert "'descr': '<f4'" in header and "'fortran_order': False" in header, header
+    shape = tuple(int(v) for v in header.split("(")[1].split(")")[0].split(",") if v.strip())
+    assert (10 + length) % 64 == 0, "data not aligned to 64 bytes"
+    return np.frombuffer(raw[10 + length:], dtype="<f4").reshape(shape)
+
+
+def cmd_logits(folder, val_bin, ctx, logits_npy, tolerance="1e-5"):
+    ctx = int(ctx)
+    tokens = np.fromfile(val_bin, dtype=np.uint16).astype(np.int64)
+    ref = llama_forward(folder)(tokens[:ctx])
+    ours = read_npy_f32(logits_npy).astype(np.float64)
+    assert ours.shape == ref.shape, (ours.shape, ref.shape)
+    worst = float(np.abs(ours - ref).max() / np.abs(ref).max())
+    print(f"logits of window 0: ours against NumPy Llama on {folder}: max |diff| / max |logit| = {worst:.2e}")
+    assert worst <= float(tolerance), worst
 
 
 def cmd_bf16(f32_dir, bf16_dir):
@@ -338,7 +370,7 @@ def cmd_break(src, dst, case):
 
 
 if __name__ == "__main__":
-    commands = {"loss": cmd_loss, "bf16": cmd_bf16, "make": cmd_make, "break": cmd_break}
+    commands = {"loss": cmd_loss, "logits": cmd_logits, "bf16": cmd_bf16, "make": cmd_make, "break": cmd_break}
     if len(sys.argv) < 2 or sys.argv[1] not in commands:
         sys.exit(__doc__)
     commands[sys.argv[1]](*sys.argv[2:])

@@ -261,4 +261,30 @@ void write_file_atomically(const std::string& path, const std::string& text) {
   }
 }
 
+void write_npy_f32(const std::string& path, const std::vector<float>& values,
+                   const std::vector<int64_t>& shape) {
+  int64_t count = 1;
+  std::string dims;
+  for (const int64_t d : shape) {
+    count *= d;
+    dims += std::to_string(d) + ", ";
+  }
+  TT_ASSERT(count == static_cast<int64_t>(values.size()),
+            "write_npy_f32: the shape does not match the values");
+  if (shape.size() > 1) dims.resize(dims.size() - 2);  // (a, b); a 1-D shape keeps its comma: (a,)
+  std::string header = "{'descr': '<f4', 'fortran_order': False, 'shape': (" + dims + "), }";
+  // Magic, version 1.0, a 2-byte header length, then the header padded with spaces so the data starts at a
+  // multiple of 64 bytes, ending in a newline.
+  const size_t preamble = 10;
+  header.append((64 - (preamble + header.size() + 1) % 64) % 64, ' ');
+  header += '\n';
+  std::string bytes = std::string("\x93NUMPY\x01\x00", 8);
+  bytes += static_cast<char>(header.size() & 0xff);
+  bytes += static_cast<char>(header.size() >> 8);
+  bytes += header;
+  static_assert(sizeof(float) == 4, "f32 is 4 bytes");
+  bytes.append(reinterpret_cast<const char*>(values.data()), values.size() * sizeof(float));
+  write_file_atomically(path, bytes);
+}
+
 }  // namespace tt::app

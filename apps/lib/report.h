@@ -85,5 +85,8 @@ bool write_all(int fd, const std::string& text);
 // Writes `text` to `path` through a temporary file and a rename, so a reader never sees a partial file;
 // throws naming `path` on any failure (the old file is then untouched).
 void write_file_atomically(const std::string& path, const std::string& text);
+// `values` (row-major, `shape`) as a NumPy .npy file (format 1.0, little-endian f32), written atomically.
+void write_npy_f32(const std::string& path, const std::vector<float>& values,
+                   const std::vector<int64_t>& shape);
 
 }  // namespace tt::app

@@ -100,6 +100,9 @@ void declare_train_flags(Flags& f) {
   f.group("evaluation");
   f.add_switch("eval-only", "evaluate --resume on val.bin and exit (prints and writes the mean loss)");
   f.add("json", "", "with --eval-only: write the result as JSON to this file");
+  f.add("logits", "",
+        "with --eval-only: also write the logits of the first window (val.bin tokens 0..ctx-1) to this "
+        "file, f32 (ctx, vocab) in NumPy's .npy format, to compare with another implementation");
   f.group("output");
   f.add("out", "runs/tiny", "output folder: metrics.jsonl, loss.svg, checkpoints/, sample.txt");
   f.add("log-every", "10", "print a progress line every N steps");
@@ -203,6 +206,7 @@ void check_training_numbers(const Flags& flags) {
     TT_CHECK(flags.integer(name) >= 1, std::string("--") + name + " must be >= 1, got " + flags.str(name));
   TT_CHECK(flags.str("json").empty() || flags.boolean("eval-only"),
            "--json writes the result of --eval-only; training writes metrics.jsonl in --out");
+  TT_CHECK(flags.str("logits").empty() || flags.boolean("eval-only"), "--logits is a file of --eval-only");
 }
 
 // Everything a run is made of, resolved from the flags and checked before anything is written.
