@@ -246,7 +246,11 @@ void qkv_attention_backward(const Tensor& qkv, const Tensor& o, const Tensor& d_
 }
 
 struct AttentionQkvNode : Node {
-  Tensor x2, w, qkv, o, lse;  // x2 (rows, in) and w (3n, in) in the compute dtype; qkv with q, k rotated
+  Tensor x2, qkv, o, lse;  // x2 (rows, in) in the compute dtype; qkv with q, k rotated
+  // The three weights in the compute dtype, stacked again in backward: a saved stacked view would hold their
+  // storage, which ZeRO-3 releases after the forward and gathers anew before the backward (re-pointing these
+  // very tensors).
+  Tensor wq, wk, wv;
   Shape x_shape;
   AttentionProblem p;
   double theta = 10000.0;
@@ -263,6 +267,7 @@ struct AttentionQkvNode : Node {
     // One input-gradient product over all 3n columns; each weight's gradient is its n columns of dqkv (rows
     // 3n apart) against x.
     if (next[0]) {
+      const Tensor w = stacked_weights(wq, wk, wv, qkv.dtype());
       out[0] = detail::linear_input_grad(dqkv, w, pending_grads.empty() ? Tensor() : pending_grads[0],
                                          dx_dtype, x_shape);
     }
@@ -274,7 +279,7 @@ struct AttentionQkvNode : Node {
     }
     return out;
   }
-  void release_saved() override { x2 = w = qkv = o = lse = Tensor(); }
+  void release_saved() override { x2 = wq = wk = wv = qkv = o = lse = Tensor(); }
 };
 
 }  // namespace
@@ -296,11 +301,14 @@ Tensor attention_qkv(const Tensor& x, const Tensor& wq, const Tensor& wk, const 
            "attention_qkv: " + std::to_string(n) + " features do not split into " + std::to_string(heads) +
                " heads of an even size");
   const AttentionProblem p = qkv_problem(batch, seq, heads, n, deterministic);
-  Tensor x2, w, qkv, o, lse;
+  Tensor x2, w, qkv, o, lse, wq_c, wk_c, wv_c;
   {
     NoGradGuard no_grad;
     x2 = reshape(detail::dense(x.dtype() == compute ? x : cast(x, compute)), {rows, in});
-    w = stacked_weights(wq, wk, wv, compute);
+    wq_c = detail::in_dtype(wq, compute);
+    wk_c = detail::in_dtype(wk, compute);
+    wv_c = detail::in_dtype(wv, compute);
+    w = stacked_weights(wq_c, wk_c, wv_c, compute);
     qkv = Tensor::empty({rows, 3 * n}, compute, x.device());
     detail::gemm_into(x2, w, false, true, 1.0, 0.0, qkv);
     rope_qk_in_place(qkv, batch, seq, n, n / heads, rope_theta, false);
@@ -311,7 +319,9 @@ Tensor attention_qkv(const Tensor& x, const Tensor& wq, const Tensor& wk, const 
   if (needs_grad({&x, &wq, &wk, &wv})) {
     auto node = std::make_shared<AttentionQkvNode>();
     node->x2 = x2;
-    node->w = w;
+    node->wq = wq_c;
+    node->wk = wk_c;
+    node->wv = wv_c;
     node->qkv = qkv;
     node->o = o;  // the (rows, n) view: saving `out` itself would make out -> node -> out a reference cycle
     node->lse = lse;

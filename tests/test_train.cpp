@@ -192,3 +192,48 @@ TEST_CASE("TrainStep equals forward, cross_entropy, clip_grad_norm and AdamW wri
     worst = std::max(worst, std::abs(static_cast<double>(pa[i]) - pb[i]) / (std::abs(pb[i]) + 1e-3));
   CHECK(worst < 1e-5);
 }
+
+// With gradient accumulation TrainStep must not keep a micro-batch's graph into the next one's backward:
+// the leaf accumulators it holds would run in their old order, so every gradient hook would fire at the end
+// of backward and ZeRO-2/3 would stage every unit's gradients at once instead of two.
+TEST_CASE("TrainStep with gradient accumulation: ZeRO-2/3 stage at most two units' gradients at once") {
+  nn::ModelConfig config = nn::preset("tiny");
+  config.vocab_size = 97;
+  config.context_length = 8;
+  config.num_layers = 6;  // 8 units: all of them at once would be far above two
+  for (const int stage : {2, 3}) {
+    CAPTURE(stage);
+    nn::TransformerLM model(config);
+    nn::FlatParameters params(model, Device::cpu(), 3);
+    const std::vector<size_t> first = model.unit_first_parameters();
+    int64_t largest = 0;
+    for (size_t u = 0; u < first.size(); ++u) {
+      const int64_t end = u + 1 < first.size() ? params.offsets()[first[u + 1]] : params.numel();
+      largest = std::max(largest, end - params.offsets()[first[u]]);
+    }
+    app::TrainStepOptions options;
+    options.batch = 2;
+    options.ctx = config.context_length;
+    options.grad_accum = 3;
+    options.zero = stage;
+    app::TrainStep step(model, params, Device::cpu(), nullptr, options);
+    CounterRng rng{9, 0};
+    for (int64_t s = 1; s <= 2; ++s) {
+      const app::StepResult r = step.run(
+          [&](int64_t) {
+            app::Batch b;
+            for (int64_t i = 0; i < options.batch * options.ctx; ++i) {
+              b.inputs.push_back(static_cast<int32_t>(rng.next_below(97)));
+              b.targets.push_back(static_cast<int32_t>(rng.next_below(97)));
+            }
+            return b;
+          },
+          1e-3, false, s);
+      CHECK(std::isfinite(r.loss));
+    }
+    const int64_t staging = step.state_bytes().peak_gradient_staging;
+    CHECK(staging > 0);
+    // Two units' staging buffers and their received chunks (the whole unit with one process), f32.
+    CHECK(staging <= 4 * largest * 4);
+  }
+}

@@ -5,6 +5,7 @@
 #include <cstdio>
 
 #include "apps/lib/stop_signal.h"
+#include "core/allocator.h"
 #include "core/autograd.h"
 #include "core/cuda_context.h"
 #include "core/ops.h"
@@ -42,6 +43,9 @@ TrainStep::TrainStep(nn::TransformerLM& model, nn::FlatParameters& params, Devic
                                                    options.zero, options.adamw,
                                                    model.config().precision == nn::Precision::bf16);
     model.set_parameter_units(zero_.get());
+    // The full buffers the shards were cut from go back to the driver, for NCCL's and cuBLAS's own
+    // allocations.
+    empty_cache(device);
     optimizer_state_ = app::optimizer_state(*zero_);
   } else {
     adamw_ = std::make_unique<optim::AdamW>(std::vector<Tensor>{params.flat_params()}, options.adamw);
@@ -69,6 +73,7 @@ StateBytes TrainStep::state_bytes() const {
     b.parameters = zero_->parameter_bytes();
     b.gradients = zero_->gradient_bytes();
     b.optimizer = zero_->state_bytes();
+    b.peak_gradient_staging = zero_->peak_staging_bytes();
     return b;
   }
   b.parameters = static_cast<int64_t>(params_.flat_params().nbytes() +
@@ -163,7 +168,10 @@ StepResult TrainStep::run(const std::function<Batch(int64_t micro)>& next_batch,
     (accum == 1 ? loss : ops::scale(loss, 1.0 / static_cast<double>(accum))).backward();
     if (ddp_) ddp_->finish_backward();
     if (zero_) zero_->finish_backward();
-    losses.push_back(loss);
+    // Its value only (a view carries no graph): holding the loss would keep its graph, whose leaf
+    // accumulators the next micro-batch's backward reuses in their old order, so every gradient hook (DDP's
+    // buckets, ZeRO's reduce-scatters) would fire only at the end of that backward.
+    losses.push_back(loss.view(loss.shape()));
   }
   const double clip = options_.clip;
   if (clip_factor_.defined())

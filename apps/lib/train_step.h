@@ -51,6 +51,8 @@ struct StateBytes {
   int64_t parameters = 0;  // f32 parameters (or their shard) and any bf16 copy the matmuls read
   int64_t gradients = 0;
   int64_t optimizer = 0;  // AdamW's moments (or their shard)
+  // ZeRO-2/3: the most gradient staging (and receive) bytes held at once during the backward passes so far.
+  int64_t peak_gradient_staging = 0;
 };
 
 struct StepResult {
