@@ -2,6 +2,7 @@
 
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <map>
@@ -12,6 +13,7 @@
 #include "nn/transformer.h"
 #include "optim/optimizer.h"
 #include "optim/sharded_optimizer.h"
+#include "optim/zero_optimizer.h"
 
 namespace tt::testing {
 
@@ -464,6 +466,129 @@ StridedGatherCase strided_gather_case(int world, int rank, int64_t offset, int64
     }
   }
   return c;
+}
+
+// ZeRO-2 and ZeRO-3 against one process.
+
+namespace {
+
+uint64_t zero_batch(int rank, int step, int micro) {
+  return static_cast<uint64_t>(rank) * 10000 + static_cast<uint64_t>(step) * 100 +
+         static_cast<uint64_t>(micro);
+}
+
+optim::AdamWOptions zero_adamw(DType dtype) {
+  optim::AdamWOptions options;
+  options.lr = 1e-2;
+  // As in train_zero: in f32 the cross-rank sum's order moves near-cancelling gradients by an ulp, which
+  // AdamW's default eps would amplify; eps = lr bounds it.
+  if (dtype == DType::f32) options.eps = options.lr;
+  return options;
+}
+
+}  // namespace
+
+// One process on the union of every rank's micro-batches, AdamW over the flat buffer, clipped.
+ZeroResult train_single(ModelKind kind, DType dtype, int micro_batches, Device device) {
+  const int world = runtime().world_size();
+  std::unique_ptr<TestModel> model = make_test_model(kind);
+  nn::FlatParameters params(model->module(), device, 5, dtype);
+  model->freeze();
+  optim::AdamW adamw({params.flat_params()}, zero_adamw(dtype));
+  ZeroResult result;
+  for (int step = 0; step < kZeroSteps; ++step) {
+    params.zero_grad();
+    std::vector<uint64_t> ids;
+    for (int r = 0; r < world; ++r) {
+      for (int m = 0; m < micro_batches; ++m) ids.push_back(zero_batch(r, step, m));
+    }
+    model->loss(ids, device).backward();
+    result.norms.push_back(optim::clip_grad_norm({params.flat_grads()}, kZeroClip));
+    adamw.step();
+  }
+  result.parameters = params.flat_params().to_doubles();
+  result.parameters.resize(static_cast<size_t>(params.numel()));
+  return result;
+}
+
+// Each rank on its own micro-batches through ZeroOptimizer; the parameters gathered whole at the end.
+ZeroResult train_sharded(ModelKind kind, DType dtype, int stage, int micro_batches, Device device,
+                         ZeroMemory* memory) {
+  dist::DistRuntime& rt = runtime();
+  dist::Communicator& comm = communicator(device);
+  std::unique_ptr<TestModel> model = make_test_model(kind);
+  nn::FlatParameters params(model->module(), device, 5, dtype);
+  model->freeze();
+  comm.broadcast(params.flat_params(), 0);
+  std::unique_ptr<optim::ShardCollectives> collectives = dist::shard_collectives(comm);
+  const bool bf16 = kind == ModelKind::transformer_bf16;
+  optim::ZeroOptimizer zero(params, *collectives, model->unit_first_parameters(), stage, zero_adamw(dtype),
+                            bf16);
+  model->set_parameter_units(&zero);
+  ZeroResult result;
+  for (int step = 0; step < kZeroSteps; ++step) {
+    for (int m = 0; m < micro_batches; ++m) {
+      Tensor loss = model->loss({zero_batch(rt.rank(), step, m)}, device);
+      if (micro_batches > 1) loss = ops::scale(loss, 1.0 / micro_batches);
+      zero.begin_backward();
+      loss.backward();
+      zero.finish_backward();
+    }
+    result.norms.push_back(zero.step(kZeroClip));
+  }
+  if (memory) {
+    memory->total_elements = params.numel();
+    memory->shard_elements = zero.shard_numel();
+    memory->gradient_bytes = zero.gradient_bytes();
+    memory->parameter_bytes = zero.parameter_bytes();
+    memory->state_bytes = zero.state_bytes();
+    memory->peak_staging_bytes = zero.peak_staging_bytes();
+    memory->gathered_units = zero.gathered_units();
+    memory->peak_gathered_units = zero.peak_gathered_units();
+    const auto& list = params.parameters();
+    const std::vector<size_t> first = model->unit_first_parameters();
+    for (size_t u = 0; u < first.size(); ++u) {
+      const size_t end = u + 1 < first.size() ? first[u + 1] : list.size();
+      const int64_t n =
+          params.offsets()[end - 1] + list[end - 1].tensor->numel() - params.offsets()[first[u]];
+      memory->largest_unit = std::max(memory->largest_unit, n);
+    }
+    memory->grads_detached = !params.flat_grads().defined();
+    for (const nn::NamedParameter& p : list)
+      memory->grads_detached = memory->grads_detached && !p.tensor->grad().defined();
+  }
+  for (size_t i = 0; i < params.parameters().size(); ++i) {
+    const Tensor& t = *params.parameters()[i].tensor;
+    const std::vector<double> values = zero.gather_parameter(params.offsets()[i], t.shape()).to_doubles();
+    result.parameters.insert(result.parameters.end(), values.begin(), values.end());
+  }
+  model->set_parameter_units(nullptr);
+  return result;
+}
+
+void check_zero_matches_single(ModelKind kind, DType dtype, int stage, int micro_batches, Device device) {
+  const std::string model_label = model_kind_name(kind);
+  const std::string dtype_text = dtype_name(dtype);
+  CAPTURE(model_label);
+  CAPTURE(dtype_text);
+  CAPTURE(stage);
+  CAPTURE(micro_batches);
+  const ZeroResult sharded = train_sharded(kind, dtype, stage, micro_batches, device);
+  const ZeroResult single = train_single(kind, dtype, micro_batches, device);
+  double rtol = dtype == DType::f64 ? 1e-7 : 1e-5, atol = dtype == DType::f64 ? 0.0 : 1e-8;
+  if (kind == ModelKind::transformer_bf16) {
+    // bf16 matmuls round the loss gradient 1/rows to bf16 before the average over ranks, not after (exact
+    // only when the world size is a power of two): with 3 ranks gradients differ by a bf16 unit, which AdamW
+    // carries into the parameters (measured: 5e-4 relative in 10 steps). Bounds as check_bf16_gradients'.
+    rtol = 1e-3;
+    atol = 3e-4;
+  }
+  std::string why;
+  CHECK_MESSAGE(allclose(sharded.parameters, single.parameters, rtol, atol, &why), why);
+  CHECK_MESSAGE(allclose(sharded.norms, single.norms, rtol, 0.0, &why), "gradient norms: " << why);
+  CHECK(same_on_all_ranks(sharded.parameters));
+  // Clipping was engaged.
+  CHECK(*std::max_element(single.norms.begin(), single.norms.end()) > kZeroClip);
 }
 
 }  // namespace tt::testing

@@ -109,6 +109,31 @@ void check_zero_bf16_gradients(Device device);
 void check_pipelined_zero(Device device, DType dtype, const std::vector<int64_t>& chunks, double rtol,
                           double atol, bool check_state_smaller);
 
+// ZeRO-2 and ZeRO-3 (optim/zero_optimizer.h): 10 AdamW steps, clipped at kZeroClip (below the tiny models'
+// gradient norms, so clipping is engaged).
+constexpr int kZeroSteps = 10;
+constexpr double kZeroClip = 0.05;
+struct ZeroResult {
+  std::vector<double> parameters;  // the whole model after training
+  std::vector<double> norms;       // per step, before clipping
+};
+
+struct ZeroMemory {
+  int64_t total_elements = 0, shard_elements = 0, largest_unit = 0;
+  int64_t gradient_bytes = 0, parameter_bytes = 0, state_bytes = 0, peak_staging_bytes = 0;
+  int gathered_units = 0, peak_gathered_units = 0;
+  bool grads_detached = true;  // no parameter has a .grad between steps, no flat gradient buffer
+};
+// One process on the union of every rank's micro-batches, AdamW over the flat buffer, clipped.
+ZeroResult train_single(ModelKind kind, DType dtype, int micro_batches, Device device);
+// Each rank on its own micro-batches through ZeroOptimizer at `stage`; the parameters gathered whole at the
+// end; `memory`, when given, receives what this rank held after the last step.
+ZeroResult train_sharded(ModelKind kind, DType dtype, int stage, int micro_batches, Device device,
+                         ZeroMemory* memory = nullptr);
+// train_sharded equals train_single (f64: rtol 1e-7; f32: 1e-5; bf16 precision: 1e-3), the gradient norms
+// too, every rank ends identical and clipping was engaged.
+void check_zero_matches_single(ModelKind kind, DType dtype, int stage, int micro_batches, Device device);
+
 // An in-place strided all-gather case: `start` is offset + (world - 1) * stride + count + tail values of -1
 // with this rank's block (block(rank, count)) at offset + rank * stride; `expect` has every rank's block in
 // its place and the gaps still -1.

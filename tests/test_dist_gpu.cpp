@@ -144,6 +144,17 @@ TEST_CASE("nccl: gradient accumulation communicates on the last micro-batch only
   }
 }
 
+TEST_CASE("nccl: ZeRO-2 and ZeRO-3 equal one process on the union of the batches (clipped, 10 steps)") {
+  // f32 (AdamW on CUDA updates f32 parameters), gradient accumulation and recomputation included; bf16
+  // precision within bf16's bounds.
+  for (int stage : {2, 3}) {
+    for (ModelKind kind : {ModelKind::mlp, ModelKind::transformer, ModelKind::transformer_recompute}) {
+      for (int micro : {1, 3}) check_zero_matches_single(kind, DType::f32, stage, micro, my_gpu());
+    }
+    check_zero_matches_single(ModelKind::transformer_bf16, DType::f32, stage, 2, my_gpu());
+  }
+}
+
 TEST_CASE("nccl: ZeRO-1 with the update and all-gather pipelined in chunks equals unsharded AdamW") {
   // Chunks small enough that many gathers run on the communication stream while later chunks are updated on
   // the compute stream; the reduce-scatter and the bucketed all-reduce as gradient sources.

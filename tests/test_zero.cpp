@@ -121,156 +121,21 @@ TEST_CASE("ZeRO-1 around SGD (sharded update, no state) equals unsharded SGD") {
   }
 }
 
-// --- ZeRO-2 and ZeRO-3 ---
-
-namespace {
-
-constexpr int kZeroSteps = 10;
-constexpr double kClip = 0.05;  // below the tiny models' gradient norms: clipping is engaged
-
-uint64_t zero_batch(int rank, int step, int micro) {
-  return static_cast<uint64_t>(rank) * 10000 + static_cast<uint64_t>(step) * 100 +
-         static_cast<uint64_t>(micro);
-}
-
-optim::AdamWOptions zero_adamw(DType dtype) {
-  optim::AdamWOptions options;
-  options.lr = 1e-2;
-  // As in train_zero: in f32 the cross-rank sum's order moves near-cancelling gradients by an ulp, which
-  // AdamW's default eps would amplify; eps = lr bounds it.
-  if (dtype == DType::f32) options.eps = options.lr;
-  return options;
-}
-
-struct ZeroResult {
-  std::vector<double> parameters;  // the whole model after training
-  std::vector<double> norms;       // per step, before clipping
-};
-
-// One process on the union of every rank's micro-batches, AdamW over the flat buffer, clipped.
-ZeroResult train_single(ModelKind kind, DType dtype, int micro_batches) {
-  const int world = runtime().world_size();
-  std::unique_ptr<TestModel> model = make_test_model(kind);
-  nn::FlatParameters params(model->module(), Device::cpu(), 5, dtype);
-  model->freeze();
-  optim::AdamW adamw({params.flat_params()}, zero_adamw(dtype));
-  ZeroResult result;
-  for (int step = 0; step < kZeroSteps; ++step) {
-    params.zero_grad();
-    std::vector<uint64_t> ids;
-    for (int r = 0; r < world; ++r) {
-      for (int m = 0; m < micro_batches; ++m) ids.push_back(zero_batch(r, step, m));
-    }
-    model->loss(ids, Device::cpu()).backward();
-    result.norms.push_back(optim::clip_grad_norm({params.flat_grads()}, kClip));
-    adamw.step();
-  }
-  result.parameters = params.flat_params().to_doubles();
-  result.parameters.resize(static_cast<size_t>(params.numel()));
-  return result;
-}
-
-struct ZeroMemory {
-  int64_t total_elements = 0, shard_elements = 0, largest_unit = 0;
-  int64_t gradient_bytes = 0, parameter_bytes = 0, state_bytes = 0, peak_staging_bytes = 0;
-  int gathered_units = 0, peak_gathered_units = 0;
-  bool grads_detached = true;  // no parameter has a .grad between steps, no flat gradient buffer
-};
-
-// Each rank on its own micro-batches through ZeroOptimizer; the parameters gathered whole at the end.
-ZeroResult train_sharded(ModelKind kind, DType dtype, int stage, int micro_batches,
-                         ZeroMemory* memory = nullptr) {
-  dist::DistRuntime& rt = runtime();
-  dist::Communicator& comm = communicator(Device::cpu());
-  std::unique_ptr<TestModel> model = make_test_model(kind);
-  nn::FlatParameters params(model->module(), Device::cpu(), 5, dtype);
-  model->freeze();
-  comm.broadcast(params.flat_params(), 0);
-  std::unique_ptr<optim::ShardCollectives> collectives = dist::shard_collectives(comm);
-  const bool bf16 = kind == ModelKind::transformer_bf16;
-  optim::ZeroOptimizer zero(params, *collectives, model->unit_first_parameters(), stage, zero_adamw(dtype),
-                            bf16);
-  model->set_parameter_units(&zero);
-  ZeroResult result;
-  for (int step = 0; step < kZeroSteps; ++step) {
-    for (int m = 0; m < micro_batches; ++m) {
-      Tensor loss = model->loss({zero_batch(rt.rank(), step, m)}, Device::cpu());
-      if (micro_batches > 1) loss = ops::scale(loss, 1.0 / micro_batches);
-      zero.begin_backward();
-      loss.backward();
-      zero.finish_backward();
-    }
-    result.norms.push_back(zero.step(kClip));
-  }
-  if (memory) {
-    memory->total_elements = params.numel();
-    memory->shard_elements = zero.shard_numel();
-    memory->gradient_bytes = zero.gradient_bytes();
-    memory->parameter_bytes = zero.parameter_bytes();
-    memory->state_bytes = zero.state_bytes();
-    memory->peak_staging_bytes = zero.peak_staging_bytes();
-    memory->gathered_units = zero.gathered_units();
-    memory->peak_gathered_units = zero.peak_gathered_units();
-    const auto& list = params.parameters();
-    const std::vector<size_t> first = model->unit_first_parameters();
-    for (size_t u = 0; u < first.size(); ++u) {
-      const size_t end = u + 1 < first.size() ? first[u + 1] : list.size();
-      const int64_t n =
-          params.offsets()[end - 1] + list[end - 1].tensor->numel() - params.offsets()[first[u]];
-      memory->largest_unit = std::max(memory->largest_unit, n);
-    }
-    memory->grads_detached = !params.flat_grads().defined();
-    for (const nn::NamedParameter& p : list)
-      memory->grads_detached = memory->grads_detached && !p.tensor->grad().defined();
-  }
-  for (size_t i = 0; i < params.parameters().size(); ++i) {
-    const Tensor& t = *params.parameters()[i].tensor;
-    const std::vector<double> values = zero.gather_parameter(params.offsets()[i], t.shape()).to_doubles();
-    result.parameters.insert(result.parameters.end(), values.begin(), values.end());
-  }
-  model->set_parameter_units(nullptr);
-  return result;
-}
-
-void check_zero_matches_single(ModelKind kind, DType dtype, int stage, int micro_batches) {
-  const std::string model_label = model_kind_name(kind);
-  const std::string dtype_text = dtype_name(dtype);
-  CAPTURE(model_label);
-  CAPTURE(dtype_text);
-  CAPTURE(stage);
-  CAPTURE(micro_batches);
-  const ZeroResult sharded = train_sharded(kind, dtype, stage, micro_batches);
-  const ZeroResult single = train_single(kind, dtype, micro_batches);
-  double rtol = dtype == DType::f64 ? 1e-7 : 1e-5, atol = dtype == DType::f64 ? 0.0 : 1e-8;
-  if (kind == ModelKind::transformer_bf16) {
-    // bf16 matmuls round the loss gradient 1/rows to bf16 before the average over ranks, not after (exact
-    // only when the world size is a power of two): with 3 ranks gradients differ by a bf16 unit, which AdamW
-    // carries into the parameters (measured: 5e-4 relative in 10 steps). Bounds as check_bf16_gradients'.
-    rtol = 1e-3;
-    atol = 3e-4;
-  }
-  std::string why;
-  CHECK_MESSAGE(allclose(sharded.parameters, single.parameters, rtol, atol, &why), why);
-  CHECK_MESSAGE(allclose(sharded.norms, single.norms, rtol, 0.0, &why), "gradient norms: " << why);
-  CHECK(same_on_all_ranks(sharded.parameters));
-  // Clipping was engaged.
-  CHECK(*std::max_element(single.norms.begin(), single.norms.end()) > kClip);
-}
-
-}  // namespace
+// --- ZeRO-2 and ZeRO-3 (the training and the comparison: dist_test_util.h) ---
 
 TEST_CASE("ZeRO-2 and ZeRO-3 AdamW equal one process on the union of the batches (clipped, 10 steps)") {
   for (int stage : {2, 3}) {
     for (DType dtype : {DType::f64, DType::f32}) {
       for (ModelKind kind : {ModelKind::mlp, ModelKind::transformer, ModelKind::transformer_recompute}) {
-        for (int micro : {1, 3}) check_zero_matches_single(kind, dtype, stage, micro);
+        for (int micro : {1, 3}) check_zero_matches_single(kind, dtype, stage, micro, Device::cpu());
       }
     }
   }
 }
 
 TEST_CASE("ZeRO-2 and ZeRO-3 in bf16 precision equal one process in bf16") {
-  for (int stage : {2, 3}) check_zero_matches_single(ModelKind::transformer_bf16, DType::f32, stage, 2);
+  for (int stage : {2, 3})
+    check_zero_matches_single(ModelKind::transformer_bf16, DType::f32, stage, 2, Device::cpu());
 }
 
 TEST_CASE("ZeRO-2 keeps 1/world of the gradients, ZeRO-3 of the parameters too, between steps") {
@@ -281,7 +146,7 @@ TEST_CASE("ZeRO-2 keeps 1/world of the gradients, ZeRO-3 of the parameters too, 
       CAPTURE(model_label);
       CAPTURE(stage);
       ZeroMemory m;
-      train_sharded(kind, DType::f32, stage, 2, &m);
+      train_sharded(kind, DType::f32, stage, 2, Device::cpu(), &m);
       const int64_t elem = 4;
       // Each unit is padded to a multiple of the world size: at most world - 1 elements per unit.
       CHECK(m.shard_elements * world >= m.total_elements);
