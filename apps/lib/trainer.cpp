@@ -22,6 +22,7 @@
 #include "core/cuda_context.h"
 #include "core/ops.h"
 #include "dist/agreement.h"
+#include "dist/runtime.h"
 #include "optim/optimizer.h"
 
 namespace tt::app {
@@ -580,6 +581,9 @@ class TrainingRun {
       verify_checkpoint(path);
       folder_->commit(step, flags_.integer("keep-ckpts"));
     }
+    // Every rank waits here for rank 0's verification (it re-reads the whole file), under the MPI watchdog,
+    // rather than inside the next step's first NCCL collective, whose shorter timeout would count it.
+    if (plan_.world > 1) dist::max_over_ranks(0.0);
     last_checkpoint_ = path;
   }
 
