@@ -83,7 +83,8 @@ int main(int argc, char** argv) {
       "all on one host: peer DMA copies and one add kernel)");
   flags.add("warmup-iters", "5", "untimed all-reduces per size, before the timed ones");
   flags.alias("warmup", "warmup-iters");
-  flags.add("iters", "20", "timed all-reduces per size");
+  flags.add("steps", "20", "timed all-reduces per size");
+  flags.alias("iters", "steps");
   flags.add("json", "", "also write one JSON object per size to this file (rank 0)");
   std::unique_ptr<dist::DistRuntime> runtime;
   try {
@@ -100,7 +101,7 @@ int main(int argc, char** argv) {
     TT_CHECK(
         dtype == DType::f32 || device.is_cuda(),
         "--dtype bf16 is measured on CUDA only (the MPI backend adds bf16 element by element on the host)");
-    const int64_t warmup = flags.integer("warmup-iters"), iters = flags.integer("iters");
+    const int64_t warmup = flags.integer("warmup-iters"), iters = flags.integer("steps");
     TT_CHECK(warmup >= 0 && iters > 0, "--warmup-iters must be >= 0 and --iters positive");
     std::unique_ptr<dist::Communicator> comm = dist::make_communicator(device, *runtime);
     const bool root = runtime->is_root();

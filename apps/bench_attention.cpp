@@ -125,8 +125,10 @@ int main(int argc, char** argv) {
     flags.add("suite", "leaderboard", "course | sweep | leaderboard (comma-separated for several)");
     flags.add("warmup-iters", "10", "untimed iterations before the timed ones");
     flags.alias("warmup", "warmup-iters");
-    flags.add("iters", "100", "timed iterations (forward, backward, forward+backward each)");
-    flags.add("dtype", "f32", "course suite's dtype", {"f32", "bf16"});
+    flags.add("steps", "100", "timed iterations (forward, backward, forward+backward each)");
+    flags.alias("iters", "steps");
+    flags.add("precision", "f32", "the course suite's dtype of q, k and v", {"f32", "bf16"});
+    flags.alias("dtype", "precision");
     flags.add("max-seq", "65536", "sweep: largest T");
     flags.add("device", "auto", "auto: a GPU when there is one", {"cpu", "cuda", "auto"});
     flags.add("json", "", "also write one JSON object per row to this file");
@@ -134,11 +136,11 @@ int main(int argc, char** argv) {
     const Device device = pick_device(flags.str("device"));
     std::unique_ptr<JsonlWriter> json;
     if (!flags.str("json").empty()) json = std::make_unique<JsonlWriter>(flags.str("json"), false);
-    const int64_t warmup = flags.integer("warmup-iters"), iters = flags.integer("iters");
+    const int64_t warmup = flags.integer("warmup-iters"), iters = flags.integer("steps");
     TT_CHECK(warmup >= 0 && iters > 0, "--warmup-iters must be >= 0 and --iters positive");
     TT_CHECK(flags.integer("max-seq") > 0, "--max-seq must be positive");
-    TT_CHECK(flags.str("dtype") == "f32" || flags.str("dtype") == "bf16",
-             "--dtype must be f32 or bf16, got '" + flags.str("dtype") + "'");
+    TT_CHECK(flags.str("precision") == "f32" || flags.str("precision") == "bf16",
+             "--precision must be f32 or bf16, got '" + flags.str("precision") + "'");
     for (const std::string& suite : flags.list("suite")) {
       TT_CHECK(suite == "course" || suite == "sweep" || suite == "leaderboard",
                "unknown --suite '" + suite + "' (expected course, sweep or leaderboard)");
@@ -150,7 +152,7 @@ int main(int argc, char** argv) {
       std::vector<Config> configs;
       bool ones = false;
       if (suite == "course") {
-        const DType dtype = flags.str("dtype") == "bf16" ? DType::bf16 : DType::f32;
+        const DType dtype = flags.str("precision") == "bf16" ? DType::bf16 : DType::f32;
         for (int64_t d : {16, 32, 64, 128}) {
           for (int64_t t : {256, 1024, 4096, 8192, 16384}) {
             for (const char* impl : {"naive", "flash"}) configs.push_back({impl, 8, 1, t, d, dtype, true});

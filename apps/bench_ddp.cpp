@@ -177,8 +177,9 @@ int main(int argc, char** argv) {
   flags.alias("warmup", "warmup-iters");
   flags.add("steps", "10", "timed steps per row");
   flags.add("device", "auto", "rank i uses GPU local rank i", {"cpu", "cuda", "auto"});
-  flags.add("single-gpu-baseline", "1",
-            "1: also time the 'single' row: every rank alone, no communication (the scaling baseline)");
+  flags.add_switch("single-gpu-baseline",
+                   "also time the 'single' row: every rank alone, no communication (the scaling baseline)",
+                   true);
   flags.add("zero", "0",
             "comma-separated ZeRO stages to add rows for (0: none): 1 (sharded AdamW state: gradients "
             "reduce-scattered after backward, 'zero1', and, with bucketed among the strategies, averaged by "
@@ -214,8 +215,7 @@ int main(int argc, char** argv) {
     TT_CHECK(batch > 0 && ctx > 0 && steps > 0 && warmup >= 0,
              "--batch, --ctx and --steps must be positive and --warmup-iters >= 0");
     TT_CHECK(flags.integer("vocab") > 0, "--vocab must be positive");
-    const int64_t single = flags.integer("single-gpu-baseline");
-    TT_CHECK(single == 0 || single == 1, "--single-gpu-baseline takes 0 or 1");
+    const bool single = flags.boolean("single-gpu-baseline");
     std::vector<int64_t> zero_stages = flags.int_list("zero");
     for (int64_t z : zero_stages) TT_CHECK(z >= 0 && z <= 3, "--zero takes stages 0 to 3");
     const auto wants_stage = [&](int64_t z) {
@@ -228,7 +228,7 @@ int main(int argc, char** argv) {
       TT_CHECK(std::isfinite(mb) && mb > 0,
                "--bucket-mb takes positive sizes, got '" + flags.str("bucket-mb") + "'");
     std::vector<Config> configs;
-    if (single == 1) configs.push_back({"single", std::nullopt, 0});
+    if (single) configs.push_back({"single", std::nullopt, 0});
     for (const std::string& name : flags.list("strategy")) {
       const dist::DdpStrategy strategy = dist::parse_ddp_strategy(name);
       if (strategy != dist::DdpStrategy::bucketed) {

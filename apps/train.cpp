@@ -129,24 +129,29 @@ int main(int argc, char** argv) {
     return run_training(flags, device, data, runtime.get());
   } catch (const RunEnded& e) {
     // Reached by every rank at the same step (divergence, a stop signal): a clean end, not an abort.
+    end_progress_line();
     std::fflush(stdout);
     if (!runtime || runtime->rank() == 0)
-      std::fprintf(stderr, "\n%s: %s\n", e.exit_code() == kExitStopped ? "stopped" : "error", e.what());
+      std::fprintf(stderr, "%s: %s\n", e.exit_code() == kExitStopped ? "stopped" : "error", e.what());
     return e.exit_code();
   } catch (const dist::RanksDisagree& e) {
     // Thrown by every rank at once at start-up: one line, a clean exit.
-    if (runtime->rank() == 0) std::fprintf(stderr, "\nerror: %s\n", e.what());
+    if (runtime->rank() == 0) std::fprintf(stderr, "error: %s\n", e.what());
     return 1;
   } catch (const std::bad_alloc&) {
+    accept_stop_requests(false);  // mpirun's SIGTERM after the abort is not a stop request
     std::fflush(stdout);
     const std::string why = "out of host memory (std::bad_alloc); lower --batch, --ctx or the model size";
     if (runtime && runtime->world_size() > 1) dist::abort_job(why);
-    std::fprintf(stderr, "\nerror: %s\n", why.c_str());
+    end_progress_line();
+    std::fprintf(stderr, "error: %s\n", why.c_str());
     return 1;
   } catch (const std::exception& e) {
+    accept_stop_requests(false);  // mpirun's SIGTERM after the abort is not a stop request
     std::fflush(stdout);
     if (runtime && runtime->world_size() > 1) dist::abort_job(e.what());
-    std::fprintf(stderr, "\n%s\n", tt::error_line(e).c_str());
+    end_progress_line();
+    std::fprintf(stderr, "%s\n", tt::error_line(e).c_str());
     return 1;
   }
 }

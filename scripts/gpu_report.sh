@@ -50,9 +50,9 @@ for s in "$@"; do
       grep -E "test cases|assertions" "$out/ctest_gpu.log" | tail -6 ;;
     attention)
       section attention
-      timeout 120 $b/bench_attention --suite leaderboard --iters 50 --json "$out/attn_leaderboard.jsonl" 2>/dev/null | tee "$out/attn_leaderboard.md" | tail -4
+      timeout 120 $b/bench_attention --suite leaderboard --steps 50 --json "$out/attn_leaderboard.jsonl" 2>/dev/null | tee "$out/attn_leaderboard.md" | tail -4
       timeout 90 python3 apps/python/attention_baseline.py --suite leaderboard --iters 50 2>&1 | tail -4
-      timeout 150 $b/bench_attention --suite course --iters 20 --warmup-iters 3 --dtype bf16 --json "$out/attn_course.jsonl" >"$out/attn_course.md" 2>/dev/null
+      timeout 150 $b/bench_attention --suite course --steps 20 --warmup-iters 3 --precision bf16 --json "$out/attn_course.jsonl" >"$out/attn_course.md" 2>/dev/null
       tail -42 "$out/attn_course.md" ;;
     model)
       section model
@@ -91,7 +91,7 @@ for s in "$@"; do
         2>/dev/null | tee "$out/ddp_xl_bf16.md" | grep -E "^\| xl" | head -8
       echo "NCCL_CTA_POLICY=1:"
       timeout 180 "${mpi[@]}" -x NCCL_CTA_POLICY=1 $b/bench_ddp --preset xl --precision bf16 --ctx 512 --batch 4 \
-        --strategy bucketed --bucket-mb 100 --single-gpu-baseline 0 2>/dev/null | grep -E "^\| xl" | head -1 ;;
+        --strategy bucketed --bucket-mb 100 --no-single-gpu-baseline 2>/dev/null | grep -E "^\| xl" | head -1 ;;
     quickmodel)
       section quickmodel
       timeout 150 $b/benchmark --sizes small,medium,large,xl,2.7b --ctx 256 --batch 4 --precision bf16 --graph on \

@@ -11,7 +11,7 @@ ddp=$3
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 run() { "$mpiexec" -n 2 --oversubscribe --allow-run-as-root "$@"; }
-run "$allreduce" --device cpu --sizes-mb 0.01,1 --warmup-iters 1 --iters 3 --json "$work/allreduce.jsonl" \
+run "$allreduce" --device cpu --sizes-mb 0.01,1 --warmup-iters 1 --steps 3 --json "$work/allreduce.jsonl" \
   >"$work/allreduce.md"
 grep -q "| 1 | f32 | mpi | 2 |" "$work/allreduce.md"
 run "$ddp" --device cpu --preset tiny --ctx 16 --batch 2 --precision f32 --bucket-mb 0.01,1000 \

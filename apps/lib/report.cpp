@@ -214,6 +214,17 @@ std::string Progress::duration(double seconds) {
   return text;
 }
 
+namespace {
+bool g_progress_line_open = false;  // the bar is drawn and its line not ended
+}  // namespace
+
+void end_progress_line() {
+  if (!g_progress_line_open) return;
+  std::printf("\n");
+  std::fflush(stdout);
+  g_progress_line_open = false;
+}
+
 void Progress::update(int64_t step, const std::string& line) {
   const double done =
       static_cast<double>(step - first_ + 1) / static_cast<double>(std::max<int64_t>(1, last_ - first_ + 1));
@@ -230,10 +241,11 @@ void Progress::update(int64_t step, const std::string& line) {
   std::printf("\r[%s] %3.0f%% ETA %s | %s\033[K", bar.c_str(), done * 100, duration(eta).c_str(),
               line.c_str());
   std::fflush(stdout);
+  g_progress_line_open = true;
 }
 
 void Progress::finish() {
-  if (interactive_) std::printf("\n");
+  end_progress_line();
 }
 
 bool write_all(int fd, const std::string& text) {

@@ -77,6 +77,10 @@ class Progress {
   double start_s_;
 };
 
+// Ends the progress bar's line when one is drawn on the terminal, so that what is printed next (a
+// validation line, an error) starts on a line of its own; nothing otherwise.
+void end_progress_line();
+
 double now_seconds();
 
 // Writes all of `text` to the file descriptor (retrying short writes); false on failure, errno set.

@@ -11,9 +11,11 @@ namespace tt::app {
 namespace {
 
 volatile std::sig_atomic_t g_stop_signal = 0;
+volatile std::sig_atomic_t g_accepting = 1;
 
 void on_stop_signal(int signal) {
-  if (g_stop_signal != 0 && signal != SIGUSR1) {
+  // When no step is left to finish (an abort under way, the final outputs): the signal's default action.
+  if (g_accepting == 0 || (g_stop_signal != 0 && signal != SIGUSR1)) {
     // Asked twice: the user means now. Default action, no checkpoint.
     std::signal(signal, SIG_DFL);
     std::raise(signal);
@@ -33,6 +35,10 @@ void install_stop_handlers() {
   sigemptyset(&action.sa_mask);
   action.sa_flags = SA_RESTART;  // file writes and waits in progress carry on
   for (int signal : {SIGINT, SIGTERM, SIGHUP, SIGUSR1}) sigaction(signal, &action, nullptr);
+}
+
+void accept_stop_requests(bool accept) {
+  g_accepting = accept ? 1 : 0;
 }
 
 int stop_signal() {

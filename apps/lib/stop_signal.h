@@ -11,6 +11,10 @@ constexpr int kExitDiverged = 3;  // non-finite loss or gradient norm; the last 
 constexpr int kExitStopped = 75;  // stopped by a signal after writing a checkpoint; `--resume latest` goes on
 
 void install_stop_handlers();
+// Whether a signal now is a stop request (the default: the loop writes a checkpoint at the end of the step,
+// or of the first step during start-up); false when no step is left to finish (an error being reported, an
+// abort under mpirun, the final outputs): a signal then takes its default action and ends the process.
+void accept_stop_requests(bool accept);
 // The signal that asked for a stop, or 0.
 int stop_signal();
 const char* signal_name(int signal);

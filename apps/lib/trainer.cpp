@@ -502,7 +502,7 @@ class TrainingRun {
             std::isfinite(mfu) ? (" | MFU " + std::to_string(mfu * 100).substr(0, 5) + "%").c_str() : "");
         if (step % log_every == 0 || eval_now || step == state_.step + 1) progress_->update(step, line);
         if (eval_now) {
-          if (progress_->interactive()) std::printf("\n");
+          end_progress_line();  // the validation line stays on the terminal
           write_loss_svg(plan_.out + "/loss.svg", train_curve, val_curve, plot_title, entropy_,
                          "unigram entropy " + format_entropy(entropy_));
         }
@@ -520,6 +520,7 @@ class TrainingRun {
 
   // Final outputs: the summary line and a text sample (rank 0).
   int final_outputs() {
+    accept_stop_requests(false);  // the last checkpoint is written: a signal ends the process
     if (!root_) return 0;
     progress_->finish();
     std::printf("done: final validation loss %.4f (unigram entropy %.4f); checkpoint %s\n", last_val_,
