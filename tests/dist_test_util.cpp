@@ -7,6 +7,7 @@
 #include <cstring>
 #include <map>
 
+#include "apps/lib/train_step.h"
 #include "core/ops.h"
 #include "core/rng.h"
 #include "dist/shard_collectives.h"
@@ -589,6 +590,73 @@ void check_zero_matches_single(ModelKind kind, DType dtype, int stage, int micro
   CHECK(same_on_all_ranks(sharded.parameters));
   // Clipping was engaged.
   CHECK(*std::max_element(single.norms.begin(), single.norms.end()) > kZeroClip);
+}
+
+void check_train_step_matches_single(Device device, int zero, dist::DdpStrategy strategy, int64_t accum,
+                                     double rtol) {
+  dist::DistRuntime& rt = runtime();
+  const int world = rt.world_size();
+  CAPTURE(zero);
+  const std::string strategy_label = dist::ddp_strategy_name(strategy);
+  CAPTURE(strategy_label);
+  CAPTURE(accum);
+  nn::ModelConfig config = nn::preset("tiny");
+  config.vocab_size = 64;
+  config.context_length = 8;
+  const int64_t batch = 2, ctx = config.context_length;
+  // The rows of rank r's micro-batch m at step s (inputs and targets from one stream).
+  const auto rows = [&](int64_t step, int rank, int64_t micro) {
+    CounterRng rng{101, (static_cast<uint64_t>(step) << 32) ^ (static_cast<uint64_t>(rank) << 16) ^
+                            static_cast<uint64_t>(micro)};
+    app::Batch b;
+    for (int64_t i = 0; i < batch * ctx; ++i) {
+      b.inputs.push_back(static_cast<int32_t>(rng.next_below(64)));
+      b.targets.push_back(static_cast<int32_t>(rng.next_below(64)));
+    }
+    return b;
+  };
+  app::TrainStepOptions options;
+  options.ctx = ctx;
+  options.grad_accum = accum;
+  options.clip = 0.05;  // below the tiny model's gradient norms: clipping is engaged
+  options.adamw.lr = 1e-2;
+  // As in the ZeRO checks: the cross-rank sum's order moves near-cancelling gradients by an ulp, which a
+  // tiny eps would amplify.
+  options.adamw.eps = 1e-2;
+  app::TrainStepOptions distributed = options, single = options;
+  distributed.batch = batch;
+  distributed.zero = zero;
+  distributed.ddp = strategy;
+  single.batch = batch * world;
+
+  nn::TransformerLM model_d(config), model_s(config);
+  nn::FlatParameters params_d(model_d, device, 7, DType::f32, zero == 1 ? world : 1);
+  nn::FlatParameters params_s(model_s, device, 7);
+  app::TrainStep step_d(model_d, params_d, device, &rt, distributed);
+  app::TrainStep step_s(model_s, params_s, device, nullptr, single);
+  int clipped = 0;
+  for (int64_t s = 1; s <= 6; ++s) {
+    const app::StepResult d =
+        step_d.run([&](int64_t micro) { return rows(s, rt.rank(), micro); }, 1e-2, false, s);
+    const app::StepResult one = step_s.run(
+        [&](int64_t micro) {
+          app::Batch all;
+          for (int r = 0; r < world; ++r) {
+            const app::Batch b = rows(s, r, micro);
+            all.inputs.insert(all.inputs.end(), b.inputs.begin(), b.inputs.end());
+            all.targets.insert(all.targets.end(), b.targets.begin(), b.targets.end());
+          }
+          return all;
+        },
+        1e-2, false, s);
+    CAPTURE(s);
+    CHECK(d.loss == doctest::Approx(one.loss).epsilon(rtol));
+    CHECK(d.grad_norm == doctest::Approx(one.grad_norm).epsilon(rtol));
+    clipped += one.grad_norm > options.clip;
+  }
+  CHECK(clipped > 0);
+  step_d.settle();
+  step_s.settle();
 }
 
 }  // namespace tt::testing

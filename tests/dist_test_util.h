@@ -134,6 +134,13 @@ ZeroResult train_sharded(ModelKind kind, DType dtype, int stage, int micro_batch
 // too, every rank ends identical and clipping was engaged.
 void check_zero_matches_single(ModelKind kind, DType dtype, int stage, int micro_batches, Device device);
 
+// The step `train` runs (apps/lib/train_step.h) under mpirun, each rank on its own micro-batches, with DDP
+// `strategy` (zero 0) or ZeRO stage `zero`, against the same step in one process on the union of the ranks'
+// batches: the same loss and gradient norm at each of 6 clipped AdamW steps (within rtol; the later losses
+// follow from the updates), on the tiny LM in f32 with `accum` micro-batches per step.
+void check_train_step_matches_single(Device device, int zero, dist::DdpStrategy strategy, int64_t accum,
+                                     double rtol);
+
 // An in-place strided all-gather case: `start` is offset + (world - 1) * stride + count + tail values of -1
 // with this rank's block (block(rank, count)) at offset + rank * stride; `expect` has every rank's block in
 // its place and the gaps still -1.

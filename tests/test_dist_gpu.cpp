@@ -155,6 +155,15 @@ TEST_CASE("nccl: ZeRO-2 and ZeRO-3 equal one process on the union of the batches
   }
 }
 
+TEST_CASE(
+    "nccl: train's step (update beside the next forward; DDP, ZeRO-1/2/3, accumulation) equals one GPU") {
+  for (const int64_t accum : {int64_t{1}, int64_t{2}}) {
+    check_train_step_matches_single(my_gpu(), 0, dist::DdpStrategy::bucketed, accum, 1e-4);
+    for (const int zero : {1, 2, 3})
+      check_train_step_matches_single(my_gpu(), zero, dist::DdpStrategy::bucketed, accum, 1e-4);
+  }
+}
+
 TEST_CASE("nccl: ZeRO-1 with the update and all-gather pipelined in chunks equals unsharded AdamW") {
   // Chunks small enough that many gathers run on the communication stream while later chunks are updated on
   // the compute stream; the reduce-scatter and the bucketed all-reduce as gradient sources.

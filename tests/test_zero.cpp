@@ -170,3 +170,12 @@ TEST_CASE("ZeRO-2 keeps 1/world of the gradients, ZeRO-3 of the parameters too, 
     }
   }
 }
+
+TEST_CASE("train's step under mpirun (DDP, ZeRO-1/2/3, accumulation) equals it in one process") {
+  for (const int64_t accum : {int64_t{1}, int64_t{2}}) {
+    for (const dist::DdpStrategy strategy : {dist::DdpStrategy::bucketed, dist::DdpStrategy::flat})
+      check_train_step_matches_single(Device::cpu(), 0, strategy, accum, 1e-5);
+    for (const int zero : {1, 2, 3})
+      check_train_step_matches_single(Device::cpu(), zero, dist::DdpStrategy::bucketed, accum, 1e-5);
+  }
+}
