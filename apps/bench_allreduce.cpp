@@ -76,7 +76,7 @@ int main(int argc, char** argv) {
       "per GPU. 1 MB = 2^20 bytes; bandwidths in GB/s (1e9 bytes/s); time = slowest rank's mean.");
   flags.add("sizes-mb", "1,10,100,1000", "comma-separated message sizes in MB");
   flags.add("dtype", "f32", "bf16 needs CUDA", {"f32", "bf16"});
-  flags.add("device", "auto", "rank i uses GPU local rank i", {"cpu", "cuda", "auto"});
+  declare_device_flag(flags, true);
   flags.add(
       "all-reduce", "library",
       "comma-separated transports: library (NCCL on GPUs, MPI on CPU) | copy-engine (CUDA, 2 to 8 ranks, "

@@ -130,7 +130,7 @@ int main(int argc, char** argv) {
     flags.add("precision", "f32", "the course suite's dtype of q, k and v", {"f32", "bf16"});
     flags.alias("dtype", "precision");
     flags.add("max-seq", "65536", "sweep: largest T");
-    flags.add("device", "auto", "auto: a GPU when there is one", {"cpu", "cuda", "auto"});
+    declare_device_flag(flags);
     flags.add("json", "", "also write one JSON object per row to this file");
     if (!flags.parse(argc, argv)) return 0;
     const Device device = pick_device(flags.str("device"));

@@ -176,7 +176,7 @@ int main(int argc, char** argv) {
   flags.add("warmup-iters", "3", "untimed steps per row, before the timed ones");
   flags.alias("warmup", "warmup-iters");
   flags.add("steps", "10", "timed steps per row");
-  flags.add("device", "auto", "rank i uses GPU local rank i", {"cpu", "cuda", "auto"});
+  declare_device_flag(flags, true);
   flags.add_switch("single-gpu-baseline",
                    "also time the 'single' row: every rank alone, no communication (the scaling baseline)",
                    true);

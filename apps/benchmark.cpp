@@ -334,7 +334,7 @@ int main(int argc, char** argv) {
         "comma-separated counts of untimed iterations before the timed ones (e.g. 0,1,2,5); one row each");
     flags.alias("warmup", "warmup-iters");
     flags.add("steps", "10", "timed iterations per row");
-    flags.add("device", "auto", "auto: a GPU when there is one", {"cpu", "cuda", "cuda:N", "auto"});
+    declare_device_flag(flags);
     flags.add_switch(
         "profile-steps",
         "call cudaProfilerStart/Stop around the measured steps (nsys --capture-range=cudaProfilerApi)");

@@ -148,8 +148,7 @@ int main(int argc, char** argv) {
     flags.add("seed", "0", "random seed of the sampling");
     flags.add("tokenizer", "", "bytes | a tokenizer.model (default: the data's)");
     flags.add("batch", "16", "prompts generated together, at most");
-    flags.add("device", "auto", "cuda:N: GPU N; auto: a GPU when there is one",
-              {"cpu", "cuda", "cuda:N", "auto"});
+    declare_device_flag(flags);
     flags.add("precision", "f32", "dtype of the matmuls", {"f32", "bf16"});
     flags.add_switch("no-stop", "go on past the end-of-text token");
     if (!flags.parse(argc, argv)) return 0;

@@ -124,7 +124,7 @@ int main(int argc, char** argv) {
     // Rank 0 prepares the built-in corpus (if needed) while the others wait.
     std::string data;
     if (rank == 0) data = data_dir_or_default(flags);
-    if (runtime) MPI_Barrier(MPI_COMM_WORLD);
+    if (runtime) dist::barrier();
     if (rank != 0) data = data_dir_or_default(flags);
     return run_training(flags, device, data, runtime.get());
   } catch (const RunEnded& e) {

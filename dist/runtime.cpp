@@ -83,4 +83,9 @@ double max_over_ranks(double value) {
   return result;
 }
 
+void barrier() {
+  const CollectiveWait wait("barrier");
+  TT_MPI_CHECK(MPI_Barrier(MPI_COMM_WORLD));
+}
+
 }  // namespace tt::dist

@@ -48,5 +48,7 @@ class DistRuntime {
 
 // The largest `value` over all ranks (collective): benchmarks report the slowest rank.
 double max_over_ranks(double value);
+// Every rank waits until all have arrived, under the collective watchdog (collective_timeout.h).
+void barrier();
 
 }  // namespace tt::dist

@@ -9,6 +9,16 @@
 
 namespace tt::app {
 
+void declare_device_flag(Flags& f, bool per_rank) {
+  if (per_rank) {
+    f.add("device", "auto", "rank i uses its host's GPU i; auto: GPUs when there are",
+          {"cpu", "cuda", "auto"});
+  } else {
+    f.add("device", "auto", "cuda:N: GPU N; auto: a GPU when there is one",
+          {"cpu", "cuda", "cuda:N", "auto"});
+  }
+}
+
 void declare_model_flags(Flags& f) {
   f.group("model");
   f.add("preset", "tiny", "model size", nn::preset_names());
@@ -22,7 +32,7 @@ void declare_model_flags(Flags& f) {
   f.add("precision", "f32", "bf16: bf16 matmul/attention inputs, f32 master weights and reductions",
         {"f32", "bf16"});
   f.add("attention", "auto", "auto: flash on CUDA, naive on CPU", {"naive", "flash", "auto"});
-  f.add("device", "auto", "cuda:N: GPU N; auto: a GPU when there is one", {"cpu", "cuda", "cuda:N", "auto"});
+  declare_device_flag(f);
   f.add("recompute", "none",
         "block: keep only each block's input for backward and run the block again there (less activation "
         "memory, one more forward of the blocks; the same results)",

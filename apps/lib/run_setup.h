@@ -9,6 +9,9 @@
 namespace tt::app {
 
 void declare_model_flags(Flags& flags);
+// --device, read by pick_device: cpu | cuda | cuda:N | auto; `per_rank` (an app run under mpirun): cpu |
+// cuda | auto, rank i taking its host's GPU i.
+void declare_device_flag(Flags& flags, bool per_rank = false);
 // auto: cuda:<local rank> when a GPU is present, else cpu.
 Device pick_device(const std::string& text, int local_rank = 0);
 // The model of --preset with --d-model/--layers/--heads/--d-ff/--ctx/--vocab overrides, precision and

@@ -584,7 +584,7 @@ class TrainingRun {
     }
     // Every rank waits here for rank 0's verification (it re-reads the whole file), under the MPI watchdog,
     // rather than inside the next step's first NCCL collective, whose shorter timeout would count it.
-    if (plan_.world > 1) dist::max_over_ranks(0.0);
+    if (plan_.world > 1) dist::barrier();
     last_checkpoint_ = path;
   }
 
