@@ -260,8 +260,14 @@ void run_backward_owned(const Tensor& root, Tensor root_grad) {
     node_grad = Tensor();
     node->release_saved();
     node->released = !node->reusable();
-    for (size_t i = 0; i < node->next.size(); ++i) {
-      const std::shared_ptr<Node>& child = node->next[i];
+    // A used node lets go of its edges once its children are counted down (below): a graph whose output is
+    // still held (a loss kept for its value) then keeps no leaf accumulator alive, so the next pass makes
+    // fresh ones, ordered after their consumers; an old one would run (and fire its leaf's gradient hooks)
+    // only at the end of that pass.
+    const std::vector<std::shared_ptr<Node>> edges = node->released ? std::move(node->next) : node->next;
+    if (node->released) node->next.clear();
+    for (size_t i = 0; i < edges.size(); ++i) {
+      const std::shared_ptr<Node>& child = edges[i];
       if (!child) continue;
       if (i < input_grads.size() && input_grads[i].defined()) {
         Tensor& slot = pending[child.get()];
@@ -273,18 +279,20 @@ void run_backward_owned(const Tensor& root, Tensor root_grad) {
         } else {
           // No gradient reached this node (all inputs were undefined): still visit it so its own
           // children's dependency counts fall, without running it.
-          std::vector<Node*> skip{child.get()};
+          std::vector<std::shared_ptr<Node>> skip{child};
           while (!skip.empty()) {
-            Node* s = skip.back();
+            const std::shared_ptr<Node> s = std::move(skip.back());
             skip.pop_back();
             s->release_saved();
             s->released = !s->reusable();
-            for (const auto& grandchild : s->next) {
+            const std::vector<std::shared_ptr<Node>> s_edges = s->released ? std::move(s->next) : s->next;
+            if (s->released) s->next.clear();
+            for (const auto& grandchild : s_edges) {
               if (grandchild && --dependencies[grandchild.get()] == 0) {
                 if (has_work(grandchild.get()))
                   ready.push(grandchild);
                 else
-                  skip.push_back(grandchild.get());
+                  skip.push_back(grandchild);
               }
             }
           }

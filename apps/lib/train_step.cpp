@@ -168,10 +168,7 @@ StepResult TrainStep::run(const std::function<Batch(int64_t micro)>& next_batch,
     (accum == 1 ? loss : ops::scale(loss, 1.0 / static_cast<double>(accum))).backward();
     if (ddp_) ddp_->finish_backward();
     if (zero_) zero_->finish_backward();
-    // Its value only (a view carries no graph): holding the loss would keep its graph, whose leaf
-    // accumulators the next micro-batch's backward reuses in their old order, so every gradient hook (DDP's
-    // buckets, ZeRO's reduce-scatters) would fire only at the end of that backward.
-    losses.push_back(loss.view(loss.shape()));
+    losses.push_back(loss);
   }
   const double clip = options_.clip;
   if (clip_factor_.defined())
