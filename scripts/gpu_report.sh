@@ -13,8 +13,8 @@
 #              context 256, graph on, AdamW after backward and fused into it)
 #   fused      the bf16 step with AdamW fused into backward (--mode step-fused), and an SM-margin sweep
 #   grid       the course grid: sizes x contexts, warm-up x graph x attention, 2.7b peak memory
-#   profile    per-kernel GPU time of one bf16 step, ours (ncu) and torch.compile's (torch.profiler);
-#              PROFILE_SIZE (default 2.7b)
+#   profile    per-kernel GPU time of one bf16 train step at the course configuration, ours (ncu) and
+#              torch.compile's (torch.profiler): scripts/kernel_table.sh; PROFILE_SIZE (default 2.7b)
 #   torch      the PyTorch reference (eager f32, torch.compile bf16), one process per size and variant;
 #              TORCH_SIZES (default small,medium,large; then xl,2.7b in another call) / TORCH_VARIANTS
 #              choose, TORCH_ADAMW=default times torch.optim.AdamW's foreach
@@ -147,17 +147,9 @@ for s in "$@"; do
           tee "$out/step_table.md"
       fi ;;
     profile)
-      # Where one step's GPU time goes, per kernel: ours (Nsight Compute over the measured step only,
-      # --profile-steps), then the PyTorch reference's torch.compile step (torch.profiler).
       section profile
       size=${PROFILE_SIZE:-2.7b}
-      timeout 240 ncu --clock-control none --profile-from-start off --metrics gpu__time_duration.sum --csv \
-        $b/benchmark --sizes "$size" --ctx 256 --batch 4 --precision bf16 --mode step --graph off --warmup-iters 1 \
-        --steps 1 --profile-steps >"$out/ncu_ours_$size.csv" 2>"$out/ncu_ours.err"
-      python3 scripts/kernel_summary.py "$out/ncu_ours_$size.csv" --top 30 | tee "$out/kernels_ours_$size.md"
-      timeout 300 python3 apps/python/model_baseline.py --sizes "$size" --ctx 256 --variants compile-bf16 \
-        --profile-out "$out/kernels_torch_$size.md" --json "$out/torch_profile.jsonl" 2>&1 | tail -3
-      head -40 "$out/kernels_torch_$size.md" | cut -c1-160 ;;
+      timeout 600 scripts/kernel_table.sh build-gpu "$out" "$size:4:256:10000" | cut -c1-160 ;;
     *) echo "unknown section $s"; exit 1 ;;
   esac
 done
