@@ -7,6 +7,7 @@ namespace tt::optim {
 OverlappedUpdate::OverlappedUpdate(AdamW& adamw, const nn::FlatParameters& params,
                                    const std::vector<size_t>& unit_first_parameters)
     : adamw_(adamw), device_(params.flat_params().device()) {
+  TT_ASSERT(device_.is_cuda(), "OverlappedUpdate runs the update on a CUDA side stream");
   TT_ASSERT(adamw.parameter_count() == 1 && adamw.params()[0].raw_data() == params.flat_params().raw_data() &&
                 adamw.params()[0].numel() == params.flat_params().numel(),
             "OverlappedUpdate needs the AdamW of the flat parameter buffer");
@@ -19,12 +20,10 @@ OverlappedUpdate::OverlappedUpdate(AdamW& adamw, const nn::FlatParameters& param
     unit_begin_.push_back(begin);
   }
   unit_begin_.push_back(params.flat_params().numel());
-  if (device_.is_cuda()) {
-    for (size_t u = 0; u + 1 < unit_begin_.size(); ++u)
-      unit_done_.push_back(std::make_unique<StreamEvent>(device_.index));
-    gradients_final_ = std::make_unique<StreamEvent>(device_.index);
-    all_done_ = std::make_unique<StreamEvent>(device_.index);
-  }
+  for (size_t u = 0; u + 1 < unit_begin_.size(); ++u)
+    unit_done_.push_back(std::make_unique<StreamEvent>(device_.index));
+  gradients_final_ = std::make_unique<StreamEvent>(device_.index);
+  all_done_ = std::make_unique<StreamEvent>(device_.index);
 }
 
 OverlappedUpdate::~OverlappedUpdate() {
@@ -32,10 +31,6 @@ OverlappedUpdate::~OverlappedUpdate() {
 }
 
 void OverlappedUpdate::launch() {
-  if (!device_.is_cuda()) {
-    adamw_.apply();
-    return;
-  }
   void* compute = compute_stream(device_.index);
   void* side = side_stream(device_.index);
   gradients_final_->record(compute);
@@ -48,13 +43,13 @@ void OverlappedUpdate::launch() {
 }
 
 void OverlappedUpdate::settle() {
-  if (all_done_) all_done_->block(compute_stream(device_.index));
+  all_done_->block(compute_stream(device_.index));
 }
 
 void OverlappedUpdate::before_forward(int unit) {
   TT_ASSERT(unit >= 0 && static_cast<size_t>(unit) + 1 < unit_begin_.size(),
             "no parameter unit " + std::to_string(unit));
-  if (!unit_done_.empty()) unit_done_[static_cast<size_t>(unit)]->block(compute_stream(device_.index));
+  unit_done_[static_cast<size_t>(unit)]->block(compute_stream(device_.index));
 }
 
 }  // namespace tt::optim

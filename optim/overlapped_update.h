@@ -8,7 +8,7 @@
 // Per step:  forward (gated per unit);  settle();  zero_grad();  backward;  clip;  adamw.prepare_step();
 //            launch();
 // Anything else that reads the parameters or the optimizer state (a checkpoint, a sample) calls settle()
-// first. On the CPU there is no side stream: launch() updates in place, in order.
+// first. CUDA only: on the CPU the step updates in place after backward.
 #pragma once
 
 #include <memory>
