@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Measurements on a GPU machine, each section bounded in time, results (Markdown + JSON) under $OUT.
 # Usage: scripts/gpu_report.sh SECTION...   sections: build tests gputests attention model quickmodel ours
-#        fused grid profile torch ddp
+#        fused grid profile torch ddp zero large
 #   build      configure + build into build-gpu
 #   tests      ctest (GPU suites included; the 2-rank NCCL suite needs 2 GPUs)
 #   attention  bench_attention leaderboard + course sweep, and PyTorch's SDPA on the same cases
@@ -13,6 +13,11 @@
 #              context 256, graph on, AdamW after backward and fused into it)
 #   fused      the bf16 step with AdamW fused into backward (--mode step-fused), and an SM-margin sweep
 #   grid       the course grid: sizes x contexts, warm-up x graph x attention, 2.7b peak memory
+#   zero       (2+ GPUs) xl at ctx 1024 batch 8 per rank: bucketed DDP, ZeRO-2 and ZeRO-3; the same rows
+#              with NCCL forced onto its network transport (as between hosts); xl checkpoint write and
+#              load times under ZeRO-3
+#   large      (2+ GPUs) the 7b preset with ZeRO-3 and recomputation at ctx 2048 (memory, MFU), and
+#              recomputation's memory and time at ctx 4096 for small..xl on one GPU
 #   profile    per-kernel GPU time of one bf16 train step at the course configuration, ours (ncu) and
 #              torch.compile's (torch.profiler): scripts/kernel_table.sh; PROFILE_SIZE (default 2.7b)
 #   torch      the PyTorch reference (eager f32, torch.compile bf16), one process per size and variant;
@@ -24,11 +29,26 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-gpu-results}
 mkdir -p "$out"
+scratch=${SCRATCH:-/tmp/tinytrain-gpu}  # token files and run folders: too large to keep with the results
+mkdir -p "$scratch"
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1
 export TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 gpus=$(nvidia-smi -L | wc -l)
 b=build-gpu/apps
 section() { echo; echo "=== $1 ($(date +%T))"; }
+make_random_data() {  # DIR VOCAB: uniform random token ids (speed and memory do not depend on them)
+  [ -f "$1/train.bin" ] && return
+  mkdir -p "$1"
+  python3 - "$1" "$2" <<'PY'
+import json, sys
+import numpy as np
+rng = np.random.default_rng(0)
+for name, n in (("train.bin", 20_000_000), ("val.bin", 200_000)):
+    rng.integers(0, int(sys.argv[2]), n, dtype=np.uint16).tofile(f"{sys.argv[1]}/{name}")
+json.dump({"tokenizer": "sentencepiece", "vocab_size": int(sys.argv[2]), "end_of_text": int(sys.argv[2]) - 1},
+          open(f"{sys.argv[1]}/meta.json", "w"))
+PY
+}
 for s in "$@"; do
   case "$s" in
     build)
@@ -146,6 +166,44 @@ for s in "$@"; do
         python3 scripts/step_table.py "$out/ours_all.jsonl" "$out/torch_all.jsonl" "${ref[@]}" |
           tee "$out/step_table.md"
       fi ;;
+    zero)
+      section zero
+      mpi=(mpirun --allow-run-as-root -np "$gpus" --bind-to none -x NCCL_NVLS_ENABLE=0 -x PATH -x LD_LIBRARY_PATH)
+      xl=(--preset xl --ctx 1024 --batch 8 --vocab 50257 --precision bf16 --grad-dtype bf16 --strategy bucketed
+          --bucket-mb 100 --zero 2,3 --warmup-iters 3 --steps 10)
+      timeout 200 "${mpi[@]}" $b/bench_ddp "${xl[@]}" --json "$out/zero_xl.jsonl" 2>&1 | tee "$out/zero_xl.md" |
+        grep -E "^\| xl|GiB|error" | head -20
+      echo "network transport (NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1):"
+      timeout 200 "${mpi[@]}" -x NCCL_P2P_DISABLE=1 -x NCCL_SHM_DISABLE=1 $b/bench_ddp "${xl[@]}" --zero 1,2,3 \
+        --no-single-gpu-baseline --json "$out/zero_xl_net.jsonl" 2>&1 | tee "$out/zero_xl_net.md" |
+        grep -E "^\| xl|error" | head -8
+      # Checkpoint write and load of xl trained with ZeRO-3: gathered one parameter at a time into one file.
+      data="$scratch/random_50257"
+      make_random_data "$data" 50257
+      timeout 200 "${mpi[@]}" $b/train --preset xl --data "$data" --ctx 1024 --batch 4 --precision bf16 --zero 3 \
+        --steps 2 --ckpt-every 2 --keep-ckpts 1 --eval-batches 1 --sample-tokens 0 --out "$scratch/run_xl_z3" \
+        --overwrite 2>&1 | tee "$out/ckpt_xl.log" | grep -E "checkpoint|error|done"
+      timeout 150 $b/train --preset xl --data "$data" --ctx 1024 --batch 4 --precision bf16 --steps 3 \
+        --ckpt-every 0 --keep-ckpts 1 --eval-batches 1 --sample-tokens 0 --resume latest --out "$scratch/run_xl_z3" 2>&1 | tee -a "$out/ckpt_xl.log" | grep -E "resumed|error|done"
+      rm -rf "$scratch/run_xl_z3" ;;
+    large)
+      section large
+      mpi=(mpirun --allow-run-as-root -np "$gpus" --bind-to none -x NCCL_NVLS_ENABLE=0 -x PATH -x LD_LIBRARY_PATH)
+      data="$scratch/random_32000"
+      make_random_data "$data" 32000
+      for batch in 4 2; do  # the larger batch when it fits
+        timeout 240 "${mpi[@]}" $b/train --preset 7b --data "$data" --ctx 2048 --batch "$batch" --precision bf16 \
+          --zero 3 --recompute block --steps 8 --log-every 1 --ckpt-every -1 --eval-batches 1 --sample-tokens 0 \
+          --out "$scratch/run_7b_b$batch" --overwrite 2>&1 | tee "$out/train_7b_b$batch.log" | grep -E "^(step|error)|ranks"
+        grep -q "^step *8/" "$out/train_7b_b$batch.log" && break
+      done
+      for size in small medium large xl; do
+        for r in none block; do
+          timeout 90 $b/benchmark --sizes $size --ctx 4096 --batch 2 --vocab 50257 --precision bf16 --mode train \
+            --recompute $r --warmup-iters 2 --steps 5 --json "$out/recompute_${size}_$r.jsonl" 2>/dev/null |
+            grep -E "^\| $size" | sed "s/^/recompute $r: /"
+        done
+      done | tee "$out/recompute.md" ;;
     profile)
       section profile
       size=${PROFILE_SIZE:-2.7b}

@@ -369,7 +369,9 @@ class TrainingRun {
     state_.rng_seed = sampler_->rng().seed;
     state_.args = flags_.summary_line();
     if (!resume_.empty()) {
+      const double t0 = now_seconds();
       load_checkpoint(resume_, *params_, &step_->optimizer_state(), &state_);
+      const double load_s = now_seconds() - t0;
       const std::string written_by = state_.args;
       state_.args = flags_.summary_line();  // later checkpoints record this run's flags
       // Each rank keeps its own seed; the draw count is the same on every rank.
@@ -378,7 +380,9 @@ class TrainingRun {
                                               std::to_string(state_.step) + " and --steps is " +
                                               std::to_string(plan_.steps));
       if (root_) {
-        std::printf("resumed from %s at step %lld\n", resume_.c_str(), static_cast<long long>(state_.step));
+        const double gb = static_cast<double>(fs::file_size(resume_)) / 1e9;
+        std::printf("resumed from %s at step %lld (%.2f GB read in %.1f s, %.2f GB/s)\n", resume_.c_str(),
+                    static_cast<long long>(state_.step), gb, load_s, gb / load_s);
         warn_if_schedule_differs(written_by, flags_);
         // The folder the checkpoint really lies in (links resolved) against --out's checkpoints folder.
         std::error_code ec;
@@ -576,11 +580,19 @@ class TrainingRun {
     state_.step = step;
     state_.rng_counter = sampler_->rng().counter;
     const std::string path = checkpoint_file(plan_.out, step);
+    const double t0 = now_seconds();
     save_checkpoint(path, plan_.config, *params_, &step_->optimizer_state(), state_, root_);
     if (root_) {
+      const double written_s = now_seconds() - t0;
       // Nothing older goes before this one is known to load.
       verify_checkpoint(path);
       folder_->commit(step, flags_.integer("keep-ckpts"));
+      if (step > 0) {
+        const double gb = static_cast<double>(fs::file_size(path)) / 1e9;
+        end_progress_line();
+        std::printf("checkpoint %s: %.2f GB written in %.1f s (%.2f GB/s), verified in %.1f s\n", path.c_str(),
+                    gb, written_s, gb / written_s, now_seconds() - t0 - written_s);
+      }
     }
     // Every rank waits here for rank 0's verification (it re-reads the whole file), under the MPI watchdog,
     // rather than inside the next step's first NCCL collective, whose shorter timeout would count it.
