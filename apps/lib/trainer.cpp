@@ -590,8 +590,8 @@ class TrainingRun {
       if (step > 0) {
         const double gb = static_cast<double>(fs::file_size(path)) / 1e9;
         end_progress_line();
-        std::printf("checkpoint %s: %.2f GB written in %.1f s (%.2f GB/s), verified in %.1f s\n", path.c_str(),
-                    gb, written_s, gb / written_s, now_seconds() - t0 - written_s);
+        std::printf("checkpoint %s: %.2f GB written in %.1f s (%.2f GB/s), verified in %.1f s\n",
+                    path.c_str(), gb, written_s, gb / written_s, now_seconds() - t0 - written_s);
       }
     }
     // Every rank waits here for rank 0's verification (it re-reads the whole file), under the MPI watchdog,
