@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Measurements on a GPU machine, each section bounded in time, results (Markdown + JSON) under $OUT.
 # Usage: scripts/gpu_report.sh SECTION...   sections: build tests gputests attention model quickmodel ours
-#        fused grid profile torch ddp zero large
+#        fused grid profile torch ddp zero large recompute
 #   build      configure + build into build-gpu
 #   tests      ctest (GPU suites included; the 2-rank NCCL suite needs 2 GPUs)
 #   attention  bench_attention leaderboard + course sweep, and PyTorch's SDPA on the same cases
@@ -16,8 +16,8 @@
 #   zero       (2+ GPUs) xl at ctx 1024 batch 8 per rank: bucketed DDP, ZeRO-2 and ZeRO-3; the same rows
 #              with NCCL forced onto its network transport (as between hosts); xl checkpoint write and
 #              load times under ZeRO-3
-#   large      (2+ GPUs) the 7b preset with ZeRO-3 and recomputation at ctx 2048 (memory, MFU), and
-#              recomputation's memory and time at ctx 4096 for small..xl on one GPU
+#   large      (2+ GPUs) the 7b preset with ZeRO-3 and recomputation at ctx 2048 (memory, MFU)
+#   recompute  recomputation's memory and time at ctx 4096 for small..xl (on the last GPU)
 #   profile    per-kernel GPU time of one bf16 train step at the course configuration, ours (ncu) and
 #              torch.compile's (torch.profiler): scripts/kernel_table.sh; PROFILE_SIZE (default 2.7b)
 #   torch      the PyTorch reference (eager f32, torch.compile bf16), one process per size and variant;
@@ -192,14 +192,19 @@ for s in "$@"; do
       data="$scratch/random_32000"
       make_random_data "$data" 32000
       for batch in 4 2; do  # the larger batch when it fits
-        timeout 240 "${mpi[@]}" $b/train --preset 7b --data "$data" --ctx 2048 --batch "$batch" --precision bf16 \
-          --zero 3 --recompute block --steps 8 --log-every 1 --ckpt-every -1 --eval-batches 1 --sample-tokens 0 \
+        timeout 170 "${mpi[@]}" $b/train --preset 7b --data "$data" --ctx 2048 --batch "$batch" --precision bf16 \
+          --zero 3 --recompute block --steps 6 --log-every 1 --ckpt-every -1 --eval-batches 1 --sample-tokens 0 \
           --out "$scratch/run_7b_b$batch" --overwrite 2>&1 | tee "$out/train_7b_b$batch.log" | grep -E "^(step|error)|ranks"
-        grep -q "^step *8/" "$out/train_7b_b$batch.log" && break
+        grep -q "^step *6/" "$out/train_7b_b$batch.log" && break
       done
+      ;;
+    recompute)
+      section recompute
+      echo "ctx 4096, batch 2, on the last GPU (so another job can use the first):"
       for size in small medium large xl; do
         for r in none block; do
-          timeout 90 $b/benchmark --sizes $size --ctx 4096 --batch 2 --vocab 50257 --precision bf16 --mode train \
+          CUDA_VISIBLE_DEVICES=$((gpus - 1)) \
+            timeout 70 $b/benchmark --sizes $size --ctx 4096 --batch 2 --vocab 50257 --precision bf16 --mode train \
             --recompute $r --warmup-iters 2 --steps 5 --json "$out/recompute_${size}_$r.jsonl" 2>/dev/null |
             grep -E "^\| $size" | sed "s/^/recompute $r: /"
         done
