@@ -74,6 +74,7 @@ ZeroOptimizer::~ZeroOptimizer() {
   try {
     for (Unit& unit : units_) {
       if (unit.gather) unit.gather->wait();
+      if (unit.refresh) unit.refresh->wait();
     }
     for (InFlight& f : in_flight_) f.work->wait();
   } catch (const std::exception& e) {
@@ -146,6 +147,7 @@ void ZeroOptimizer::scatter_pieces(Tensor& shard, int64_t offset, const Tensor& 
 Tensor ZeroOptimizer::gather_parameter(int64_t offset, const Shape& shape) {
   // In stage 2 every rank holds the parameter whole.
   if (params_.flat_params().defined()) {
+    settle();
     return params_.flat_params().narrow_view(0, offset, shape_numel(shape)).view(shape).to(Device::cpu());
   }
   return gather_pieces(shard_params_, offset, shape);
@@ -153,6 +155,7 @@ Tensor ZeroOptimizer::gather_parameter(int64_t offset, const Shape& shape) {
 
 void ZeroOptimizer::scatter_parameter(int64_t offset, const Tensor& full) {
   if (params_.flat_params().defined()) {
+    settle();  // a gather still to come would overwrite what is loaded here
     Tensor dst = params_.flat_params().narrow_view(0, offset, full.numel());
     dst.copy_(full.view({full.numel()}).to(device_));
     if (params_.bf16_mirror().defined()) {
@@ -327,31 +330,58 @@ double ZeroOptimizer::step(double max_norm, bool measure_norm) {
       if (scale < 1.0) scale_gradients(shard_grads_, scale);
     }
   }
+  settle();  // stage 2: no gather may still be reading the shard the update writes
   adamw_->step();
   shard_grads_.zero_();
   if (stage_ == 3) return norm;
-  // Stage 2: every rank's updated chunks into the whole flat buffer, unit by unit through two buffers, the
-  // next unit's gather in flight while the last one is copied out.
-  Tensor& flat = params_.flat_params();
-  const int64_t world = comm_.world_size();
-  Tensor buffers[2];
-  std::unique_ptr<ShardCollectives::Pending> pending[2];
-  auto issue = [&](size_t u) {
-    Tensor& buffer = buffers[u % 2];
-    if (!buffer.defined()) buffer = Tensor::empty({max_unit_padded_}, param_dtype_, device_);
-    Tensor out = buffer.narrow_view(0, 0, units_[u].chunk * world);
-    pending[u % 2] =
-        comm_.all_gather_async(shard_params_.narrow_view(0, units_[u].shard_offset, units_[u].chunk), out);
-  };
-  issue(0);
-  for (size_t u = 0; u < units_.size(); ++u) {
-    if (u + 1 < units_.size()) issue(u + 1);
-    pending[u % 2]->wait();
-    Tensor dst = flat.narrow_view(0, units_[u].begin, units_[u].numel());
-    dst.copy_(buffers[u % 2].narrow_view(0, 0, units_[u].numel()));
-  }
-  params_.refresh_bf16_mirror();
+  for (Unit& unit : units_) unit.stale = true;
+  stale_units_ = units_.size();
+  issue_refresh(0);
   return norm;
+}
+
+// --- stage 2: the updated shards back into the flat buffer ---
+
+void ZeroOptimizer::issue_refresh(size_t u) {
+  Unit& unit = units_[u];
+  if (!unit.stale || unit.refresh) return;
+  const size_t slot = u % 2;
+  // The buffer's previous unit is copied out first (in practice it already is: units go in order).
+  if (refresh_owner_[slot] >= 0) complete_refresh(static_cast<size_t>(refresh_owner_[slot]));
+  Tensor& buffer = refresh_buffers_[slot];
+  if (!buffer.defined()) buffer = Tensor::empty({max_unit_padded_}, param_dtype_, device_);
+  Tensor out = buffer.narrow_view(0, 0, unit.chunk * comm_.world_size());
+  unit.refresh = comm_.all_gather_async(shard_params_.narrow_view(0, unit.shard_offset, unit.chunk), out);
+  refresh_owner_[slot] = static_cast<int64_t>(u);
+}
+
+void ZeroOptimizer::complete_refresh(size_t u) {
+  Unit& unit = units_[u];
+  if (!unit.stale) return;
+  issue_refresh(u);
+  unit.refresh->wait();
+  unit.refresh.reset();
+  const size_t slot = u % 2;
+  Tensor dst = params_.flat_params().narrow_view(0, unit.begin, unit.numel());
+  dst.copy_(refresh_buffers_[slot].narrow_view(0, 0, unit.numel()));
+  if (params_.bf16_mirror().defined()) {
+    Tensor mirror = params_.bf16_mirror().narrow_view(0, unit.begin, unit.numel());
+    ops::cast_into(mirror, dst);
+  }
+  refresh_owner_[slot] = -1;
+  unit.stale = false;
+  // The buffers go back to the pool once the whole model is current (they are a unit's size each).
+  if (--stale_units_ == 0) {
+    for (Tensor& buffer : refresh_buffers_) buffer = Tensor();
+  }
+}
+
+void ZeroOptimizer::settle() {
+  if (stage_ != 2) return;
+  for (size_t u = 0; u < units_.size(); ++u) {
+    complete_refresh(u);
+    if (u + 1 < units_.size()) issue_refresh(u + 1);
+  }
 }
 
 // --- stage 3: parameters gathered per unit ---
@@ -402,8 +432,12 @@ void ZeroOptimizer::release(size_t u) {
 }
 
 void ZeroOptimizer::before_forward(int index) {
-  if (stage_ != 3) return;
   const size_t u = static_cast<size_t>(index);
+  if (stage_ == 2) {
+    complete_refresh(u);
+    if (u + 1 < units_.size()) issue_refresh(u + 1);
+    return;
+  }
   ensure_gathered(u);
   if (u + 1 < units_.size()) issue_gather(u + 1);
 }
@@ -441,6 +475,9 @@ int64_t ZeroOptimizer::parameter_bytes() const {
   const Tensor& flat = params_.flat_params();
   if (flat.defined()) bytes += static_cast<int64_t>(flat.nbytes());
   if (params_.bf16_mirror().defined()) bytes += static_cast<int64_t>(params_.bf16_mirror().nbytes());
+  for (const Tensor& buffer : refresh_buffers_) {
+    if (buffer.defined()) bytes += static_cast<int64_t>(buffer.nbytes());
+  }
   for (const Unit& unit : units_) {
     if (unit.gathered.defined()) bytes += static_cast<int64_t>(unit.gathered.nbytes());
     if (unit.gathered_bf16.defined()) bytes += static_cast<int64_t>(unit.gathered_bf16.nbytes());

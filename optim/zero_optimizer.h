@@ -19,7 +19,10 @@
 // Between backward passes the only gradient memory is the shard.
 //
 // Parameters: stage 2 keeps the whole model in FlatParameters' flat buffer on every rank (and its bf16
-// mirror) and all-gathers the updated shards into it after each step. Stage 3 frees the flat buffer: a
+// mirror) and all-gathers the updated shards into it unit by unit: step() issues the first unit's gather,
+// and each unit's forward (before_forward) waits for its own and issues the next, so the gathers run beside
+// the next forward instead of after the update; settle() completes them all, for readers of the weights
+// outside a forward (checkpoints, generation). Stage 3 frees the flat buffer: a
 // unit's parameters get storage only between before_forward and after_forward and again from
 // before_backward until the next unit's backward starts (all-gathered in f32 into a buffer of the unit's
 // size, and in bf16 training also cast to bf16 copies the matmuls read); the next unit's gather is issued
@@ -65,6 +68,9 @@ class ZeroOptimizer : public nn::ParameterUnits {
   // updates the shard, zeroes the shard gradient and (stage 2) all-gathers the parameters. A norm that is
   // not finite is returned before anything is updated.
   double step(double max_norm, bool measure_norm = true);
+  // Stage 2: completes the parameter gathers the last step() left to the next forward, so that the flat
+  // buffer (and its bf16 mirror) holds the updated model. Nothing to do otherwise.
+  void settle();
 
   int stage() const { return stage_; }
   void set_lr(double lr) { adamw_->set_lr(lr); }
@@ -116,6 +122,9 @@ class ZeroOptimizer : public nn::ParameterUnits {
     // Stage 3: the gathered parameters (f32) and their bf16 copies, while held.
     Tensor gathered, gathered_bf16;
     std::unique_ptr<ShardCollectives::Pending> gather;
+    // Stage 2: updated since the flat buffer last received this unit; its gather when issued.
+    bool stale = false;
+    std::unique_ptr<ShardCollectives::Pending> refresh;
     int64_t numel() const { return finish - begin; }
   };
   struct InFlight {
@@ -137,6 +146,9 @@ class ZeroOptimizer : public nn::ParameterUnits {
   void complete_oldest();
   Tensor acquire_staging();
   void note_staging_bytes();
+  // Stage 2: the unit's updated chunks gathered into a refresh buffer, then copied into the flat buffer.
+  void issue_refresh(size_t unit);
+  void complete_refresh(size_t unit);
   // Stage 3.
   void issue_gather(size_t unit);
   void ensure_gathered(size_t unit);
@@ -157,6 +169,9 @@ class ZeroOptimizer : public nn::ParameterUnits {
   bool armed_ = false;
   int next_launch_ = -1;  // the unit whose reduce-scatter comes next (descending order)
   Tensor shard_params_, shard_grads_;
+  Tensor refresh_buffers_[2];            // stage 2: unit u gathers into buffer u % 2
+  int64_t refresh_owner_[2] = {-1, -1};  // the unit whose gather a buffer holds and has not copied out
+  size_t stale_units_ = 0;
   std::unique_ptr<AdamW> adamw_;
   std::vector<Tensor> free_staging_;
   std::deque<InFlight> in_flight_;

@@ -538,6 +538,7 @@ ZeroResult train_sharded(ModelKind kind, DType dtype, int stage, int micro_batch
     result.norms.push_back(zero.step(kZeroClip));
   }
   if (memory) {
+    zero.settle();  // stage 2: the parameter gathers the last step left to the next forward
     memory->total_elements = params.numel();
     memory->shard_elements = zero.shard_numel();
     memory->gradient_bytes = zero.gradient_bytes();

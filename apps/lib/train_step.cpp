@@ -91,6 +91,7 @@ double TrainStep::communication_wait_ms() {
 
 void TrainStep::settle() {
   if (overlap_) overlap_->settle();
+  if (zero_) zero_->settle();
 }
 
 std::string TrainStep::describe() const {
