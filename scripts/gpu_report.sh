@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Measurements on a GPU machine, each section bounded in time, results (Markdown + JSON) under $OUT.
 # Usage: scripts/gpu_report.sh SECTION...   sections: build tests gputests attention model quickmodel ours
-#        fused grid profile torch ddp zero large recompute
+#        fused grid profile torch ddp zero checkpoint large recompute
 #   build      configure + build into build-gpu
 #   tests      ctest (GPU suites included; the 2-rank NCCL suite needs 2 GPUs)
 #   attention  bench_attention leaderboard + course sweep, and PyTorch's SDPA on the same cases
@@ -13,9 +13,9 @@
 #              context 256, graph on, AdamW after backward and fused into it)
 #   fused      the bf16 step with AdamW fused into backward (--mode step-fused), and an SM-margin sweep
 #   grid       the course grid: sizes x contexts, warm-up x graph x attention, 2.7b peak memory
-#   zero       (2+ GPUs) xl at ctx 1024 batch 8 per rank: bucketed DDP, ZeRO-2 and ZeRO-3; the same rows
-#              with NCCL forced onto its network transport (as between hosts); xl checkpoint write and
-#              load times under ZeRO-3
+#   zero       (2+ GPUs) train's step, xl at ctx 1024 batch 8 per rank: bucketed DDP, ZeRO-2 and ZeRO-3;
+#              and every stage at small with NCCL forced onto its network transport (as between hosts)
+#   checkpoint (2+ GPUs) xl checkpoint write (from ZeRO-3 shards) and load times
 #   large      (2+ GPUs) the 7b preset with ZeRO-3 and recomputation at ctx 2048 (memory, MFU)
 #   recompute  recomputation's memory and time at ctx 4096 for small..xl (on the last GPU)
 #   profile    per-kernel GPU time of one bf16 train step at the course configuration, ours (ncu) and
@@ -36,6 +36,14 @@ export TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 gpus=$(nvidia-smi -L | wc -l)
 b=build-gpu/apps
 section() { echo; echo "=== $1 ($(date +%T))"; }
+median_step() {  # METRICS_JSONL FIRST_STEP: median step ms, median MFU, peak GiB
+  python3 - "$1" "$2" <<'PY'
+import json, statistics, sys
+rows = [json.loads(l) for l in open(sys.argv[1]) if '"step_ms"' in l][int(sys.argv[2]) - 1:]
+print(f"{statistics.median(r['step_ms'] for r in rows):.1f} | {statistics.median(r['mfu'] for r in rows) * 100:.1f}% | "
+      f"{max(r.get('peak_mib', 0) for r in rows) / 1024:.1f}")
+PY
+}
 make_random_data() {  # DIR VOCAB: uniform random token ids (speed and memory do not depend on them)
   [ -f "$1/train.bin" ] && return
   mkdir -p "$1"
@@ -167,25 +175,47 @@ for s in "$@"; do
           tee "$out/step_table.md"
       fi ;;
     zero)
+      # train's own median step (steps 4..12) on all GPUs: xl at ctx 1024, batch 8 per rank, bucketed DDP
+      # against ZeRO-2 and ZeRO-3; then every stage once more with NCCL forced onto its network transport
+      # (as between hosts), at small.
       section zero
       mpi=(mpirun --allow-run-as-root -np "$gpus" --bind-to none -x NCCL_NVLS_ENABLE=0 -x PATH -x LD_LIBRARY_PATH)
-      xl=(--preset xl --ctx 1024 --batch 8 --vocab 50257 --precision bf16 --grad-dtype bf16 --strategy bucketed
-          --bucket-mb 100 --zero 2,3 --warmup-iters 3 --steps 10)
-      timeout 200 "${mpi[@]}" $b/bench_ddp "${xl[@]}" --json "$out/zero_xl.jsonl" 2>&1 | tee "$out/zero_xl.md" |
-        grep -E "^\| xl|GiB|error" | head -20
-      echo "network transport (NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1):"
-      timeout 200 "${mpi[@]}" -x NCCL_P2P_DISABLE=1 -x NCCL_SHM_DISABLE=1 $b/bench_ddp "${xl[@]}" --zero 1,2,3 \
-        --no-single-gpu-baseline --json "$out/zero_xl_net.jsonl" 2>&1 | tee "$out/zero_xl_net.md" |
-        grep -E "^\| xl|error" | head -8
-      # Checkpoint write and load of xl trained with ZeRO-3: gathered one parameter at a time into one file.
+      data="$scratch/random_50257"
+      make_random_data "$data" 50257
+      zero_row() {  # LABEL PRESET ZERO [mpirun options...]
+        local label=$1 preset=$2 zero=$3
+        shift 3
+        local batch=8; [ "$preset" = small ] && batch=32
+        timeout 120 "${mpi[@]}" "$@" $b/train --preset "$preset" --data "$data" --ctx 1024 --batch $batch \
+          --precision bf16 --zero "$zero" --steps 12 --ckpt-every -1 --eval-batches 1 --sample-tokens 0 \
+          --out "$scratch/run_zero" --overwrite >"$out/zero_$label.log" 2>&1
+        echo "| $label | $(median_step "$scratch/run_zero/metrics.jsonl" 4) |"
+      }
+      {
+        echo "| row | median step ms | MFU | peak GiB (rank 0) |"
+        echo "|---|---|---|---|"
+        zero_row "xl DDP bucketed" xl 0
+        zero_row "xl ZeRO-2" xl 2
+        zero_row "xl ZeRO-3" xl 3
+        for z in 0 1 2 3; do
+          zero_row "small stage $z, network transport" small $z -x NCCL_P2P_DISABLE=1 -x NCCL_SHM_DISABLE=1
+        done
+      } | tee "$out/zero_train.md" ;;
+    checkpoint)
+      # Checkpoint write (gathered one parameter at a time from ZeRO-3 shards, then verified by reading it
+      # back) and load, for xl on all GPUs.
+      section checkpoint
+      mpi=(mpirun --allow-run-as-root -np "$gpus" --bind-to none -x NCCL_NVLS_ENABLE=0 -x PATH -x LD_LIBRARY_PATH)
       data="$scratch/random_50257"
       make_random_data "$data" 50257
       timeout 200 "${mpi[@]}" $b/train --preset xl --data "$data" --ctx 1024 --batch 4 --precision bf16 --zero 3 \
-        --steps 2 --ckpt-every 2 --keep-ckpts 1 --eval-batches 1 --sample-tokens 0 --out "$scratch/run_xl_z3" \
-        --overwrite 2>&1 | tee "$out/ckpt_xl.log" | grep -E "checkpoint|error|done"
-      timeout 150 $b/train --preset xl --data "$data" --ctx 1024 --batch 4 --precision bf16 --steps 3 \
-        --ckpt-every 0 --keep-ckpts 1 --eval-batches 1 --sample-tokens 0 --resume latest --out "$scratch/run_xl_z3" 2>&1 | tee -a "$out/ckpt_xl.log" | grep -E "resumed|error|done"
-      rm -rf "$scratch/run_xl_z3" ;;
+        --steps 1 --ckpt-every 1 --keep-ckpts 1 --eval-batches 1 --sample-tokens 0 --out "$scratch/run_ckpt" \
+        --overwrite 2>&1 | tee "$out/checkpoint_xl.log" | grep -E "^checkpoint|error"
+      # Loading is timed at the start of a resumed run; the run is not needed past that line.
+      timeout -s KILL 60 $b/train --preset xl --data "$data" --ctx 1024 --batch 4 --precision bf16 --steps 2 \
+        --eval-batches 1 --sample-tokens 0 --resume latest --out "$scratch/run_ckpt" 2>&1 |
+        tee -a "$out/checkpoint_xl.log" | grep -E "^resumed|error"
+      rm -rf "$scratch/run_ckpt" ;;
     large)
       section large
       mpi=(mpirun --allow-run-as-root -np "$gpus" --bind-to none -x NCCL_NVLS_ENABLE=0 -x PATH -x LD_LIBRARY_PATH)
@@ -195,7 +225,9 @@ for s in "$@"; do
         timeout 170 "${mpi[@]}" $b/train --preset 7b --data "$data" --ctx 2048 --batch "$batch" --precision bf16 \
           --zero 3 --recompute block --steps 6 --log-every 1 --ckpt-every -1 --eval-batches 1 --sample-tokens 0 \
           --out "$scratch/run_7b_b$batch" --overwrite 2>&1 | tee "$out/train_7b_b$batch.log" | grep -E "^(step|error)|ranks"
-        grep -q "^step *6/" "$out/train_7b_b$batch.log" && break
+        grep -q "^step *6/" "$out/train_7b_b$batch.log" &&
+          echo "7b batch $batch per rank: median step ms | MFU | peak GiB: $(median_step "$scratch/run_7b_b$batch/metrics.jsonl" 2)" &&
+          break
       done
       ;;
     recompute)
