@@ -345,12 +345,19 @@ double ZeroOptimizer::step(double max_norm, bool measure_norm) {
 void ZeroOptimizer::issue_refresh(size_t u) {
   Unit& unit = units_[u];
   if (!unit.stale || unit.refresh) return;
+  const int64_t world = comm_.world_size();
+  if (unit.numel() == unit.chunk * world) {
+    // No padding: the ranks' chunks laid end to end are the unit's place in the flat buffer.
+    Tensor out = params_.flat_params().narrow_view(0, unit.begin, unit.numel());
+    unit.refresh = comm_.all_gather_async(shard_params_.narrow_view(0, unit.shard_offset, unit.chunk), out);
+    return;
+  }
   const size_t slot = u % 2;
   // The buffer's previous unit is copied out first (in practice it already is: units go in order).
   if (refresh_owner_[slot] >= 0) complete_refresh(static_cast<size_t>(refresh_owner_[slot]));
   Tensor& buffer = refresh_buffers_[slot];
   if (!buffer.defined()) buffer = Tensor::empty({max_unit_padded_}, param_dtype_, device_);
-  Tensor out = buffer.narrow_view(0, 0, unit.chunk * comm_.world_size());
+  Tensor out = buffer.narrow_view(0, 0, unit.chunk * world);
   unit.refresh = comm_.all_gather_async(shard_params_.narrow_view(0, unit.shard_offset, unit.chunk), out);
   refresh_owner_[slot] = static_cast<int64_t>(u);
 }
@@ -361,14 +368,16 @@ void ZeroOptimizer::complete_refresh(size_t u) {
   issue_refresh(u);
   unit.refresh->wait();
   unit.refresh.reset();
-  const size_t slot = u % 2;
   Tensor dst = params_.flat_params().narrow_view(0, unit.begin, unit.numel());
-  dst.copy_(refresh_buffers_[slot].narrow_view(0, 0, unit.numel()));
+  const size_t slot = u % 2;
+  if (refresh_owner_[slot] == static_cast<int64_t>(u)) {  // gathered into a buffer (a padded unit)
+    dst.copy_(refresh_buffers_[slot].narrow_view(0, 0, unit.numel()));
+    refresh_owner_[slot] = -1;
+  }
   if (params_.bf16_mirror().defined()) {
     Tensor mirror = params_.bf16_mirror().narrow_view(0, unit.begin, unit.numel());
     ops::cast_into(mirror, dst);
   }
-  refresh_owner_[slot] = -1;
   unit.stale = false;
   // The buffers go back to the pool once the whole model is current (they are a unit's size each).
   if (--stale_units_ == 0) {

@@ -146,7 +146,8 @@ class ZeroOptimizer : public nn::ParameterUnits {
   void complete_oldest();
   Tensor acquire_staging();
   void note_staging_bytes();
-  // Stage 2: the unit's updated chunks gathered into a refresh buffer, then copied into the flat buffer.
+  // Stage 2: the unit's updated chunks gathered into its place in the flat buffer, or (a unit padded to a
+  // multiple of the world size) into a refresh buffer, then copied there.
   void issue_refresh(size_t unit);
   void complete_refresh(size_t unit);
   // Stage 3.
