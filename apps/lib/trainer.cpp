@@ -580,6 +580,14 @@ class TrainingRun {
     state_.step = step;
     state_.rng_counter = sampler_->rng().counter;
     const std::string path = checkpoint_file(plan_.out, step);
+    // A large model's checkpoint takes minutes (12 bytes per parameter, written then read back): say so
+    // before the terminal goes quiet.
+    const double expected_gb = 12.0 * static_cast<double>(params_->numel()) / 1e9;
+    if (root_ && step > 0 && expected_gb > 4) {
+      end_progress_line();
+      std::printf("writing checkpoint %s (about %.0f GB)...\n", path.c_str(), expected_gb);
+      std::fflush(stdout);
+    }
     const double t0 = now_seconds();
     save_checkpoint(path, plan_.config, *params_, &step_->optimizer_state(), state_, root_);
     if (root_) {

@@ -242,7 +242,10 @@ std::vector<std::string> H5File::children(const std::string& group) const {
 
 void H5File::write_tensor(const std::string& dataset, const Tensor& tensor) {
   ensure_group(parent_of(dataset));
-  const std::vector<float> host = tensor.to_floats();
+  // A host f32 tensor is written from its own memory; anything else through one f32 copy.
+  const bool direct = tensor.device().is_cpu() && tensor.dtype() == DType::f32 && tensor.is_contiguous();
+  const std::vector<float> copy = direct ? std::vector<float>() : tensor.to_floats();
+  const float* host = direct ? tensor.data<float>() : copy.data();
   const Shape& shape = tensor.shape();
   std::vector<hsize_t> dims(shape.begin(), shape.end());
   Handle space(checked(H5Screate_simple(static_cast<int>(dims.size()), dims.data(), nullptr),
@@ -250,7 +253,7 @@ void H5File::write_tensor(const std::string& dataset, const Tensor& tensor) {
                H5Sclose);
   Handle dcpl(checked(H5Pcreate(H5P_DATASET_CREATE), "H5Pcreate", dataset), H5Pclose);
   // A scalar or empty dataset cannot be chunked (and has no data to protect).
-  if (!dims.empty() && !host.empty()) {
+  if (!dims.empty() && tensor.numel() > 0) {
     const std::vector<hsize_t> chunk = chunk_dims(dims);
     checked(H5Pset_chunk(dcpl.get(), static_cast<int>(chunk.size()), chunk.data()), "H5Pset_chunk", dataset);
     checked(H5Pset_fletcher32(dcpl.get()), "H5Pset_fletcher32", dataset);
@@ -259,8 +262,7 @@ void H5File::write_tensor(const std::string& dataset, const Tensor& tensor) {
                               H5P_DEFAULT),
                    "H5Dcreate2", dataset),
            H5Dclose);
-  checked(H5Dwrite(d.get(), H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, host.data()), "H5Dwrite",
-          dataset);
+  checked(H5Dwrite(d.get(), H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, host), "H5Dwrite", dataset);
 }
 
 std::vector<float> H5File::read_floats(const std::string& dataset, Shape* shape_out) const {
