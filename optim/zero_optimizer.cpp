@@ -45,6 +45,7 @@ ZeroOptimizer::ZeroOptimizer(nn::FlatParameters& params, ShardCollectives& comm,
     unit.shard_offset = shard_numel_;
     shard_numel_ += unit.chunk;
     max_unit_padded_ = std::max(max_unit_padded_, unit.chunk * world);
+    if (unit.numel() < unit.chunk * world) max_refresh_ = std::max(max_refresh_, unit.chunk * world);
     for (size_t i = unit.first; i < unit.end; ++i) {
       unit_of_[i] = u;
       trainable_.push_back(list[i].tensor->requires_grad());
@@ -356,7 +357,7 @@ void ZeroOptimizer::issue_refresh(size_t u) {
   // The buffer's previous unit is copied out first (in practice it already is: units go in order).
   if (refresh_owner_[slot] >= 0) complete_refresh(static_cast<size_t>(refresh_owner_[slot]));
   Tensor& buffer = refresh_buffers_[slot];
-  if (!buffer.defined()) buffer = Tensor::empty({max_unit_padded_}, param_dtype_, device_);
+  if (!buffer.defined()) buffer = Tensor::empty({max_refresh_}, param_dtype_, device_);
   Tensor out = buffer.narrow_view(0, 0, unit.chunk * world);
   unit.refresh = comm_.all_gather_async(shard_params_.narrow_view(0, unit.shard_offset, unit.chunk), out);
   refresh_owner_[slot] = static_cast<int64_t>(u);
@@ -388,8 +389,8 @@ void ZeroOptimizer::complete_refresh(size_t u) {
 void ZeroOptimizer::settle() {
   if (stage_ != 2) return;
   for (size_t u = 0; u < units_.size(); ++u) {
+    if (u + 1 < units_.size()) issue_refresh(u + 1);  // on the wire while unit u is copied and cast
     complete_refresh(u);
-    if (u + 1 < units_.size()) issue_refresh(u + 1);
   }
 }
 
@@ -443,8 +444,8 @@ void ZeroOptimizer::release(size_t u) {
 void ZeroOptimizer::before_forward(int index) {
   const size_t u = static_cast<size_t>(index);
   if (stage_ == 2) {
-    complete_refresh(u);
     if (u + 1 < units_.size()) issue_refresh(u + 1);
+    complete_refresh(u);
     return;
   }
   ensure_gathered(u);

@@ -69,7 +69,8 @@ class ZeroOptimizer : public nn::ParameterUnits {
   // not finite is returned before anything is updated.
   double step(double max_norm, bool measure_norm = true);
   // Stage 2: completes the parameter gathers the last step() left to the next forward, so that the flat
-  // buffer (and its bf16 mirror) holds the updated model. Nothing to do otherwise.
+  // buffer (and its bf16 mirror) holds the updated model. Nothing to do otherwise. Collective: every rank
+  // calls it. Call it before destroying this object if the model is used afterwards.
   void settle();
 
   int stage() const { return stage_; }
@@ -167,6 +168,7 @@ class ZeroOptimizer : public nn::ParameterUnits {
   std::vector<std::pair<size_t, uint64_t>> hooks_;
   std::vector<Tensor> bf16_copies_of_;  // stage 3 bf16: per parameter, the copy the matmuls read
   int64_t shard_numel_ = 0, max_unit_padded_ = 0;
+  int64_t max_refresh_ = 0;  // stage 2: the largest padded unit (the only ones gathered through a buffer)
   bool armed_ = false;
   int next_launch_ = -1;  // the unit whose reduce-scatter comes next (descending order)
   Tensor shard_params_, shard_grads_;

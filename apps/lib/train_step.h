@@ -86,9 +86,11 @@ class TrainStep {
   StepResult run(const std::function<Batch(int64_t micro)>& next_batch, double lr, bool stop_here,
                  int64_t step);
   // On CUDA without ZeRO the update of a step runs beside the next step's forward
-  // (optim/overlapped_update.h), so run() returns before it is done: call settle() before reading the
-  // parameters or the optimizer state other than through the model's forward (saving, sampling). Work
-  // queued on the compute stream afterwards sees the updated values.
+  // (optim/overlapped_update.h), and under ZeRO-2 (any device) the updated shards are gathered back as the
+  // next forward reaches each unit, so run() returns before the model is current: call settle() (on every
+  // rank: it may be collective) before reading the parameters or the optimizer state other than through
+  // the model's forward (saving, sampling). Work queued on the compute stream afterwards sees the updated
+  // values.
   void settle();
 
  private:

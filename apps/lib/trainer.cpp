@@ -525,6 +525,8 @@ class TrainingRun {
   // Final outputs: the summary line and a text sample (rank 0).
   int final_outputs() {
     accept_stop_requests(false);  // the last checkpoint is written: a signal ends the process
+    // Collective under ZeRO-2 (the last update's gathers): every rank, before rank 0 samples alone.
+    step_->settle();
     if (!root_) return 0;
     progress_->finish();
     std::printf("done: final validation loss %.4f (unigram entropy %.4f); checkpoint %s\n", last_val_,
