@@ -25,6 +25,30 @@ double now_seconds() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
+std::string format_bytes(double bytes) {
+  char text[32];
+  if (bytes >= 1e9)
+    std::snprintf(text, sizeof(text), "%.2f GB", bytes / 1e9);
+  else
+    std::snprintf(text, sizeof(text), "%.1f MB", bytes / 1e6);
+  return text;
+}
+
+std::string format_seconds(double seconds) {
+  char text[32];
+  if (seconds >= 1)
+    std::snprintf(text, sizeof(text), "%.1f s", seconds);
+  else
+    std::snprintf(text, sizeof(text), "%.0f ms", seconds * 1e3);
+  return text;
+}
+
+std::string format_rate(double bytes, double seconds) {
+  char text[32];
+  std::snprintf(text, sizeof(text), "%.2f GB/s", seconds > 0 ? bytes / 1e9 / seconds : 0.0);
+  return text;
+}
+
 void check_writable(const std::string& path, const std::string& what) {
   const std::filesystem::file_status link = std::filesystem::symlink_status(path);
   // A link to nothing: opening it would create its target; the write itself will, if the user meant that.

@@ -83,6 +83,12 @@ void end_progress_line();
 
 double now_seconds();
 
+// "5.2 MB", "4.84 GB"; "21 ms", "10.4 s": sizes and short durations in log lines.
+std::string format_bytes(double bytes);
+std::string format_seconds(double seconds);
+// bytes over seconds as "0.47 GB/s".
+std::string format_rate(double bytes, double seconds);
+
 // Writes all of `text` to the file descriptor (retrying short writes); false on failure, errno set.
 bool write_all(int fd, const std::string& text);
 

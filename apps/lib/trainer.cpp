@@ -380,9 +380,10 @@ class TrainingRun {
                                               std::to_string(state_.step) + " and --steps is " +
                                               std::to_string(plan_.steps));
       if (root_) {
-        const double gb = static_cast<double>(fs::file_size(resume_)) / 1e9;
-        std::printf("resumed from %s at step %lld (%.2f GB read in %.1f s, %.2f GB/s)\n", resume_.c_str(),
-                    static_cast<long long>(state_.step), gb, load_s, gb / load_s);
+        const double bytes = static_cast<double>(fs::file_size(resume_));
+        std::printf("resumed from %s at step %lld (%s read in %s, %s)\n", resume_.c_str(),
+                    static_cast<long long>(state_.step), format_bytes(bytes).c_str(),
+                    format_seconds(load_s).c_str(), format_rate(bytes, load_s).c_str());
         warn_if_schedule_differs(written_by, flags_);
         // The folder the checkpoint really lies in (links resolved) against --out's checkpoints folder.
         std::error_code ec;
@@ -598,10 +599,12 @@ class TrainingRun {
       verify_checkpoint(path);
       folder_->commit(step, flags_.integer("keep-ckpts"));
       if (step > 0) {
-        const double gb = static_cast<double>(fs::file_size(path)) / 1e9;
+        const double bytes = static_cast<double>(fs::file_size(path));
         end_progress_line();
-        std::printf("checkpoint %s: %.2f GB written in %.1f s (%.2f GB/s), verified in %.1f s\n",
-                    path.c_str(), gb, written_s, gb / written_s, now_seconds() - t0 - written_s);
+        std::printf("checkpoint %s: %s written in %s (%s), verified in %s\n", path.c_str(),
+                    format_bytes(bytes).c_str(), format_seconds(written_s).c_str(),
+                    format_rate(bytes, written_s).c_str(),
+                    format_seconds(now_seconds() - t0 - written_s).c_str());
       }
     }
     // Every rank waits here for rank 0's verification (it re-reads the whole file), under the MPI watchdog,
