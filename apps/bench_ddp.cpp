@@ -99,11 +99,11 @@ Result measure(const RowSetup& setup, dist::DistRuntime& runtime, const Config& 
     reset_peak_memory(device);
     const StepTimings t = time_phases(
         setup.warmup, setup.steps, phases,
-        [&] {
-          step.settle();  // the update belongs to the step it follows
-          synchronize(device);
-        },
-        [&](size_t) { waits.push_back(step.communication_wait_ms()); });
+        // Everything queued so far has run; what the step leaves to the next forward (ZeRO-2's parameter
+        // gathers) is timed in the next step, as in training.
+        [&] { synchronize(device); }, [&](size_t) { waits.push_back(step.communication_wait_ms()); });
+    step.settle();
+    synchronize(device);
     result.memory.state = step.state_bytes();
     result.memory.between_steps = memory_stats(device).current_bytes;
     result.memory.peak = memory_stats(device).peak_bytes;
