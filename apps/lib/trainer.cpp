@@ -584,9 +584,10 @@ class TrainingRun {
     state_.rng_counter = sampler_->rng().counter;
     const std::string path = checkpoint_file(plan_.out, step);
     // A large model's checkpoint takes minutes (12 bytes per parameter, written then read back): say so
-    // before the terminal goes quiet.
+    // before the terminal goes quiet, the start point's (step 0) included.
     const double expected_gb = 12.0 * static_cast<double>(params_->numel()) / 1e9;
-    if (root_ && step > 0 && expected_gb > 4) {
+    const bool large = expected_gb > 4;
+    if (root_ && large) {
       end_progress_line();
       std::printf("writing checkpoint %s (about %.0f GB)...\n", path.c_str(), expected_gb);
       std::fflush(stdout);
@@ -598,7 +599,7 @@ class TrainingRun {
       // Nothing older goes before this one is known to load.
       verify_checkpoint(path);
       folder_->commit(step, flags_.integer("keep-ckpts"));
-      if (step > 0) {
+      if (step > 0 || large) {
         const double bytes = static_cast<double>(fs::file_size(path));
         end_progress_line();
         std::printf("checkpoint %s: %s written in %s (%s), verified in %s\n", path.c_str(),
