@@ -111,8 +111,13 @@ std::string TrainStep::update_path() const {
   char clip_text[64];
   std::snprintf(clip_text, sizeof(clip_text), "exact global-norm clipping at %g", options_.clip);
   const std::string clip = options_.clip > 0 ? clip_text : "no clipping";
-  if (zero_ || sharded_)
-    return "AdamW after backward, sharded (ZeRO-" + std::to_string(options_.zero) + "), " + clip;
+  if (zero_ || sharded_) {
+    const std::string gathers =
+        options_.zero == 2   ? "; updated weights gathered as the next forward needs them"
+        : options_.zero == 3 ? "; weights gathered per unit before its forward and backward"
+                             : "";
+    return "AdamW after backward, sharded (ZeRO-" + std::to_string(options_.zero) + "), " + clip + gathers;
+  }
   if (overlap_) return "AdamW after backward (" + clip + "), beside the next step's forward";
   return "AdamW after backward, " + clip;
 }
