@@ -36,27 +36,6 @@ export TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 gpus=$(nvidia-smi -L | wc -l)
 b=build-gpu/apps
 section() { echo; echo "=== $1 ($(date +%T))"; }
-median_step() {  # METRICS_JSONL FIRST_STEP: median step ms, median MFU, peak GiB
-  python3 - "$1" "$2" <<'PY'
-import json, statistics, sys
-rows = [json.loads(l) for l in open(sys.argv[1]) if '"step_ms"' in l][int(sys.argv[2]) - 1:]
-print(f"{statistics.median(r['step_ms'] for r in rows):.1f} | {statistics.median(r['mfu'] for r in rows) * 100:.1f}% | "
-      f"{max(r.get('peak_mib', 0) for r in rows) / 1024:.1f}")
-PY
-}
-make_random_data() {  # DIR VOCAB: uniform random token ids (speed and memory do not depend on them)
-  [ -f "$1/train.bin" ] && return
-  mkdir -p "$1"
-  python3 - "$1" "$2" <<'PY'
-import json, sys
-import numpy as np
-rng = np.random.default_rng(0)
-for name, n in (("train.bin", 20_000_000), ("val.bin", 200_000)):
-    rng.integers(0, int(sys.argv[2]), n, dtype=np.uint16).tofile(f"{sys.argv[1]}/{name}")
-json.dump({"tokenizer": "sentencepiece", "vocab_size": int(sys.argv[2]), "end_of_text": int(sys.argv[2]) - 1},
-          open(f"{sys.argv[1]}/meta.json", "w"))
-PY
-}
 for s in "$@"; do
   case "$s" in
     build)
@@ -181,7 +160,7 @@ for s in "$@"; do
       section zero
       mpi=(mpirun --allow-run-as-root -np "$gpus" --bind-to none -x NCCL_NVLS_ENABLE=0 -x PATH -x LD_LIBRARY_PATH)
       data="$scratch/random_50257"
-      make_random_data "$data" 50257
+      python3 scripts/random_tokens.py "$data" 50257
       zero_row() {  # LABEL PRESET ZERO [mpirun options...]
         local label=$1 preset=$2 zero=$3
         shift 3
@@ -189,7 +168,8 @@ for s in "$@"; do
         timeout 120 "${mpi[@]}" "$@" $b/train --preset "$preset" --data "$data" --ctx 1024 --batch $batch \
           --precision bf16 --zero "$zero" --steps 12 --ckpt-every -1 --eval-batches 1 --sample-tokens 0 \
           --out "$scratch/run_zero" --overwrite >"$out/zero_$label.log" 2>&1
-        echo "| $label | $(median_step "$scratch/run_zero/metrics.jsonl" 4) |"
+        read -r ms mfu peak <<<"$(python3 scripts/median_step.py "$scratch/run_zero/metrics.jsonl" 4)"
+        echo "| $label | $ms | $mfu | $peak |"
       }
       {
         echo "| row | median step ms | MFU | peak GiB (rank 0) |"
@@ -207,7 +187,7 @@ for s in "$@"; do
       section checkpoint
       mpi=(mpirun --allow-run-as-root -np "$gpus" --bind-to none -x NCCL_NVLS_ENABLE=0 -x PATH -x LD_LIBRARY_PATH)
       data="$scratch/random_50257"
-      make_random_data "$data" 50257
+      python3 scripts/random_tokens.py "$data" 50257
       timeout 200 "${mpi[@]}" $b/train --preset xl --data "$data" --ctx 1024 --batch 4 --precision bf16 --zero 3 \
         --steps 1 --ckpt-every 1 --keep-ckpts 1 --eval-batches 1 --sample-tokens 0 --out "$scratch/run_ckpt" \
         --overwrite 2>&1 | tee "$out/checkpoint_xl.log" | grep -E "^checkpoint|error"
@@ -220,13 +200,13 @@ for s in "$@"; do
       section large
       mpi=(mpirun --allow-run-as-root -np "$gpus" --bind-to none -x NCCL_NVLS_ENABLE=0 -x PATH -x LD_LIBRARY_PATH)
       data="$scratch/random_32000"
-      make_random_data "$data" 32000
+      python3 scripts/random_tokens.py "$data" 32000
       for batch in 4 2; do  # the larger batch when it fits
         timeout 170 "${mpi[@]}" $b/train --preset 7b --data "$data" --ctx 2048 --batch "$batch" --precision bf16 \
           --zero 3 --recompute block --steps 6 --log-every 1 --ckpt-every -1 --eval-batches 1 --sample-tokens 0 \
           --out "$scratch/run_7b_b$batch" --overwrite 2>&1 | tee "$out/train_7b_b$batch.log" | grep -E "^(step|error)|ranks"
         grep -q "^step *6/" "$out/train_7b_b$batch.log" &&
-          echo "7b batch $batch per rank: median step ms | MFU | peak GiB: $(median_step "$scratch/run_7b_b$batch/metrics.jsonl" 2)" &&
+          echo "7b batch $batch per rank: median step ms, MFU, peak GiB: $(python3 scripts/median_step.py "$scratch/run_7b_b$batch/metrics.jsonl" 2)" &&
           break
       done
       ;;

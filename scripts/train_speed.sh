@@ -14,21 +14,6 @@ cases=("$@")
 steps=${STEPS:-30}
 baselines=${BASELINES:-compile-bf16,sdpa-bf16}  # model_baseline.py variants
 mkdir -p "$out"
-make_data() {  # DIR VOCAB: uniform random tokens
-  [ -f "$1/train.bin" ] && return
-  mkdir -p "$1"
-  python3 - "$1" "$2" <<'PY'
-import json, sys
-import numpy as np
-rng = np.random.default_rng(0)
-vocab = int(sys.argv[2])
-for name, n in (("train.bin", 20_000_000), ("val.bin", 200_000)):
-    rng.integers(0, vocab, n, dtype=np.uint16).tofile(f"{sys.argv[1]}/{name}")
-# No text is sampled from these ids, so no tokenizer is loaded: the name only has to be a known one.
-json.dump({"tokenizer": "gpt2" if vocab == 50257 else "sentencepiece", "vocab_size": vocab,
-           "end_of_text": vocab - 1}, open(f"{sys.argv[1]}/meta.json", "w"))
-PY
-}
 gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
 table="$out/train_speed.md"
 {
@@ -41,22 +26,14 @@ for case in "${cases[@]}"; do
   IFS=: read -r size batch ctx vocab <<<"$case"
   ctx=${ctx:-1024} vocab=${vocab:-50257}
   data="$out/random_$vocab"
-  make_data "$data" "$vocab"
+  python3 scripts/random_tokens.py "$data" "$vocab"
   tag="${size}_${batch}_${ctx}_$vocab"
   run="$out/run_$tag"
   "$build/apps/train" --preset "$size" --data "$data" --ctx "$ctx" --batch "$batch" --precision bf16 \
     --steps "$steps" --eval-every 0 --eval-batches 1 --ckpt-every -1 --sample-tokens 0 --log-every 10 \
     --out "$run" --overwrite 2>&1 | tee "$out/train_$tag.log" | grep -E "^(step|error)" || true
-  ours=$(python3 - "$run/metrics.jsonl" "$batch" "$ctx" <<'PY'
-import json, statistics, sys
-rows = [json.loads(l) for l in open(sys.argv[1])][5:]
-ms = statistics.median(r["step_ms"] for r in rows)
-mfu = statistics.median(r["mfu"] for r in rows)
-tokens = int(sys.argv[2]) * int(sys.argv[3])
-print(f"{ms:.1f} {tokens / ms * 1e3:.0f} {mfu * 100:.1f}% {max(r.get('peak_mib', 0) for r in rows) / 1024:.1f}")
-PY
-)
-  read -r ms tok mfu peak <<<"$ours"
+  read -r ms mfu peak <<<"$(python3 scripts/median_step.py "$run/metrics.jsonl" 6)"
+  tok=$(python3 -c "print(round($batch * $ctx / $ms * 1e3))")
   # benchmark's train row: the same step, timed by the benchmark app (should agree with train within 3%).
   "$build/apps/benchmark" --sizes "$size" --ctx "$ctx" --batch "$batch" --vocab "$vocab" --precision bf16 \
     --mode train --clip 1.0 --warmup-iters 5 --steps 15 --json "$out/bench_$tag.jsonl" \
