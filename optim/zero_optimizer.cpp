@@ -341,6 +341,12 @@ double ZeroOptimizer::step(double max_norm, bool measure_norm) {
   return norm;
 }
 
+// Every rank's chunk of unit u into `out` (the unit padded to a multiple of the world size).
+std::unique_ptr<ShardCollectives::Pending> ZeroOptimizer::gather_unit_async(size_t u, Tensor& out) {
+  const Unit& unit = units_[u];
+  return comm_.all_gather_async(shard_params_.narrow_view(0, unit.shard_offset, unit.chunk), out);
+}
+
 // --- stage 2: the updated shards back into the flat buffer ---
 
 void ZeroOptimizer::issue_refresh(size_t u) {
@@ -350,7 +356,7 @@ void ZeroOptimizer::issue_refresh(size_t u) {
   if (unit.numel() == unit.chunk * world) {
     // No padding: the ranks' chunks laid end to end are the unit's place in the flat buffer.
     Tensor out = params_.flat_params().narrow_view(0, unit.begin, unit.numel());
-    unit.refresh = comm_.all_gather_async(shard_params_.narrow_view(0, unit.shard_offset, unit.chunk), out);
+    unit.refresh = gather_unit_async(u, out);
     return;
   }
   const size_t slot = u % 2;
@@ -359,7 +365,7 @@ void ZeroOptimizer::issue_refresh(size_t u) {
   Tensor& buffer = refresh_buffers_[slot];
   if (!buffer.defined()) buffer = Tensor::empty({max_refresh_}, param_dtype_, device_);
   Tensor out = buffer.narrow_view(0, 0, unit.chunk * world);
-  unit.refresh = comm_.all_gather_async(shard_params_.narrow_view(0, unit.shard_offset, unit.chunk), out);
+  unit.refresh = gather_unit_async(u, out);
   refresh_owner_[slot] = static_cast<int64_t>(u);
 }
 
@@ -386,12 +392,14 @@ void ZeroOptimizer::complete_refresh(size_t u) {
   }
 }
 
+void ZeroOptimizer::refresh_in_order(size_t u) {
+  if (u + 1 < units_.size()) issue_refresh(u + 1);  // on the wire while unit u is copied and cast
+  complete_refresh(u);
+}
+
 void ZeroOptimizer::settle() {
   if (stage_ != 2) return;
-  for (size_t u = 0; u < units_.size(); ++u) {
-    if (u + 1 < units_.size()) issue_refresh(u + 1);  // on the wire while unit u is copied and cast
-    complete_refresh(u);
-  }
+  for (size_t u = 0; u < units_.size(); ++u) refresh_in_order(u);
 }
 
 // --- stage 3: parameters gathered per unit ---
@@ -400,8 +408,7 @@ void ZeroOptimizer::issue_gather(size_t u) {
   Unit& unit = units_[u];
   if (unit.gathered.defined()) return;
   unit.gathered = Tensor::empty({unit.chunk * comm_.world_size()}, param_dtype_, device_);
-  unit.gather =
-      comm_.all_gather_async(shard_params_.narrow_view(0, unit.shard_offset, unit.chunk), unit.gathered);
+  unit.gather = gather_unit_async(u, unit.gathered);
   peak_gathered_units_ = std::max(peak_gathered_units_, gathered_units());
 }
 
@@ -444,8 +451,7 @@ void ZeroOptimizer::release(size_t u) {
 void ZeroOptimizer::before_forward(int index) {
   const size_t u = static_cast<size_t>(index);
   if (stage_ == 2) {
-    if (u + 1 < units_.size()) issue_refresh(u + 1);
-    complete_refresh(u);
+    refresh_in_order(u);
     return;
   }
   ensure_gathered(u);

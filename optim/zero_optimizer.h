@@ -151,6 +151,9 @@ class ZeroOptimizer : public nn::ParameterUnits {
   // multiple of the world size) into a refresh buffer, then copied there.
   void issue_refresh(size_t unit);
   void complete_refresh(size_t unit);
+  void refresh_in_order(size_t unit);  // issues the next unit's refresh, then completes this one's
+  // Both stages: every rank's chunk of the unit all-gathered into `out`.
+  std::unique_ptr<ShardCollectives::Pending> gather_unit_async(size_t unit, Tensor& out);
   // Stage 3.
   void issue_gather(size_t unit);
   void ensure_gathered(size_t unit);
