@@ -23,87 +23,80 @@ constexpr int64_t kFormatVersion = 2;
 
 namespace {
 
-class WholeAdamW : public OptimizerState {
+// The step count, learning rate and options, as every optimizer holding AdamW state keeps them.
+template <class Optimizer>
+class AdamWStateOf : public OptimizerState {
  public:
-  explicit WholeAdamW(optim::AdamW& adamw) : adamw_(adamw) {}
-  int64_t step_count() const override { return adamw_.step_count(); }
-  void set_step_count(int64_t step) override { adamw_.set_step_count(step); }
-  double lr() const override { return adamw_.lr(); }
-  const optim::AdamWOptions& options() const override { return adamw_.options(); }
+  explicit AdamWStateOf(Optimizer& optimizer) : optimizer_(optimizer) {}
+  int64_t step_count() const override { return optimizer_.step_count(); }
+  void set_step_count(int64_t step) override { optimizer_.set_step_count(step); }
+  double lr() const override { return optimizer_.lr(); }
+  const optim::AdamWOptions& options() const override { return optimizer_.options(); }
+
+ protected:
+  Optimizer& optimizer_;
+};
+
+class WholeAdamW : public AdamWStateOf<optim::AdamW> {
+ public:
+  using AdamWStateOf::AdamWStateOf;
   Tensor gather(int which, int64_t offset, const Shape& shape) override {
-    Tensor& flat = which == 0 ? adamw_.exp_avg().at(0) : adamw_.exp_avg_sq().at(0);
+    Tensor& flat = which == 0 ? optimizer_.exp_avg().at(0) : optimizer_.exp_avg_sq().at(0);
     return flat.narrow_view(0, offset, shape_numel(shape)).view(shape).to(Device::cpu());
   }
   void scatter(int which, int64_t offset, const Tensor& full) override {
-    Tensor& flat = which == 0 ? adamw_.exp_avg().at(0) : adamw_.exp_avg_sq().at(0);
+    Tensor& flat = which == 0 ? optimizer_.exp_avg().at(0) : optimizer_.exp_avg_sq().at(0);
     Tensor dst = flat.narrow_view(0, offset, full.numel());
     dst.copy_(full.view({full.numel()}));
   }
-
- private:
-  optim::AdamW& adamw_;
 };
 
-class ShardedState : public OptimizerState {
+class ShardedState : public AdamWStateOf<optim::ShardedOptimizer> {
  public:
-  explicit ShardedState(optim::ShardedOptimizer& sharded) : sharded_(sharded) {}
-  int64_t step_count() const override { return sharded_.step_count(); }
-  void set_step_count(int64_t step) override { sharded_.set_step_count(step); }
-  double lr() const override { return sharded_.lr(); }
-  const optim::AdamWOptions& options() const override { return sharded_.options(); }
+  using AdamWStateOf::AdamWStateOf;
   // Each rank contributes the part of the parameter inside its slice (zeros elsewhere); a sum over ranks
   // assembles the whole parameter's state, one parameter at a time.
   Tensor gather(int which, int64_t offset, const Shape& shape) override {
-    Tensor& shard = which == 0 ? sharded_.shard_exp_avg() : sharded_.shard_exp_avg_sq();
+    Tensor& shard = which == 0 ? optimizer_.shard_exp_avg() : optimizer_.shard_exp_avg_sq();
     const int64_t n = shape_numel(shape);
     Tensor full = Tensor::zeros({n}, shard.dtype(), shard.device());
-    const int64_t begin = std::max(offset, sharded_.shard_begin());
-    const int64_t end = std::min(offset + n, sharded_.shard_begin() + sharded_.shard_size());
+    const int64_t begin = std::max(offset, optimizer_.shard_begin());
+    const int64_t end = std::min(offset + n, optimizer_.shard_begin() + optimizer_.shard_size());
     if (begin < end) {
       Tensor dst = full.narrow_view(0, begin - offset, end - begin);
-      dst.copy_(shard.narrow_view(0, begin - sharded_.shard_begin(), end - begin));
+      dst.copy_(shard.narrow_view(0, begin - optimizer_.shard_begin(), end - begin));
     }
-    sharded_.collectives().all_reduce_sum(full);
+    optimizer_.collectives().all_reduce_sum(full);
     return full.view(shape).to(Device::cpu());
   }
   void scatter(int which, int64_t offset, const Tensor& full) override {
-    Tensor& shard = which == 0 ? sharded_.shard_exp_avg() : sharded_.shard_exp_avg_sq();
+    Tensor& shard = which == 0 ? optimizer_.shard_exp_avg() : optimizer_.shard_exp_avg_sq();
     const int64_t n = full.numel();
-    const int64_t begin = std::max(offset, sharded_.shard_begin());
-    const int64_t end = std::min(offset + n, sharded_.shard_begin() + sharded_.shard_size());
+    const int64_t begin = std::max(offset, optimizer_.shard_begin());
+    const int64_t end = std::min(offset + n, optimizer_.shard_begin() + optimizer_.shard_size());
     if (begin >= end) return;
-    Tensor dst = shard.narrow_view(0, begin - sharded_.shard_begin(), end - begin);
+    Tensor dst = shard.narrow_view(0, begin - optimizer_.shard_begin(), end - begin);
     dst.copy_(full.view({n}).narrow_view(0, begin - offset, end - begin).to(shard.device()));
   }
-
- private:
-  optim::ShardedOptimizer& sharded_;
 };
 
 // ZeRO-2/3: the master weights and the state are shards of the optimizer's own layout (zero_optimizer.h).
-class ZeroState : public OptimizerState {
+class ZeroState : public AdamWStateOf<optim::ZeroOptimizer> {
  public:
-  explicit ZeroState(optim::ZeroOptimizer& zero) : zero_(zero) {}
-  int64_t step_count() const override { return zero_.step_count(); }
-  void set_step_count(int64_t step) override { zero_.set_step_count(step); }
-  double lr() const override { return zero_.lr(); }
-  const optim::AdamWOptions& options() const override { return zero_.options(); }
+  using AdamWStateOf::AdamWStateOf;
   Tensor gather(int which, int64_t offset, const Shape& shape) override {
-    return zero_.gather_moment(which, offset, shape);
+    return optimizer_.gather_moment(which, offset, shape);
   }
   void scatter(int which, int64_t offset, const Tensor& full) override {
-    zero_.scatter_moment(which, offset, full);
+    optimizer_.scatter_moment(which, offset, full);
   }
   bool holds_parameters() const override { return true; }
   Tensor gather_parameter(int64_t offset, const Shape& shape) override {
-    return zero_.gather_parameter(offset, shape);
+    return optimizer_.gather_parameter(offset, shape);
   }
   void scatter_parameter(int64_t offset, const Tensor& full) override {
-    zero_.scatter_parameter(offset, full);
+    optimizer_.scatter_parameter(offset, full);
   }
-
- private:
-  optim::ZeroOptimizer& zero_;
 };
 
 void write_model_attributes(io::H5File& file, const nn::ModelConfig& config) {
