@@ -56,7 +56,9 @@ run_expect "divergence on the final step" 3 "stopped before the update" \
 [ -e "$work/div2/checkpoints/step_$((diverged_at + 1)).h5" ] && fail "divergence on the final step: a checkpoint of it was written"
 
 # 2. A resume that fails deletes nothing; a --resume file named with a higher step than it holds stays.
-run_expect "train 6 steps" 0 "" "$train" "${common[@]}" --out "$work/run" --steps 6 --ckpt-every 2 --keep-ckpts 0
+run_expect "train 6 steps, each checkpoint's size and times printed" 0 \
+  "checkpoint .*step_6.h5: [0-9.]* [MG]B written in [0-9.]* m*s ([0-9.]* GB/s), verified in [0-9.]* m*s" \
+  "$train" "${common[@]}" --out "$work/run" --steps 6 --ckpt-every 2 --keep-ckpts 0
 metrics_before=$(md5sum <"$work/run/metrics.jsonl")
 run_expect "resume that diverges" 3 "stopped before the update" \
   "$train" "${common[@]}" --out "$work/run" --steps 8 --resume "$work/run/checkpoints/step_2.h5" --lr-max 1e30 --warmup 0 --clip 0
@@ -67,7 +69,7 @@ run_expect "resume on a full disk" 1 "cannot write checkpoint" bash -c "ulimit -
 for s in 0 2 4 6; do loads "resume on a full disk" "$work/run/checkpoints/step_$s.h5"; done
 [ "$(md5sum <"$work/run/metrics.jsonl")" = "$metrics_before" ] || fail "resume on a full disk: metrics.jsonl changed"
 cp "$work/run/checkpoints/step_2.h5" "$work/run/checkpoints/step_50.h5"
-run_expect "resume from a file named step_50 holding step 2" 0 "resumed from" \
+run_expect "resume from a file named step_50 holding step 2" 0 "resumed from .*step_50.h5 at step 2 ([0-9.]* [MG]B read in" \
   "$train" "${common[@]}" --out "$work/run" --steps 9 --resume "$work/run/checkpoints/step_50.h5" --ckpt-every 3
 [ -e "$work/run/checkpoints/step_50.h5" ] || fail "misnamed resume: the file resumed from deleted itself"
 [ -e "$work/run/checkpoints/step_4.h5" ] && fail "misnamed resume: the replaced step_4.h5 is still there"
