@@ -3,6 +3,8 @@
 // Floating tensors are f32 (f64 on CPU for gradient checks); bf16 appears as matmul/attention inputs.
 #pragma once
 
+#include <vector>
+
 #include "core/tensor.h"
 
 namespace tt::ops {
@@ -102,5 +104,20 @@ Tensor attention_qkv(const Tensor& x, const Tensor& wq, const Tensor& wk, const 
                      double rope_theta, DType compute, bool deterministic = false);
 // The textbook path: S = QK^T, masked softmax, O = PV (materialises T x T); same contract as above.
 Tensor naive_attention(const Tensor& q, const Tensor& k, const Tensor& v, bool causal);
+
+// --- attention over a key/value cache (inference; no autograd: inputs that need grad are refused) ---
+// keys, values: dense (cache rows, capacity, heads * d_head), one row per sequence. q (n, count, heads,
+// d_head): entry i's `count` new queries, which continue cache row rows[i] after its starts[i] earlier
+// tokens (their own keys and values already stored at positions starts[i] .. starts[i] + count - 1). Query j
+// of entry i attends causally to positions 0 .. starts[i] + j of that row, scale 1/sqrt(d_head). Returns
+// (n, count, heads * d_head) in q's dtype, dense. The values of naive_attention's steps (f32 scores and
+// softmax; for bf16, probabilities rounded to bf16 before the product with the values; the CUDA kernel's
+// online softmax leaves them unrounded). rows and starts have n entries each.
+Tensor cached_attention(const Tensor& q, const Tensor& keys, const Tensor& values,
+                        const std::vector<int64_t>& rows, const std::vector<int64_t>& starts);
+// store[rows[i], starts[i] : starts[i] + count] = new_values[i] for each of the n entries, in place: store
+// dense (cache rows, capacity, dim), new_values (n, count, dim) of store's dtype. The rows must differ.
+void cache_append(Tensor& store, const std::vector<int64_t>& rows, const std::vector<int64_t>& starts,
+                  const Tensor& new_values);
 
 }  // namespace tt::ops

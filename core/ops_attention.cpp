@@ -1,5 +1,9 @@
-// Attention: FlashAttention-2 (tiled, never materialises T x T; kernels/) and the naive composite path.
+// Attention: FlashAttention-2 (tiled, never materialises T x T; kernels/), the naive composite path, and
+// attention over a key/value cache for generation (inference only).
+#include <algorithm>
 #include <cmath>
+#include <string>
+#include <vector>
 
 #include "core/ops_internal.h"
 #include "core/profile.h"
@@ -355,6 +359,101 @@ Tensor naive_attention(const Tensor& q, const Tensor& k, const Tensor& v, bool c
     out = matmul(cast(probs, q.dtype()), v3);
   }
   return reshape(cast(out, q.dtype()), q.shape());
+}
+
+// ------------------------------------------------------------------------- attention over a KV cache
+
+namespace {
+
+// The entries' rows and start positions against the cache's shape, each one named when refused.
+void check_cache_entries(const char* op, const Tensor& store, const std::vector<int64_t>& rows,
+                         const std::vector<int64_t>& starts, int64_t n, int64_t count) {
+  TT_CHECK(static_cast<int64_t>(rows.size()) == n && static_cast<int64_t>(starts.size()) == n,
+           std::string(op) + ": " + std::to_string(n) + " entries but " + std::to_string(rows.size()) +
+               " rows and " + std::to_string(starts.size()) + " starts");
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t row = rows[static_cast<size_t>(i)], start = starts[static_cast<size_t>(i)];
+    TT_CHECK(row >= 0 && row < store.size(0), std::string(op) + ": entry " + std::to_string(i) + "'s row " +
+                                                  std::to_string(row) + " is outside the cache's " +
+                                                  std::to_string(store.size(0)) + " rows");
+    TT_CHECK(start >= 0 && start + count <= store.size(1),
+             std::string(op) + ": entry " + std::to_string(i) + " starts at " + std::to_string(start) +
+                 " with " + std::to_string(count) + " new tokens, beyond the cache's " +
+                 std::to_string(store.size(1)) + " positions");
+  }
+}
+
+}  // namespace
+
+Tensor cached_attention(const Tensor& q_in, const Tensor& keys, const Tensor& values,
+                        const std::vector<int64_t>& rows, const std::vector<int64_t>& starts) {
+  const char* op = "cached_attention";
+  TT_CHECK(q_in.dim() == 4, "cached_attention: q must be (n, count, heads, d_head), got " + q_in.describe());
+  const int64_t n = q_in.size(0), count = q_in.size(1), heads = q_in.size(2), d_head = q_in.size(3);
+  const int64_t dim = heads * d_head;
+  TT_CHECK(keys.dim() == 3 && keys.shape() == values.shape() && keys.size(2) == dim,
+           "cached_attention: keys and values must be (cache rows, capacity, " + std::to_string(dim) +
+               ") for q " + q_in.describe() + ", got " + keys.describe() + " and " + values.describe());
+  TT_CHECK(keys.is_contiguous() && values.is_contiguous(), "cached_attention: the cache must be dense");
+  TT_CHECK(q_in.dtype() == keys.dtype() && q_in.dtype() == values.dtype(),
+           "cached_attention: q, keys and values dtypes differ: " + q_in.describe() + ", " + keys.describe() +
+               ", " + values.describe());
+  detail::require_same_device(q_in, keys, op);
+  detail::require_same_device(q_in, values, op);
+  TT_CHECK(!needs_grad({&q_in, &keys, &values}),
+           "cached_attention is for inference: no inputs that need grad");
+  check_cache_entries(op, keys, rows, starts, n, count);
+  const Tensor q = detail::dense(q_in);
+  Tensor out = Tensor::empty({n, count, dim}, q.dtype(), q.device());
+  const int64_t capacity = keys.size(1);
+  const double scale = 1.0 / std::sqrt(static_cast<double>(d_head));
+  if (q.device().is_cuda()) {
+    TT_CHECK(q.dtype() == DType::f32 || q.dtype() == DType::bf16,
+             "cached_attention on CUDA takes f32 or bf16");
+    TT_CUDA_ONLY(cuda::cached_attention(q.raw_data(), keys.raw_data(), values.raw_data(), out.raw_data(),
+                                        q.dtype(), rows.data(), starts.data(), n, count, heads, d_head,
+                                        capacity, scale, detail::stream_of(q)));
+  } else if (q.dtype() == DType::bf16) {
+    cpu::cached_attention_bf16(q.data<bf16>(), keys.data<bf16>(), values.data<bf16>(), out.data<bf16>(),
+                               rows.data(), starts.data(), n, count, heads, d_head, capacity, scale);
+  } else {
+    detail::dispatch_float(q.dtype(), op, [&](auto t) {
+      using T = decltype(t);
+      cpu::cached_attention<T>(q.data<T>(), keys.data<T>(), values.data<T>(), out.data<T>(), rows.data(),
+                               starts.data(), n, count, heads, d_head, capacity, scale);
+    });
+  }
+  return out;
+}
+
+void cache_append(Tensor& store, const std::vector<int64_t>& rows, const std::vector<int64_t>& starts,
+                  const Tensor& new_values) {
+  const char* op = "cache_append";
+  TT_CHECK(store.dim() == 3 && store.is_contiguous(),
+           "cache_append: the store must be dense (cache rows, capacity, dim), got " + store.describe());
+  TT_CHECK(new_values.dim() == 3 && new_values.size(2) == store.size(2),
+           "cache_append: new values " + new_values.describe() + " do not fit the store " + store.describe());
+  TT_CHECK(new_values.dtype() == store.dtype(), "cache_append: new values " + new_values.describe() +
+                                                    " are not of the store's dtype " + store.describe());
+  TT_CHECK(store.dtype() != DType::i32, "cache_append: the store must be of a float dtype");
+  detail::require_same_device(store, new_values, op);
+  TT_CHECK(!needs_grad({&new_values}), "cache_append is for inference: the new values must not need grad");
+  const int64_t n = new_values.size(0), count = new_values.size(1), dim = new_values.size(2);
+  check_cache_entries(op, store, rows, starts, n, count);
+  // Two entries on one row would write the same positions (or race on the GPU).
+  std::vector<int64_t> sorted = rows;
+  std::sort(sorted.begin(), sorted.end());
+  TT_CHECK(std::adjacent_find(sorted.begin(), sorted.end()) == sorted.end(),
+           "cache_append: a cache row is given twice");
+  const Tensor src = detail::dense(new_values);
+  const auto elem_bytes = static_cast<int64_t>(dtype_size(store.dtype()));
+  if (store.device().is_cuda()) {
+    TT_CUDA_ONLY(cuda::cache_append(store.raw_data(), src.raw_data(), elem_bytes, rows.data(), starts.data(),
+                                    n, count, store.size(1), dim, detail::stream_of(store)));
+  } else {
+    cpu::cache_append(store.raw_data(), src.raw_data(), elem_bytes, rows.data(), starts.data(), n, count,
+                      store.size(1), dim);
+  }
 }
 
 }  // namespace tt::ops

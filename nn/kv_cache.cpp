@@ -3,7 +3,6 @@
 #include "nn/kv_cache.h"
 
 #include <algorithm>
-#include <cmath>
 
 #include "core/autograd.h"
 #include "core/ops.h"
@@ -61,26 +60,6 @@ Tensor rope_from(const Tensor& x, const std::vector<int64_t>& starts, const KVCa
   return ops::cast(ops::reshape(rotated, x.shape()), x.dtype());
 }
 
-// Scaled dot-product attention of q (heads, s, d) over k, v (heads, t, d), the s queries being the last s
-// of the t positions, written into `out` (s, heads, d), contiguous. The steps of ops::naive_attention.
-void attend(const Tensor& q, const Tensor& k, const Tensor& v, Tensor out) {
-  const int64_t s = q.size(1), t = k.size(1);
-  const double scale = 1.0 / std::sqrt(static_cast<double>(q.size(2)));
-  if (s == t || s == 1) {
-    // Square: the causal mask; one query at the end: it sees every key.
-    const Tensor probs = ops::softmax(ops::matmul(q, k, false, true), scale, s > 1);
-    const Tensor o = ops::cast(ops::matmul(ops::cast(probs, q.dtype()), v), q.dtype());
-    out.copy_(o.transpose_view(0, 1));
-    return;
-  }
-  // New tokens after cached ones: each query over the keys up to its own position.
-  for (int64_t j = 0; j < s; ++j) {
-    const int64_t seen = t - s + j + 1;
-    attend(q.narrow_view(1, j, 1), k.narrow_view(1, 0, seen), v.narrow_view(1, 0, seen),
-           out.narrow_view(0, j, 1));
-  }
-}
-
 }  // namespace
 
 KVCache::KVCache(const ModelConfig& config, int64_t rows, Device device)
@@ -114,7 +93,6 @@ void KVCache::advance(int64_t row, int64_t count) {
 Tensor CausalSelfAttention::forward_cached(const Tensor& x, const Tensor& residual, KVCache& cache,
                                            int64_t layer, const std::vector<int64_t>& rows) const {
   const int64_t n = x.size(0), count = x.size(1), heads = config_.num_heads, d_head = config_.d_head();
-  const int64_t dim = config_.d_model;
   const Precision precision = config_.precision;
   const bool bf16 = precision == Precision::bf16;
   std::vector<int64_t> starts;
@@ -122,29 +100,28 @@ Tensor CausalSelfAttention::forward_cached(const Tensor& x, const Tensor& residu
   // As the naive branch of forward(): bf16 projections in a bf16 model, q and k rotated in f32.
   const Tensor q = rope_from(q_proj_.forward(x, precision, bf16), starts, cache, d_head, config_.rope_theta);
   const Tensor k = rope_from(k_proj_.forward(x, precision, bf16), starts, cache, d_head, config_.rope_theta);
-  const Tensor v = ops::contiguous(v_proj_.forward(x, precision, true));
+  const Tensor v = v_proj_.forward(x, precision, true);
   TT_ASSERT(k.dtype() == cache.keys(layer).dtype(), "KVCache: the cache holds " +
                                                         std::string(dtype_name(cache.keys(layer).dtype())) +
                                                         " keys, the model computes " + dtype_name(k.dtype()));
-  Tensor merged = Tensor::empty({n, count, dim}, q.dtype(), x.device());
-  for (int64_t i = 0; i < n; ++i) {
-    const int64_t row = rows[static_cast<size_t>(i)], start = starts[static_cast<size_t>(i)];
-    const int64_t seen = start + count;
-    auto slot = [&](const Tensor& store) {
-      return store.narrow_view(0, row, 1).narrow_view(1, start, count);
+  // The whole batch at once: one write per cache and one attention launch, whatever n (rows ragged).
+  Tensor keys = cache.keys(layer), values = cache.values(layer);
+  ops::cache_append(keys, rows, starts, k);
+  ops::cache_append(values, rows, starts, v);
+  const bool prompts_only =
+      count > 1 && std::all_of(starts.begin(), starts.end(), [](int64_t s) { return s == 0; });
+  if (prompts_only) {
+    // Whole prompts: square causal attention as matmuls. The cache kernel would read each row's keys once
+    // per query, quadratic in the prompt's length.
+    auto by_head = [&](const Tensor& t) {
+      return ops::reshape(t, {n, count, heads, d_head}).transpose_view(1, 2);
     };
-    slot(cache.keys(layer)).copy_(k.narrow_view(0, i, 1));
-    slot(cache.values(layer)).copy_(v.narrow_view(0, i, 1));
-    // (seen, heads, d_head) seen as (heads, seen, d_head).
-    auto by_head = [&](const Tensor& t, int64_t length) {
-      return t.view({length, heads, d_head}).transpose_view(0, 1);
-    };
-    auto held = [&](const Tensor& store) {
-      return by_head(store.narrow_view(0, row, 1).narrow_view(1, 0, seen), seen);
-    };
-    attend(by_head(ops::contiguous(q.narrow_view(0, i, 1)), count), held(cache.keys(layer)),
-           held(cache.values(layer)), merged.narrow_view(0, i, 1).view({count, heads, d_head}));
+    const Tensor o = ops::naive_attention(by_head(q), by_head(k), by_head(v), true);
+    const Tensor merged = ops::reshape(ops::contiguous(o.transpose_view(1, 2)), {n, count, heads * d_head});
+    return output_proj_.forward_add(merged, residual, precision);
   }
+  const Tensor merged =
+      ops::cached_attention(ops::reshape(q, {n, count, heads, d_head}), keys, values, rows, starts);
   return output_proj_.forward_add(merged, residual, precision);
 }
 

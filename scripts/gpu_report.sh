@@ -13,11 +13,15 @@
 #              context 256, graph on, AdamW after backward and fused into it)
 #   fused      the bf16 step with AdamW fused into backward (--mode step-fused), and an SM-margin sweep
 #   grid       the course grid: sizes x contexts, warm-up x graph x attention, 2.7b peak memory
-#   zero       (2+ GPUs) train's step, xl at ctx 1024 batch 8 per rank: bucketed DDP, ZeRO-2 and ZeRO-3;
-#              and every stage at small with NCCL forced onto its network transport (as between hosts)
-#   checkpoint (2+ GPUs) xl checkpoint write (from ZeRO-3 shards) and load times
+#   zero       (2+ GPUs) train's step, xl at ctx 1024 batch 8 per rank: bucketed DDP, ZeRO-2 and ZeRO-3
+#   network    (2+ GPUs) train's step at small, every stage, NCCL forced onto its network transport (as
+#              between hosts)
+#   checkpoint (2+ GPUs) xl checkpoint write (from ZeRO-3 shards) and load times; checkpoint7b: the same
+#              for 7b (81 GB)
 #   large      (2+ GPUs) the 7b preset with ZeRO-3 and recomputation at ctx 2048 (memory, MFU)
 #   recompute  recomputation's memory and time at ctx 4096 for small..xl (on the last GPU)
+#   generation `generate` against transformers' generate at small and xl, batch 1 and 16
+#              (scripts/generate_speed.sh), on SentencePiece data made from a generated corpus
 #   profile    per-kernel GPU time of one bf16 train step at the course configuration, ours (ncu) and
 #              torch.compile's (torch.profiler): scripts/kernel_table.sh; PROFILE_SIZE (default 2.7b)
 #   torch      the PyTorch reference (eager f32, torch.compile bf16), one process per size and variant;
@@ -35,7 +39,12 @@ export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 NCCL_NVLS_ENABL
 export TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 gpus=$(nvidia-smi -L | wc -l)
 b=build-gpu/apps
-section() { echo; echo "=== $1 ($(date +%T))"; }
+# Each section starts with the GPUs' state: a card held back by heat or power gives figures of no use.
+section() {
+  echo; echo "=== $1 ($(date +%T))"
+  nvidia-smi --query-gpu=index,temperature.gpu,clocks.sm,power.draw,clocks_event_reasons.active --format=csv,noheader |
+    sed "s/^/gpu /"
+}
 for s in "$@"; do
   case "$s" in
     build)
@@ -153,11 +162,11 @@ for s in "$@"; do
         python3 scripts/step_table.py "$out/ours_all.jsonl" "$out/torch_all.jsonl" "${ref[@]}" |
           tee "$out/step_table.md"
       fi ;;
-    zero)
-      # train's own median step (steps 4..12) on all GPUs: xl at ctx 1024, batch 8 per rank, bucketed DDP
-      # against ZeRO-2 and ZeRO-3; then every stage once more with NCCL forced onto its network transport
-      # (as between hosts), at small.
-      section zero
+    zero|network)
+      # train's own median step (steps 4..12) on all GPUs. zero: xl at ctx 1024, batch 8 per rank, bucketed
+      # DDP against ZeRO-2 and ZeRO-3. network: every stage at small with NCCL forced onto its network
+      # transport (as between hosts).
+      section "$s"
       mpi=(mpirun --allow-run-as-root -np "$gpus" --bind-to none -x NCCL_NVLS_ENABLE=0 -x PATH -x LD_LIBRARY_PATH)
       data="$scratch/random_50257"
       python3 scripts/random_tokens.py "$data" 50257
@@ -167,34 +176,43 @@ for s in "$@"; do
         local batch=8; [ "$preset" = small ] && batch=32
         timeout 120 "${mpi[@]}" "$@" $b/train --preset "$preset" --data "$data" --ctx 1024 --batch $batch \
           --precision bf16 --zero "$zero" --steps 12 --ckpt-every -1 --eval-batches 1 --sample-tokens 0 \
-          --out "$scratch/run_zero" --overwrite >"$out/zero_$label.log" 2>&1
+          --out "$scratch/run_zero" --overwrite >"$out/${s}_${label// /_}.log" 2>&1
         read -r ms mfu peak <<<"$(python3 scripts/median_step.py "$scratch/run_zero/metrics.jsonl" 4)"
         echo "| $label | $ms | $mfu | $peak |"
       }
       {
         echo "| row | median step ms | MFU | peak GiB (rank 0) |"
         echo "|---|---|---|---|"
-        zero_row "xl DDP bucketed" xl 0
-        zero_row "xl ZeRO-2" xl 2
-        zero_row "xl ZeRO-3" xl 3
-        for z in 0 1 2 3; do
-          zero_row "small stage $z, network transport" small $z -x NCCL_P2P_DISABLE=1 -x NCCL_SHM_DISABLE=1
-        done
-      } | tee "$out/zero_train.md" ;;
-    checkpoint)
-      # Checkpoint write (gathered one parameter at a time from ZeRO-3 shards, then verified by reading it
-      # back) and load, for xl on all GPUs.
-      section checkpoint
+        if [ "$s" = zero ]; then
+          zero_row "xl DDP bucketed" xl 0
+          zero_row "xl ZeRO-2" xl 2
+          zero_row "xl ZeRO-3" xl 3
+        else
+          for z in 0 1 2 3; do
+            zero_row "small stage $z, network transport" small $z -x NCCL_P2P_DISABLE=1 -x NCCL_SHM_DISABLE=1
+          done
+        fi
+      } | tee "$out/$s-train.md" ;;
+    checkpoint|checkpoint7b)
+      # One checkpoint written (gathered one parameter at a time from ZeRO-3 shards on all GPUs, then
+      # verified by reading it back) and loaded by a resumed run: xl, or 7b (81 GB; about 10 minutes).
+      section "$s"
       mpi=(mpirun --allow-run-as-root -np "$gpus" --bind-to none -x NCCL_NVLS_ENABLE=0 -x PATH -x LD_LIBRARY_PATH)
-      data="$scratch/random_50257"
-      python3 scripts/random_tokens.py "$data" 50257
-      timeout 200 "${mpi[@]}" $b/train --preset xl --data "$data" --ctx 1024 --batch 4 --precision bf16 --zero 3 \
-        --steps 1 --ckpt-every 1 --keep-ckpts 1 --eval-batches 1 --sample-tokens 0 --out "$scratch/run_ckpt" \
-        --overwrite 2>&1 | tee "$out/checkpoint_xl.log" | grep -E "^checkpoint|error"
+      preset=xl vocab=50257 extra=()
+      [ "$s" = checkpoint7b ] && preset=7b vocab=32000 extra=(--recompute block)
+      data="$scratch/random_$vocab"
+      python3 scripts/random_tokens.py "$data" $vocab
+      df -h "$scratch" | tail -1
+      # The disk's own write rate with the data forced out, for comparison with the checkpoint's.
+      dd if=/dev/zero of="$scratch/dd_test" bs=64M count=64 conv=fsync 2>&1 | tail -1
+      rm -f "$scratch/dd_test"
+      common=(--preset $preset --data "$data" --ctx 1024 --batch 2 --precision bf16 --zero 3 "${extra[@]}"
+        --eval-batches 1 --sample-tokens 0 --out "$scratch/run_ckpt")
+      timeout 560 "${mpi[@]}" $b/train "${common[@]}" --steps 1 --ckpt-every 0 --overwrite 2>&1 |
+        tee "$out/${s}.log" | grep -E "^checkpoint|error"
       # Loading is timed at the start of a resumed run; the run is not needed past that line.
-      timeout -s KILL 60 $b/train --preset xl --data "$data" --ctx 1024 --batch 4 --precision bf16 --steps 2 \
-        --eval-batches 1 --sample-tokens 0 --resume latest --out "$scratch/run_ckpt" 2>&1 |
-        tee -a "$out/checkpoint_xl.log" | grep -E "^resumed|error"
+      timeout -s KILL 300 "${mpi[@]}" $b/train "${common[@]}" --steps 2 --resume latest 2>&1 |
+        tee -a "$out/${s}.log" | grep -m1 -E "^resumed|error"
       rm -rf "$scratch/run_ckpt" ;;
     large)
       section large
@@ -221,6 +239,24 @@ for s in "$@"; do
             grep -E "^\| $size" | sed "s/^/recompute $r: /"
         done
       done | tee "$out/recompute.md" ;;
+    generation)
+      section generation
+      data="$scratch/sp_8000"
+      if [ ! -f "$data/tokenizer.model" ]; then
+        # Words of random letters: enough distinct pieces for an 8000-piece vocabulary.
+        python3 -c "
+import random
+rng = random.Random(0)
+words = [''.join(rng.choice('abcdefghijklmnopqrstuvwxyz') for _ in range(rng.randint(2, 9))) for _ in range(20000)]
+with open('$scratch/corpus.txt', 'w') as f:
+    for _ in range(20000):
+        f.write(' '.join(rng.choice(words) for _ in range(rng.randint(20, 80))) + '\\n%\\n')
+"
+        build-gpu/apps/prepare_data --input "$scratch/corpus.txt" --out "$data" --separator % \
+          --tokenizer sentencepiece --vocab 8000 >"$out/prepare_data.log" 2>&1 || { tail -3 "$out/prepare_data.log"; exit 1; }
+      fi
+      timeout 560 scripts/generate_speed.sh build-gpu "$data" "$scratch/generation" small xl 2>&1 | tail -8
+      cp "$scratch/generation/generate_speed.md" "$out/" ;;
     profile)
       section profile
       size=${PROFILE_SIZE:-2.7b}

@@ -16,6 +16,8 @@
 #include "apps/lib/tokenizer.h"
 #include "core/autograd.h"
 #include "core/cuda_context.h"
+#include "core/ops.h"
+#include "gradcheck.h"
 #include "nn/kv_cache.h"
 
 using namespace tt;
@@ -119,6 +121,36 @@ void check_one_line_error(const std::function<void()>& run, const std::string& w
   }
 }
 
+// Entry i's query j over positions 0 .. starts[i] + j of its cache row, one query at a time with the ops of
+// ops::naive_attention (the per-row path forward_cached took before the batched op): f32 scores, softmax,
+// the probabilities in q's dtype times the values, the result in q's dtype. Returns (n, count, heads, d_head)
+// as doubles.
+std::vector<double> attention_row_by_row(const Tensor& q, const Tensor& keys, const Tensor& values,
+                                         const std::vector<int64_t>& rows,
+                                         const std::vector<int64_t>& starts) {
+  const int64_t n = q.size(0), count = q.size(1), heads = q.size(2), d_head = q.size(3);
+  const double scale = 1.0 / std::sqrt(static_cast<double>(d_head));
+  std::vector<double> out;
+  for (int64_t i = 0; i < n; ++i) {
+    for (int64_t j = 0; j < count; ++j) {
+      const int64_t seen = starts[static_cast<size_t>(i)] + j + 1;
+      // (heads, positions, d_head) of the row's first `seen` positions.
+      auto held = [&](const Tensor& store) {
+        const Tensor part = store.narrow_view(0, rows[static_cast<size_t>(i)], 1).narrow_view(1, 0, seen);
+        return ops::contiguous(
+            ops::reshape(ops::contiguous(part), {seen, heads, d_head}).transpose_view(0, 1));
+      };
+      const Tensor query = ops::contiguous(
+          ops::reshape(ops::contiguous(q.narrow_view(0, i, 1).narrow_view(1, j, 1)), {heads, 1, d_head}));
+      const Tensor probs = ops::softmax(ops::matmul(query, held(keys), false, true), scale, false);
+      const Tensor o = ops::cast(ops::matmul(ops::cast(probs, q.dtype()), held(values)), q.dtype());
+      const std::vector<double> values_out = o.to_doubles();  // (heads, 1, d_head)
+      out.insert(out.end(), values_out.begin(), values_out.end());
+    }
+  }
+  return out;
+}
+
 }  // namespace
 
 TEST_CASE("greedy generation with the KV cache equals the argmax of the full forward at every step (f32)") {
@@ -174,6 +206,91 @@ TEST_CASE("forward_cached's logits equal the full forward's, whatever the chunks
   CHECK_THROWS_WITH_AS(model.forward_cached(Tensor::from_ints(some_ids(8, 61, 1), {1, 8}), cache, {1}),
                        doctest::Contains("exceed the context length 40"), Error);
   CHECK(cache.length(1) == 33);
+}
+
+TEST_CASE(
+    "cached_attention over ragged cache rows equals attention row by row (f32, bf16; 1 and 4 new tokens)") {
+  NoGradGuard no_grad;
+  const int64_t cache_rows = 5, capacity = 24, heads = 3;
+  for (DType dtype : {DType::f32, DType::bf16}) {
+    for (int64_t d_head : {8, 16}) {
+      for (int64_t count : {1, 4}) {
+        const std::string dtype_text = dtype_name(dtype);
+        CAPTURE(dtype_text);
+        CAPTURE(d_head);
+        CAPTURE(count);
+        const int64_t dim = heads * d_head;
+        // Rows out of order and not all of them; one entry from position 0, one ending at the capacity.
+        // Every position holds values, those past an entry's tokens too: reading one would show.
+        const std::vector<int64_t> rows = {3, 0, 4, 1}, starts = {7, 0, capacity - count, 2};
+        const auto n = static_cast<int64_t>(rows.size());
+        const auto seed = static_cast<uint32_t>(d_head * 10 + count);
+        const Tensor keys = testing::random_tensor({cache_rows, capacity, dim}, seed, dtype);
+        const Tensor values = testing::random_tensor({cache_rows, capacity, dim}, seed + 1, dtype);
+        const Tensor q = testing::random_tensor({n, count, heads, d_head}, seed + 2, dtype, 2.0);
+        const Tensor out = ops::cached_attention(q, keys, values, rows, starts);
+        CHECK(out.shape() == Shape{n, count, dim});
+        CHECK(out.dtype() == dtype);
+        const double error =
+            testing::relative_error(out.to_doubles(), attention_row_by_row(q, keys, values, rows, starts));
+        // The same steps in the same dtypes: bf16 differs only where f32 sums made in another order round to
+        // another bf16 value (rarely; an element one bf16 step off is about 1e-4 here).
+        CHECK(error < (dtype == DType::f32 ? 1e-6 : 2e-3));
+      }
+    }
+  }
+}
+
+TEST_CASE("cache_append writes each entry's tokens at its row's start; everything else stays; bad entries") {
+  const int64_t cache_rows = 4, capacity = 10, dim = 6;
+  for (DType dtype : {DType::f32, DType::bf16}) {
+    NoGradGuard no_grad;
+    const std::string dtype_text = dtype_name(dtype);
+    CAPTURE(dtype_text);
+    Tensor store = testing::random_tensor({cache_rows, capacity, dim}, 40, dtype);
+    const std::vector<double> before = store.to_doubles();
+    const std::vector<int64_t> rows = {2, 0, 3}, starts = {4, 0, 7};
+    const int64_t count = 3;
+    const Tensor fresh = testing::random_tensor({3, count, dim}, 41, dtype);
+    ops::cache_append(store, rows, starts, fresh);
+    std::vector<double> expected = before;
+    const std::vector<double> fresh_values = fresh.to_doubles();
+    for (size_t i = 0; i < rows.size(); ++i) {
+      for (int64_t t = 0; t < count; ++t) {
+        for (int64_t e = 0; e < dim; ++e) {
+          expected[static_cast<size_t>((rows[i] * capacity + starts[i] + t) * dim + e)] =
+              fresh_values[static_cast<size_t>((static_cast<int64_t>(i) * count + t) * dim + e)];
+        }
+      }
+    }
+    CHECK(store.to_doubles() == expected);
+    // A view of the new values (not dense) is taken as its values.
+    const Tensor wide = testing::random_tensor({1, count, 2 * dim}, 42, dtype);
+    ops::cache_append(store, {1}, {5}, wide.narrow_view(2, dim, dim));
+    CHECK(store.narrow_view(0, 1, 1).narrow_view(1, 5, count).to_doubles() ==
+          ops::contiguous(wide.narrow_view(2, dim, dim)).to_doubles());
+  }
+  Tensor store = Tensor::zeros({cache_rows, capacity, dim}, DType::f32);
+  const Tensor one = Tensor::zeros({2, 1, dim}, DType::f32);
+  CHECK_THROWS_WITH_AS(ops::cache_append(store, {1, 1}, {0, 3}, one), doctest::Contains("given twice"),
+                       Error);
+  CHECK_THROWS_WITH_AS(ops::cache_append(store, {1, 4}, {0, 0}, one),
+                       doctest::Contains("row 4 is outside the cache's 4 rows"), Error);
+  CHECK_THROWS_WITH_AS(ops::cache_append(store, {1, 2}, {0, 10}, one),
+                       doctest::Contains("beyond the cache's 10 positions"), Error);
+  CHECK_THROWS_WITH_AS(ops::cache_append(store, {1}, {0}, one), doctest::Contains("2 entries but 1 rows"),
+                       Error);
+  const Tensor q = Tensor::zeros({2, 1, 2, 3}, DType::f32);
+  CHECK_THROWS_WITH_AS(ops::cached_attention(q, store, store, {0, 1}, {9, 10}),
+                       doctest::Contains("beyond the cache's 10 positions"), Error);
+  CHECK_THROWS_WITH_AS(
+      ops::cached_attention(Tensor::zeros({2, 1, 2, 4}, DType::f32), store, store, {0, 1}, {0, 0}),
+      doctest::Contains("keys and values must be"), Error);
+  // Inference only: with grad mode on, an input that requires grad is refused rather than silently detached.
+  Tensor wants_grad = q.clone();
+  wants_grad.set_requires_grad(true);
+  CHECK_THROWS_WITH_AS(ops::cached_attention(wants_grad, store, store, {0, 1}, {0, 0}),
+                       doctest::Contains("inference"), Error);
 }
 
 TEST_CASE("a batch of prompts gives each prompt's tokens generated alone (greedy, rows ending early)") {

@@ -1176,3 +1176,109 @@ TEST_CASE(
   }
   CHECK(beyond == 0);
 }
+
+TEST_CASE("CUDA cached_attention equals its CPU twin: f32 and bf16, d_head 16 to 256, ragged rows") {
+  // Each case: heads, d_head, capacity, new tokens per entry, the entries' rows and starts. Rows out of order
+  // and a subset; lengths from 1 position to the full capacity; 40 is no vectorised size (the generic
+  // kernel); 70 entries take two launches (64 entries each at most).
+  struct Case {
+    int64_t heads, d_head, capacity, count;
+    std::vector<int64_t> rows, starts;
+  };
+  std::vector<Case> cases = {
+      {4, 16, 40, 1, {2, 0, 3}, {39, 0, 17}}, {12, 64, 300, 1, {5, 1, 0, 7}, {299, 0, 150, 33}},
+      {12, 64, 300, 4, {6, 2}, {296, 1}},     {8, 128, 200, 1, {1, 3, 0}, {199, 64, 5}},
+      {8, 128, 200, 5, {1, 3}, {195, 60}},    {3, 40, 50, 2, {4, 0}, {48, 9}},
+      {2, 256, 70, 1, {0, 1}, {69, 13}},      {2, 16, 20, 1, {}, {}},
+  };
+  for (int64_t i = 0; i < 70; ++i) {
+    cases.back().rows.push_back(69 - i);
+    cases.back().starts.push_back(i % 20);
+  }
+  const Device gpu = Device::cuda(0);
+  uint32_t seed = 500;
+  for (const Case& c : cases) {
+    for (DType dtype : {DType::f32, DType::bf16}) {
+      const std::string dtype_text = dtype_name(dtype);
+      CAPTURE(dtype_text);
+      CAPTURE(c.d_head);
+      CAPTURE(c.count);
+      CAPTURE(c.capacity);
+      const auto n = static_cast<int64_t>(c.rows.size());
+      const int64_t cache_rows = *std::max_element(c.rows.begin(), c.rows.end()) + 1,
+                    dim = c.heads * c.d_head;
+      const Tensor keys = ops::cast(randn({cache_rows, c.capacity, dim}, seed++), dtype);
+      const Tensor values = ops::cast(randn({cache_rows, c.capacity, dim}, seed++), dtype);
+      // One element more than q needs: q at offset 0 (aligned) and at offset 1 (the generic kernel's
+      // element-wise loads).
+      const Tensor q_buffer = ops::cast(randn({n * c.count * dim + 1}, seed++, 2.0), dtype);
+      for (int64_t offset : {0, 1}) {
+        CAPTURE(offset);
+        auto run = [&](const Tensor& buffer, const Tensor& k, const Tensor& v) {
+          const Tensor q =
+              ops::reshape(buffer.narrow_view(0, offset, n * c.count * dim), {n, c.count, c.heads, c.d_head});
+          return ops::cached_attention(q, k, v, c.rows, c.starts);
+        };
+        const Tensor cpu_out = run(q_buffer, keys, values);
+        const Tensor gpu_out = run(q_buffer.to(gpu), keys.to(gpu), values.to(gpu));
+        CHECK(gpu_out.shape() == cpu_out.shape());
+        CHECK(gpu_out.dtype() == dtype);
+        // bf16: the kernel leaves the probabilities in f32 where the CPU rounds them to bf16
+        // (ops::naive_attention's cast), and both round the output once.
+        CHECK(relative_error(gpu_out.to_doubles(), cpu_out.to_doubles()) <
+              (dtype == DType::f32 ? kF32 : 1e-2));
+      }
+    }
+  }
+}
+
+TEST_CASE("CUDA cache_append and cached_attention over decode steps equal the CPU; host vectors reused") {
+  // A prompt of 4 tokens, then one token per step for every entry, queued without waiting: the same starts
+  // vector is changed on the host between launches, which must not reach a launch already queued.
+  const Device gpu = Device::cuda(0);
+  const int64_t cache_rows = 3, capacity = 32, heads = 4, d_head = 64, dim = heads * d_head;
+  for (DType dtype : {DType::f32, DType::bf16}) {
+    const std::string dtype_text = dtype_name(dtype);
+    CAPTURE(dtype_text);
+    Tensor cpu_keys = Tensor::zeros({cache_rows, capacity, dim}, dtype);
+    Tensor cpu_values = Tensor::zeros({cache_rows, capacity, dim}, dtype);
+    Tensor gpu_keys = cpu_keys.to(gpu), gpu_values = cpu_values.to(gpu);
+    const std::vector<int64_t> rows = {2, 0};
+    std::vector<int64_t> starts = {0, 0};
+    std::vector<Tensor> cpu_outs, gpu_outs;
+    for (int step = 0; step < 8; ++step) {
+      const int64_t count = step == 0 ? 4 : 1;
+      const auto seed = static_cast<uint32_t>(600 + 3 * step);
+      const Tensor q = ops::cast(randn({2, count, heads, d_head}, seed, 2.0), dtype);
+      const Tensor k = ops::cast(randn({2, count, dim}, seed + 1), dtype);
+      const Tensor v = ops::cast(randn({2, count, dim}, seed + 2), dtype);
+      ops::cache_append(cpu_keys, rows, starts, k);
+      ops::cache_append(cpu_values, rows, starts, v);
+      ops::cache_append(gpu_keys, rows, starts, k.to(gpu));
+      ops::cache_append(gpu_values, rows, starts, v.to(gpu));
+      cpu_outs.push_back(ops::cached_attention(q, cpu_keys, cpu_values, rows, starts));
+      gpu_outs.push_back(ops::cached_attention(q.to(gpu), gpu_keys, gpu_values, rows, starts));
+      for (int64_t& s : starts) s += count;
+    }
+    CHECK(gpu_keys.to_floats() == cpu_keys.to_floats());
+    CHECK(gpu_values.to_floats() == cpu_values.to_floats());
+    for (size_t step = 0; step < cpu_outs.size(); ++step) {
+      CAPTURE(step);
+      CHECK(relative_error(gpu_outs[step].to_doubles(), cpu_outs[step].to_doubles()) <
+            (dtype == DType::f32 ? kF32 : 1e-2));
+    }
+  }
+  // Element-wise copies (rows of 6 bf16 values are not whole 16-byte units) and 70 entries (two launches).
+  const int64_t many = 70, narrow_dim = 6;
+  Tensor cpu_store = ops::cast(randn({many, 5, narrow_dim}, 700), DType::bf16);
+  Tensor gpu_store = cpu_store.to(gpu);
+  std::vector<int64_t> many_rows, many_starts;
+  for (int64_t i = 0; i < many; ++i) {
+    many_rows.push_back((i * 37) % many);
+    many_starts.push_back(i % 4);
+  }
+  const Tensor fresh = ops::cast(randn({many, 1, narrow_dim}, 701), DType::bf16);
+  ops::cache_append(cpu_store, many_rows, many_starts, fresh);
+  ops::cache_append(gpu_store, many_rows, many_starts, fresh.to(gpu));
+  CHECK(gpu_store.to_floats() == cpu_store.to_floats());
+}

@@ -56,6 +56,25 @@ template <class T>
 void softmax_backward(const T* dp, const T* p, T* ds, int64_t batch, int64_t rows, int64_t cols,
                       double scale);
 
+// Attention of new queries over a key/value cache (inference; ops::cached_attention). q (n, count, heads,
+// d_head) and out dense; keys and values (cache rows, capacity, heads * d_head) dense. Entry i reads cache
+// row rows[i], which holds starts[i] earlier tokens followed by the entry's `count` new ones: its query j
+// sees positions 0 .. starts[i] + j. Scores and softmax(scale * scores) in T, then the probabilities times
+// the values.
+template <class T>
+void cached_attention(const T* q, const T* keys, const T* values, T* out, const int64_t* rows,
+                      const int64_t* starts, int64_t n, int64_t count, int64_t heads, int64_t d_head,
+                      int64_t capacity, double scale);
+// The same over bf16 (ops::naive_attention's steps): scores and softmax in f32, the probabilities rounded
+// to bf16 before their f32 product with the values, the output rounded once.
+void cached_attention_bf16(const bf16* q, const bf16* keys, const bf16* values, bf16* out,
+                           const int64_t* rows, const int64_t* starts, int64_t n, int64_t count,
+                           int64_t heads, int64_t d_head, int64_t capacity, double scale);
+// store[rows[i], starts[i] + t, :] = src[i, t, :] for i < n, t < count: store (cache rows, capacity, dim)
+// and src (n, count, dim) dense, elements of elem_bytes bytes.
+void cache_append(void* store, const void* src, int64_t elem_bytes, const int64_t* rows,
+                  const int64_t* starts, int64_t n, int64_t count, int64_t capacity, int64_t dim);
+
 // Per-row loss = logsumexp(logits) - logits[target]; lse saved for backward.
 template <class T>
 void cross_entropy_forward(const T* logits, const int32_t* targets, T* losses, T* lse, int64_t n,

@@ -88,6 +88,21 @@ void softmax_forward(const float* s, float* p, int64_t batch, int64_t rows, int6
 void softmax_backward(const float* dp, const float* p, float* ds, int64_t batch, int64_t rows, int64_t cols,
                       double scale, cudaStream_t stream);
 
+// Attention over a key/value cache (cpu::cached_attention, cpu::cached_attention_bf16; decode_attention.cu):
+// q, keys, values and out of one `type`, f32 or bf16, laid out as on the CPU; scores, an online softmax and
+// the weighted sums in f32, out rounded once (the probabilities are not rounded to bf16 on their own, so a
+// bf16 result may differ from the CPU's by bf16 rounding). rows and starts are host arrays of n entries; they
+// travel as kernel arguments, kMaxCachedEntries per launch. d_head up to 512; 16, 32, 64, 128 and 256 with
+// 16-byte aligned buffers load 16 bytes at a time.
+constexpr int kMaxCachedEntries = 64;
+void cached_attention(const void* q, const void* keys, const void* values, void* out, DType type,
+                      const int64_t* rows, const int64_t* starts, int64_t n, int64_t count, int64_t heads,
+                      int64_t d_head, int64_t capacity, double scale, cudaStream_t stream);
+// cpu::cache_append on the device (store and src device pointers; rows and starts host arrays).
+void cache_append(void* store, const void* src, int64_t elem_bytes, const int64_t* rows,
+                  const int64_t* starts, int64_t n, int64_t count, int64_t capacity, int64_t dim,
+                  cudaStream_t stream);
+
 void cross_entropy_forward(const float* logits, const int32_t* targets, float* losses, float* lse, int64_t n,
                            int64_t vocab, cudaStream_t stream);
 void cross_entropy_backward(const float* logits, const int32_t* targets, const float* lse, const float* dloss,
