@@ -208,11 +208,25 @@ for s in "$@"; do
       rm -f "$scratch/dd_test"
       common=(--preset $preset --data "$data" --ctx 1024 --batch 2 --precision bf16 --zero 3 "${extra[@]}"
         --eval-batches 1 --sample-tokens 0 --out "$scratch/run_ckpt")
-      timeout 560 "${mpi[@]}" $b/train "${common[@]}" --steps 1 --ckpt-every 0 --overwrite 2>&1 |
-        tee "$out/${s}.log" | grep -E "^checkpoint|error"
-      # Loading is timed at the start of a resumed run; the run is not needed past that line.
-      timeout -s KILL 300 "${mpi[@]}" $b/train "${common[@]}" --steps 2 --resume latest 2>&1 |
-        tee -a "$out/${s}.log" | grep -m1 -E "^resumed|error"
+      # Each run is stopped once it has printed its line: the start point's (step 0) write and verification,
+      # then the resumed run's load.
+      run_until() {  # PATTERN SECONDS TRAIN_ARGS...
+        local pattern=$1 limit=$2
+        shift 2
+        "${mpi[@]}" $b/train "${common[@]}" "$@" >>"$out/$s.log" 2>&1 &
+        local pid=$! i
+        for ((i = 0; i < limit; i++)); do
+          grep -qE "$pattern" "$out/$s.log" && break
+          kill -0 $pid 2>/dev/null || break
+          sleep 1
+        done
+        kill $pid 2>/dev/null
+        wait $pid 2>/dev/null
+        grep -E "$pattern|error" "$out/$s.log" | tail -1
+      }
+      : >"$out/$s.log"
+      run_until "^checkpoint .*verified" 420 --steps 1 --ckpt-every 0 --overwrite
+      run_until "^resumed" 250 --steps 2 --resume latest
       rm -rf "$scratch/run_ckpt" ;;
     large)
       section large
