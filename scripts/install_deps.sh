@@ -3,7 +3,7 @@
 # CUDA (nvcc, cuBLASLt, NCCL) is not installed here: it is used from /usr/local/cuda when present.
 set -euo pipefail
 packages=(cmake g++ make ninja-build libopenmpi-dev openmpi-bin libhdf5-dev libeigen3-dev doctest-dev fortunes ccache
-  python3 python3-h5py procps nlohmann-json3-dev libsentencepiece-dev)
+  python3 python3-h5py procps nlohmann-json3-dev libsentencepiece-dev zlib1g-dev)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

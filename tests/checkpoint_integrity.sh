@@ -3,7 +3,7 @@
 # and leaves the earlier checkpoints as they were; files changed with h5py (a dataset of another type, an
 # attribute out of range, a newer format, an unknown precision, NaN weights, a flipped byte in a dataset's
 # stored data) are refused by both `train --resume` and `train --eval-only`, each with a line naming the file
-# and the object; a good checkpoint, and one in the previous format (no checksums), still load and open in h5py.
+# and the object; a good checkpoint, and copies in the two earlier formats, still load and open in h5py.
 # Usage: checkpoint_integrity.sh PATH/TO/train PATH/TO/prepare_data. Skipped (77) without Debian's python3-h5py.
 set -uo pipefail
 train=$1 prepare=$2
@@ -68,7 +68,7 @@ ls "$work/run/checkpoints/"*.tmp >/dev/null 2>&1 && fail "disk full: a temporary
 craft() {
   cp "$good" "$work/$1.h5"
   $py - "$work/$1.h5" <<PY || fail "crafting $1"
-import sys, h5py, numpy as np
+import sys, zlib, h5py, numpy as np
 with h5py.File(sys.argv[1], "r+") as f:
 $2
 PY
@@ -96,12 +96,13 @@ refused fp8 "checkpoint $work/fp8.h5: attribute /@precision: unknown precision '
 craft nan '    d = f["model/layers.0.attn.q_proj.weight"]
     w = d[()]
     w[3, 5] = np.nan
-    d[...] = w'
+    d[...] = w
+    d.attrs["crc32"] = np.int64(zlib.crc32(w.astype("<f4").tobytes()))  # written so, not damaged'
 refused nan "checkpoint $work/nan.h5: dataset /model/layers.0.attn.q_proj.weight holds a non-finite value nan"
 
 # A byte in the middle of the stored data of a dataset (its first chunk, or the whole of an unchunked one).
-cp "$good" "$work/flipped.h5"
-$py - "$work/flipped.h5" <<'PY' || fail "flipping a byte"
+flip_byte() {
+  $py - "$1" <<'PY' || fail "flipping a byte in $1"
 import sys, h5py
 with h5py.File(sys.argv[1], "r") as f:
     d = f["model/token_embeddings.weight"]
@@ -116,34 +117,53 @@ with open(sys.argv[1], "r+b") as raw:
     raw.seek(offset)
     raw.write(bytes([byte ^ 0xFF]))
 PY
+}
+cp "$good" "$work/flipped.h5"
+flip_byte "$work/flipped.h5"
 cmp -s "$good" "$work/flipped.h5" && fail "flipped: the byte did not change"
 refused flipped "checkpoint $work/flipped.h5 is damaged: checksum mismatch in /model/token_embeddings.weight"
 
 # 3. What must still load: the good checkpoint (resumed and evaluated; its layout as README.md's "Checkpoint
-# format" shows it to h5py), and a copy in format 1, contiguous datasets without checksums.
+# format" shows it to h5py, each dataset's crc32 attribute equal to Python's zlib.crc32 of its bytes), a copy
+# in format 2 (chunked, HDF5's Fletcher32 per chunk) and one in format 1 (contiguous, no checksums).
 expect_ok "good checkpoint, --eval-only" "$train" "${eval_only[@]}" --resume "$good"
 expect_ok "good checkpoint, --resume" "$train" "${common[@]}" --out "$work/out_good" --steps 6 --resume "$good"
-$py - "$good" "$work/format1.h5" <<'PY' && echo "ok   h5py reads the checkpoint; a format 1 copy written" || fail "h5py"
-import sys, h5py, numpy as np
-with h5py.File(sys.argv[1], "r") as f, h5py.File(sys.argv[2], "w") as old:
+$py - "$good" "$work/format1.h5" "$work/format2.h5" <<'PY' && echo "ok   h5py reads the checkpoint; its checksums are zlib's CRC-32; format 1 and 2 copies written" || fail "h5py"
+import sys, zlib, h5py, numpy as np
+with h5py.File(sys.argv[1], "r") as f:
     state_dict = {name: f["model"][name][()] for name in f["model"]}
     assert state_dict and all(v.dtype == np.float32 for v in state_dict.values())
     assert state_dict["lm_head.weight"].shape == (f.attrs["vocab_size"], f.attrs["d_model"])
-    assert all(f["model"][name].fletcher32 for name in f["model"]), "a dataset without checksum"
-    assert f.attrs["format_version"] == 2
-    def copy(name, obj):
-        if isinstance(obj, h5py.Dataset):
-            old.create_dataset(name, data=obj[()])  # contiguous, no filter
-        else:
-            for key, value in obj.attrs.items():
-                old.require_group(name).attrs[key] = value
-    f.visititems(copy)
-    for key, value in f.attrs.items():
-        old.attrs[key] = value
-    old.attrs["format_version"] = np.int64(1)
+    assert f.attrs["format_version"] == 3
+    def check(name, obj):
+        if isinstance(obj, h5py.Dataset) and obj.shape:
+            assert obj.chunks is None and not obj.fletcher32, name
+            expected = zlib.crc32(obj[()].astype("<f4").tobytes())
+            assert obj.attrs["crc32"] == expected, f"{name}: crc32 {obj.attrs['crc32']} != {expected}"
+    f.visititems(check)
+    for path, version in ((sys.argv[2], 1), (sys.argv[3], 2)):
+        with h5py.File(path, "w") as old:
+            def copy(name, obj):
+                if isinstance(obj, h5py.Dataset):  # no crc32 attribute
+                    chunked = version == 2 and obj.shape
+                    old.create_dataset(name, data=obj[()], chunks=True if chunked else None,
+                                       fletcher32=bool(chunked))
+                else:
+                    for key, value in obj.attrs.items():
+                        old.require_group(name).attrs[key] = value
+            f.visititems(copy)
+            for key, value in f.attrs.items():
+                old.attrs[key] = value
+            old.attrs["format_version"] = np.int64(version)
 PY
-expect_ok "format 1 checkpoint, --eval-only" "$train" "${eval_only[@]}" --resume "$work/format1.h5"
-expect_ok "format 1 checkpoint, --resume" "$train" "${common[@]}" --out "$work/out_format1" --steps 6 --resume "$work/format1.h5"
+for version in 1 2; do
+  expect_ok "format $version checkpoint, --eval-only" "$train" "${eval_only[@]}" --resume "$work/format$version.h5"
+  expect_ok "format $version checkpoint, --resume" "$train" "${common[@]}" --out "$work/out_format$version" --steps 6 \
+    --resume "$work/format$version.h5"
+done
+# Format 2's own checksums still catch a flipped byte.
+flip_byte "$work/format2.h5"
+refused format2 "checkpoint $work/format2.h5 is damaged: checksum mismatch in /model/token_embeddings.weight"
 
 echo "$failures failure(s)"
 [ $failures -eq 0 ]

@@ -5,10 +5,11 @@
 //   /train: attributes step, rng_seed, rng_counter, tokens_seen, args
 //   /: attributes, the model configuration (norm_eps since it is recorded; files without it mean 1e-5) and
 //      format_version
-// Written atomically (temporary file, fsync, rename), every dataset with a checksum per chunk (format 2;
-// format 1 files, without checksums, still load). Reading refuses, in one line naming the file and the
-// object, what does not fit: a missing, mis-typed or mis-shaped dataset, an attribute of the wrong type or
-// range, a newer format, damaged data (checksum mismatch) and values that are not finite.
+// Written atomically (temporary file, fsync, rename), every dataset with the CRC-32 of its bytes (format 3;
+// files of format 2, Fletcher32 per chunk, and 1, without checksums, still load). Reading refuses, in one
+// line naming the file and the object, what does not fit: a missing, mis-typed or mis-shaped dataset, an
+// attribute of the wrong type or range, a newer format, damaged data (checksum mismatch) and values that are
+// not finite.
 #pragma once
 
 #include <functional>

@@ -1,8 +1,8 @@
 // A small RAII layer over the HDF5 C API: files, groups created on demand, f32 datasets from tensors and
 // vectors, and scalar attributes. Every call is checked; failures throw tt::Error naming the call and the
-// dataset. Datasets are written chunked with a Fletcher32 checksum per chunk, so reading damaged data fails
-// ("checksum mismatch") instead of returning it. atomic_write() produces a file that is either complete or
-// absent.
+// dataset. Datasets are written contiguous with a CRC-32 of their bytes in an attribute (crc32), so reading
+// damaged data fails ("checksum mismatch") instead of returning it; so do HDF5's own Fletcher32 checksums of
+// chunked datasets (earlier checkpoints). atomic_write() produces a file that is either complete or absent.
 #pragma once
 
 #include <functional>
@@ -34,7 +34,7 @@ class H5File {
   void write_tensor(const std::string& dataset, const Tensor& tensor);
   // Reads into `dst` (contiguous, f32/f64, any device); refuses missing datasets and other shapes.
   void read_into(const std::string& dataset, Tensor& dst) const;
-  // Any numeric dataset, converted to f32. A chunk whose checksum does not match throws "checkpoint PATH is
+  // Any numeric dataset, converted to f32. Data whose checksum does not match throws "checkpoint PATH is
   // damaged: checksum mismatch in DATASET".
   std::vector<float> read_floats(const std::string& dataset, Shape* shape = nullptr) const;
 
