@@ -28,7 +28,8 @@ unsigned usable_cores() {
 
 }  // namespace
 
-Tensor& Module::register_parameter(const std::string& name, const Shape& shape, Init init) {
+Tensor& Module::register_parameter(const std::string& name, const Shape& shape, Init init,
+                                   bool matmul_weight) {
   auto param = std::make_unique<Param>();
   param->name = name;
   // Shape only, no storage, until FlatParameters gives it a slice of the flat buffer.
@@ -37,12 +38,13 @@ Tensor& Module::register_parameter(const std::string& name, const Shape& shape, 
   impl->strides = contiguous_strides(shape);
   param->tensor = Tensor(impl);
   param->init = init;
+  param->matmul_weight = matmul_weight;
   params_.push_back(std::move(param));
   return params_.back()->tensor;
 }
 
 void Module::collect(const std::string& prefix, std::vector<NamedParameter>& out) {
-  for (auto& p : params_) out.push_back({prefix + p->name, &p->tensor, p->init});
+  for (auto& p : params_) out.push_back({prefix + p->name, &p->tensor, p->init, p->matmul_weight});
   for (auto& [name, child] : children_) child->collect(prefix + name + ".", out);
 }
 

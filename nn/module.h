@@ -24,6 +24,9 @@ struct NamedParameter {
   std::string name;
   Tensor* tensor;
   Init init;
+  // Read only by matmuls, which in bf16 training read its bf16 copy (Tensor::low_precision_copy) and never
+  // its f32 values: ZeRO-2 then brings back only the copy after an update.
+  bool matmul_weight = false;
 };
 
 class Module {
@@ -38,7 +41,8 @@ class Module {
   int64_t parameter_count();
 
  protected:
-  Tensor& register_parameter(const std::string& name, const Shape& shape, Init init);
+  Tensor& register_parameter(const std::string& name, const Shape& shape, Init init,
+                             bool matmul_weight = false);
   template <class M>
   M& register_module(const std::string& name, std::unique_ptr<M> module) {
     M& ref = *module;
@@ -52,6 +56,7 @@ class Module {
     std::string name;
     Tensor tensor;
     Init init;
+    bool matmul_weight = false;
   };
   std::vector<std::unique_ptr<Param>> params_;
   std::vector<std::pair<std::string, std::unique_ptr<Module>>> children_;

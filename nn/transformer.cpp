@@ -106,8 +106,9 @@ Init linear_init(int64_t in, int64_t out) {
 }  // namespace
 
 Linear::Linear(int64_t in_features, int64_t out_features, bool sole_consumer)
-    : weight_(
-          register_parameter("weight", {out_features, in_features}, linear_init(in_features, out_features))),
+    : weight_(register_parameter("weight", {out_features, in_features},
+                                 linear_init(in_features, out_features),
+                                 /*matmul_weight=*/true)),
       sole_consumer_(sole_consumer) {}
 
 Tensor Linear::forward(const Tensor& x, Precision precision, bool narrow_output) const {

@@ -76,6 +76,7 @@ ZeroOptimizer::~ZeroOptimizer() {
     for (Unit& unit : units_) {
       if (unit.gather) unit.gather->wait();
       if (unit.refresh) unit.refresh->wait();
+      if (unit.f32_refresh) unit.f32_refresh->wait();
     }
     for (InFlight& f : in_flight_) f.work->wait();
   } catch (const std::exception& e) {
@@ -93,7 +94,26 @@ void ZeroOptimizer::start() {
   }
   const auto& list = params_.parameters();
   if (stage_ == 2) {
-    if (bf16_copies_) params_.enable_bf16_mirror();
+    if (!bf16_copies_) return;
+    params_.enable_bf16_mirror();
+    for (Unit& unit : units_) {
+      for (size_t i = unit.first; i < unit.end; ++i) unit.gathers_bf16 |= list[i].matmul_weight;
+      if (!unit.gathers_bf16) continue;
+      unit.f32_pieces.resize(static_cast<size_t>(comm_.world_size()));
+      for (int r = 0; r < comm_.world_size(); ++r) {
+        std::vector<Piece>& pieces = unit.f32_pieces[static_cast<size_t>(r)];
+        int64_t packed = 0;
+        for (size_t i = unit.first; i < unit.end; ++i) {
+          if (list[i].matmul_weight) continue;
+          for (const Piece& piece : owned(params_.offsets()[i], list[i].tensor->numel(), r)) {
+            pieces.push_back(piece);
+            packed += piece.count;
+          }
+        }
+        unit.f32_pack = std::max(unit.f32_pack, packed);
+      }
+    }
+    shard_bf16_ = Tensor::empty({shard_numel_}, DType::bf16, device_);
     return;
   }
   params_.release_parameter_buffer();
@@ -111,9 +131,9 @@ void ZeroOptimizer::start() {
   }
 }
 
-std::vector<ZeroOptimizer::Piece> ZeroOptimizer::owned(int64_t offset, int64_t count) const {
+std::vector<ZeroOptimizer::Piece> ZeroOptimizer::owned(int64_t offset, int64_t count, int of_rank) const {
   std::vector<Piece> pieces;
-  const int64_t rank = comm_.rank(), end = offset + count;
+  const int64_t rank = of_rank >= 0 ? of_rank : comm_.rank(), end = offset + count;
   for (const Unit& unit : units_) {
     if (unit.finish <= offset || unit.begin >= end) continue;
     const int64_t chunk_begin = unit.begin + rank * unit.chunk;
@@ -146,8 +166,8 @@ void ZeroOptimizer::scatter_pieces(Tensor& shard, int64_t offset, const Tensor& 
 }
 
 Tensor ZeroOptimizer::gather_parameter(int64_t offset, const Shape& shape) {
-  // In stage 2 every rank holds the parameter whole.
-  if (params_.flat_params().defined()) {
+  // In stage 2 every rank holds the parameter whole (in f32 unless it gathers bf16 copies).
+  if (params_.flat_params().defined() && !shard_bf16_.defined()) {
     settle();
     return params_.flat_params().narrow_view(0, offset, shape_numel(shape)).view(shape).to(Device::cpu());
   }
@@ -335,16 +355,19 @@ double ZeroOptimizer::step(double max_norm, bool measure_norm) {
   adamw_->step();
   shard_grads_.zero_();
   if (stage_ == 3) return norm;
+  if (shard_bf16_.defined()) ops::cast_into(shard_bf16_, shard_params_);
   for (Unit& unit : units_) unit.stale = true;
   stale_units_ = units_.size();
   issue_refresh(0);
   return norm;
 }
 
-// Every rank's chunk of unit u into `out` (the unit padded to a multiple of the world size).
-std::unique_ptr<ShardCollectives::Pending> ZeroOptimizer::gather_unit_async(size_t u, Tensor& out) {
+// Every rank's chunk of unit u in `shard` (the f32 master weights or their bf16 copy) into `out` (the unit
+// padded to a multiple of the world size).
+std::unique_ptr<ShardCollectives::Pending> ZeroOptimizer::gather_unit_async(const Tensor& shard, size_t u,
+                                                                            Tensor& out) {
   const Unit& unit = units_[u];
-  return comm_.all_gather_async(shard_params_.narrow_view(0, unit.shard_offset, unit.chunk), out);
+  return comm_.all_gather_async(shard.narrow_view(0, unit.shard_offset, unit.chunk), out);
 }
 
 // --- stage 2: the updated shards back into the flat buffer ---
@@ -353,19 +376,35 @@ void ZeroOptimizer::issue_refresh(size_t u) {
   Unit& unit = units_[u];
   if (!unit.stale || unit.refresh) return;
   const int64_t world = comm_.world_size();
+  if (unit.gathers_bf16 && unit.f32_pack > 0) {
+    // This rank's pieces of the f32-read parameters, packed (the rest of the pack is never read).
+    unit.f32_sent = Tensor::empty({unit.f32_pack}, param_dtype_, device_);
+    int64_t at = 0;
+    for (const Piece& piece : unit.f32_pieces[static_cast<size_t>(comm_.rank())]) {
+      Tensor dst = unit.f32_sent.narrow_view(0, at, piece.count);
+      dst.copy_(shard_params_.narrow_view(0, piece.shard, piece.count));
+      at += piece.count;
+    }
+    unit.f32_received = Tensor::empty({unit.f32_pack * world}, param_dtype_, device_);
+    unit.f32_refresh = comm_.all_gather_async(unit.f32_sent, unit.f32_received);
+  }
+  // The bf16 copy into the mirror, or the f32 values into the flat buffer.
+  const Tensor& source = unit.gathers_bf16 ? shard_bf16_ : shard_params_;
+  Tensor target = unit.gathers_bf16 ? params_.bf16_mirror() : params_.flat_params();
   if (unit.numel() == unit.chunk * world) {
-    // No padding: the ranks' chunks laid end to end are the unit's place in the flat buffer.
-    Tensor out = params_.flat_params().narrow_view(0, unit.begin, unit.numel());
-    unit.refresh = gather_unit_async(u, out);
+    // No padding: the ranks' chunks laid end to end are the unit's place in the target.
+    Tensor out = target.narrow_view(0, unit.begin, unit.numel());
+    unit.refresh = gather_unit_async(source, u, out);
     return;
   }
   const size_t slot = u % 2;
   // The buffer's previous unit is copied out first (in practice it already is: units go in order).
   if (refresh_owner_[slot] >= 0) complete_refresh(static_cast<size_t>(refresh_owner_[slot]));
   Tensor& buffer = refresh_buffers_[slot];
-  if (!buffer.defined()) buffer = Tensor::empty({max_refresh_}, param_dtype_, device_);
+  if (!buffer.defined() || buffer.dtype() != source.dtype())
+    buffer = Tensor::empty({max_refresh_}, source.dtype(), device_);
   Tensor out = buffer.narrow_view(0, 0, unit.chunk * world);
-  unit.refresh = gather_unit_async(u, out);
+  unit.refresh = gather_unit_async(source, u, out);
   refresh_owner_[slot] = static_cast<int64_t>(u);
 }
 
@@ -375,13 +414,29 @@ void ZeroOptimizer::complete_refresh(size_t u) {
   issue_refresh(u);
   unit.refresh->wait();
   unit.refresh.reset();
-  Tensor dst = params_.flat_params().narrow_view(0, unit.begin, unit.numel());
+  Tensor dst = (unit.gathers_bf16 ? params_.bf16_mirror() : params_.flat_params())
+                   .narrow_view(0, unit.begin, unit.numel());
   const size_t slot = u % 2;
   if (refresh_owner_[slot] == static_cast<int64_t>(u)) {  // gathered into a buffer (a padded unit)
     dst.copy_(refresh_buffers_[slot].narrow_view(0, 0, unit.numel()));
     refresh_owner_[slot] = -1;
   }
-  if (params_.bf16_mirror().defined()) {
+  if (unit.gathers_bf16) {
+    if (unit.f32_refresh) {
+      unit.f32_refresh->wait();
+      unit.f32_refresh.reset();
+      // Every rank's pack back to the places its pieces came from.
+      for (int r = 0; r < comm_.world_size(); ++r) {
+        int64_t at = static_cast<int64_t>(r) * unit.f32_pack;
+        for (const Piece& piece : unit.f32_pieces[static_cast<size_t>(r)]) {
+          Tensor place = params_.flat_params().narrow_view(0, piece.flat, piece.count);
+          place.copy_(unit.f32_received.narrow_view(0, at, piece.count));
+          at += piece.count;
+        }
+      }
+      unit.f32_sent = unit.f32_received = Tensor();
+    }
+  } else if (params_.bf16_mirror().defined()) {
     Tensor mirror = params_.bf16_mirror().narrow_view(0, unit.begin, unit.numel());
     ops::cast_into(mirror, dst);
   }
@@ -408,7 +463,7 @@ void ZeroOptimizer::issue_gather(size_t u) {
   Unit& unit = units_[u];
   if (unit.gathered.defined()) return;
   unit.gathered = Tensor::empty({unit.chunk * comm_.world_size()}, param_dtype_, device_);
-  unit.gather = gather_unit_async(u, unit.gathered);
+  unit.gather = gather_unit_async(shard_params_, u, unit.gathered);
   peak_gathered_units_ = std::max(peak_gathered_units_, gathered_units());
 }
 
@@ -488,6 +543,7 @@ int64_t ZeroOptimizer::gradient_bytes() const {
 
 int64_t ZeroOptimizer::parameter_bytes() const {
   int64_t bytes = static_cast<int64_t>(shard_params_.nbytes());
+  if (shard_bf16_.defined()) bytes += static_cast<int64_t>(shard_bf16_.nbytes());
   const Tensor& flat = params_.flat_params();
   if (flat.defined()) bytes += static_cast<int64_t>(flat.nbytes());
   if (params_.bf16_mirror().defined()) bytes += static_cast<int64_t>(params_.bf16_mirror().nbytes());

@@ -22,7 +22,11 @@
 // mirror) and all-gathers the updated shards into it unit by unit: step() issues the first unit's gather,
 // and each unit's forward (before_forward) waits for its own and issues the next, so the gathers run beside
 // the next forward instead of after the update; settle() completes them all, for readers of the weights
-// outside a forward (checkpoints, generation). Stage 3 frees the flat buffer: a
+// outside a forward (checkpoints, generation). In bf16 training a unit holding matmul weights
+// (NamedParameter::matmul_weight) gathers bf16 copies of its shards straight into the mirror, half the
+// bytes and no cast, and only its other parameters (RMSNorm weights) in f32, packed: the f32 values of
+// its matmul weights in the flat buffer then stay as they were, and nothing reads them (checkpoints take
+// the shards). Stage 3 frees the flat buffer: a
 // unit's parameters get storage only between before_forward and after_forward and again from
 // before_backward until the next unit's backward starts (all-gathered in f32 into a buffer of the unit's
 // size, and in bf16 training also cast to bf16 copies the matmuls read); the next unit's gather is issued
@@ -110,6 +114,9 @@ class ZeroOptimizer : public nn::ParameterUnits {
   void before_backward(int unit) override;
 
  private:
+  struct Piece {
+    int64_t flat = 0, shard = 0, count = 0;
+  };
   struct Unit {
     size_t first = 0, end = 0;      // parameter indices
     int64_t begin = 0, finish = 0;  // flat elements
@@ -126,6 +133,14 @@ class ZeroOptimizer : public nn::ParameterUnits {
     // Stage 2: updated since the flat buffer last received this unit; its gather when issued.
     bool stale = false;
     std::unique_ptr<ShardCollectives::Pending> refresh;
+    // Stage 2, bf16 gathers (see the file comment): whether this unit gathers its bf16 copy; its f32-read
+    // parameters' pieces as each rank owns them (flat offset and count; `shard`: the owner's shard offset),
+    // the elements per rank in the f32 pack, and the pack's gather while in flight.
+    bool gathers_bf16 = false;
+    std::vector<std::vector<Piece>> f32_pieces;  // per rank
+    int64_t f32_pack = 0;
+    Tensor f32_sent, f32_received;
+    std::unique_ptr<ShardCollectives::Pending> f32_refresh;
     int64_t numel() const { return finish - begin; }
   };
   struct InFlight {
@@ -133,12 +148,10 @@ class ZeroOptimizer : public nn::ParameterUnits {
     Tensor staging, wire, received;
     std::unique_ptr<ShardCollectives::Pending> work;
   };
-  struct Piece {
-    int64_t flat = 0, shard = 0, count = 0;
-  };
 
   void start();  // copies this rank's chunks out of the flat buffer (see above)
-  std::vector<Piece> owned(int64_t offset, int64_t count) const;
+  // The pieces of flat [offset, offset + count) that `rank` (-1: this one) owns.
+  std::vector<Piece> owned(int64_t offset, int64_t count, int rank = -1) const;
   Tensor gather_pieces(const Tensor& shard, int64_t offset, const Shape& shape);
   void scatter_pieces(Tensor& shard, int64_t offset, const Tensor& full);
   void on_grad_ready(size_t parameter);
@@ -152,8 +165,9 @@ class ZeroOptimizer : public nn::ParameterUnits {
   void issue_refresh(size_t unit);
   void complete_refresh(size_t unit);
   void refresh_in_order(size_t unit);  // issues the next unit's refresh, then completes this one's
-  // Both stages: every rank's chunk of the unit all-gathered into `out`.
-  std::unique_ptr<ShardCollectives::Pending> gather_unit_async(size_t unit, Tensor& out);
+  // Both stages: every rank's chunk of the unit in `shard` (shard_params_ or shard_bf16_) all-gathered
+  // into `out`.
+  std::unique_ptr<ShardCollectives::Pending> gather_unit_async(const Tensor& shard, size_t unit, Tensor& out);
   // Stage 3.
   void issue_gather(size_t unit);
   void ensure_gathered(size_t unit);
@@ -175,7 +189,8 @@ class ZeroOptimizer : public nn::ParameterUnits {
   bool armed_ = false;
   int next_launch_ = -1;  // the unit whose reduce-scatter comes next (descending order)
   Tensor shard_params_, shard_grads_;
-  Tensor refresh_buffers_[2];            // stage 2: unit u gathers into buffer u % 2
+  Tensor shard_bf16_;          // stage 2 with bf16 gathers: the shard rounded to bf16 after each update
+  Tensor refresh_buffers_[2];  // stage 2: unit u gathers into buffer u % 2 (of its gather's dtype)
   int64_t refresh_owner_[2] = {-1, -1};  // the unit whose gather a buffer holds and has not copied out
   size_t stale_units_ = 0;
   std::unique_ptr<AdamW> adamw_;
