@@ -79,9 +79,11 @@ std::unique_ptr<Tokenizer> resolve_tokenizer(const std::string& spec, const std:
   const bool data_known = !data.empty() && fs::exists(data + "/meta.json");
   std::unique_ptr<Tokenizer> tokenizer;
   if (spec.empty()) {
-    TT_CHECK(!data.empty(),
-             "no tokenizer: " + checkpoint +
-                 " records no training run (imported?); pass --tokenizer bytes or --tokenizer FILE.model");
+    TT_CHECK(
+        !data.empty(),
+        "no tokenizer: " + checkpoint +
+            " records no training run (imported? `import --data DIR` records one); pass --tokenizer bytes "
+            "or --tokenizer FILE.model (an export's folder holds its tokenizer.model)");
     TT_CHECK(data_known, "no tokenizer: the checkpoint's data folder '" + data +
                              "' has no meta.json; pass --tokenizer bytes or --tokenizer FILE.model");
     tokenizer = load_data_tokenizer(data);
@@ -118,11 +120,17 @@ std::vector<std::string> read_prompts(const Flags& flags) {
     std::fprintf(stderr, "reading prompts from stdin, one per line (Ctrl-D ends)\n");
   std::vector<std::string> prompts;
   std::string line;
+  int64_t empty = 0;
   while (std::getline(std::cin, line)) {
     if (!line.empty() && line.back() == '\r') line.pop_back();
-    if (!line.empty()) prompts.push_back(line);
+    if (!line.empty())
+      prompts.push_back(line);
+    else
+      ++empty;
   }
   TT_CHECK(!prompts.empty(), "no prompts: pass --prompt TEXT or give prompts on stdin, one per line");
+  if (empty > 0)
+    std::fprintf(stderr, "skipped %lld empty line%s\n", static_cast<long long>(empty), empty == 1 ? "" : "s");
   return prompts;
 }
 
@@ -138,7 +146,8 @@ int main(int argc, char** argv) {
   try {
     Flags flags("generate",
                 "Continue prompts with a trained checkpoint (KV cache). Text to stdout, speed to stderr.\n"
-                "Prompts: --prompt TEXT, or one per line on stdin, run in batches of --batch.");
+                "Prompts: --prompt TEXT, or one per line on stdin (empty lines skipped), run in batches of\n"
+                "--batch; each prompt's text and continuation follow in order, each ending with a newline.");
     flags.add("checkpoint", "", "checkpoint (.h5) to generate with (required)");
     flags.add("prompt", "", "text to continue (else prompts on stdin)");
     flags.add("max-tokens", "256", "new tokens per prompt, at most");

@@ -100,7 +100,7 @@ for sig in TERM INT USR1 HUP; do
   wait $pid
   status=$?
   if [ $status -ne 75 ]; then fail "SIG$sig: exit $status, expected 75"; tail -3 "$out.log"; continue; fi
-  grep -q "stopped by SIG$sig after step [0-9]*; checkpoint .* written" "$out.log" || fail "SIG$sig: no message"
+  grep -q "stopped: got SIG$sig after step [0-9]*; checkpoint .* written" "$out.log" || fail "SIG$sig: no message"
   stopped_at=$(grep -o "after step [0-9]*" "$out.log" | cut -d' ' -f3)
   [ -e "$out/checkpoints/step_$stopped_at.h5" ] || fail "SIG$sig: no checkpoint of step $stopped_at"
   touch "$out/checkpoints/step_99.h5.tmp"

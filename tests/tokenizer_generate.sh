@@ -75,6 +75,13 @@ ckpt="$work/run/checkpoints/step_30.h5"
 "$train" --preset tiny --data "$work/bytes" --out "$work/run_bytes" --steps 2 --batch 2 --ctx 32 --eval-batches 1 \
   --sample-tokens 0 --log-every 100 --device cpu >/dev/null 2>&1 || fail "train on bytes"
 bytes_ckpt="$work/run_bytes/checkpoints/step_2.h5"
+# A checkpoint of one tokenizer on data of another is refused, not trained on ids that mean other things.
+expect_error "resume on another tokenizer's data" "it was trained on data of another tokenizer" \
+  "$train" --preset tiny --data "$work/bytes" --out "$work/run_mixed" --steps 31 --batch 8 --ctx 48 \
+  --eval-batches 1 --device cpu --resume "$ckpt"
+expect_error "start from another tokenizer's model" "it was trained on data of another tokenizer" \
+  "$train" --preset tiny --data "$work/sp" --out "$work/run_mixed" --steps 3 --batch 2 --ctx 32 \
+  --eval-batches 1 --device cpu --init-from "$bytes_ckpt"
 
 # Relative --data and --out, as train records them, are found from another working folder.
 (cd "$work" && "$train" --preset tiny --data sp --out runs/rel --steps 1 --batch 2 --ctx 32 --eval-batches 1 \

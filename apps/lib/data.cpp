@@ -342,20 +342,25 @@ class DatasetWriter {
 
 namespace {
 
-std::vector<fs::path> text_files(const std::string& input) {
+std::vector<fs::path> text_files(const std::string& input, int64_t& skipped) {
   std::vector<fs::path> files;
   if (fs::is_directory(input)) {
     for (const auto& entry : fs::recursive_directory_iterator(input)) {
+      if (!entry.is_regular_file()) continue;
       const std::string ext = entry.path().extension().string();
-      // Token files (ours: .bin) and other binary data are not text.
-      if (entry.is_regular_file() && ext != ".dat" && ext != ".u8" && ext != ".bin")
-        files.push_back(entry.path());
+      // Token files (ours: .bin) and other binary data are not text (fortune's .dat indexes, .u8 copies).
+      if (ext == ".dat" || ext == ".u8" || ext == ".bin") {
+        ++skipped;
+        continue;
+      }
+      files.push_back(entry.path());
     }
     std::sort(files.begin(), files.end());
   } else if (fs::is_regular_file(input)) {
     files.push_back(input);
   } else {
-    throw Error("input '" + input + "' is neither a file nor a folder");
+    throw Error("input '" + input + "' " +
+                (fs::exists(input) ? "is neither a file nor a folder" : "does not exist"));
   }
   if (files.empty()) throw Error("no text files under '" + input + "'");
   return files;
@@ -493,7 +498,9 @@ std::unique_ptr<Tokenizer> make_tokenizer(const PrepareOptions& options,
 PrepareStats prepare_text(const std::string& input, const std::string& out_dir, const std::string& separator,
                           const PrepareOptions& options) {
   PrepareStats stats;
-  const std::vector<std::string> documents = read_documents(text_files(input), separator);
+  const std::vector<fs::path> files = text_files(input, stats.skipped_files);
+  stats.files = static_cast<int64_t>(files.size());
+  const std::vector<std::string> documents = read_documents(files, separator);
   TT_CHECK(!documents.empty(), "input '" + input + "' has too little text to split");
   const std::unique_ptr<Tokenizer> tokenizer = make_tokenizer(options, documents, stats);
   stats.documents = static_cast<int64_t>(documents.size());

@@ -127,6 +127,7 @@ struct PrepareStats {
   double encode_seconds = 0;     // encoding alone (reading, training a tokenizer and writing excluded)
   double tokenizer_seconds = 0;  // training the SentencePiece model
   int threads = 1;
+  int64_t files = 0, skipped_files = 0;  // files read; files under the folder skipped as not text
 };
 // Tokenises a text file or every regular file under a folder (sorted; *.dat, *.u8 and *.bin skipped) into
 // DIR/train.bin and DIR/val.bin (every tenth document goes to validation; each document is followed by the

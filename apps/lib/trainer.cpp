@@ -162,17 +162,42 @@ void warn_if_schedule_differs(const std::string& written_by, const Flags& flags)
       effective_cosine(flag_value(written_by, "cosine-steps"), flag_value(written_by, "steps"));
   const std::string new_end = effective_cosine(flags.str("cosine-steps"), flags.str("steps"));
   std::string differs;
-  if (old_end != new_end) differs += " cosine end " + old_end + " -> " + new_end + ";";
+  auto add = [&](const std::string& change) { differs += (differs.empty() ? "" : "; ") + change; };
+  if (old_end != new_end) add("cosine end " + old_end + " -> " + new_end);
   for (const char* name : {"warmup", "lr-max", "lr-min"}) {
     const std::string before = flag_value(written_by, name);
     if (!before.empty() && before != flags.str(name))
-      differs += std::string(" --") + name + " " + before + " -> " + flags.str(name) + ";";
+      add(std::string("--") + name + " " + before + " -> " + flags.str(name));
   }
   if (!differs.empty()) {
     std::printf(
         "note: the learning-rate schedule differs from the run that wrote the checkpoint (%s), so the "
         "losses will not match an uninterrupted run; pass --cosine-steps %s to keep its schedule\n",
         differs.c_str(), old_end.c_str());
+  }
+}
+
+// A checkpoint's vocabulary against the data's (meta.json): a model trained on another tokenizer's ids would
+// go on training, without a word, on ids that mean something else to it.
+void check_data_vocabulary(const std::string& checkpoint, const std::string& data_dir, const Flags& flags,
+                           bool root) {
+  const int64_t data_vocab = read_vocab_size(data_dir);
+  if (data_vocab == 0) return;  // token files without meta.json: --vocab says what they are
+  const int64_t model_vocab = read_checkpoint_config(checkpoint).vocab_size;
+  if (model_vocab == data_vocab) return;
+  const std::string tokenizer = read_tokenizer(data_dir);
+  const std::string data = data_dir + "/meta.json gives " + std::to_string(data_vocab) + " ids (tokenizer " +
+                           (tokenizer.empty() ? "not named" : tokenizer) + ")";
+  if (flags.integer("vocab") == 0) {
+    throw Error("the checkpoint " + checkpoint + " holds a model of " + std::to_string(model_vocab) +
+                " ids, but " + data +
+                ": it was trained on data of another tokenizer; pass --data with data "
+                "prepared by the same tokenizer (or --vocab " +
+                std::to_string(model_vocab) + " if these ids are meant for that model)");
+  }
+  if (root) {
+    std::printf("note: the model has %lld ids and %s; the data's ids are read as the model's\n",
+                static_cast<long long>(model_vocab), data.c_str());
   }
 }
 
@@ -345,6 +370,8 @@ class TrainingRun {
         flags_.str("init-from").empty() || flags_.str("resume").empty() || flags_.str("resume") == "latest",
         "--init-from starts a new run from a checkpoint's weights; --resume continues one: pass one of them");
     // The model the file holds: its RoPE theta and RMSNorm epsilon (not flags) come from it.
+    if (!resume_.empty() || !init_from_.empty())
+      check_data_vocabulary(resume_.empty() ? init_from_ : resume_, data_dir_, flags_, root_);
     if (!resume_.empty()) {
       plan_.config = config_for_checkpoint(resume_, plan_.config, true);
     } else if (!init_from_.empty()) {
@@ -516,9 +543,9 @@ class TrainingRun {
       if (save_now || result.stop_requested) save(step);
       if (result.stop_requested && step < steps) {
         progress_->finish();
-        throw RunEnded(kExitStopped, std::string("stopped by ") + signal_name(stop_signal()) +
-                                         " after step " + std::to_string(step) + "; checkpoint " +
-                                         last_checkpoint_ + " written; continue with --resume latest");
+        throw RunEnded(kExitStopped, std::string("got ") + signal_name(stop_signal()) + " after step " +
+                                         std::to_string(step) + "; checkpoint " + last_checkpoint_ +
+                                         " written; continue with --resume latest");
       }
     }
   }
