@@ -76,7 +76,7 @@ ZeroOptimizer::~ZeroOptimizer() {
     for (Unit& unit : units_) {
       if (unit.gather) unit.gather->wait();
       if (unit.refresh) unit.refresh->wait();
-      if (unit.f32_refresh) unit.f32_refresh->wait();
+      if (unit.f32_gather) unit.f32_gather->wait();
     }
     for (InFlight& f : in_flight_) f.work->wait();
   } catch (const std::exception& e) {
@@ -96,28 +96,12 @@ void ZeroOptimizer::start() {
   if (stage_ == 2) {
     if (!bf16_copies_) return;
     params_.enable_bf16_mirror();
-    for (Unit& unit : units_) {
-      for (size_t i = unit.first; i < unit.end; ++i) unit.gathers_bf16 |= list[i].matmul_weight;
-      if (!unit.gathers_bf16) continue;
-      unit.f32_pieces.resize(static_cast<size_t>(comm_.world_size()));
-      for (int r = 0; r < comm_.world_size(); ++r) {
-        std::vector<Piece>& pieces = unit.f32_pieces[static_cast<size_t>(r)];
-        int64_t packed = 0;
-        for (size_t i = unit.first; i < unit.end; ++i) {
-          if (list[i].matmul_weight) continue;
-          for (const Piece& piece : owned(params_.offsets()[i], list[i].tensor->numel(), r)) {
-            pieces.push_back(piece);
-            packed += piece.count;
-          }
-        }
-        unit.f32_pack = std::max(unit.f32_pack, packed);
-      }
-    }
-    shard_bf16_ = Tensor::empty({shard_numel_}, DType::bf16, device_);
+    plan_bf16_gathers();
     return;
   }
   params_.release_parameter_buffer();
   if (!bf16_copies_) return;
+  plan_bf16_gathers();
   // One bf16 tensor per parameter for the model's whole life, its storage pointed into the unit's bf16
   // buffer while gathered: a matmul's backward saves this handle and sees the unit gathered again.
   for (const nn::NamedParameter& p : list) {
@@ -129,6 +113,71 @@ void ZeroOptimizer::start() {
     bf16_copies_of_.emplace_back(impl);
     p.tensor->set_low_precision_copy(bf16_copies_of_.back());
   }
+}
+
+void ZeroOptimizer::plan_bf16_gathers() {
+  const auto& list = params_.parameters();
+  for (Unit& unit : units_) {
+    for (size_t i = unit.first; i < unit.end; ++i) unit.gathers_bf16 |= list[i].matmul_weight;
+    if (!unit.gathers_bf16) continue;
+    // Stage 3 keeps the f32-read parameters one after another in a buffer of their own.
+    std::vector<int64_t> compact(unit.end - unit.first, 0);
+    for (size_t i = unit.first; i < unit.end; ++i) {
+      if (list[i].matmul_weight) continue;
+      compact[i - unit.first] = unit.f32_numel;
+      unit.f32_numel += list[i].tensor->numel();
+    }
+    unit.f32_pieces.resize(static_cast<size_t>(comm_.world_size()));
+    unit.f32_places.resize(static_cast<size_t>(comm_.world_size()));
+    for (int r = 0; r < comm_.world_size(); ++r) {
+      int64_t packed = 0;
+      for (size_t i = unit.first; i < unit.end; ++i) {
+        if (list[i].matmul_weight) continue;
+        for (const Piece& piece : owned(params_.offsets()[i], list[i].tensor->numel(), r)) {
+          unit.f32_pieces[static_cast<size_t>(r)].push_back(piece);
+          unit.f32_places[static_cast<size_t>(r)].push_back(
+              stage_ == 2 ? piece.flat : compact[i - unit.first] + (piece.flat - params_.offsets()[i]));
+          packed += piece.count;
+        }
+      }
+      unit.f32_pack = std::max(unit.f32_pack, packed);
+    }
+  }
+  shard_bf16_ = Tensor::empty({shard_numel_}, DType::bf16, device_);
+  shard_bf16_stale_ = true;
+}
+
+void ZeroOptimizer::issue_f32_pack(size_t u) {
+  Unit& unit = units_[u];
+  if (unit.f32_pack == 0) return;
+  // This rank's pieces of the f32-read parameters, packed (the rest of the pack is never read).
+  unit.f32_sent = Tensor::empty({unit.f32_pack}, param_dtype_, device_);
+  int64_t at = 0;
+  for (const Piece& piece : unit.f32_pieces[static_cast<size_t>(comm_.rank())]) {
+    Tensor dst = unit.f32_sent.narrow_view(0, at, piece.count);
+    dst.copy_(shard_params_.narrow_view(0, piece.shard, piece.count));
+    at += piece.count;
+  }
+  unit.f32_received = Tensor::empty({unit.f32_pack * comm_.world_size()}, param_dtype_, device_);
+  unit.f32_gather = comm_.all_gather_async(unit.f32_sent, unit.f32_received);
+}
+
+void ZeroOptimizer::complete_f32_pack(size_t u, Tensor& dst) {
+  Unit& unit = units_[u];
+  if (!unit.f32_gather) return;
+  unit.f32_gather->wait();
+  unit.f32_gather.reset();
+  // Every rank's pack back to the places its pieces came from.
+  for (size_t r = 0; r < unit.f32_pieces.size(); ++r) {
+    int64_t at = static_cast<int64_t>(r) * unit.f32_pack;
+    for (size_t k = 0; k < unit.f32_pieces[r].size(); ++k) {
+      const int64_t count = unit.f32_pieces[r][k].count;
+      Tensor place = dst.narrow_view(0, unit.f32_places[r][k], count);
+      place.copy_(unit.f32_received.narrow_view(0, at, count));
+      at += count;
+    }
+  }
+  unit.f32_sent = unit.f32_received = Tensor();
 }
 
 std::vector<ZeroOptimizer::Piece> ZeroOptimizer::owned(int64_t offset, int64_t count, int of_rank) const {
@@ -185,6 +234,7 @@ void ZeroOptimizer::scatter_parameter(int64_t offset, const Tensor& full) {
     }
   }
   scatter_pieces(shard_params_, offset, full);
+  shard_bf16_stale_ = true;
 }
 
 Tensor ZeroOptimizer::gather_moment(int which, int64_t offset, const Shape& shape) {
@@ -354,8 +404,8 @@ double ZeroOptimizer::step(double max_norm, bool measure_norm) {
   settle();  // stage 2: no gather may still be reading the shard the update writes
   adamw_->step();
   shard_grads_.zero_();
+  shard_bf16_stale_ = true;
   if (stage_ == 3) return norm;
-  if (shard_bf16_.defined()) ops::cast_into(shard_bf16_, shard_params_);
   for (Unit& unit : units_) unit.stale = true;
   stale_units_ = units_.size();
   issue_refresh(0);
@@ -376,17 +426,9 @@ void ZeroOptimizer::issue_refresh(size_t u) {
   Unit& unit = units_[u];
   if (!unit.stale || unit.refresh) return;
   const int64_t world = comm_.world_size();
-  if (unit.gathers_bf16 && unit.f32_pack > 0) {
-    // This rank's pieces of the f32-read parameters, packed (the rest of the pack is never read).
-    unit.f32_sent = Tensor::empty({unit.f32_pack}, param_dtype_, device_);
-    int64_t at = 0;
-    for (const Piece& piece : unit.f32_pieces[static_cast<size_t>(comm_.rank())]) {
-      Tensor dst = unit.f32_sent.narrow_view(0, at, piece.count);
-      dst.copy_(shard_params_.narrow_view(0, piece.shard, piece.count));
-      at += piece.count;
-    }
-    unit.f32_received = Tensor::empty({unit.f32_pack * world}, param_dtype_, device_);
-    unit.f32_refresh = comm_.all_gather_async(unit.f32_sent, unit.f32_received);
+  if (unit.gathers_bf16) {
+    refresh_shard_bf16();
+    issue_f32_pack(u);
   }
   // The bf16 copy into the mirror, or the f32 values into the flat buffer.
   const Tensor& source = unit.gathers_bf16 ? shard_bf16_ : shard_params_;
@@ -422,20 +464,7 @@ void ZeroOptimizer::complete_refresh(size_t u) {
     refresh_owner_[slot] = -1;
   }
   if (unit.gathers_bf16) {
-    if (unit.f32_refresh) {
-      unit.f32_refresh->wait();
-      unit.f32_refresh.reset();
-      // Every rank's pack back to the places its pieces came from.
-      for (int r = 0; r < comm_.world_size(); ++r) {
-        int64_t at = static_cast<int64_t>(r) * unit.f32_pack;
-        for (const Piece& piece : unit.f32_pieces[static_cast<size_t>(r)]) {
-          Tensor place = params_.flat_params().narrow_view(0, piece.flat, piece.count);
-          place.copy_(unit.f32_received.narrow_view(0, at, piece.count));
-          at += piece.count;
-        }
-      }
-      unit.f32_sent = unit.f32_received = Tensor();
-    }
+    complete_f32_pack(u, params_.flat_params());
   } else if (params_.bf16_mirror().defined()) {
     Tensor mirror = params_.bf16_mirror().narrow_view(0, unit.begin, unit.numel());
     ops::cast_into(mirror, dst);
@@ -459,11 +488,29 @@ void ZeroOptimizer::settle() {
 
 // --- stage 3: parameters gathered per unit ---
 
+bool ZeroOptimizer::held(size_t u) const {
+  return units_[u].gathered.defined() || units_[u].gathered_bf16.defined();
+}
+
+void ZeroOptimizer::refresh_shard_bf16() {
+  if (!shard_bf16_stale_) return;
+  ops::cast_into(shard_bf16_, shard_params_);
+  shard_bf16_stale_ = false;
+}
+
 void ZeroOptimizer::issue_gather(size_t u) {
   Unit& unit = units_[u];
-  if (unit.gathered.defined()) return;
-  unit.gathered = Tensor::empty({unit.chunk * comm_.world_size()}, param_dtype_, device_);
-  unit.gather = gather_unit_async(shard_params_, u, unit.gathered);
+  if (held(u)) return;
+  if (unit.gathers_bf16) {
+    refresh_shard_bf16();
+    unit.gathered_bf16 = Tensor::empty({unit.chunk * comm_.world_size()}, DType::bf16, device_);
+    unit.gather = gather_unit_async(shard_bf16_, u, unit.gathered_bf16);
+    if (unit.f32_numel > 0) unit.gathered = Tensor::empty({unit.f32_numel}, param_dtype_, device_);
+    issue_f32_pack(u);
+  } else {
+    unit.gathered = Tensor::empty({unit.chunk * comm_.world_size()}, param_dtype_, device_);
+    unit.gather = gather_unit_async(shard_params_, u, unit.gathered);
+  }
   peak_gathered_units_ = std::max(peak_gathered_units_, gathered_units());
 }
 
@@ -474,6 +521,21 @@ void ZeroOptimizer::ensure_gathered(size_t u) {
   unit.gather->wait();
   unit.gather.reset();
   const auto& list = params_.parameters();
+  if (unit.gathers_bf16) {
+    complete_f32_pack(u, unit.gathered);
+    int64_t at = 0;
+    for (size_t i = unit.first; i < unit.end; ++i) {
+      TensorImpl* copy = bf16_copies_of_[i].impl();
+      copy->storage = unit.gathered_bf16.storage();
+      copy->offset = unit.gathered_bf16.offset() + (params_.offsets()[i] - unit.begin);
+      if (list[i].matmul_weight) continue;  // no f32 values: only the matmuls read it, through the copy
+      TensorImpl* impl = list[i].tensor->impl();
+      impl->storage = unit.gathered.storage();
+      impl->offset = unit.gathered.offset() + at;
+      at += list[i].tensor->numel();
+    }
+    return;
+  }
   for (size_t i = unit.first; i < unit.end; ++i) {
     TensorImpl* impl = list[i].tensor->impl();
     impl->storage = unit.gathered.storage();
@@ -491,9 +553,12 @@ void ZeroOptimizer::ensure_gathered(size_t u) {
 
 void ZeroOptimizer::release(size_t u) {
   Unit& unit = units_[u];
-  if (!unit.gathered.defined()) return;
+  if (!held(u)) return;
   if (unit.gather) unit.gather->wait();  // a prefetch nobody used
   unit.gather.reset();
+  if (unit.f32_gather) unit.f32_gather->wait();
+  unit.f32_gather.reset();
+  unit.f32_sent = unit.f32_received = Tensor();
   const auto& list = params_.parameters();
   for (size_t i = unit.first; i < unit.end; ++i) {
     list[i].tensor->impl()->storage.reset();
@@ -523,7 +588,7 @@ void ZeroOptimizer::after_forward(int index, bool backward_follows) {
 
 int ZeroOptimizer::gathered_units() const {
   int n = 0;
-  for (const Unit& unit : units_) n += unit.gathered.defined() ? 1 : 0;
+  for (size_t u = 0; u < units_.size(); ++u) n += held(u) ? 1 : 0;
   return n;
 }
 

@@ -22,16 +22,20 @@
 // mirror) and all-gathers the updated shards into it unit by unit: step() issues the first unit's gather,
 // and each unit's forward (before_forward) waits for its own and issues the next, so the gathers run beside
 // the next forward instead of after the update; settle() completes them all, for readers of the weights
-// outside a forward (checkpoints, generation). In bf16 training a unit holding matmul weights
-// (NamedParameter::matmul_weight) gathers bf16 copies of its shards straight into the mirror, half the
-// bytes and no cast, and only its other parameters (RMSNorm weights) in f32, packed: the f32 values of
-// its matmul weights in the flat buffer then stay as they were, and nothing reads them (checkpoints take
-// the shards). Stage 3 frees the flat buffer: a
-// unit's parameters get storage only between before_forward and after_forward and again from
-// before_backward until the next unit's backward starts (all-gathered in f32 into a buffer of the unit's
-// size, and in bf16 training also cast to bf16 copies the matmuls read); the next unit's gather is issued
+// outside a forward (checkpoints, generation). Stage 3 frees the flat buffer: a unit's parameters get
+// storage only between before_forward and after_forward and again from before_backward until the next
+// unit's backward starts (all-gathered into buffers of the unit's size); the next unit's gather is issued
 // ahead (prefetch: on CUDA it runs on the communication stream while the current unit computes). The last
 // unit stays gathered from its forward into its backward, which comes next.
+//
+// bf16 gathers (both stages, in bf16 training): a unit holding matmul weights (NamedParameter::
+// matmul_weight) gathers the bf16 copy of its shards (shard_bf16_, recast once after each update) into
+// what the matmuls read (stage 2: the mirror; stage 3: the unit's bf16 buffer), half the bytes of f32 and
+// no cast; only its other parameters (RMSNorm weights) travel in f32, packed into one small all-gather.
+// The matmul weights' f32 values are then not gathered at all: stage 2's flat buffer keeps old ones for
+// them, and under stage 3 their f32 tensors have no storage while the unit is held. Nothing reads them
+// (the matmuls read the bf16 copy; checkpoints read the shards). Units without matmul weights (the
+// embedding) gather in f32 and cast.
 //
 // The constructor takes each rank's chunks out of the flat buffer (which must hold the model: broadcast or
 // loaded) before it allocates anything of its own, so stage 3 never holds the flat buffer beside the
@@ -127,20 +131,24 @@ class ZeroOptimizer : public nn::ParameterUnits {
     int ready = 0;
     bool staged = false, launched = false;
     Tensor staging;
-    // Stage 3: the gathered parameters (f32) and their bf16 copies, while held.
+    // Stage 3: the gathered parameters (f32; with bf16 gathers only the f32-read ones) and their bf16
+    // copies, while held.
     Tensor gathered, gathered_bf16;
     std::unique_ptr<ShardCollectives::Pending> gather;
     // Stage 2: updated since the flat buffer last received this unit; its gather when issued.
     bool stale = false;
     std::unique_ptr<ShardCollectives::Pending> refresh;
-    // Stage 2, bf16 gathers (see the file comment): whether this unit gathers its bf16 copy; its f32-read
-    // parameters' pieces as each rank owns them (flat offset and count; `shard`: the owner's shard offset),
-    // the elements per rank in the f32 pack, and the pack's gather while in flight.
+    // bf16 gathers (see the file comment): whether this unit gathers its bf16 copy; its f32-read
+    // parameters' pieces as each rank owns them (flat offset and count; `shard`: the owner's shard offset)
+    // and where each lands (stage 2: the flat offset; stage 3: the offset in `gathered`, which then holds
+    // only these parameters, one after another), the elements per rank in the f32 pack, and the pack's
+    // gather while in flight.
     bool gathers_bf16 = false;
-    std::vector<std::vector<Piece>> f32_pieces;  // per rank
-    int64_t f32_pack = 0;
+    std::vector<std::vector<Piece>> f32_pieces;    // per rank
+    std::vector<std::vector<int64_t>> f32_places;  // per rank, per piece
+    int64_t f32_pack = 0, f32_numel = 0;
     Tensor f32_sent, f32_received;
-    std::unique_ptr<ShardCollectives::Pending> f32_refresh;
+    std::unique_ptr<ShardCollectives::Pending> f32_gather;
     int64_t numel() const { return finish - begin; }
   };
   struct InFlight {
@@ -150,6 +158,13 @@ class ZeroOptimizer : public nn::ParameterUnits {
   };
 
   void start();  // copies this rank's chunks out of the flat buffer (see above)
+  void plan_bf16_gathers();
+  // bf16 gathers: this rank's f32-read pieces of the unit packed and all-gathered; then every rank's
+  // pieces put in place in `dst` (the flat buffer, or the unit's `gathered`).
+  void issue_f32_pack(size_t unit);
+  void complete_f32_pack(size_t unit, Tensor& dst);
+  bool held(size_t unit) const;  // stage 3: gathered or being gathered
+  void refresh_shard_bf16();     // recasts shard_bf16_ when the shard changed since
   // The pieces of flat [offset, offset + count) that `rank` (-1: this one) owns.
   std::vector<Piece> owned(int64_t offset, int64_t count, int rank = -1) const;
   Tensor gather_pieces(const Tensor& shard, int64_t offset, const Shape& shape);
@@ -189,8 +204,9 @@ class ZeroOptimizer : public nn::ParameterUnits {
   bool armed_ = false;
   int next_launch_ = -1;  // the unit whose reduce-scatter comes next (descending order)
   Tensor shard_params_, shard_grads_;
-  Tensor shard_bf16_;          // stage 2 with bf16 gathers: the shard rounded to bf16 after each update
-  Tensor refresh_buffers_[2];  // stage 2: unit u gathers into buffer u % 2 (of its gather's dtype)
+  Tensor shard_bf16_;  // with bf16 gathers: the shard rounded to bf16 (recast when the shard changes)
+  bool shard_bf16_stale_ = false;
+  Tensor refresh_buffers_[2];            // stage 2: unit u gathers into buffer u % 2 (of its gather's dtype)
   int64_t refresh_owner_[2] = {-1, -1};  // the unit whose gather a buffer holds and has not copied out
   size_t stale_units_ = 0;
   std::unique_ptr<AdamW> adamw_;

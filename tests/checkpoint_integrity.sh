@@ -100,6 +100,9 @@ craft nan '    d = f["model/layers.0.attn.q_proj.weight"]
     d.attrs["crc32"] = np.int64(zlib.crc32(w.astype("<f4").tobytes()))  # written so, not damaged'
 refused nan "checkpoint $work/nan.h5: dataset /model/layers.0.attn.q_proj.weight holds a non-finite value nan"
 
+craft no_checksum '    del f["model/lm_head.weight"].attrs["crc32"]'
+refused no_checksum "checkpoint $work/no_checksum.h5: dataset /model/lm_head.weight has no checksum"
+
 # A byte in the middle of the stored data of a dataset (its first chunk, or the whole of an unchunked one).
 flip_byte() {
   $py - "$1" <<'PY' || fail "flipping a byte in $1"

@@ -17,7 +17,8 @@ namespace tt::app {
 
 namespace {
 // 3: contiguous datasets, each with the CRC-32 of its bytes in an attribute (crc32). Earlier ones still load:
-// 2, chunked with HDF5's Fletcher32 checksum per chunk (4x slower to write and verify), and 1, no checksums.
+// 2, chunked with HDF5's Fletcher32 checksum per chunk (computed on one thread inside each read and write),
+// and 1, no checksums.
 constexpr int64_t kFormatVersion = 3;
 
 }  // namespace
@@ -254,6 +255,13 @@ class CheckedReader {
       throw error("dataset " + dataset + " has shape " + shape_str(shape) + ", the model expects " +
                   shape_str(expected));
     }
+    // Format 3 writes a checksum with every dataset: one without it would load unverified.
+    if (format_version() >= 3 && !file_.has_checksum(dataset))
+      throw error("dataset " + dataset + " has no checksum (attribute crc32), which format 3 writes");
+  }
+
+  int64_t format_version() const {
+    return file_.has_attr("/", "format_version") ? file_.attr_int("/", "format_version") : 1;
   }
 
   // Reads a checked dataset (its checksums verified) and refuses values that are not finite, or negative

@@ -195,7 +195,7 @@ void check_data_vocabulary(const std::string& checkpoint, const std::string& dat
                 "prepared by the same tokenizer (or --vocab " +
                 std::to_string(model_vocab) + " if these ids are meant for that model)");
   }
-  if (root) {
+  if (root && flags.integer("vocab") == model_vocab) {
     std::printf("note: the model has %lld ids and %s; the data's ids are read as the model's\n",
                 static_cast<long long>(model_vocab), data.c_str());
   }
@@ -583,8 +583,8 @@ class TrainingRun {
         std::printf("sample (%s/sample.txt):\n----\n%s\n----\n", plan_.out.c_str(), text.c_str());
       }
     }
-    std::printf("outputs: %s/metrics.jsonl, %s/loss.svg, %s/checkpoints/\n", plan_.out.c_str(),
-                plan_.out.c_str(), plan_.out.c_str());
+    std::printf("outputs: %s/metrics.jsonl, %s/loss.svg%s\n", plan_.out.c_str(), plan_.out.c_str(),
+                last_checkpoint_.empty() ? "" : (", " + plan_.out + "/checkpoints/").c_str());
     return 0;
   }
 

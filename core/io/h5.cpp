@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <filesystem>
+#include <system_error>
 #include <thread>
 
 #include "core/ops.h"
@@ -47,7 +48,12 @@ uint32_t crc32_of(const void* data, size_t bytes) {
   std::vector<std::thread> workers;
   for (size_t i = 0; i < pieces; ++i) {
     const size_t begin = i * per, size = i + 1 == pieces ? bytes - begin : per;
-    workers.emplace_back([&crcs, p, i, begin, size] { crcs[i] = crc32_z(0, p + begin, size); });
+    auto piece = [&crcs, p, i, begin, size] { crcs[i] = crc32_z(0, p + begin, size); };
+    try {
+      workers.emplace_back(piece);
+    } catch (const std::system_error&) {
+      piece();  // no thread to be had (a process limit): this one does it
+    }
   }
   for (std::thread& w : workers) w.join();
   uLong crc = crcs[0];
@@ -248,6 +254,10 @@ std::vector<std::string> H5File::children(const std::string& group) const {
     names.push_back(name);
   }
   return names;
+}
+
+bool H5File::has_checksum(const std::string& dataset) const {
+  return has_attr(dataset, kChecksumAttr);
 }
 
 void H5File::write_tensor(const std::string& dataset, const Tensor& tensor) {

@@ -42,6 +42,7 @@ class H5File {
   void set_attr(const std::string& object, const std::string& name, double value);
   void set_attr(const std::string& object, const std::string& name, const std::string& value);
   bool has_attr(const std::string& object, const std::string& name) const;
+  bool has_checksum(const std::string& dataset) const;  // the CRC-32 write_tensor stores
   // Each refuses a missing attribute, one that is not a single value, and one of another kind (an integer
   // for attr_int, a floating-point number for attr_double, a string for attr_string), naming it.
   int64_t attr_int(const std::string& object, const std::string& name) const;
