@@ -7,23 +7,18 @@
 #include <sstream>
 
 #include "base/error.h"
+#include "build_info.h"  // TT_VERSION, TT_GIT_COMMIT: written by apps/build_info.cmake at every build
 
 namespace tt::app {
 
-#ifndef TT_VERSION
-#define TT_VERSION "unknown"  // apps/CMakeLists.txt defines it
-#endif
-
 std::string version_line() {
   std::string line = std::string("tinytrain ") + TT_VERSION;
-#ifdef TT_GIT_COMMIT
   const std::string commit = TT_GIT_COMMIT;
   if (!commit.empty()) {
     line += " (git ";
     line += commit;
     line += ')';
   }
-#endif
   return line;
 }
 
