@@ -176,6 +176,10 @@ void FlatParameters::release_gradient_buffer() {
 
 void FlatParameters::release_parameter_buffer() {
   disable_bf16_mirror();
+  release_parameter_values();
+}
+
+void FlatParameters::release_parameter_values() {
   for (const NamedParameter& p : params_) {
     p.tensor->impl()->storage.reset();
     p.tensor->impl()->offset = 0;

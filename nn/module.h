@@ -98,6 +98,9 @@ class FlatParameters {
   // storage until someone points it at some). Afterwards whoever freed them provides the memory.
   void release_gradient_buffer();
   void release_parameter_buffer();
+  // The same for the f32 buffer alone, keeping the bf16 mirror and each parameter's copy in it (ZeRO-2 in
+  // bf16 training, whose matmuls read only the mirror).
+  void release_parameter_values();
 
   // For bf16 training (f32 parameters): a bf16 copy of every parameter, laid out like the flat buffer and
   // attached to each parameter (Tensor::low_precision_copy), so the bf16 matmuls read it instead of casting

@@ -117,16 +117,24 @@ void ZeroOptimizer::start() {
 
 void ZeroOptimizer::plan_bf16_gathers() {
   const auto& list = params_.parameters();
+  f32_place_of_.assign(list.size(), -1);
+  int64_t stage2_f32 = 0;  // stage 2: the f32-read parameters of every unit, one after another
   for (Unit& unit : units_) {
+    // Stage 2 keeps no f32 copy of the whole model, so every unit comes back this way.
+    unit.gathers_bf16 = stage_ == 2;
     for (size_t i = unit.first; i < unit.end; ++i) unit.gathers_bf16 |= list[i].matmul_weight;
     if (!unit.gathers_bf16) continue;
-    // Stage 3 keeps the f32-read parameters one after another in a buffer of their own.
+    // The f32-read parameters one after another: in a buffer of the unit's own (stage 3), or in
+    // stage2_f32_ after the previous units' (stage 2).
+    const int64_t base = stage_ == 2 ? stage2_f32 : 0;
     std::vector<int64_t> compact(unit.end - unit.first, 0);
     for (size_t i = unit.first; i < unit.end; ++i) {
       if (list[i].matmul_weight) continue;
-      compact[i - unit.first] = unit.f32_numel;
+      compact[i - unit.first] = base + unit.f32_numel;
+      if (stage_ == 2) f32_place_of_[i] = compact[i - unit.first];
       unit.f32_numel += list[i].tensor->numel();
     }
+    stage2_f32 += unit.f32_numel;
     unit.f32_pieces.resize(static_cast<size_t>(comm_.world_size()));
     unit.f32_places.resize(static_cast<size_t>(comm_.world_size()));
     for (int r = 0; r < comm_.world_size(); ++r) {
@@ -135,16 +143,30 @@ void ZeroOptimizer::plan_bf16_gathers() {
         if (list[i].matmul_weight) continue;
         for (const Piece& piece : owned(params_.offsets()[i], list[i].tensor->numel(), r)) {
           unit.f32_pieces[static_cast<size_t>(r)].push_back(piece);
-          unit.f32_places[static_cast<size_t>(r)].push_back(
-              stage_ == 2 ? piece.flat : compact[i - unit.first] + (piece.flat - params_.offsets()[i]));
+          unit.f32_places[static_cast<size_t>(r)].push_back(compact[i - unit.first] +
+                                                            (piece.flat - params_.offsets()[i]));
           packed += piece.count;
         }
       }
       unit.f32_pack = std::max(unit.f32_pack, packed);
     }
   }
-  shard_bf16_ = Tensor::empty({shard_numel_}, DType::bf16, device_);
-  shard_bf16_stale_ = true;
+  if (stage_ != 2) return;
+  // Stage 2: the f32-read parameters move into stage2_f32_ and the flat f32 buffer goes (the mirror stays).
+  stage2_f32_ = Tensor::empty({std::max<int64_t>(stage2_f32, 1)}, param_dtype_, device_);
+  for (size_t i = 0; i < list.size(); ++i) {
+    if (f32_place_of_[i] < 0) continue;
+    const int64_t n = list[i].tensor->numel();
+    Tensor place = stage2_f32_.narrow_view(0, f32_place_of_[i], n);
+    place.copy_(params_.flat_params().narrow_view(0, params_.offsets()[i], n));
+  }
+  params_.release_parameter_values();
+  for (size_t i = 0; i < list.size(); ++i) {
+    if (f32_place_of_[i] < 0) continue;
+    TensorImpl* impl = list[i].tensor->impl();
+    impl->storage = stage2_f32_.storage();
+    impl->offset = stage2_f32_.offset() + f32_place_of_[i];
+  }
 }
 
 void ZeroOptimizer::issue_f32_pack(size_t u) {
@@ -216,7 +238,7 @@ void ZeroOptimizer::scatter_pieces(Tensor& shard, int64_t offset, const Tensor& 
 
 Tensor ZeroOptimizer::gather_parameter(int64_t offset, const Shape& shape) {
   // In stage 2 every rank holds the parameter whole (in f32 unless it gathers bf16 copies).
-  if (params_.flat_params().defined() && !shard_bf16_.defined()) {
+  if (params_.flat_params().defined()) {
     settle();
     return params_.flat_params().narrow_view(0, offset, shape_numel(shape)).view(shape).to(Device::cpu());
   }
@@ -224,7 +246,20 @@ Tensor ZeroOptimizer::gather_parameter(int64_t offset, const Shape& shape) {
 }
 
 void ZeroOptimizer::scatter_parameter(int64_t offset, const Tensor& full) {
-  if (params_.flat_params().defined()) {
+  if (stage2_f32_.defined()) {
+    settle();  // a gather still to come would overwrite what is loaded here
+    Tensor mirror = params_.bf16_mirror().narrow_view(0, offset, full.numel());
+    ops::cast_into(mirror, full.view({full.numel()}).to(device_));
+    const auto& offsets = params_.offsets();
+    const size_t i =
+        static_cast<size_t>(std::lower_bound(offsets.begin(), offsets.end(), offset) - offsets.begin());
+    TT_ASSERT(i < offsets.size() && offsets[i] == offset,
+              "ZeroOptimizer: no parameter starts at that offset");
+    if (f32_place_of_[i] >= 0) {
+      Tensor place = stage2_f32_.narrow_view(0, f32_place_of_[i], full.numel());
+      place.copy_(full.view({full.numel()}).to(device_));
+    }
+  } else if (params_.flat_params().defined()) {
     settle();  // a gather still to come would overwrite what is loaded here
     Tensor dst = params_.flat_params().narrow_view(0, offset, full.numel());
     dst.copy_(full.view({full.numel()}).to(device_));
@@ -234,7 +269,6 @@ void ZeroOptimizer::scatter_parameter(int64_t offset, const Tensor& full) {
     }
   }
   scatter_pieces(shard_params_, offset, full);
-  shard_bf16_stale_ = true;
 }
 
 Tensor ZeroOptimizer::gather_moment(int which, int64_t offset, const Shape& shape) {
@@ -404,7 +438,6 @@ double ZeroOptimizer::step(double max_norm, bool measure_norm) {
   settle();  // stage 2: no gather may still be reading the shard the update writes
   adamw_->step();
   shard_grads_.zero_();
-  shard_bf16_stale_ = true;
   if (stage_ == 3) return norm;
   for (Unit& unit : units_) unit.stale = true;
   stale_units_ = units_.size();
@@ -412,12 +445,15 @@ double ZeroOptimizer::step(double max_norm, bool measure_norm) {
   return norm;
 }
 
-// Every rank's chunk of unit u in `shard` (the f32 master weights or their bf16 copy) into `out` (the unit
-// padded to a multiple of the world size).
-std::unique_ptr<ShardCollectives::Pending> ZeroOptimizer::gather_unit_async(const Tensor& shard, size_t u,
-                                                                            Tensor& out) {
-  const Unit& unit = units_[u];
-  return comm_.all_gather_async(shard.narrow_view(0, unit.shard_offset, unit.chunk), out);
+// Every rank's chunk of unit u into `out` (the unit padded to a multiple of the world size), in out's dtype:
+// the f32 master weights, or their bf16 rounding (cast into a buffer kept until the gather is complete).
+std::unique_ptr<ShardCollectives::Pending> ZeroOptimizer::gather_unit_async(size_t u, Tensor& out) {
+  Unit& unit = units_[u];
+  const Tensor chunk = shard_params_.narrow_view(0, unit.shard_offset, unit.chunk);
+  if (out.dtype() == chunk.dtype()) return comm_.all_gather_async(chunk, out);
+  unit.sent = Tensor::empty({unit.chunk}, out.dtype(), device_);
+  ops::cast_into(unit.sent, chunk);
+  return comm_.all_gather_async(unit.sent, out);
 }
 
 // --- stage 2: the updated shards back into the flat buffer ---
@@ -426,27 +462,23 @@ void ZeroOptimizer::issue_refresh(size_t u) {
   Unit& unit = units_[u];
   if (!unit.stale || unit.refresh) return;
   const int64_t world = comm_.world_size();
-  if (unit.gathers_bf16) {
-    refresh_shard_bf16();
-    issue_f32_pack(u);
-  }
+  if (unit.gathers_bf16) issue_f32_pack(u);
   // The bf16 copy into the mirror, or the f32 values into the flat buffer.
-  const Tensor& source = unit.gathers_bf16 ? shard_bf16_ : shard_params_;
   Tensor target = unit.gathers_bf16 ? params_.bf16_mirror() : params_.flat_params();
   if (unit.numel() == unit.chunk * world) {
     // No padding: the ranks' chunks laid end to end are the unit's place in the target.
     Tensor out = target.narrow_view(0, unit.begin, unit.numel());
-    unit.refresh = gather_unit_async(source, u, out);
+    unit.refresh = gather_unit_async(u, out);
     return;
   }
   const size_t slot = u % 2;
   // The buffer's previous unit is copied out first (in practice it already is: units go in order).
   if (refresh_owner_[slot] >= 0) complete_refresh(static_cast<size_t>(refresh_owner_[slot]));
   Tensor& buffer = refresh_buffers_[slot];
-  if (!buffer.defined() || buffer.dtype() != source.dtype())
-    buffer = Tensor::empty({max_refresh_}, source.dtype(), device_);
+  const DType dtype = unit.gathers_bf16 ? DType::bf16 : param_dtype_;
+  if (!buffer.defined() || buffer.dtype() != dtype) buffer = Tensor::empty({max_refresh_}, dtype, device_);
   Tensor out = buffer.narrow_view(0, 0, unit.chunk * world);
-  unit.refresh = gather_unit_async(source, u, out);
+  unit.refresh = gather_unit_async(u, out);
   refresh_owner_[slot] = static_cast<int64_t>(u);
 }
 
@@ -456,6 +488,7 @@ void ZeroOptimizer::complete_refresh(size_t u) {
   issue_refresh(u);
   unit.refresh->wait();
   unit.refresh.reset();
+  unit.sent = Tensor();
   Tensor dst = (unit.gathers_bf16 ? params_.bf16_mirror() : params_.flat_params())
                    .narrow_view(0, unit.begin, unit.numel());
   const size_t slot = u % 2;
@@ -464,7 +497,7 @@ void ZeroOptimizer::complete_refresh(size_t u) {
     refresh_owner_[slot] = -1;
   }
   if (unit.gathers_bf16) {
-    complete_f32_pack(u, params_.flat_params());
+    complete_f32_pack(u, stage2_f32_);
   } else if (params_.bf16_mirror().defined()) {
     Tensor mirror = params_.bf16_mirror().narrow_view(0, unit.begin, unit.numel());
     ops::cast_into(mirror, dst);
@@ -492,24 +525,17 @@ bool ZeroOptimizer::held(size_t u) const {
   return units_[u].gathered.defined() || units_[u].gathered_bf16.defined();
 }
 
-void ZeroOptimizer::refresh_shard_bf16() {
-  if (!shard_bf16_stale_) return;
-  ops::cast_into(shard_bf16_, shard_params_);
-  shard_bf16_stale_ = false;
-}
-
 void ZeroOptimizer::issue_gather(size_t u) {
   Unit& unit = units_[u];
   if (held(u)) return;
   if (unit.gathers_bf16) {
-    refresh_shard_bf16();
     unit.gathered_bf16 = Tensor::empty({unit.chunk * comm_.world_size()}, DType::bf16, device_);
-    unit.gather = gather_unit_async(shard_bf16_, u, unit.gathered_bf16);
+    unit.gather = gather_unit_async(u, unit.gathered_bf16);
     if (unit.f32_numel > 0) unit.gathered = Tensor::empty({unit.f32_numel}, param_dtype_, device_);
     issue_f32_pack(u);
   } else {
     unit.gathered = Tensor::empty({unit.chunk * comm_.world_size()}, param_dtype_, device_);
-    unit.gather = gather_unit_async(shard_params_, u, unit.gathered);
+    unit.gather = gather_unit_async(u, unit.gathered);
   }
   peak_gathered_units_ = std::max(peak_gathered_units_, gathered_units());
 }
@@ -520,6 +546,7 @@ void ZeroOptimizer::ensure_gathered(size_t u) {
   if (!unit.gather) return;  // pointed at it already
   unit.gather->wait();
   unit.gather.reset();
+  unit.sent = Tensor();
   const auto& list = params_.parameters();
   if (unit.gathers_bf16) {
     complete_f32_pack(u, unit.gathered);
@@ -556,6 +583,7 @@ void ZeroOptimizer::release(size_t u) {
   if (!held(u)) return;
   if (unit.gather) unit.gather->wait();  // a prefetch nobody used
   unit.gather.reset();
+  unit.sent = Tensor();
   if (unit.f32_gather) unit.f32_gather->wait();
   unit.f32_gather.reset();
   unit.f32_sent = unit.f32_received = Tensor();
@@ -608,7 +636,7 @@ int64_t ZeroOptimizer::gradient_bytes() const {
 
 int64_t ZeroOptimizer::parameter_bytes() const {
   int64_t bytes = static_cast<int64_t>(shard_params_.nbytes());
-  if (shard_bf16_.defined()) bytes += static_cast<int64_t>(shard_bf16_.nbytes());
+  if (stage2_f32_.defined()) bytes += static_cast<int64_t>(stage2_f32_.nbytes());
   const Tensor& flat = params_.flat_params();
   if (flat.defined()) bytes += static_cast<int64_t>(flat.nbytes());
   if (params_.bf16_mirror().defined()) bytes += static_cast<int64_t>(params_.bf16_mirror().nbytes());

@@ -29,13 +29,14 @@
 // unit stays gathered from its forward into its backward, which comes next.
 //
 // bf16 gathers (both stages, in bf16 training): a unit holding matmul weights (NamedParameter::
-// matmul_weight) gathers the bf16 copy of its shards (shard_bf16_, recast once after each update) into
+// matmul_weight) gathers its chunks rounded to bf16 (each rank casts its own just before the gather) into
 // what the matmuls read (stage 2: the mirror; stage 3: the unit's bf16 buffer), half the bytes of f32 and
 // no cast; only its other parameters (RMSNorm weights) travel in f32, packed into one small all-gather.
-// The matmul weights' f32 values are then not gathered at all: stage 2's flat buffer keeps old ones for
-// them, and under stage 3 their f32 tensors have no storage while the unit is held. Nothing reads them
-// (the matmuls read the bf16 copy; checkpoints read the shards). Units without matmul weights (the
-// embedding) gather in f32 and cast.
+// The matmul weights' f32 values are then not gathered at all, and their f32 tensors have no storage
+// (nothing reads them: the matmuls read the bf16 copy, checkpoints the shards). Stage 2 frees the flat f32
+// buffer and keeps the f32-read parameters of the whole model in one buffer of their own (stage2_f32_),
+// so a rank holds 2 bytes per parameter of the whole model, as in the ZeRO paper, besides its shards.
+// Under stage 3 a unit without matmul weights (the embedding) gathers in f32 and casts.
 //
 // The constructor takes each rank's chunks out of the flat buffer (which must hold the model: broadcast or
 // loaded) before it allocates anything of its own, so stage 3 never holds the flat buffer beside the
@@ -144,6 +145,7 @@ class ZeroOptimizer : public nn::ParameterUnits {
     // only these parameters, one after another), the elements per rank in the f32 pack, and the pack's
     // gather while in flight.
     bool gathers_bf16 = false;
+    Tensor sent;  // this rank's chunk rounded to bf16, while its gather is in flight
     std::vector<std::vector<Piece>> f32_pieces;    // per rank
     std::vector<std::vector<int64_t>> f32_places;  // per rank, per piece
     int64_t f32_pack = 0, f32_numel = 0;
@@ -164,7 +166,6 @@ class ZeroOptimizer : public nn::ParameterUnits {
   void issue_f32_pack(size_t unit);
   void complete_f32_pack(size_t unit, Tensor& dst);
   bool held(size_t unit) const;  // stage 3: gathered or being gathered
-  void refresh_shard_bf16();     // recasts shard_bf16_ when the shard changed since
   // The pieces of flat [offset, offset + count) that `rank` (-1: this one) owns.
   std::vector<Piece> owned(int64_t offset, int64_t count, int rank = -1) const;
   Tensor gather_pieces(const Tensor& shard, int64_t offset, const Shape& shape);
@@ -180,9 +181,8 @@ class ZeroOptimizer : public nn::ParameterUnits {
   void issue_refresh(size_t unit);
   void complete_refresh(size_t unit);
   void refresh_in_order(size_t unit);  // issues the next unit's refresh, then completes this one's
-  // Both stages: every rank's chunk of the unit in `shard` (shard_params_ or shard_bf16_) all-gathered
-  // into `out`.
-  std::unique_ptr<ShardCollectives::Pending> gather_unit_async(const Tensor& shard, size_t unit, Tensor& out);
+  // Both stages: every rank's chunk of the unit all-gathered into `out`, in out's dtype (f32 or bf16).
+  std::unique_ptr<ShardCollectives::Pending> gather_unit_async(size_t unit, Tensor& out);
   // Stage 3.
   void issue_gather(size_t unit);
   void ensure_gathered(size_t unit);
@@ -204,8 +204,10 @@ class ZeroOptimizer : public nn::ParameterUnits {
   bool armed_ = false;
   int next_launch_ = -1;  // the unit whose reduce-scatter comes next (descending order)
   Tensor shard_params_, shard_grads_;
-  Tensor shard_bf16_;  // with bf16 gathers: the shard rounded to bf16 (recast when the shard changes)
-  bool shard_bf16_stale_ = false;
+  // Stage 2 in bf16: the f32-read parameters' values (the flat f32 buffer is freed), and where each
+  // parameter's lie in it (-1: a matmul weight, not kept in f32).
+  Tensor stage2_f32_;
+  std::vector<int64_t> f32_place_of_;
   Tensor refresh_buffers_[2];            // stage 2: unit u gathers into buffer u % 2 (of its gather's dtype)
   int64_t refresh_owner_[2] = {-1, -1};  // the unit whose gather a buffer holds and has not copied out
   size_t stale_units_ = 0;
