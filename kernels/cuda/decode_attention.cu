@@ -10,6 +10,7 @@
 #include <cmath>
 #include <cstdint>
 #include <string>
+#include <type_traits>
 
 #include "kernels/cuda/convert.cuh"
 #include "kernels/cuda/cuda_kernels.h"
@@ -203,22 +204,21 @@ void attention_of_type(const void* q, const void* keys, const void* values, void
   auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
   // With 16-byte aligned bases, heads and rows of these sizes start on 16-byte boundaries too.
   if (aligned(q) && aligned(keys) && aligned(values) && aligned(out)) {
+    auto vectorized = [&](auto size) {
+      launch_vectorized<T, decltype(size)::value>(q, keys, values, out, count, heads, capacity, scale,
+                                                  entries, n, stream);
+    };
     switch (d_head) {
       case 16:
-        return launch_vectorized<T, 16>(q, keys, values, out, count, heads, capacity, scale, entries, n,
-                                        stream);
+        return vectorized(std::integral_constant<int, 16>{});
       case 32:
-        return launch_vectorized<T, 32>(q, keys, values, out, count, heads, capacity, scale, entries, n,
-                                        stream);
+        return vectorized(std::integral_constant<int, 32>{});
       case 64:
-        return launch_vectorized<T, 64>(q, keys, values, out, count, heads, capacity, scale, entries, n,
-                                        stream);
+        return vectorized(std::integral_constant<int, 64>{});
       case 128:
-        return launch_vectorized<T, 128>(q, keys, values, out, count, heads, capacity, scale, entries, n,
-                                         stream);
+        return vectorized(std::integral_constant<int, 128>{});
       case 256:
-        return launch_vectorized<T, 256>(q, keys, values, out, count, heads, capacity, scale, entries, n,
-                                         stream);
+        return vectorized(std::integral_constant<int, 256>{});
       default:
         break;
     }
