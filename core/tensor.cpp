@@ -161,6 +161,9 @@ bool Tensor::is_contiguous() const {
 
 void* Tensor::raw_data() const {
   TT_CHECK(defined(), "raw_data() on an undefined tensor");
+  // ZeRO leaves a sharded parameter without storage where it is not gathered (and a matmul weight's f32
+  // values without any in bf16 training): reading it then is a bug to report, not memory to read.
+  TT_ASSERT(impl_->storage != nullptr, "raw_data() on " + describe() + ", which has no storage");
   return static_cast<char*>(impl_->storage->data()) +
          impl_->offset * static_cast<int64_t>(dtype_size(impl_->dtype));
 }
