@@ -112,9 +112,11 @@ std::string TrainStep::update_path() const {
   std::snprintf(clip_text, sizeof(clip_text), "exact global-norm clipping at %g", options_.clip);
   const std::string clip = options_.clip > 0 ? clip_text : "no clipping";
   if (zero_ || sharded_) {
+    const std::string in_bf16 =
+        model_.config().precision == nn::Precision::bf16 ? " (matmul weights in bf16)" : "";
     const std::string gathers =
-        options_.zero == 2   ? "; updated weights gathered as the next forward needs them"
-        : options_.zero == 3 ? "; weights gathered per unit before its forward and backward"
+        options_.zero == 2   ? "; updated weights gathered as the next forward needs them" + in_bf16
+        : options_.zero == 3 ? "; weights gathered per unit before its forward and backward" + in_bf16
                              : "";
     return "AdamW after backward, sharded (ZeRO-" + std::to_string(options_.zero) + "), " + clip + gathers;
   }
