@@ -5,10 +5,15 @@
 #include <algorithm>
 #include <bit>
 #include <cmath>
+#include <condition_variable>
 #include <cstdio>
+#include <deque>
+#include <exception>
 #include <filesystem>
 #include <limits>
+#include <mutex>
 #include <regex>
+#include <thread>
 
 #include "core/io/h5.h"
 #include "core/ops.h"
@@ -115,27 +120,103 @@ void write_model_attributes(io::H5File& file, const nn::ModelConfig& config) {
   file.set_attr("/", "attention", std::string(nn::attention_name(config.attention)));
 }
 
+// Writes host tensors into a file on a thread of its own, so that gathering the next one (collectives and
+// copies from the device, on the calling thread) overlaps writing this one; at most two wait. Between its
+// construction and finish() only this thread calls HDF5. A failed write is raised by finish(), after the
+// caller has gone through all its gathers (every rank takes part in them).
+class DatasetWriter {
+ public:
+  explicit DatasetWriter(io::H5File* file) : file_(file) {
+    if (file_) thread_ = std::thread([this] { run(); });
+  }
+  ~DatasetWriter() {
+    if (thread_.joinable()) stop();
+  }
+  DatasetWriter(const DatasetWriter&) = delete;
+  DatasetWriter& operator=(const DatasetWriter&) = delete;
+
+  void write(std::string dataset, Tensor host) {
+    if (!file_) return;
+    std::unique_lock<std::mutex> lock(mutex_);
+    changed_.wait(lock, [&] { return queue_.size() < 2 || failure_; });
+    if (failure_) return;
+    queue_.emplace_back(std::move(dataset), std::move(host));
+    changed_.notify_all();
+  }
+  void finish() {
+    if (!file_) return;
+    stop();
+    if (failure_) std::rethrow_exception(failure_);
+  }
+
+ private:
+  void stop() {
+    {
+      const std::lock_guard<std::mutex> lock(mutex_);
+      done_ = true;
+    }
+    changed_.notify_all();
+    thread_.join();
+  }
+  void run() {
+    io::quiet_hdf5_errors_on_this_thread();
+    for (;;) {
+      std::pair<std::string, Tensor> next;
+      {
+        std::unique_lock<std::mutex> lock(mutex_);
+        changed_.wait(lock, [&] { return !queue_.empty() || done_; });
+        if (queue_.empty()) return;
+        next = std::move(queue_.front());
+        queue_.pop_front();
+        changed_.notify_all();
+      }
+      try {
+        file_->write_tensor(next.first, next.second);
+      } catch (...) {
+        const std::lock_guard<std::mutex> lock(mutex_);
+        failure_ = std::current_exception();
+        queue_.clear();
+        changed_.notify_all();
+        return;
+      }
+    }
+  }
+
+  io::H5File* file_;
+  std::thread thread_;
+  std::mutex mutex_;
+  std::condition_variable changed_;
+  std::deque<std::pair<std::string, Tensor>> queue_;
+  bool done_ = false;
+  std::exception_ptr failure_;
+};
+
 // The body of a save, run by every rank; `file` is null on the ranks that do not write.
 void write_contents(io::H5File* file, const nn::ModelConfig& config, nn::FlatParameters& params,
                     OptimizerState* optimizer, const TrainState& state) {
   const auto& named = params.parameters();
   if (file) write_model_attributes(*file, config);
+  DatasetWriter writer(file);
   if (optimizer && optimizer->holds_parameters()) {
-    for (size_t i = 0; i < named.size(); ++i) {
-      const Tensor value = optimizer->gather_parameter(params.offsets()[i], named[i].tensor->shape());
-      if (file) file->write_tensor("/model/" + named[i].name, value);
-    }
+    for (size_t i = 0; i < named.size(); ++i)
+      writer.write("/model/" + named[i].name,
+                   optimizer->gather_parameter(params.offsets()[i], named[i].tensor->shape()));
   } else if (file) {
-    for (const nn::NamedParameter& p : named) file->write_tensor("/model/" + p.name, *p.tensor);
+    for (const nn::NamedParameter& p : named) {
+      const Tensor& t = *p.tensor;
+      writer.write("/model/" + p.name, t.device().is_cpu() ? t : t.to(Device::cpu()));
+    }
   }
   if (optimizer) {
     for (size_t i = 0; i < named.size(); ++i) {
       const std::string group = "/optimizer/" + named[i].name;
-      const Tensor m = optimizer->gather(0, params.offsets()[i], named[i].tensor->shape());
-      if (file) file->write_tensor(group + "/exp_avg", m);
-      const Tensor v = optimizer->gather(1, params.offsets()[i], named[i].tensor->shape());
-      if (file) file->write_tensor(group + "/exp_avg_sq", v);
+      writer.write(group + "/exp_avg", optimizer->gather(0, params.offsets()[i], named[i].tensor->shape()));
+      writer.write(group + "/exp_avg_sq",
+                   optimizer->gather(1, params.offsets()[i], named[i].tensor->shape()));
     }
+  }
+  writer.finish();
+  if (optimizer) {
     if (file) {
       const optim::AdamWOptions& o = optimizer->options();
       file->set_attr("/optimizer", "step", optimizer->step_count());

@@ -153,6 +153,10 @@ bool has_fletcher32(hid_t dataset) {
 
 }  // namespace
 
+void quiet_hdf5_errors_on_this_thread() {
+  H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr);
+}
+
 H5File H5File::create(const std::string& path) {
   // The HDF5 1.8 file format: its object headers, attributes and superblock carry checksums too (the
   // earliest format has none), and every HDF5 reader since 1.8 opens it.

@@ -13,6 +13,11 @@
 
 namespace tt::io {
 
+// HDF5 prints its error stack by default, and (built thread-safe, as Debian's is) keeps that setting per
+// thread: a thread other than the main one calls this before its first HDF5 call, so that its failures
+// surface only as tt::Error.
+void quiet_hdf5_errors_on_this_thread();
+
 class H5File {
  public:
   static H5File create(const std::string& path);     // truncates
