@@ -456,6 +456,25 @@ TEST_CASE("TextStream releases text as tokens come, holding back characters spli
   }
   streamed += sp_stream.finish();
   CHECK(streamed == sample.substr(4));
+
+  // A long text, token by token: each token decodes only the ids after the last settled point (behind an
+  // anchor), so the spaces between words and the characters split across byte pieces must still come out
+  // exactly as the whole text.
+  std::string long_text;
+  const char* words[] = {"the", "café", "日本語", "🙂", "naïve", "Straße", "x", "√2", "done."};
+  for (int i = 0; i < 600; ++i)
+    long_text += std::string(words[(i * 7 + i / 3) % 9]) + (i % 17 == 0 ? "\n" : " ");
+  for (const app::Tokenizer* tokenizer : {bytes.get(), sp.get()}) {
+    app::TextStream long_stream(*tokenizer, tokenizer->encode("the "));
+    std::string out_long;
+    for (int32_t id : tokenizer->encode(long_text)) {
+      const std::string piece = long_stream.push(id);
+      CHECK(piece.find("\xEF\xBF\xBD") == std::string::npos);
+      out_long += piece;
+    }
+    out_long += long_stream.finish();
+    CHECK(out_long == long_text);
+  }
 }
 
 TEST_CASE("prepare_text with SentencePiece: documents come back, and tokenizer.model is checked") {

@@ -271,7 +271,11 @@ std::unique_ptr<Tokenizer> load_data_tokenizer(const std::string& data_dir) {
 }
 
 TextStream::TextStream(const Tokenizer& tokenizer, std::vector<int32_t> context)
-    : tokenizer_(tokenizer), ids_(std::move(context)), shown_(tokenizer.decode(ids_)) {}
+    : tokenizer_(tokenizer),
+      ids_(std::move(context)),
+      shown_(tokenizer.decode(ids_)),
+      settled_(ids_.size()),
+      settled_chars_(shown_.size()) {}
 
 std::string TextStream::push(int32_t id) {
   ids_.push_back(id);
@@ -282,15 +286,35 @@ std::string TextStream::finish() {
   return release(true);
 }
 
+std::string TextStream::decoded() const {
+  // Decoding every id again for each token costs a long generation time quadratic in its length. The ids
+  // after the settled ones are decoded behind a few settled ones (a SentencePiece decode drops the space
+  // before its first word, which then falls on the anchor), and the anchor's own text taken off.
+  constexpr size_t kAnchorIds = 4;
+  const auto settled = ids_.begin() + static_cast<std::ptrdiff_t>(settled_);
+  const auto anchor = settled - static_cast<std::ptrdiff_t>(std::min(settled_, kAnchorIds));
+  const std::string head = tokenizer_.decode(std::vector<int32_t>(anchor, settled));
+  const std::string window = tokenizer_.decode(std::vector<int32_t>(anchor, ids_.end()));
+  const bool anchored = window.compare(0, head.size(), head) == 0 && settled_chars_ <= shown_.size();
+  if (!anchored) return tokenizer_.decode(ids_);  // a decoder whose text does not just grow: all of it
+  return shown_.substr(0, settled_chars_) + window.substr(head.size());
+}
+
 std::string TextStream::release(bool all) {
-  std::string text = tokenizer_.decode(ids_);
+  std::string text = decoded();
+  const size_t complete = text.size();
   if (!all) text.resize(text.size() - unsettled_tail(text));
   // Normally the text only grows; should a decoder change earlier text, the part already shown stays.
   size_t common = 0;
   while (common < text.size() && common < shown_.size() && text[common] == shown_[common]) ++common;
-  if (text.size() <= shown_.size() && common == text.size()) return "";
-  std::string out = text.substr(common);
-  shown_ = std::move(text);
+  std::string out =
+      text.size() <= shown_.size() && common == text.size() ? std::string() : text.substr(common);
+  if (!out.empty()) shown_ = std::move(text);
+  // Everything the ids decode to is out: the next window starts after them.
+  if (shown_.size() == complete && common + out.size() == complete) {
+    settled_ = ids_.size();
+    settled_chars_ = shown_.size();
+  }
   return out;
 }
 

@@ -67,9 +67,13 @@ class TextStream {
 
  private:
   std::string release(bool all);
+  std::string decoded() const;  // the text of every id so far
   const Tokenizer& tokenizer_;
   std::vector<int32_t> ids_;
   std::string shown_;  // the decoded text released so far, the context's included
+  // The first settled_ ids decode to shown_'s first settled_chars_ characters, all released: only the ids
+  // after them (behind a few as an anchor) are decoded again for each new token.
+  size_t settled_ = 0, settled_chars_ = 0;
 };
 
 }  // namespace tt::app
