@@ -120,9 +120,9 @@ void ZeroOptimizer::plan_bf16_gathers() {
   f32_place_of_.assign(list.size(), -1);
   int64_t stage2_f32 = 0;  // stage 2: the f32-read parameters of every unit, one after another
   for (Unit& unit : units_) {
+    for (size_t i = unit.first; i < unit.end; ++i) unit.has_matmul_weights |= list[i].matmul_weight;
     // Stage 2 keeps no f32 copy of the whole model, so every unit comes back this way.
-    unit.gathers_bf16 = stage_ == 2;
-    for (size_t i = unit.first; i < unit.end; ++i) unit.gathers_bf16 |= list[i].matmul_weight;
+    unit.gathers_bf16 = stage_ == 2 || unit.has_matmul_weights;
     if (!unit.gathers_bf16) continue;
     // The f32-read parameters one after another: in a buffer of the unit's own (stage 3), or in
     // stage2_f32_ after the previous units' (stage 2).
@@ -460,9 +460,11 @@ std::unique_ptr<ShardCollectives::Pending> ZeroOptimizer::gather_unit_async(size
 
 void ZeroOptimizer::issue_refresh(size_t u) {
   Unit& unit = units_[u];
-  if (!unit.stale || unit.refresh) return;
+  if (!unit.stale || unit.refresh || unit.f32_gather) return;
   const int64_t world = comm_.world_size();
   if (unit.gathers_bf16) issue_f32_pack(u);
+  // Nothing reads the bf16 copy of a unit without matmul weights (the embedding): its f32 pack is all.
+  if (unit.gathers_bf16 && !unit.has_matmul_weights) return;
   // The bf16 copy into the mirror, or the f32 values into the flat buffer.
   Tensor target = unit.gathers_bf16 ? params_.bf16_mirror() : params_.flat_params();
   if (unit.numel() == unit.chunk * world) {
@@ -486,22 +488,23 @@ void ZeroOptimizer::complete_refresh(size_t u) {
   Unit& unit = units_[u];
   if (!unit.stale) return;
   issue_refresh(u);
-  unit.refresh->wait();
-  unit.refresh.reset();
-  unit.sent = Tensor();
-  Tensor dst = (unit.gathers_bf16 ? params_.bf16_mirror() : params_.flat_params())
-                   .narrow_view(0, unit.begin, unit.numel());
-  const size_t slot = u % 2;
-  if (refresh_owner_[slot] == static_cast<int64_t>(u)) {  // gathered into a buffer (a padded unit)
-    dst.copy_(refresh_buffers_[slot].narrow_view(0, 0, unit.numel()));
-    refresh_owner_[slot] = -1;
+  if (unit.refresh) {
+    unit.refresh->wait();
+    unit.refresh.reset();
+    unit.sent = Tensor();
+    Tensor dst = (unit.gathers_bf16 ? params_.bf16_mirror() : params_.flat_params())
+                     .narrow_view(0, unit.begin, unit.numel());
+    const size_t slot = u % 2;
+    if (refresh_owner_[slot] == static_cast<int64_t>(u)) {  // gathered into a buffer (a padded unit)
+      dst.copy_(refresh_buffers_[slot].narrow_view(0, 0, unit.numel()));
+      refresh_owner_[slot] = -1;
+    }
+    if (!unit.gathers_bf16 && params_.bf16_mirror().defined()) {
+      Tensor mirror = params_.bf16_mirror().narrow_view(0, unit.begin, unit.numel());
+      ops::cast_into(mirror, dst);
+    }
   }
-  if (unit.gathers_bf16) {
-    complete_f32_pack(u, stage2_f32_);
-  } else if (params_.bf16_mirror().defined()) {
-    Tensor mirror = params_.bf16_mirror().narrow_view(0, unit.begin, unit.numel());
-    ops::cast_into(mirror, dst);
-  }
+  if (unit.gathers_bf16) complete_f32_pack(u, stage2_f32_);
   unit.stale = false;
   // The buffers go back to the pool once the whole model is current (they are a unit's size each).
   if (--stale_units_ == 0) {

@@ -36,7 +36,8 @@
 // (nothing reads them: the matmuls read the bf16 copy, checkpoints the shards). Stage 2 frees the flat f32
 // buffer and keeps the f32-read parameters of the whole model in one buffer of their own (stage2_f32_),
 // so a rank holds 2 bytes per parameter of the whole model, as in the ZeRO paper, besides its shards.
-// Under stage 3 a unit without matmul weights (the embedding) gathers in f32 and casts.
+// A unit without matmul weights (the embedding) travels in f32 only: under stage 2 as its f32 pack (its
+// bf16 copy in the mirror is then not kept current: nothing reads it), under stage 3 gathered and cast.
 //
 // The constructor takes each rank's chunks out of the flat buffer (which must hold the model: broadcast or
 // loaded) before it allocates anything of its own, so stage 3 never holds the flat buffer beside the
@@ -79,7 +80,8 @@ class ZeroOptimizer : public nn::ParameterUnits {
   double step(double max_norm, bool measure_norm = true);
   // Stage 2: completes the parameter gathers the last step() left to the next forward, so that the flat
   // buffer (and its bf16 mirror) holds the updated model. Nothing to do otherwise. Collective: every rank
-  // calls it. Call it before destroying this object if the model is used afterwards.
+  // calls it. Call it before destroying this object if the model is used afterwards (in bf16 training only
+  // its bf16 forward: the matmul weights' f32 values exist only in the shards).
   void settle();
 
   int stage() const { return stage_; }
@@ -144,7 +146,7 @@ class ZeroOptimizer : public nn::ParameterUnits {
     // and where each lands (stage 2: the flat offset; stage 3: the offset in `gathered`, which then holds
     // only these parameters, one after another), the elements per rank in the f32 pack, and the pack's
     // gather while in flight.
-    bool gathers_bf16 = false;
+    bool gathers_bf16 = false, has_matmul_weights = false;
     Tensor sent;  // this rank's chunk rounded to bf16, while its gather is in flight
     std::vector<std::vector<Piece>> f32_pieces;    // per rank
     std::vector<std::vector<int64_t>> f32_places;  // per rank, per piece

@@ -13,6 +13,7 @@
 #include <limits>
 #include <mutex>
 #include <regex>
+#include <system_error>
 #include <thread>
 
 #include "core/io/h5.h"
@@ -127,7 +128,12 @@ void write_model_attributes(io::H5File& file, const nn::ModelConfig& config) {
 class DatasetWriter {
  public:
   explicit DatasetWriter(io::H5File* file) : file_(file) {
-    if (file_) thread_ = std::thread([this] { run(); });
+    if (!file_) return;
+    try {
+      thread_ = std::thread([this] { run(); });
+    } catch (const std::system_error&) {
+      inline_ = true;  // no thread to be had (a process limit): write() writes on the calling thread
+    }
   }
   ~DatasetWriter() {
     if (thread_.joinable()) stop();
@@ -137,6 +143,15 @@ class DatasetWriter {
 
   void write(std::string dataset, Tensor host) {
     if (!file_) return;
+    if (inline_) {
+      if (failure_) return;
+      try {
+        file_->write_tensor(dataset, host);
+      } catch (...) {
+        failure_ = std::current_exception();
+      }
+      return;
+    }
     std::unique_lock<std::mutex> lock(mutex_);
     changed_.wait(lock, [&] { return queue_.size() < 2 || failure_; });
     if (failure_) return;
@@ -145,7 +160,7 @@ class DatasetWriter {
   }
   void finish() {
     if (!file_) return;
-    stop();
+    if (!inline_) stop();
     if (failure_) std::rethrow_exception(failure_);
   }
 
@@ -183,6 +198,7 @@ class DatasetWriter {
   }
 
   io::H5File* file_;
+  bool inline_ = false;
   std::thread thread_;
   std::mutex mutex_;
   std::condition_variable changed_;
