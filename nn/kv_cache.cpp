@@ -110,6 +110,7 @@ Tensor CausalSelfAttention::forward_cached(const Tensor& x, const Tensor& residu
   ops::cache_append(values, rows, starts, v);
   const bool prompts_only =
       count > 1 && std::all_of(starts.begin(), starts.end(), [](int64_t s) { return s == 0; });
+  Tensor merged;
   if (prompts_only) {
     // Whole prompts: square causal attention as matmuls. The cache kernel would read each row's keys once
     // per query, quadratic in the prompt's length.
@@ -117,11 +118,10 @@ Tensor CausalSelfAttention::forward_cached(const Tensor& x, const Tensor& residu
       return ops::reshape(t, {n, count, heads, d_head}).transpose_view(1, 2);
     };
     const Tensor o = ops::naive_attention(by_head(q), by_head(k), by_head(v), true);
-    const Tensor merged = ops::reshape(ops::contiguous(o.transpose_view(1, 2)), {n, count, heads * d_head});
-    return output_proj_.forward_add(merged, residual, precision);
+    merged = ops::reshape(ops::contiguous(o.transpose_view(1, 2)), {n, count, heads * d_head});
+  } else {
+    merged = ops::cached_attention(ops::reshape(q, {n, count, heads, d_head}), keys, values, rows, starts);
   }
-  const Tensor merged =
-      ops::cached_attention(ops::reshape(q, {n, count, heads, d_head}), keys, values, rows, starts);
   return output_proj_.forward_add(merged, residual, precision);
 }
 

@@ -127,11 +127,9 @@ void ZeroOptimizer::plan_bf16_gathers() {
     // The f32-read parameters one after another: in a buffer of the unit's own (stage 3), or in
     // stage2_f32_ after the previous units' (stage 2).
     const int64_t base = stage_ == 2 ? stage2_f32 : 0;
-    std::vector<int64_t> compact(unit.end - unit.first, 0);
     for (size_t i = unit.first; i < unit.end; ++i) {
       if (list[i].matmul_weight) continue;
-      compact[i - unit.first] = base + unit.f32_numel;
-      if (stage_ == 2) f32_place_of_[i] = compact[i - unit.first];
+      f32_place_of_[i] = base + unit.f32_numel;
       unit.f32_numel += list[i].tensor->numel();
     }
     stage2_f32 += unit.f32_numel;
@@ -143,7 +141,7 @@ void ZeroOptimizer::plan_bf16_gathers() {
         if (list[i].matmul_weight) continue;
         for (const Piece& piece : owned(params_.offsets()[i], list[i].tensor->numel(), r)) {
           unit.f32_pieces[static_cast<size_t>(r)].push_back(piece);
-          unit.f32_places[static_cast<size_t>(r)].push_back(compact[i - unit.first] +
+          unit.f32_places[static_cast<size_t>(r)].push_back(f32_place_of_[i] +
                                                             (piece.flat - params_.offsets()[i]));
           packed += piece.count;
         }
@@ -248,8 +246,9 @@ Tensor ZeroOptimizer::gather_parameter(int64_t offset, const Shape& shape) {
 void ZeroOptimizer::scatter_parameter(int64_t offset, const Tensor& full) {
   if (stage2_f32_.defined()) {
     settle();  // a gather still to come would overwrite what is loaded here
+    const Tensor values = full.view({full.numel()}).to(device_);
     Tensor mirror = params_.bf16_mirror().narrow_view(0, offset, full.numel());
-    ops::cast_into(mirror, full.view({full.numel()}).to(device_));
+    ops::cast_into(mirror, values);
     const auto& offsets = params_.offsets();
     const size_t i =
         static_cast<size_t>(std::lower_bound(offsets.begin(), offsets.end(), offset) - offsets.begin());
@@ -257,7 +256,7 @@ void ZeroOptimizer::scatter_parameter(int64_t offset, const Tensor& full) {
               "ZeroOptimizer: no parameter starts at that offset");
     if (f32_place_of_[i] >= 0) {
       Tensor place = stage2_f32_.narrow_view(0, f32_place_of_[i], full.numel());
-      place.copy_(full.view({full.numel()}).to(device_));
+      place.copy_(values);
     }
   } else if (params_.flat_params().defined()) {
     settle();  // a gather still to come would overwrite what is loaded here
@@ -553,16 +552,14 @@ void ZeroOptimizer::ensure_gathered(size_t u) {
   const auto& list = params_.parameters();
   if (unit.gathers_bf16) {
     complete_f32_pack(u, unit.gathered);
-    int64_t at = 0;
     for (size_t i = unit.first; i < unit.end; ++i) {
       TensorImpl* copy = bf16_copies_of_[i].impl();
       copy->storage = unit.gathered_bf16.storage();
       copy->offset = unit.gathered_bf16.offset() + (params_.offsets()[i] - unit.begin);
-      if (list[i].matmul_weight) continue;  // no f32 values: only the matmuls read it, through the copy
+      if (f32_place_of_[i] < 0) continue;  // no f32 values: only the matmuls read it, through the copy
       TensorImpl* impl = list[i].tensor->impl();
       impl->storage = unit.gathered.storage();
-      impl->offset = unit.gathered.offset() + at;
-      at += list[i].tensor->numel();
+      impl->offset = unit.gathered.offset() + f32_place_of_[i];
     }
     return;
   }

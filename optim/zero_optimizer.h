@@ -206,8 +206,9 @@ class ZeroOptimizer : public nn::ParameterUnits {
   bool armed_ = false;
   int next_launch_ = -1;  // the unit whose reduce-scatter comes next (descending order)
   Tensor shard_params_, shard_grads_;
-  // Stage 2 in bf16: the f32-read parameters' values (the flat f32 buffer is freed), and where each
-  // parameter's lie in it (-1: a matmul weight, not kept in f32).
+  // bf16 gathers: where each f32-read parameter of a unit gathered that way lies among them (stage 2: in
+  // stage2_f32_, which holds them all, the flat f32 buffer being freed; stage 3: in its unit's `gathered`);
+  // -1 for the rest (matmul weights, not kept in f32).
   Tensor stage2_f32_;
   std::vector<int64_t> f32_place_of_;
   Tensor refresh_buffers_[2];            // stage 2: unit u gathers into buffer u % 2 (of its gather's dtype)

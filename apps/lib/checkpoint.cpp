@@ -315,7 +315,10 @@ std::string number(double value) {
 // line naming the file and the object.
 class CheckedReader {
  public:
-  explicit CheckedReader(const std::string& path) : path_(path), file_(io::H5File::open_read(path)) {}
+  explicit CheckedReader(const std::string& path)
+      : path_(path),
+        file_(io::H5File::open_read(path)),
+        format_version_(file_.has_attr("/", "format_version") ? file_.attr_int("/", "format_version") : 1) {}
   const io::H5File& file() const { return file_; }
 
   Error error(const std::string& what) const { return Error("checkpoint " + path_ + ": " + what); }
@@ -353,12 +356,8 @@ class CheckedReader {
                   shape_str(expected));
     }
     // Format 3 writes a checksum with every dataset: one without it would load unverified.
-    if (format_version() >= 3 && !file_.has_checksum(dataset))
+    if (format_version_ >= 3 && !file_.has_checksum(dataset))
       throw error("dataset " + dataset + " has no checksum (attribute crc32), which format 3 writes");
-  }
-
-  int64_t format_version() const {
-    return file_.has_attr("/", "format_version") ? file_.attr_int("/", "format_version") : 1;
   }
 
   // Reads a checked dataset (its checksums verified) and refuses values that are not finite, or negative
@@ -388,6 +387,7 @@ class CheckedReader {
  private:
   std::string path_;
   io::H5File file_;
+  int64_t format_version_;  // files from before the attribute are format 1
 };
 
 // The root attributes: a format this build reads and a consistent model configuration.

@@ -15,6 +15,10 @@
 
 namespace tt::io {
 
+void quiet_hdf5_errors_on_this_thread() {
+  H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr);
+}
+
 namespace {
 
 // HDF5 prints its own error stack by default; the project reports one line instead. And it must not clean up
@@ -25,7 +29,7 @@ namespace {
 struct ConfigureHdf5 {
   ConfigureHdf5() {
     H5dont_atexit();
-    H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr);
+    quiet_hdf5_errors_on_this_thread();  // the main thread's
   }
 };
 const ConfigureHdf5 g_configure;
@@ -152,10 +156,6 @@ bool has_fletcher32(hid_t dataset) {
 }
 
 }  // namespace
-
-void quiet_hdf5_errors_on_this_thread() {
-  H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr);
-}
 
 H5File H5File::create(const std::string& path) {
   // The HDF5 1.8 file format: its object headers, attributes and superblock carry checksums too (the
