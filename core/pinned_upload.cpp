@@ -34,7 +34,19 @@ Tensor PinnedUpload::ints(const std::vector<int32_t>& values, const Shape& shape
   TT_ASSERT(static_cast<int64_t>(values.size()) == shape_numel(shape),
             "PinnedUpload::ints: size does not match shape");
   Tensor t = Tensor::empty(shape, DType::i32, device_);
-  if (values.empty()) return t;
+  ints_into(values, t);
+  return t;
+}
+
+void PinnedUpload::ints_into(const std::vector<int32_t>& values, Tensor& dst) {
+  TT_ASSERT(dst.device() == device_ && dst.dtype() == DType::i32 && dst.is_contiguous() &&
+                dst.numel() == static_cast<int64_t>(values.size()),
+            "PinnedUpload::ints_into: the destination does not match the values");
+  if (values.empty()) return;
+  if (!device_.is_cuda()) {
+    std::memcpy(dst.data<int32_t>(), values.data(), values.size() * sizeof(int32_t));
+    return;
+  }
 #ifdef TT_WITH_CUDA
   Slot& s = slots_[next_];
   next_ = (next_ + 1) % slots_.size();
@@ -53,10 +65,9 @@ Tensor PinnedUpload::ints(const std::vector<int32_t>& values, const Shape& shape
   }
   std::memcpy(s.host, values.data(), bytes);
   const auto stream = static_cast<cudaStream_t>(compute_stream(device_.index));
-  TT_CUDA_CHECK(cudaMemcpyAsync(t.raw_data(), s.host, bytes, cudaMemcpyHostToDevice, stream));
+  TT_CUDA_CHECK(cudaMemcpyAsync(dst.raw_data(), s.host, bytes, cudaMemcpyHostToDevice, stream));
   TT_CUDA_CHECK(cudaEventRecord(static_cast<cudaEvent_t>(s.copied), stream));
 #endif
-  return t;
 }
 
 }  // namespace tt

@@ -22,6 +22,8 @@ class PinnedUpload {
   // An i32 tensor on the device holding `values`, ordered on the compute stream (Tensor::from_ints on the
   // CPU).
   Tensor ints(const std::vector<int32_t>& values, const Shape& shape);
+  // The same into an existing i32 tensor of as many elements (a CUDA graph's static input).
+  void ints_into(const std::vector<int32_t>& values, Tensor& dst);
 
  private:
   struct Slot {

@@ -109,9 +109,17 @@ void AdamW::prepare_step() {
   ++step_;
   if (params_.empty() || !params_[0].device().is_cuda()) return;
 #ifdef TT_WITH_CUDA
-  if (!device_factors_.defined()) device_factors_ = Tensor::zeros({3}, DType::f32, params_[0].device());
+  if (!device_factors_.defined()) device_factors_ = Tensor::zeros({4}, DType::f32, params_[0].device());
   cuda::adamw_upload_factors(device_factors_.data<float>(), lr_, options_.beta1, options_.beta2,
                              options_.weight_decay, step_,
+                             static_cast<cudaStream_t>(compute_stream(params_[0].device().index)));
+#endif
+}
+
+void AdamW::cancel_prepared_step() {
+  TT_ASSERT(device_factors_.defined(), "AdamW::cancel_prepared_step() before prepare_step()");
+#ifdef TT_WITH_CUDA
+  cuda::adamw_cancel_factors(device_factors_.data<float>(),
                              static_cast<cudaStream_t>(compute_stream(params_[0].device().index)));
 #endif
 }

@@ -54,6 +54,9 @@ class AdamW : public Optimizer {
   // (outside a capture); apply() launches the update (may be captured, then replayed every step).
   void prepare_step() override;
   void apply();
+  // CUDA: makes the update kernels launched from now on (on streams ordered after the compute stream) change
+  // nothing until the next prepare_step(): for a graph replay whose update ran eagerly already.
+  void cancel_prepared_step();
   // The update of elements [begin, begin + count) of parameter `index` only (after prepare_step()), on
   // `stream` (a cudaStream_t; nullptr: the compute stream). Updating every range once equals apply().
   void apply_range(size_t index, int64_t begin, int64_t count, void* stream = nullptr) override;
@@ -97,7 +100,7 @@ class AdamW : public Optimizer {
   AdamWOptions options_;
   int64_t step_ = 0;
   std::vector<Tensor> exp_avg_, exp_avg_sq_;
-  Tensor device_factors_;  // 3 floats on the parameters' GPU: step size, sqrt(bias2), decay
+  Tensor device_factors_;  // 4 floats on the parameters' GPU: step size, sqrt(bias2), decay, apply (1 or 0)
   Tensor grad_scale_;
   const nn::FlatParameters* mirror_owner_ = nullptr;
   const Tensor* current_mirror() const;  // the bf16 mirror to write, or null

@@ -27,7 +27,9 @@ OverlappedUpdate::OverlappedUpdate(AdamW& adamw, const nn::FlatParameters& param
 }
 
 OverlappedUpdate::~OverlappedUpdate() {
-  settle();
+  // A launched update finishes first; a deferred one nobody settled is dropped (launching kernels from a
+  // destructor could only throw).
+  if (state_ == State::launched) all_done_->block(compute_stream(device_.index));
 }
 
 void OverlappedUpdate::launch() {
@@ -40,15 +42,25 @@ void OverlappedUpdate::launch() {
     unit_done_[u]->record(side);
   }
   all_done_->record(side);
+  state_ = State::launched;
 }
 
 void OverlappedUpdate::settle() {
+  if (state_ == State::deferred) return run_deferred();
+  if (state_ == State::launched) all_done_->block(compute_stream(device_.index));
+}
+
+void OverlappedUpdate::run_deferred() {
+  launch();
   all_done_->block(compute_stream(device_.index));
+  adamw_.cancel_prepared_step();  // on the compute stream, after the update has read the factors
 }
 
 void OverlappedUpdate::before_forward(int unit) {
   TT_ASSERT(unit >= 0 && static_cast<size_t>(unit) + 1 < unit_begin_.size(),
             "no parameter unit " + std::to_string(unit));
+  if (state_ == State::deferred) run_deferred();
+  if (state_ != State::launched) return;
   unit_done_[static_cast<size_t>(unit)]->block(compute_stream(device_.index));
 }
 

@@ -9,6 +9,11 @@
 //            launch();
 // Anything else that reads the parameters or the optimizer state (a checkpoint, a sample) calls settle()
 // first. CUDA only: on the CPU the step updates in place after backward.
+//
+// Under a CUDA graph of the whole step, the graph's body starts with launch(): the update of step k runs in
+// replay k + 1. Between the two the update is deferred (defer()); take_deferred() hands it to the replay.
+// Anything that needs the parameters before that replay (a forward outside the step, settle()) runs the
+// deferred update eagerly and cancels it in the replay (AdamW::cancel_prepared_step).
 #pragma once
 
 #include <memory>
@@ -30,8 +35,15 @@ class OverlappedUpdate : public nn::ParameterUnits {
 
   // Queues this step's update, after prepare_step(), the gradients final and clipped on the compute stream.
   void launch();
-  // Work queued on the compute stream from now on waits for the whole update.
+  // Work queued on the compute stream from now on waits for the whole update (a deferred one runs first).
   void settle();
+  // After prepare_step(): the update waits for the next graph replay (hand_to_replay()), or for the first
+  // use of the parameters before it.
+  void defer() { state_ = State::deferred; }
+  // Before capturing a step whose body starts with launch(), and before each replay of it: the replay
+  // applies the deferred update (or skips it, when it ran eagerly meanwhile) and waits for it to finish. The
+  // events a capture records can only be waited on inside its graph, so nothing outside waits on them.
+  void hand_to_replay() { state_ = State::idle; }
 
   void before_forward(int unit) override;  // the compute stream waits for the unit's update
   void after_forward(int, bool) override {}
@@ -43,6 +55,10 @@ class OverlappedUpdate : public nn::ParameterUnits {
   std::vector<int64_t> unit_begin_;  // element offsets into the flat buffer; one more than units, the end
   std::vector<std::unique_ptr<StreamEvent>> unit_done_;
   std::unique_ptr<StreamEvent> gradients_final_, all_done_;
+  // idle: nothing to wait for; launched: the events mark an update on the side stream; deferred: prepared,
+  // not launched.
+  enum class State { idle, launched, deferred } state_ = State::idle;
+  void run_deferred();  // the deferred update, now, eagerly; its replay then skips it
 };
 
 }  // namespace tt::optim

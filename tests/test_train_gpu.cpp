@@ -1,10 +1,12 @@
-// The one training step on CUDA: its update runs beside the next step's forward (optim/overlapped_update.h)
-// and its batches go up through pinned buffers (core/pinned_upload.h). Both only move work in time, so the
-// step must equal the same step written out plainly, with every update finished before the next forward.
+// The one training step on CUDA: its update runs beside the next step's forward (optim/overlapped_update.h),
+// its batches go up through pinned buffers (core/pinned_upload.h), and with bf16 gradients it is replayed as
+// one CUDA graph from the second step on. All of that only moves work in time, so the step must equal the
+// same step written out plainly, with every update finished before the next forward.
 #include <doctest/doctest.h>
 
 #include <algorithm>
 #include <cmath>
+#include <memory>
 
 #include "apps/lib/train_step.h"
 #include "core/autograd.h"
@@ -26,7 +28,8 @@ double relative(double a, double b) {
 // (bf16 gradients and weight mirror; the reference clips as TrainStep does, inside AdamW with the factor
 // computed on the device, so every bit must match). Naive attention: no atomics, the same bits every run.
 // With accum 2 the gradient buffer is cleared once per step and accumulated across micro-batches.
-void check_train_step(nn::Precision precision) {
+// `graph`: TrainStepOptions::cuda_graph (it applies with bf16 gradients only).
+void check_train_step(nn::Precision precision, bool graph) {
   const Device gpu = Device::cuda(0);
   nn::ModelConfig config = nn::preset("tiny");
   config.vocab_size = 300;
@@ -50,8 +53,10 @@ void check_train_step(nn::Precision precision) {
     options.grad_accum = accum;
     options.clip = clip;
     options.adamw.weight_decay = 0.1;
+    options.cuda_graph = graph;
     app::TrainStep step(model_a, params_a, gpu, nullptr, options);
     CHECK(step.update_path().find("beside the next step's forward") != std::string::npos);
+    CHECK((step.update_path().find("CUDA graph") != std::string::npos) == (graph && bf16));
     optim::AdamW adamw({params_b.flat_params()}, options.adamw);
     Tensor norm_b = Tensor::zeros({1}, DType::f32, gpu), factor_b = Tensor::zeros({1}, DType::f32, gpu);
     if (bf16) adamw.set_grad_scale(factor_b);
@@ -99,6 +104,9 @@ void check_train_step(nn::Precision precision) {
         const Tensor y = Tensor::from_ints(batches[0].targets, {batch, config.context_length}, gpu);
         CHECK(relative(model_a.loss(x, y).item(), model_b.loss(x, y).item()) <= tolerance);
       }
+      // Settling between steps (a checkpoint) applies the update now: under the graph the next replay must
+      // then skip it, not apply it twice.
+      if (s == 8) step.settle();
     }
     CHECK(clipped == 12);
     step.settle();
@@ -115,9 +123,41 @@ void check_train_step(nn::Precision precision) {
 }  // namespace
 
 TEST_CASE("TrainStep on CUDA (update beside the next forward, pinned batches) equals the plain step, f32") {
-  check_train_step(nn::Precision::f32);
+  check_train_step(nn::Precision::f32, true);
 }
 
 TEST_CASE("TrainStep on CUDA (update beside the next forward, pinned batches) equals the plain step, bf16") {
-  check_train_step(nn::Precision::bf16);
+  check_train_step(nn::Precision::bf16, false);
+}
+
+TEST_CASE("TrainStep on CUDA as one CUDA graph equals the plain step, bf16") {
+  check_train_step(nn::Precision::bf16, true);
+}
+
+TEST_CASE("A TrainStep whose last update is still deferred to the next replay can be destroyed") {
+  // What benchmark --mode train does: replays, then the step goes away without settle(). The capture's
+  // events cannot be waited on outside the graph, so nothing may wait on them then.
+  const Device gpu = Device::cuda(0);
+  nn::ModelConfig config = nn::preset("tiny");
+  config.vocab_size = 300;
+  config.context_length = 32;
+  config.precision = nn::Precision::bf16;
+  nn::TransformerLM model(config);
+  nn::FlatParameters params(model, gpu, 3);
+  params.set_grad_dtype(DType::bf16);
+  app::TrainStepOptions options;
+  options.batch = 2;
+  options.ctx = config.context_length;
+  app::Batch batch;
+  for (int64_t i = 0; i < options.batch * options.ctx; ++i) {
+    batch.inputs.push_back(static_cast<int32_t>(i % 300));
+    batch.targets.push_back(static_cast<int32_t>((i * 7) % 300));
+  }
+  for (const int steps : {1, 2, 3}) {
+    CAPTURE(steps);
+    auto step = std::make_unique<app::TrainStep>(model, params, gpu, nullptr, options);
+    for (int s = 1; s <= steps; ++s) step->run([&](int64_t) { return batch; }, 1e-3, false, s);
+    CHECK_NOTHROW(step.reset());
+    CHECK_NOTHROW(synchronize(gpu));
+  }
 }

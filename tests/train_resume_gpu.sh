@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # On a GPU: training 2N steps equals N steps + resume + N steps bit for bit (--deterministic), in f32, in
-# bf16 with flash attention, and in bf16 with bf16 gradients (clipped inside AdamW). Skipped (77) without a CUDA device. Usage: train_resume_gpu.sh train prepare_data
+# bf16 with flash attention, and in bf16 with bf16 gradients (clipped inside AdamW); and the bf16 step
+# replayed as a CUDA graph (the default) equals the same step launched kernel by kernel (--cuda-graph off).
+# Skipped (77) without a CUDA device. Usage: train_resume_gpu.sh train prepare_data
 set -euo pipefail
 train=$1 prepare=$2
 command -v nvidia-smi >/dev/null && nvidia-smi -L >/dev/null 2>&1 || { echo "no CUDA device: skipped"; exit 77; }
@@ -41,3 +43,25 @@ with h5py.File(sys.argv[1]) as a, h5py.File(sys.argv[2]) as b:
         assert np.array_equal(a["model"][name][()], b["model"][name][()]), name
 PY
 done
+# Checkpoints and evaluations every 3 steps run the deferred update between replays (optim/overlapped_update.h).
+common=(--data "$work/data" --device cuda --deterministic --precision bf16 --attention flash --ctx 64 --batch 4
+        --eval-every 3 --eval-batches 2 --sample-tokens 0 --ckpt-every 3 --warmup 2 --grad-accum 2 --steps 6)
+"$train" "${common[@]}" --cuda-graph off --out "$work/eager_bf16" >/dev/null
+python3 - "$work/full_bf16/metrics.jsonl" "$work/eager_bf16/metrics.jsonl" <<'PY'
+import json, sys
+rows = [[(r["step"], r["loss"], r["grad_norm"], r.get("val_loss")) for r in map(json.loads, open(p))]
+        for p in sys.argv[1:]]
+assert rows[0] == rows[1], rows
+print("the CUDA graph step equals the eager step bit for bit:", [x[1] for x in rows[0]])
+PY
+cmp "$work/full_bf16/checkpoints/step_6.h5" "$work/eager_bf16/checkpoints/step_6.h5" >/dev/null ||
+  python3 - "$work/full_bf16/checkpoints/step_6.h5" "$work/eager_bf16/checkpoints/step_6.h5" <<'PY'
+import sys
+try:
+    import h5py, numpy as np
+except ImportError:
+    sys.exit(0)
+with h5py.File(sys.argv[1]) as a, h5py.File(sys.argv[2]) as b:
+    for name in a["model"]:
+        assert np.array_equal(a["model"][name][()], b["model"][name][()]), name
+PY

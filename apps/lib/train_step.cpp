@@ -56,6 +56,9 @@ TrainStep::TrainStep(nn::TransformerLM& model, nn::FlatParameters& params, Devic
     }
   }
   upload_ = std::make_unique<PinnedUpload>(device);
+  // One process, the update beside the next forward, clipping inside AdamW on the device: nothing in the
+  // step reads back to the host or talks to another rank, so all of it can be captured.
+  graph_step_ = options.cuda_graph && overlap_ && !comm_ && params.grad_dtype() == DType::bf16;
   // Gradients are averaged by a DDP strategy, unless ZeRO reduce-scatters them itself.
   if (comm_ && (options.zero == 0 || (options.zero == 1 && options.zero_grads_by_ddp))) {
     ddp_ = std::make_unique<dist::DataParallel>(params, *comm_, options.ddp, options.bucket_mb,
@@ -120,7 +123,10 @@ std::string TrainStep::update_path() const {
                              : "";
     return "AdamW after backward, sharded (ZeRO-" + std::to_string(options_.zero) + "), " + clip + gathers;
   }
-  if (overlap_) return "AdamW after backward (" + clip + "), beside the next step's forward";
+  if (overlap_) {
+    return "AdamW after backward (" + clip + "), beside the next step's forward" +
+           (graph_step_ ? "; from step 2 on the whole step is one CUDA graph" : "");
+  }
   return "AdamW after backward, " + clip;
 }
 
@@ -151,18 +157,12 @@ namespace {
 }
 }  // namespace
 
-StepResult TrainStep::run(const std::function<Batch(int64_t micro)>& next_batch, double lr, bool stop_here,
-                          int64_t step) {
-  if (!started_) begin();
-  zero_ ? zero_->set_lr(lr) : sharded_ ? sharded_->set_lr(lr) : adamw_->set_lr(lr);
-  if (!overlap_) params_.zero_grad();
+std::vector<Tensor> TrainStep::forward_backward(
+    const std::function<std::pair<Tensor, Tensor>(int64_t)>& micro_batch) {
   const int64_t accum = options_.grad_accum;
-  // Nothing is read back until the whole step is queued: the host runs ahead of the GPU within the step.
   std::vector<Tensor> losses;
   for (int64_t micro = 0; micro < accum; ++micro) {
-    const Batch b = next_batch(micro);
-    const Tensor x = upload_->ints(b.inputs, {options_.batch, options_.ctx});
-    const Tensor y = upload_->ints(b.targets, {options_.batch, options_.ctx});
+    const auto [x, y] = micro_batch(micro);
     const Tensor loss = model_.loss(x, y);
     if (overlap_ && micro == 0) {
       overlap_->settle();  // the last update has read the gradients: they can be cleared
@@ -178,9 +178,66 @@ StepResult TrainStep::run(const std::function<Batch(int64_t micro)>& next_batch,
     if (zero_) zero_->finish_backward();
     losses.push_back(loss);
   }
-  const double clip = options_.clip;
   if (clip_factor_.defined())
-    optim::clip_factor_on_device(params_.flat_grads(), clip, clip_norm_, clip_factor_);
+    optim::clip_factor_on_device(params_.flat_grads(), options_.clip, clip_norm_, clip_factor_);
+  return losses;
+}
+
+std::vector<Tensor> TrainStep::replay_step(const std::function<Batch(int64_t micro)>& next_batch) {
+  const int64_t accum = options_.grad_accum;
+  if (graph_inputs_.empty()) {
+    for (int64_t micro = 0; micro < accum; ++micro) {
+      graph_inputs_.push_back(Tensor::empty({options_.batch, options_.ctx}, DType::i32, device_));
+      graph_targets_.push_back(Tensor::empty({options_.batch, options_.ctx}, DType::i32, device_));
+    }
+  }
+  for (int64_t micro = 0; micro < accum; ++micro) {
+    const Batch b = next_batch(micro);
+    upload_->ints_into(b.inputs, graph_inputs_[static_cast<size_t>(micro)]);
+    upload_->ints_into(b.targets, graph_targets_[static_cast<size_t>(micro)]);
+  }
+  // The last step's update runs at the start of the replay (unless something ran it eagerly since).
+  overlap_->hand_to_replay();
+  if (!graph_) {
+    // The eager first step's blocks go back to the driver: the graph allocates from its own pool, which
+    // keeps the step's activations for every replay.
+    synchronize(device_);
+    empty_cache(device_);
+    graph_ = std::make_unique<CudaGraph>(device_);
+    try {
+      graph_->capture([this] {
+        overlap_->launch();
+        graph_losses_ = forward_backward([this](int64_t micro) {
+          return std::make_pair(graph_inputs_[static_cast<size_t>(micro)],
+                                graph_targets_[static_cast<size_t>(micro)]);
+        });
+      });
+    } catch (const std::exception& e) {
+      throw Error(std::string("the training step could not be captured as a CUDA graph (") + e.what() +
+                  "); --cuda-graph off runs it without one");
+    }
+    overlap_->hand_to_replay();
+  }
+  graph_->replay();
+  return graph_losses_;
+}
+
+StepResult TrainStep::run(const std::function<Batch(int64_t micro)>& next_batch, double lr, bool stop_here,
+                          int64_t step) {
+  if (!started_) begin();
+  zero_ ? zero_->set_lr(lr) : sharded_ ? sharded_->set_lr(lr) : adamw_->set_lr(lr);
+  if (!overlap_) params_.zero_grad();
+  const int64_t accum = options_.grad_accum;
+  // Nothing is read back until the whole step is queued: the host runs ahead of the GPU within the step.
+  // The first step runs eagerly (it also warms up what a capture cannot: cuBLASLt's plans, the allocator).
+  const std::vector<Tensor> losses =
+      graph_step_ && runs_ > 0 ? replay_step(next_batch) : forward_backward([&](int64_t micro) {
+        const Batch b = next_batch(micro);
+        return std::make_pair(upload_->ints(b.inputs, {options_.batch, options_.ctx}),
+                              upload_->ints(b.targets, {options_.batch, options_.ctx}));
+      });
+  ++runs_;
+  const double clip = options_.clip;
   double loss_sum = 0;
   for (const Tensor& loss : losses) loss_sum += loss.item();  // the first waits for the step's work
   StepResult result;
@@ -198,7 +255,8 @@ StepResult TrainStep::run(const std::function<Batch(int64_t micro)>& next_batch,
   const auto update = [this] {
     if (!overlap_) return adamw_->step();
     adamw_->prepare_step();
-    overlap_->launch();
+    // Under the graph step the next replay starts with this update.
+    graph_step_ ? overlap_->defer() : overlap_->launch();
   };
   if (zero_) {
     result.grad_norm = zero_->step(clip);  // untouched when the norm is not finite

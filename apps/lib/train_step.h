@@ -11,6 +11,7 @@
 
 #include "apps/lib/checkpoint.h"
 #include "apps/lib/data.h"
+#include "core/cuda_graph.h"
 #include "core/pinned_upload.h"
 #include "dist/communicator.h"
 #include "dist/data_parallel.h"
@@ -34,6 +35,10 @@ struct TrainStepOptions {
   std::string all_reduce = "auto";  // library | copy-engine | auto
   optim::AdamWOptions adamw;
   double zero1_gather_chunk_mb = 0;  // ZeRO-1's pipelined update + all-gather chunk (0: its default)
+  // From the second step on, replay the whole step as one CUDA graph where it can be captured (one CUDA
+  // process, bf16 gradients, no ZeRO): the same kernels on the same values, without the host launching
+  // each of them.
+  bool cuda_graph = true;
 };
 
 // A run ends on every rank at once, with an exit code (divergence, a stop signal): not an error to abort on.
@@ -77,7 +82,7 @@ class TrainStep {
   // The communication of the last step that backward did not hide (DDP strategies; 0 otherwise); on CUDA
   // reading it waits for that step's communication.
   double communication_wait_ms();
-  // One line for the banner: how and when the optimizer update runs.
+  // One line for the banner: how and when the optimizer update runs, and whether the step is a CUDA graph.
   std::string update_path() const;
 
   // One optimizer step at learning rate `lr`; `next_batch(micro)` gives micro-batch 0..grad_accum-1.
@@ -95,6 +100,12 @@ class TrainStep {
 
  private:
   void begin();  // the first run(): after loading, before any update
+  // Forward and backward over the micro-batches (`micro_batch(m)`: inputs and targets on the device), the
+  // gradients averaged or reduce-scattered, the clipping factor computed on the device where AdamW clips:
+  // everything of a step before the first read-back. Returns the micro-batches' losses.
+  std::vector<Tensor> forward_backward(const std::function<std::pair<Tensor, Tensor>(int64_t)>& micro_batch);
+  // The graph step: the batches copied into the graph's inputs, then one replay (captured at the first).
+  std::vector<Tensor> replay_step(const std::function<Batch(int64_t micro)>& next_batch);
 
   nn::TransformerLM& model_;
   nn::FlatParameters& params_;
@@ -112,6 +123,12 @@ class TrainStep {
   std::unique_ptr<optim::OverlappedUpdate> overlap_;
   std::unique_ptr<PinnedUpload> upload_;
   Tensor clip_norm_, clip_factor_;  // device scalars when AdamW clips on the GPU
+  // The CUDA graph step (TrainStepOptions::cuda_graph): whether it applies, the graph, its static inputs
+  // and losses (one per micro-batch), and the number of steps run so far.
+  bool graph_step_ = false;
+  std::unique_ptr<CudaGraph> graph_;
+  std::vector<Tensor> graph_inputs_, graph_targets_, graph_losses_;
+  int64_t runs_ = 0;
 };
 
 }  // namespace tt::app

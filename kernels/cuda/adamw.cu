@@ -24,7 +24,8 @@ constexpr int64_t kMaxBlocks = int64_t{1} << 30;
 // The first vector_groups * 4 elements go through 16-byte loads and stores (the buffers are aligned for it,
 // checked on the host); the rest, fewer than 4 or everything when unaligned, element by element.
 // The step-dependent factors come from device memory (uploaded before the launch, or before a CUDA graph
-// replay), so a captured step stays valid for every later step; grad_scale (optional) is the clipping
+// replay), so a captured step stays valid for every later step; a fourth factor of 0 cancels the update
+// (adamw_cancel_factors); grad_scale (optional) is the clipping
 // factor computed on the device.
 // low (optional) receives each updated parameter rounded to bf16: the bf16 weights of the next forward,
 // written here instead of cast there (8-byte aligned when the vector path runs, checked on the host).
@@ -33,6 +34,7 @@ template <class G>
 __global__ void adamw_kernel(float* param, const G* grad, float* exp_avg, float* exp_avg_sq, int64_t n,
                              int64_t vector_groups, AdamWFactors f, const float* step_factors,
                              const float* grad_scale, __nv_bfloat16* low) {
+  if (step_factors[3] == 0.0f) return;  // cancelled: this step's update already ran
   adamw_load_step_factors(f, step_factors);
   const float scale = grad_scale ? *grad_scale : 1.0f;
   const int64_t first = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
@@ -87,10 +89,14 @@ void adamw_upload_factors(float* device_factors, double lr, double beta1, double
   const double bias1 = 1.0 - std::pow(beta1, static_cast<double>(step));
   const double bias2 = 1.0 - std::pow(beta2, static_cast<double>(step));
   // Rounded exactly as the CPU twin rounds them.
-  const float factors[3] = {static_cast<float>(lr / bias1), static_cast<float>(std::sqrt(bias2)),
-                            static_cast<float>(1.0 - lr * weight_decay)};
+  const float factors[4] = {static_cast<float>(lr / bias1), static_cast<float>(std::sqrt(bias2)),
+                            static_cast<float>(1.0 - lr * weight_decay), 1.0f};
   // From pageable memory the copy is staged before cudaMemcpyAsync returns, so `factors` may go away.
   TT_CUDA_CHECK(cudaMemcpyAsync(device_factors, factors, sizeof(factors), cudaMemcpyHostToDevice, stream));
+}
+
+void adamw_cancel_factors(float* device_factors, cudaStream_t stream) {
+  TT_CUDA_CHECK(cudaMemsetAsync(device_factors + 3, 0, sizeof(float), stream));
 }
 
 void adamw_apply(float* param, const void* grad, bool grad_bf16, float* exp_avg, float* exp_avg_sq, int64_t n,

@@ -139,10 +139,14 @@ void add_ranks_scaled(void* dst, const void* const* inputs, int count, DType typ
                       cudaStream_t stream);
 
 // AdamW in two parts so a CUDA graph can hold the update: the step's factors (lr / (1 - beta1^t),
-// sqrt(1 - beta2^t), 1 - lr * wd) are uploaded to 3 floats of device memory outside any capture, and the
-// update kernel reads them there. grad_scale (nullable, device) multiplies the gradient (clipping).
+// sqrt(1 - beta2^t), 1 - lr * wd, and 1: apply) are uploaded to 4 floats of device memory outside any
+// capture, and the update kernel reads them there. grad_scale (nullable, device) multiplies the gradient
+// (clipping).
 void adamw_upload_factors(float* device_factors, double lr, double beta1, double beta2, double weight_decay,
                           int64_t step, cudaStream_t stream);
+// Sets the fourth factor to 0: adamw_apply launches after this, until the next upload, change nothing
+// (a graph replay's update whose step already ran eagerly).
+void adamw_cancel_factors(float* device_factors, cudaStream_t stream);
 // grad: n f32 elements, or bf16 ones when grad_bf16 (widened exactly before use).
 // bf16_copy (nullable, n bf16 elements) receives the updated parameters rounded to bf16 in the same pass.
 void adamw_apply(float* param, const void* grad, bool grad_bf16, float* exp_avg, float* exp_avg_sq, int64_t n,
