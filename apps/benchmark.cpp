@@ -114,6 +114,7 @@ Row measure(const Flags& flags, Device device, Bundle* bundle, const nn::ModelCo
       options.ctx = ctx;
       options.clip = flags.number("clip");
       train_step = std::make_unique<TrainStep>(model, params, device, nullptr, options);
+      row.cells[5] = train_step->cuda_graph() ? "on" : "off";  // train's step decides for itself
     }
     params.zero_grad();
     CounterRng rng{7, 0};

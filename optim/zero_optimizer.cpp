@@ -380,7 +380,11 @@ void ZeroOptimizer::complete_oldest() {
   f.work->wait();
   const Unit& unit = units_[f.unit];
   Tensor dst = shard_grads_.narrow_view(0, unit.shard_offset, unit.chunk);
-  ops::add_into(dst, f.received.dtype() == dst.dtype() ? f.received : ops::cast(f.received, dst.dtype()));
+  if (overwrite_shard_grads_) {
+    f.received.dtype() == dst.dtype() ? dst.copy_(f.received) : ops::cast_into(dst, f.received);
+  } else {
+    ops::add_into(dst, f.received.dtype() == dst.dtype() ? f.received : ops::cast(f.received, dst.dtype()));
+  }
   free_staging_.push_back(std::move(f.staging));
 }
 
@@ -395,6 +399,14 @@ void ZeroOptimizer::finish_backward() {
   }
   next_launch_ = -1;
   while (!in_flight_.empty()) complete_oldest();
+  if (overwrite_shard_grads_) {
+    // The step's first pass: a unit that got no gradient in it still holds the last step's.
+    for (const Unit& unit : units_) {
+      if (unit.trainable > 0 && !unit.launched)
+        shard_grads_.narrow_view(0, unit.shard_offset, unit.chunk).zero_();
+    }
+    overwrite_shard_grads_ = false;
+  }
   // Between passes the shard is the only gradient memory (the caching allocator keeps the blocks on CUDA).
   free_staging_.clear();
   for (Unit& unit : units_) unit.staging = Tensor();
@@ -422,6 +434,7 @@ void ZeroOptimizer::note_staging_bytes() {
 double ZeroOptimizer::step(double max_norm, bool measure_norm) {
   TT_ASSERT(!armed_, "ZeroOptimizer::step between begin_backward and finish_backward");
   double norm = std::nan("");
+  Tensor grad_scale;  // the clipping factor on the device (undefined: 1)
   if (max_norm > 0 || measure_norm) {
     const double local = ops::sum_squares(shard_grads_);
     Tensor total = device_.is_cpu() ? Tensor::from_doubles({local}, {1})
@@ -431,12 +444,20 @@ double ZeroOptimizer::step(double max_norm, bool measure_norm) {
     if (!std::isfinite(norm)) return norm;  // diverged: the caller stops; nothing is updated
     if (max_norm > 0) {
       const double scale = std::min(1.0, max_norm / (norm + 1e-6));
-      if (scale < 1.0) scale_gradients(shard_grads_, scale);
+      // On CUDA AdamW multiplies each gradient as it reads it (the same f32 product), without a pass of
+      // its own over the shard.
+      if (scale < 1.0 && device_.is_cuda()) {
+        grad_scale = Tensor::from_floats({static_cast<float>(scale)}, {1}, device_);
+      } else if (scale < 1.0) {
+        scale_gradients(shard_grads_, scale);
+      }
     }
   }
+  adamw_->set_grad_scale(grad_scale);
   settle();  // stage 2: no gather may still be reading the shard the update writes
   adamw_->step();
-  shard_grads_.zero_();
+  // The next pass writes the shard instead of adding to it: no pass to clear it.
+  overwrite_shard_grads_ = true;
   if (stage_ == 3) return norm;
   for (Unit& unit : units_) unit.stale = true;
   stale_units_ = units_.size();

@@ -215,6 +215,9 @@ class ZeroOptimizer : public nn::ParameterUnits {
   int64_t refresh_owner_[2] = {-1, -1};  // the unit whose gather a buffer holds and has not copied out
   size_t stale_units_ = 0;
   std::unique_ptr<AdamW> adamw_;
+  // After an update: the shard's gradients are the last step's, and the next backward pass writes them
+  // (units it does not reach are cleared) instead of adding to them.
+  bool overwrite_shard_grads_ = false;
   std::vector<Tensor> free_staging_;
   std::deque<InFlight> in_flight_;
   int64_t peak_staging_bytes_ = 0;

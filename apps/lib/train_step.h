@@ -84,6 +84,9 @@ class TrainStep {
   double communication_wait_ms();
   // One line for the banner: how and when the optimizer update runs, and whether the step is a CUDA graph.
   std::string update_path() const;
+  // Whether steps after the first are replays of one CUDA graph (TrainStepOptions::cuda_graph, where it
+  // applies).
+  bool cuda_graph() const { return graph_step_; }
 
   // One optimizer step at learning rate `lr`; `next_batch(micro)` gives micro-batch 0..grad_accum-1.
   // `stop_here` says this rank got a stop signal. Throws RunEnded (kExitDiverged, on every rank) when the
