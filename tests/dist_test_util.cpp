@@ -6,8 +6,10 @@
 #include <cmath>
 #include <cstring>
 #include <map>
+#include <optional>
 
 #include "apps/lib/train_step.h"
+#include "core/autograd.h"
 #include "core/ops.h"
 #include "core/rng.h"
 #include "dist/shard_collectives.h"
@@ -28,6 +30,7 @@ constexpr uint64_t kParamSeed = 11;
 class Mlp : public TestModel {
  public:
   static constexpr int64_t kIn = 12, kHidden = 24, kClasses = 7, kRows = 4;
+  explicit Mlp(bool detach_first_unit = false) : detach_first_unit_(detach_first_unit) {}
 
   struct Net : nn::Module {
     Net()
@@ -57,10 +60,16 @@ class Mlp : public TestModel {
             : Tensor::from_floats(std::vector<float>(x.begin(), x.end()), {rows, kIn}, device);
     const Tensor targets = Tensor::from_ints(y, {rows}, device);
     const auto f32 = nn::Precision::f32;
+    // batch_id's step, the same on every rank: every fourth step the first unit's gradients are not
+    // computed at all (ZeRO must not keep the last step's in their place).
+    const bool detached = detach_first_unit_ && (batch_ids.front() / 100) % 100 % 4 == 3;
+    std::optional<NoGradGuard> no_grad;
+    if (detached) no_grad.emplace();
     const Tensor h = nn::run_unit(
         units_, 0,
         [&](const Tensor& in) { return ops::swiglu(net_.gate.forward(in, f32), net_.up.forward(in, f32)); },
         inputs);
+    no_grad.reset();
     const Tensor mixed = nn::run_unit(
         units_, 1, [&](const Tensor& in) { return ops::add(in, net_.mix.forward(in, f32)); }, h);
     const Tensor logits = nn::run_unit(
@@ -74,6 +83,7 @@ class Mlp : public TestModel {
  private:
   Net net_;
   nn::ParameterUnits* units_ = nullptr;
+  bool detach_first_unit_ = false;
 };
 
 class TinyLm : public TestModel {
@@ -174,6 +184,8 @@ const char* model_kind_name(ModelKind kind) {
       return "transformer (bf16)";
     case ModelKind::transformer_recompute:
       return "transformer (recompute)";
+    case ModelKind::mlp_detached:
+      return "mlp (first unit detached every fourth step)";
   }
   return "?";
 }
@@ -183,7 +195,8 @@ const char* optimizer_kind_name(OptimizerKind kind) {
 }
 
 std::unique_ptr<TestModel> make_test_model(ModelKind kind) {
-  if (kind == ModelKind::mlp) return std::make_unique<Mlp>();
+  if (kind == ModelKind::mlp || kind == ModelKind::mlp_detached)
+    return std::make_unique<Mlp>(kind == ModelKind::mlp_detached);
   return std::make_unique<TinyLm>(kind == ModelKind::transformer_bf16,
                                   kind == ModelKind::transformer_recompute);
 }

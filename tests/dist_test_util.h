@@ -37,7 +37,8 @@ class TestModel {
 };
 
 // transformer_recompute: the tiny LM with activation recomputation per block (--recompute block).
-enum class ModelKind { mlp, transformer, transformer_bf16, transformer_recompute };
+// mlp_detached: the MLP whose first unit gets no gradient in any pass of every fourth step.
+enum class ModelKind { mlp, transformer, transformer_bf16, transformer_recompute, mlp_detached };
 enum class OptimizerKind { sgd, adamw };
 const char* model_kind_name(ModelKind kind);
 const char* optimizer_kind_name(OptimizerKind kind);

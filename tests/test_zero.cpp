@@ -126,7 +126,8 @@ TEST_CASE("ZeRO-1 around SGD (sharded update, no state) equals unsharded SGD") {
 TEST_CASE("ZeRO-2 and ZeRO-3 AdamW equal one process on the union of the batches (clipped, 10 steps)") {
   for (int stage : {2, 3}) {
     for (DType dtype : {DType::f64, DType::f32}) {
-      for (ModelKind kind : {ModelKind::mlp, ModelKind::transformer, ModelKind::transformer_recompute}) {
+      for (ModelKind kind : {ModelKind::mlp, ModelKind::transformer, ModelKind::transformer_recompute,
+                             ModelKind::mlp_detached}) {
         for (int micro : {1, 3}) check_zero_matches_single(kind, dtype, stage, micro, Device::cpu());
       }
     }
