@@ -108,6 +108,29 @@ TEST_CASE("checkpoint round trip restores parameters, optimizer state and train 
   CHECK(pc.flat_params().to_floats() == before);
 }
 
+TEST_CASE("BatchLoader hands out the sampler's batches and RNG positions, drawn ahead on a thread") {
+  const std::string data = make_data_dir();
+  const app::TokenFile file(data + "/train.bin", 65536);
+  for (const app::Sampling sampling : {app::Sampling::random, app::Sampling::sequential}) {
+    app::BatchSampler direct(file, 3, 16, sampling, 99), ahead(file, 3, 16, sampling, 99);
+    direct.rng().counter = ahead.rng().counter = 5;  // as resumed
+    {
+      app::BatchLoader loader(ahead, 4, 12);
+      CHECK(loader.consumed_rng_counter() == 5);
+      for (int64_t draw = 4; draw <= 12; ++draw) {
+        const app::Batch want = direct.next(draw);
+        const app::Batch got = loader.next(draw);
+        CHECK(got.inputs == want.inputs);
+        CHECK(got.targets == want.targets);
+        CHECK(loader.consumed_rng_counter() == direct.rng().counter);
+      }
+      CHECK_THROWS_AS(loader.next(13), Error);  // past the last draw
+    }
+    app::BatchLoader loader(ahead, 1, 100);
+    CHECK_THROWS_AS(loader.next(2), Error);  // out of order
+  }                                          // destroyed with draws waiting: the thread stops
+}
+
 TEST_CASE("resume is bit-identical to an uninterrupted run (random and sequential sampling)") {
   const std::string data = make_data_dir();
   for (const char* sampling : {"random", "sequential"}) {
@@ -127,10 +150,14 @@ TEST_CASE("resume is bit-identical to an uninterrupted run (random and sequentia
     REQUIRE(train(with({"--out", base + "/split", "--steps", "3"})) == 0);
     REQUIRE(train(with({"--out", base + "/split", "--steps", "6", "--resume",
                         base + "/split/checkpoints/step_3.h5"})) == 0);
+    // The full run's step-3 checkpoint was written while its batch loader had drawn ahead.
+    REQUIRE(train(with({"--out", base + "/from_full", "--steps", "6", "--resume",
+                        base + "/full/checkpoints/step_3.h5"})) == 0);
     const std::vector<double> full = losses(base + "/full/metrics.jsonl");
     const std::vector<double> split = losses(base + "/split/metrics.jsonl");
     REQUIRE(full.size() == 6);
     CHECK(split == full);  // exact equality, every step
+    CHECK(losses(base + "/from_full/metrics.jsonl") == std::vector<double>(full.begin() + 3, full.end()));
     const io::H5File a = io::H5File::open_read(base + "/full/checkpoints/step_6.h5");
     const io::H5File b = io::H5File::open_read(base + "/split/checkpoints/step_6.h5");
     for (const std::string& name : a.children("/model")) {

@@ -14,6 +14,7 @@
 #include <fstream>
 #include <mutex>
 #include <string_view>
+#include <system_error>
 #include <thread>
 
 #include <nlohmann/json.hpp>
@@ -172,6 +173,81 @@ Batch BatchSampler::next(int64_t step) {
     copy_window(file_, static_cast<int64_t>(rng_.next_below(starts)), context_, out, b);
   }
   return out;
+}
+
+BatchLoader::BatchLoader(BatchSampler& sampler, int64_t first_draw, int64_t last_draw, int depth)
+    : sampler_(sampler),
+      last_draw_(last_draw),
+      depth_(static_cast<size_t>(std::max(1, depth))),
+      next_draw_(first_draw),
+      expected_(first_draw),
+      consumed_counter_(sampler.rng().counter) {
+  try {
+    thread_ = std::thread([this] { run(); });
+  } catch (const std::system_error&) {
+    // No thread (a process limit): next() draws each batch when asked, as without a loader.
+  }
+}
+
+BatchLoader::~BatchLoader() {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    stop_ = true;
+  }
+  changed_.notify_all();
+  if (thread_.joinable()) thread_.join();
+}
+
+BatchLoader::Drawn BatchLoader::draw_one() {
+  Drawn d;
+  d.draw = next_draw_++;
+  d.batch = sampler_.next(d.draw);
+  d.counter = sampler_.rng().counter;
+  return d;
+}
+
+void BatchLoader::run() {
+  std::unique_lock<std::mutex> lock(mutex_);
+  while (next_draw_ <= last_draw_) {
+    changed_.wait(lock, [this] { return stop_ || ready_.size() < depth_; });
+    if (stop_) return;
+    lock.unlock();
+    Drawn d;
+    std::exception_ptr error;
+    try {
+      d = draw_one();
+    } catch (...) {
+      error = std::current_exception();
+    }
+    lock.lock();
+    if (error) {
+      error_ = error;
+      changed_.notify_all();
+      return;
+    }
+    ready_.push_back(std::move(d));
+    changed_.notify_all();
+  }
+}
+
+Batch BatchLoader::next(int64_t draw) {
+  TT_ASSERT(draw == expected_ && draw <= last_draw_, "BatchLoader: draw " + std::to_string(draw) +
+                                                         " asked, " + std::to_string(expected_) + " is next");
+  ++expected_;
+  Drawn d;
+  if (!thread_.joinable()) {
+    d = draw_one();
+  } else {
+    std::unique_lock<std::mutex> lock(mutex_);
+    changed_.wait(lock, [this] { return !ready_.empty() || error_; });
+    if (ready_.empty()) std::rethrow_exception(error_);
+    d = std::move(ready_.front());
+    ready_.pop_front();
+    lock.unlock();
+    changed_.notify_all();
+  }
+  consumed_counter_ = d.counter;
+  return std::move(d.batch);
 }
 
 Batch eval_batch(const TokenFile& file, int64_t batch, int64_t context, int64_t first_window) {

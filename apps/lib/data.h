@@ -6,9 +6,14 @@
 // (apps/lib/tokenizer.h has the tokenizers).
 #pragma once
 
+#include <condition_variable>
 #include <cstdint>
+#include <deque>
+#include <exception>
+#include <mutex>
 #include <optional>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -77,6 +82,45 @@ class BatchSampler {
   int rank_, world_;
   Sampling sampling_;
   CounterRng rng_;
+};
+
+// A sampler's batches drawn on a thread of its own, up to `depth` draws ahead of the training loop: reading
+// the token file (a memory-mapped file larger than memory pages in from disk) overlaps the GPU's work instead
+// of delaying the next step. The batches, and the RNG's position after each, are exactly the sampler's.
+class BatchLoader {
+ public:
+  // Draws first_draw .. last_draw from `sampler`, which nothing else may use while the loader exists.
+  BatchLoader(BatchSampler& sampler, int64_t first_draw, int64_t last_draw, int depth = 2);
+  ~BatchLoader();
+  BatchLoader(const BatchLoader&) = delete;
+  BatchLoader& operator=(const BatchLoader&) = delete;
+
+  // Draw `draw`, which must be the next one in order. Rethrows what drawing threw.
+  Batch next(int64_t draw);
+  // The sampler's RNG counter right after the last draw next() returned (what a checkpoint records).
+  uint64_t consumed_rng_counter() const { return consumed_counter_; }
+
+ private:
+  struct Drawn {
+    int64_t draw = 0;
+    Batch batch;
+    uint64_t counter = 0;
+  };
+  void run();
+  Drawn draw_one();
+
+  BatchSampler& sampler_;
+  const int64_t last_draw_;
+  const size_t depth_;
+  int64_t next_draw_;  // the next one to draw (the thread's, or next()'s without a thread)
+  int64_t expected_;   // the next one next() hands out
+  uint64_t consumed_counter_;
+  std::mutex mutex_;
+  std::condition_variable changed_;
+  std::deque<Drawn> ready_;
+  bool stop_ = false;
+  std::exception_ptr error_;
+  std::thread thread_;  // not joinable when none could be started: next() then draws itself
 };
 
 // The evaluation windows: windows first_window .. first_window+batch-1 of `file` (window i = tokens

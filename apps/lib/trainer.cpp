@@ -488,6 +488,7 @@ class TrainingRun {
     const std::string plot_title =
         "train " + flags_.str("preset") + " (" + std::to_string(params_->numel()) + " parameters)";
     progress_ = std::make_unique<Progress>(state_.step + 1, steps);
+    loader_ = std::make_unique<BatchLoader>(*sampler_, state_.step * plan_.accum + 1, steps * plan_.accum);
     for (int64_t step = state_.step + 1; step <= steps; ++step) {
       const double t0 = now_seconds();
       const double lr = optim::cosine_lr(step - 1, lr_max, lr_min, warmup, cosine_steps);
@@ -596,7 +597,7 @@ class TrainingRun {
  private:
   StepResult run_step(int64_t step, double lr) {
     try {
-      return step_->run([&](int64_t micro) { return sampler_->next((step - 1) * plan_.accum + micro + 1); },
+      return step_->run([&](int64_t micro) { return loader_->next((step - 1) * plan_.accum + micro + 1); },
                         lr, stop_signal() != 0, step);
     } catch (const RunEnded& e) {
       progress_->finish();
@@ -613,7 +614,8 @@ class TrainingRun {
   void save(int64_t step) {
     step_->settle();
     state_.step = step;
-    state_.rng_counter = sampler_->rng().counter;
+    // The loader draws ahead: what the checkpoint records is the position after the batches trained on.
+    state_.rng_counter = loader_ ? loader_->consumed_rng_counter() : sampler_->rng().counter;
     const std::string path = checkpoint_file(plan_.out, step);
     // A large model's checkpoint takes minutes (12 bytes per parameter, written then read back): say so
     // before the terminal goes quiet, the start point's (step 0) included.
@@ -661,6 +663,7 @@ class TrainingRun {
   std::unique_ptr<nn::FlatParameters> params_;
   std::unique_ptr<TrainStep> step_;
   std::unique_ptr<BatchSampler> sampler_;
+  std::unique_ptr<BatchLoader> loader_;  // draws from sampler_ from the first step on
   TrainState state_;
   double entropy_ = 0, last_val_ = NAN;
   PeakFlops peak_;
