@@ -91,6 +91,8 @@ Result measure(const RowSetup& setup, dist::DistRuntime& runtime, const Config& 
     options.grad_comm_bf16 = config.bf16_communication;
     options.all_reduce = dist::all_reduce_transport_name(config.transport);
     options.zero1_gather_chunk_mb = config.zero_chunk_mb;
+    // Scaling compares like with like: the distributed steps launch kernel by kernel, so the single one too.
+    options.cuda_graph = false;
     TrainStep step(model, params, device, config.label == "single" ? nullptr : &runtime, options);
     std::vector<double> waits;
     int64_t count = 0;

@@ -116,11 +116,14 @@ void AdamW::prepare_step() {
 #endif
 }
 
-void AdamW::cancel_prepared_step() {
+void AdamW::cancel_prepared_step(void* stream) {
   TT_ASSERT(device_factors_.defined(), "AdamW::cancel_prepared_step() before prepare_step()");
 #ifdef TT_WITH_CUDA
-  cuda::adamw_cancel_factors(device_factors_.data<float>(),
-                             static_cast<cudaStream_t>(compute_stream(params_[0].device().index)));
+  cuda::adamw_cancel_factors(
+      device_factors_.data<float>(),
+      static_cast<cudaStream_t>(stream ? stream : compute_stream(params_[0].device().index)));
+#else
+  (void)stream;
 #endif
 }
 

@@ -54,9 +54,10 @@ class AdamW : public Optimizer {
   // (outside a capture); apply() launches the update (may be captured, then replayed every step).
   void prepare_step() override;
   void apply();
-  // CUDA: makes the update kernels launched from now on (on streams ordered after the compute stream) change
-  // nothing until the next prepare_step(): for a graph replay whose update ran eagerly already.
-  void cancel_prepared_step();
+  // CUDA: makes apply() and apply_range() launched after this on `stream` (a cudaStream_t; nullptr: the
+  // compute stream), or on streams ordered after it, change nothing until the next prepare_step(): for a
+  // graph replay whose update ran eagerly already. The factored-gradient kernel ignores it.
+  void cancel_prepared_step(void* stream = nullptr);
   // The update of elements [begin, begin + count) of parameter `index` only (after prepare_step()), on
   // `stream` (a cudaStream_t; nullptr: the compute stream). Updating every range once equals apply().
   void apply_range(size_t index, int64_t begin, int64_t count, void* stream = nullptr) override;

@@ -28,8 +28,12 @@ OverlappedUpdate::OverlappedUpdate(AdamW& adamw, const nn::FlatParameters& param
 
 OverlappedUpdate::~OverlappedUpdate() {
   // A launched update finishes first; a deferred one nobody settled is dropped (launching kernels from a
-  // destructor could only throw).
-  if (state_ == State::launched) all_done_->block(compute_stream(device_.index));
+  // destructor could only throw). A CUDA error here has already been reported by whatever failed first.
+  if (state_ != State::launched) return;
+  try {
+    all_done_->block(compute_stream(device_.index));
+  } catch (const std::exception&) {
+  }
 }
 
 void OverlappedUpdate::launch() {
@@ -52,8 +56,11 @@ void OverlappedUpdate::settle() {
 
 void OverlappedUpdate::run_deferred() {
   launch();
+  // The replay's copy of this update is cancelled behind it on the side stream, before anything can wait.
+  void* side = side_stream(device_.index);
+  adamw_.cancel_prepared_step(side);
+  all_done_->record(side);
   all_done_->block(compute_stream(device_.index));
-  adamw_.cancel_prepared_step();  // on the compute stream, after the update has read the factors
 }
 
 void OverlappedUpdate::before_forward(int unit) {

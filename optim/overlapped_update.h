@@ -10,8 +10,10 @@
 // Anything else that reads the parameters or the optimizer state (a checkpoint, a sample) calls settle()
 // first. CUDA only: on the CPU the step updates in place after backward.
 //
-// Under a CUDA graph of the whole step, the graph's body starts with launch(): the update of step k runs in
-// replay k + 1. Between the two the update is deferred (defer()); take_deferred() hands it to the replay.
+// Under a CUDA graph of the whole step (apps/lib/train_step.h), the graph's body starts with launch(): the
+// update of step k runs in replay k + 1.
+//   Per step:  hand_to_replay();  replay (launch(), forward, settle(), zero_grad(), backward, clip);
+//              adamw.prepare_step();  defer();
 // Anything that needs the parameters before that replay (a forward outside the step, settle()) runs the
 // deferred update eagerly and cancels it in the replay (AdamW::cancel_prepared_step).
 #pragma once
@@ -44,6 +46,7 @@ class OverlappedUpdate : public nn::ParameterUnits {
   // applies the deferred update (or skips it, when it ran eagerly meanwhile) and waits for it to finish. The
   // events a capture records can only be waited on inside its graph, so nothing outside waits on them.
   void hand_to_replay() { state_ = State::idle; }
+  bool deferred() const { return state_ == State::deferred; }
 
   void before_forward(int unit) override;  // the compute stream waits for the unit's update
   void after_forward(int, bool) override {}

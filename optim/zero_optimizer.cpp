@@ -433,6 +433,7 @@ void ZeroOptimizer::note_staging_bytes() {
 
 double ZeroOptimizer::step(double max_norm, bool measure_norm) {
   TT_ASSERT(!armed_, "ZeroOptimizer::step between begin_backward and finish_backward");
+  TT_ASSERT(!overwrite_shard_grads_, "ZeroOptimizer::step twice without a backward pass in between");
   double norm = std::nan("");
   Tensor grad_scale;  // the clipping factor on the device (undefined: 1)
   if (max_norm > 0 || measure_norm) {

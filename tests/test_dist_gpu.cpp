@@ -148,7 +148,8 @@ TEST_CASE("nccl: ZeRO-2 and ZeRO-3 equal one process on the union of the batches
   // f32 (AdamW on CUDA updates f32 parameters), gradient accumulation and recomputation included; bf16
   // precision within bf16's bounds.
   for (int stage : {2, 3}) {
-    for (ModelKind kind : {ModelKind::mlp, ModelKind::transformer, ModelKind::transformer_recompute}) {
+    for (ModelKind kind : {ModelKind::mlp, ModelKind::transformer, ModelKind::transformer_recompute,
+                           ModelKind::mlp_detached}) {
       for (int micro : {1, 3}) check_zero_matches_single(kind, DType::f32, stage, micro, my_gpu());
     }
     check_zero_matches_single(ModelKind::transformer_bf16, DType::f32, stage, 2, my_gpu());

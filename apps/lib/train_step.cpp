@@ -197,26 +197,40 @@ std::vector<Tensor> TrainStep::replay_step(const std::function<Batch(int64_t mic
     upload_->ints_into(b.targets, graph_targets_[static_cast<size_t>(micro)]);
   }
   // The last step's update runs at the start of the replay (unless something ran it eagerly since).
+  const bool was_deferred = overlap_->deferred();
   overlap_->hand_to_replay();
   if (!graph_) {
     // The eager first step's blocks go back to the driver: the graph allocates from its own pool, which
     // keeps the step's activations for every replay.
     synchronize(device_);
     empty_cache(device_);
-    graph_ = std::make_unique<CudaGraph>(device_);
+    auto graph = std::make_unique<CudaGraph>(device_);
+    // A capture that fails leaves no graph, and the last update deferred as it was (its events, recorded
+    // in the abandoned capture, are never waited on).
+    const auto restore = [&] { was_deferred ? overlap_->defer() : overlap_->hand_to_replay(); };
     try {
-      graph_->capture([this] {
+      graph->capture([this] {
         overlap_->launch();
-        graph_losses_ = forward_backward([this](int64_t micro) {
-          return std::make_pair(graph_inputs_[static_cast<size_t>(micro)],
-                                graph_targets_[static_cast<size_t>(micro)]);
-        });
+        try {
+          graph_losses_ = forward_backward([this](int64_t micro) {
+            return std::make_pair(graph_inputs_[static_cast<size_t>(micro)],
+                                  graph_targets_[static_cast<size_t>(micro)]);
+          });
+        } catch (...) {
+          overlap_->settle();  // the side stream joins the capture again, so that it can end cleanly
+          throw;
+        }
       });
+    } catch (const OutOfMemory&) {
+      restore();
+      throw;  // as an eager step's would: the batch does not fit
     } catch (const std::exception& e) {
+      restore();
       throw Error(std::string("the training step could not be captured as a CUDA graph (") + e.what() +
                   "); --cuda-graph off runs it without one");
     }
-    overlap_->hand_to_replay();
+    graph_ = std::move(graph);
+    overlap_->hand_to_replay();  // the capture's launch() left events only the graph can wait on
   }
   graph_->replay();
   return graph_losses_;

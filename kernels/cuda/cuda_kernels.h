@@ -145,7 +145,7 @@ void add_ranks_scaled(void* dst, const void* const* inputs, int count, DType typ
 void adamw_upload_factors(float* device_factors, double lr, double beta1, double beta2, double weight_decay,
                           int64_t step, cudaStream_t stream);
 // Sets the fourth factor to 0: adamw_apply launches after this, until the next upload, change nothing
-// (a graph replay's update whose step already ran eagerly).
+// (a graph replay's update whose step already ran eagerly). gemm_adamw does not read it.
 void adamw_cancel_factors(float* device_factors, cudaStream_t stream);
 // grad: n f32 elements, or bf16 ones when grad_bf16 (widened exactly before use).
 // bf16_copy (nullable, n bf16 elements) receives the updated parameters rounded to bf16 in the same pass.
