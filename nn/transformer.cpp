@@ -66,6 +66,11 @@ void ModelConfig::validate() const {
   TT_CHECK(d_head() % 2 == 0, "model config: d_head must be even for RoPE, got " + std::to_string(d_head()));
   TT_CHECK(loss_chunk_rows >= 0,
            "model config: loss_chunk_rows must not be negative, got " + std::to_string(loss_chunk_rows));
+  TT_CHECK(recompute_blocks >= 0 && recompute_blocks <= num_layers,
+           "--recompute-blocks must be between 0 (all) and the number of layers (" +
+               std::to_string(num_layers) + "), got " + std::to_string(recompute_blocks));
+  TT_CHECK(recompute_blocks == 0 || recompute == Recompute::block,
+           "--recompute-blocks " + std::to_string(recompute_blocks) + " needs --recompute block");
 }
 
 ModelConfig preset(const std::string& name) {
@@ -255,7 +260,9 @@ Tensor TransformerLM::blocks_output(const Tensor& ids) const {
     const std::string name = "layer " + std::to_string(i);
     const NvtxRange range(name.c_str());
     const TransformerBlock* block = layers_[i];
-    const bool recomputed = config_.recompute == Recompute::block;
+    const bool recomputed =
+        config_.recompute == Recompute::block &&
+        (config_.recompute_blocks == 0 || static_cast<int64_t>(i) < config_.recompute_blocks);
     x = run_unit(
         units_, static_cast<int>(i) + 1,
         [block, recomputed](const Tensor& in) {

@@ -42,6 +42,9 @@ struct ModelConfig {
   // block: activation recomputation per Transformer block (less memory, one more forward of the blocks);
   // the same losses and gradients, bit for bit. Changes nothing without grad mode.
   Recompute recompute = Recompute::none;
+  // With block: the number of blocks recomputed, from the first (0: all). The others keep their
+  // activations: memory that would otherwise lie unused buys back part of the extra forward.
+  int64_t recompute_blocks = 0;
   // Rows per chunk of the fused classifier + loss in loss() (ops::linear_cross_entropy; 0: automatic, about
   // 1 GiB of f32 logits). Tests set it to make several chunks of a small batch.
   int64_t loss_chunk_rows = 0;

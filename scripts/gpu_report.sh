@@ -18,7 +18,8 @@
 #              between hosts)
 #   checkpoint (2+ GPUs) xl checkpoint write (from ZeRO-3 shards) and load times; checkpoint7b: the same
 #              for 7b (81 GB)
-#   large      (2+ GPUs) the 7b preset with ZeRO-3 and recomputation at ctx 2048 (memory, MFU)
+#   large      (2+ GPUs) the 7b preset with ZeRO-3 and recomputation at ctx 2048 (memory, MFU), also with
+#              only 24 and 16 of its 32 blocks recomputed
 #   recompute  recomputation's memory and time at ctx 4096 for small..xl (on the last GPU)
 #   generation `generate` against transformers' generate at small and xl, batch 1 and 16
 #              (scripts/generate_speed.sh), on SentencePiece data made from a generated corpus
@@ -240,6 +241,14 @@ for s in "$@"; do
         grep -q "^step *6/" "$out/train_7b_b$batch.log" &&
           echo "7b batch $batch per rank: median step ms, MFU, peak GiB: $(python3 scripts/median_step.py "$scratch/run_7b_b$batch/metrics.jsonl" 2)" &&
           break
+      done
+      # Fewer blocks recomputed, while the memory lasts: less extra forward work.
+      for blocks in 24 16; do
+        timeout 170 "${mpi[@]}" $b/train --preset 7b --data "$data" --ctx 2048 --batch 4 --precision bf16 \
+          --zero 3 --recompute block --recompute-blocks $blocks --steps 6 --log-every 1 --ckpt-every -1 \
+          --eval-batches 1 --sample-tokens 0 --out "$scratch/run_7b_rb$blocks" --overwrite >"$out/train_7b_rb$blocks.log" 2>&1
+        grep -q "^step *6/" "$out/train_7b_rb$blocks.log" || { echo "7b, $blocks of 32 blocks recomputed: $(grep -m1 -i error "$out/train_7b_rb$blocks.log")"; break; }
+        echo "7b batch 4, $blocks of 32 blocks recomputed: median step ms, MFU, peak GiB: $(python3 scripts/median_step.py "$scratch/run_7b_rb$blocks/metrics.jsonl" 2)"
       done
       ;;
     recompute)

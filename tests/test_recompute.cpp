@@ -45,12 +45,13 @@ std::pair<Tensor, Tensor> batch_of(uint64_t seed, uint64_t index) {
 
 struct Run {
   nn::Recompute recompute = nn::Recompute::none;
-  bool bf16 = false;         // bf16 matmuls, bf16 gradient buffer and weight mirror
-  bool flash = false;        // flash attention (attention_qkv) instead of the naive branch
-  bool in_backward = false;  // AdamW in grad-ready hooks (UpdateInBackward)
-  bool in_matmul = false;    // and inside the weight-gradient matmuls
-  int accumulate = 1;        // micro-batches per step (backward passes adding into .grad)
-  bool freeze = false;       // layers.1.ln2.weight frozen
+  bool bf16 = false;             // bf16 matmuls, bf16 gradient buffer and weight mirror
+  bool flash = false;            // flash attention (attention_qkv) instead of the naive branch
+  bool in_backward = false;      // AdamW in grad-ready hooks (UpdateInBackward)
+  bool in_matmul = false;        // and inside the weight-gradient matmuls
+  int64_t recompute_blocks = 0;  // ModelConfig::recompute_blocks
+  int accumulate = 1;            // micro-batches per step (backward passes adding into .grad)
+  bool freeze = false;           // layers.1.ln2.weight frozen
   int steps = 3;
 };
 struct Result {
@@ -61,8 +62,9 @@ struct Result {
 };
 
 Result train(const Run& run) {
-  const nn::ModelConfig config = recompute_config(
-      run.recompute, 3, run.bf16, run.flash ? nn::AttentionKind::flash : nn::AttentionKind::naive);
+  nn::ModelConfig config = recompute_config(run.recompute, 3, run.bf16,
+                                            run.flash ? nn::AttentionKind::flash : nn::AttentionKind::naive);
+  config.recompute_blocks = run.recompute_blocks;
   nn::TransformerLM model(config);
   nn::FlatParameters flat(model, Device::cpu(), 5, DType::f32, 7);
   if (run.bf16) flat.set_grad_dtype(DType::bf16);
@@ -116,8 +118,9 @@ Result train(const Run& run) {
 struct Memory {
   int64_t kept = 0, peak = 0;
 };
-Memory loss_memory(nn::Recompute recompute, int64_t layers) {
+Memory loss_memory(nn::Recompute recompute, int64_t layers, int64_t recompute_blocks = 0) {
   nn::ModelConfig config = recompute_config(recompute, layers);
+  config.recompute_blocks = recompute_blocks;
   config.context_length = 64;
   nn::TransformerLM model(config);
   nn::FlatParameters flat(model, Device::cpu(), 5);
@@ -172,6 +175,11 @@ TEST_CASE("recompute block: losses, parameters and gradients bit for bit those o
     const Result plain = train(c.run);
     c.run.recompute = nn::Recompute::block;
     const Result recomputed = train(c.run);
+    c.run.recompute_blocks = 2;  // of 3
+    const Result partly = train(c.run);
+    CHECK(partly.losses == plain.losses);
+    CHECK(partly.params == plain.params);
+    CHECK(partly.hook_calls == plain.hook_calls);
     CHECK(recomputed.losses == plain.losses);
     CHECK(recomputed.params == plain.params);
     CHECK(recomputed.grads_after == plain.grads_after);
@@ -204,6 +212,9 @@ TEST_CASE("recompute block: only the blocks' inputs are kept between forward and
   CHECK(block4.peak < none4.peak);
   // The peak of backward grows by one block input per block, not by a block's activations.
   CHECK(block4.peak - block2.peak < none4.peak - none2.peak);
+  // Two of four blocks recomputed: the other two keep what they keep without recomputation.
+  const Memory half4 = loss_memory(nn::Recompute::block, 4, 2);
+  CHECK(half4.kept - block2.kept == none4.kept - none2.kept);
 }
 
 TEST_CASE("recompute block: without grad mode nothing is recorded and the logits are the same") {

@@ -37,6 +37,9 @@ void declare_model_flags(Flags& f) {
         "block: keep only each block's input for backward and run the block again there (less activation "
         "memory, one more forward of the blocks; the same results)",
         {"none", "block"});
+  f.add("recompute-blocks", "0",
+        "with --recompute block: recompute only the first N blocks (0: all); the others keep their "
+        "activations, which is faster where memory allows");
   f.add_switch(
       "deterministic",
       "bit-identical CUDA runs (exact resume on GPU): deterministic attention backward, a little slower");
@@ -74,6 +77,7 @@ void apply_runtime_model_flags(const Flags& flags, nn::ModelConfig& config, Devi
   config.attention = resolve_attention(flags.str("attention"), device);
   // Apps that declare their own model flags (bench_ddp) may lack it.
   if (flags.declared("recompute")) config.recompute = nn::parse_recompute(flags.str("recompute"));
+  if (flags.declared("recompute-blocks")) config.recompute_blocks = flags.integer("recompute-blocks");
 }
 
 nn::ModelConfig model_config_from_flags(const Flags& flags, Device device, int64_t data_vocab) {

@@ -456,6 +456,11 @@ class TrainingRun {
                 plan_.grads_bf16 ? " (bf16 gradients)" : "", nn::attention_name(config.attention),
                 data_dir_.c_str(), static_cast<long long>(train_file_->size()),
                 static_cast<long long>(val_file_->size()));
+    if (config.recompute == nn::Recompute::block) {
+      const int64_t recomputed = config.recompute_blocks > 0 ? config.recompute_blocks : config.num_layers;
+      std::printf("recomputation: %lld of %lld blocks run again in backward from their inputs\n",
+                  static_cast<long long>(recomputed), static_cast<long long>(config.num_layers));
+    }
     if (plan_.world > 1) {
       std::printf("data parallel: %d ranks, %s, global batch %lld sequences\n", plan_.world,
                   step_->describe().c_str(), static_cast<long long>(plan_.batch * plan_.accum * plan_.world));
