@@ -87,31 +87,11 @@ Tensor AccumulateGrad::grad_buffer(const Shape& shape, DType dtype) const {
   return existing;
 }
 
-Tensor direct_grad_buffer(const std::shared_ptr<Node>& edge, const Shape& shape, DType dtype,
-                          bool* known_zero, bool or_bf16) {
-  const auto* accumulator = dynamic_cast<const AccumulateGrad*>(edge.get());
-  Tensor buffer = accumulator ? accumulator->grad_buffer(shape, dtype) : Tensor();
-  const bool zero = buffer.defined() && grad_known_zero(accumulator->leaf());
-  // A bf16 buffer only to overwrite: adding in place would round once per addition.
-  if (dtype == DType::bf16 && !zero) buffer = Tensor();
-  if (!buffer.defined() && or_bf16 && dtype != DType::bf16)
-    return direct_grad_buffer(edge, shape, DType::bf16, known_zero);
-  if (known_zero) *known_zero = zero && buffer.defined();
-  return buffer;
-}
-
 void set_factored_grad_consumer(const Tensor& leaf, FactoredGradConsumer consumer) {
   TT_ASSERT(leaf.grad_fn() == nullptr, "set_factored_grad_consumer: " + leaf.describe() + " is not a leaf");
   TT_ASSERT(!consumer || !leaf.impl()->factored_grad_consumer,
             "set_factored_grad_consumer: " + leaf.describe() + " has a consumer already (remove it first)");
   leaf.impl()->factored_grad_consumer = std::move(consumer);
-}
-
-bool consume_factored_grad(const std::shared_ptr<Node>& edge, const Tensor& dy, const Tensor& x) {
-  const auto* accumulator = dynamic_cast<const AccumulateGrad*>(edge.get());
-  if (accumulator == nullptr) return false;
-  const FactoredGradConsumer& consumer = accumulator->leaf().impl()->factored_grad_consumer;
-  return consumer && consumer(dy, x);
 }
 
 void mark_grad_zeroed(const Tensor& leaf) {
@@ -131,10 +111,68 @@ void AccumulateGrad::note_direct_contribution(bool written) {
   if (written) leaf_.impl()->grad_zero_pass = TensorImpl::kNoZeroPass;
 }
 
-void note_direct_contribution(const std::shared_ptr<Node>& edge, bool written) {
-  auto* accumulator = dynamic_cast<AccumulateGrad*>(edge.get());
-  TT_ASSERT(accumulator != nullptr, "note_direct_contribution: not a leaf accumulator");
-  accumulator->note_direct_contribution(written);
+namespace {
+// The leaf's .grad as a destination for a gradient of `shape` and `dtype` (GradientRequest::into_leaf), and
+// whether it holds zeros.
+Tensor leaf_destination(const AccumulateGrad& accumulator, const Shape& shape, DType dtype, bool or_bf16,
+                        bool* zero) {
+  Tensor buffer = accumulator.grad_buffer(shape, dtype);
+  *zero = buffer.defined() && grad_known_zero(accumulator.leaf());
+  // A bf16 buffer only to overwrite: adding in place would round once per addition.
+  if (dtype == DType::bf16 && !*zero) buffer = Tensor();
+  if (!buffer.defined() && or_bf16 && dtype != DType::bf16)
+    return leaf_destination(accumulator, shape, DType::bf16, false, zero);
+  *zero = *zero && buffer.defined();
+  return buffer;
+}
+}  // namespace
+
+GradientRoute Node::route_gradient(size_t input, const GradientRequest& request) {
+  TT_ASSERT(input < next.size(), std::string(name()) + ": no input " + std::to_string(input));
+  GradientRoute route;
+  Node* edge = next[input].get();
+  if (edge == nullptr) return route;
+  auto* accumulator = dynamic_cast<AccumulateGrad*>(edge);
+  if (accumulator != nullptr && request.dy != nullptr && request.x != nullptr) {
+    const FactoredGradConsumer& consumer = accumulator->leaf().impl()->factored_grad_consumer;
+    if (consumer && consumer(*request.dy, *request.x)) {
+      accumulator->note_direct_contribution(/*written=*/false);
+      route.kind = GradientRoute::Kind::taken;
+      return route;
+    }
+  }
+  if (accumulator != nullptr && request.into_leaf) {
+    bool zero = false;
+    Tensor buffer = leaf_destination(*accumulator, request.shape, request.dtype, request.or_bf16, &zero);
+    if (buffer.defined() && (zero || !request.leaf_only_if_zero)) {
+      route.kind = GradientRoute::Kind::into_buffer;
+      route.buffer = buffer;
+      route.overwrite = zero;
+      route.leaf_grad = true;
+      return route;
+    }
+  }
+  if (request.into_collected && collected_ != nullptr) {
+    auto it = collected_->find(edge);
+    // Only a buffer nobody else can see (add's backward hands one tensor to both of its inputs, so the
+    // residual stream's gradient becomes writable once the other branch has consumed its handle).
+    if (it != collected_->end() && held_only_by(it->second, 1) && it->second.dtype() == request.dtype &&
+        it->second.shape() == request.shape) {
+      // The op adds into it, which would leave a bf16 copy of its values stale (it may set a new one).
+      it->second.set_low_precision_copy(Tensor());
+      route.kind = GradientRoute::Kind::into_buffer;
+      route.buffer = it->second;
+      return route;
+    }
+  }
+  return route;
+}
+
+void Node::routed(size_t input, const GradientRoute& route) {
+  if (!route.leaf_grad) return;
+  auto* accumulator = dynamic_cast<AccumulateGrad*>(next[input].get());
+  TT_ASSERT(accumulator != nullptr, "Node::routed: input " + std::to_string(input) + " is not a leaf");
+  accumulator->note_direct_contribution();
 }
 
 std::vector<Tensor> AccumulateGrad::apply(const Tensor& grad_output) {
@@ -231,27 +269,15 @@ void run_backward_owned(const Tensor& root, Tensor root_grad) {
       node_grad = std::move(it->second);
       pending.erase(it);
     }
-    if (node->accumulates_in_place()) {
-      node->pending_grads.assign(node->next.size(), Tensor());
-      for (size_t i = 0; i < node->next.size(); ++i) {
-        if (!node->next[i]) continue;
-        auto it = pending.find(node->next[i].get());
-        // Only a buffer nobody else can see (add's backward hands one tensor to both of its inputs, so the
-        // residual stream's gradient becomes writable once the other branch has consumed its handle).
-        if (it != pending.end() && held_only_by(it->second, 1)) {
-          node->pending_grads[i] = it->second;
-          // The node may add into it, which would leave a bf16 copy of its values stale (it may set one).
-          it->second.set_low_precision_copy(Tensor());
-        }
-      }
-    }
     std::vector<Tensor> input_grads;
     {
-      // The offered gradients go back to the engine alone however apply() ends.
-      struct ClearOffers {
+      // The node may route its gradients into what is collected so far (Node::route_gradient), during
+      // apply() only.
+      node->collected_ = &pending;
+      struct EndRouting {
         Node& node;
-        ~ClearOffers() { node.pending_grads.clear(); }
-      } clear_offers{*node};
+        ~EndRouting() { node.collected_ = nullptr; }
+      } end_routing{*node};
       // Allocations of a backward node are attributed to it in memory timelines.
       MemoryTagGuard tag(node->name());
       const NvtxRange range(node->name());

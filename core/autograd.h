@@ -6,11 +6,47 @@
 
 #include <cstdint>
 #include <memory>
+#include <unordered_map>
 #include <vector>
 
 #include "core/tensor.h"
 
 namespace tt {
+
+// Where a backward op puts the gradient it computes for one of its inputs (Node::route_gradient). By default
+// apply() returns each input's gradient, and the engine sums what reaches a tensor and passes it on. An op
+// whose kernels can write or add in place asks first, and the engine answers one of:
+//  - taken: the input is a leaf whose consumer took its gradient in factored form, dW = dy^T x (an optimizer
+//    update fused into the weight-gradient matmul, set_factored_grad_consumer): compute nothing.
+//  - into `buffer`: write the gradient there when `overwrite` (nothing of this pass is in it yet; a GEMM with
+//    beta = 0 reads no C), else add it (beta = 1); then call routed() and return no tensor for that input.
+//    The buffer is either the leaf's own .grad (FlatParameters' views of one flat buffer; known to hold
+//    zeros after mark_grad_zeroed), or the gradient collected so far in this pass for the input (the
+//    residual stream's, from the branch that ran first), which only the engine holds.
+//  - returned: neither; return the gradient.
+struct GradientRequest {
+  Shape shape;  // the gradient's: the input's shape, in `dtype`
+  DType dtype = DType::f32;
+  // The op can write the leaf's .grad: an f32 or f64 buffer of `dtype` (added to unless it holds zeros), or
+  // a bf16 one of `dtype` that holds zeros (a bf16 buffer is never added to: that would round each sum).
+  bool into_leaf = false;
+  bool leaf_only_if_zero = false;  // ... but only overwrite it, never add
+  // ... or, when the leaf has no buffer of `dtype`, a bf16 one holding zeros, the result rounded once as
+  // it is written (bf16 gradients of f32 parameters, FlatParameters::set_grad_dtype).
+  bool or_bf16 = false;
+  bool into_collected = false;  // the op can add into the gradient collected so far (same shape and dtype)
+  // Offered first to the leaf's factored consumer, when set: dW = dy^T x.
+  const Tensor* dy = nullptr;
+  const Tensor* x = nullptr;
+};
+
+struct GradientRoute {
+  enum class Kind { returned, into_buffer, taken };
+  Kind kind = Kind::returned;
+  Tensor buffer;
+  bool overwrite = false;
+  bool leaf_grad = false;  // the buffer is the leaf's .grad (not a collected gradient)
+};
 
 class Node {
  public:
@@ -27,22 +63,25 @@ class Node {
   virtual void release_saved() {}
   // Whether the node may run in later backward passes (leaf accumulators are shared by every graph).
   virtual bool reusable() const { return false; }
-  // Whether a producer added its gradient straight into this node's buffer (claim_grad_buffer below): the
-  // engine then runs the node even when no gradient tensor reached it.
+  // Whether a producer wrote its gradient straight into this leaf's .grad (GradientRoute): the engine then
+  // runs the node even when no gradient tensor reached it.
   virtual bool has_direct_contribution() const { return false; }
 
-  // Whether apply() may add its gradient for an input into that input's pending gradient in place (see
-  // pending_grads): nodes whose kernels can accumulate for free (a GEMM with beta = 1, an epilogue) say so.
-  virtual bool accumulates_in_place() const { return false; }
+  // Inside apply(): where the gradient for input `input` goes (GradientRoute above). Asked at most once per
+  // input and pass, just before the op computes that gradient.
+  GradientRoute route_gradient(size_t input, const GradientRequest& request);
+  // After the write into `route`'s buffer is queued (so a failure before leaves no trace): a leaf's
+  // accumulator still runs its grad-ready hooks, and its .grad no longer holds zeros.
+  void routed(size_t input, const GradientRoute& route);
 
   std::vector<std::shared_ptr<Node>> next;  // nullptr for inputs that need no gradient
   uint64_t sequence = 0;                    // creation order; later nodes run first
   bool released = false;                    // saved tensors freed: the node cannot run again
-  // Set by the engine for the duration of apply(), for nodes that accumulate in place: entry i is the
-  // gradient already collected for next[i] by earlier nodes, when the engine alone holds it and it is one
-  // whole dense buffer; undefined otherwise. A node may add its contribution into it (same shape and dtype)
-  // and then return an undefined tensor for input i, which saves a separate sum over the buffer.
-  std::vector<Tensor> pending_grads;
+
+ private:
+  friend void run_backward_owned(const Tensor& root, Tensor grad);
+  // The engine's gradients collected so far in this pass, for the duration of apply().
+  std::unordered_map<Node*, Tensor>* collected_ = nullptr;
 };
 
 // The node standing for a leaf tensor that requires grad: it accumulates into the leaf's .grad.
@@ -54,6 +93,7 @@ class AccumulateGrad : public Node {
   std::vector<Tensor> apply(const Tensor& grad_output) override;
   bool reusable() const override { return true; }
   bool has_direct_contribution() const override { return direct_; }
+  // The leaf's .grad when it is a dense buffer of `shape` and `dtype` (f32, f64 or bf16), else undefined.
   Tensor grad_buffer(const Shape& shape, DType dtype) const;
   // written: the producer wrote into .grad (so it no longer holds zeros); false for a gradient taken in
   // factored form, which leaves .grad as it was.
@@ -66,29 +106,14 @@ class AccumulateGrad : public Node {
   bool direct_ = false;
 };
 
-// When `edge` is the accumulator of a leaf whose .grad is a dense f32 or f64 buffer of `shape` and `dtype`
-// (as FlatParameters sets up), or a bf16 one marked as holding zeros (to be overwritten, never added to),
-// returns that buffer, else an undefined tensor. A producer that adds its
-// gradient into it in place (a GEMM with beta = 1, say) then calls note_direct_contribution(edge) and returns
-// no tensor for that input; the engine still runs the accumulator, so the leaf's grad-ready hooks fire.
-// `known_zero`, when given, says whether that buffer is marked as holding zeros (mark_grad_zeroed below): the
-// producer may then overwrite it instead of adding. With `or_bf16`, a leaf without such a buffer of `dtype`
-// may instead offer a bf16 one marked as holding zeros (the bf16 gradients of wider parameters,
-// FlatParameters::set_grad_dtype), for a producer that can round its result once as it writes it.
-Tensor direct_grad_buffer(const std::shared_ptr<Node>& edge, const Shape& shape, DType dtype,
-                          bool* known_zero = nullptr, bool or_bf16 = false);
-void note_direct_contribution(const std::shared_ptr<Node>& edge, bool written = true);
-
 // A leaf's consumer of its gradient in factored form. A linear layer's backward offers its weight's gradient
-// dW = dy^T x as the pair (dy: rows x out, x: rows x in, both in the compute dtype) before computing it. A
-// consumer that uses the gradient itself (an optimizer update fused into the weight-gradient matmul) returns
-// true: the gradient is then neither computed nor stored, the leaf's .grad is left as it was, and its
-// grad-ready hooks still fire; its zero mark (mark_grad_zeroed) stays, so a consumer can tell from it in the
-// hook whether anything else wrote a gradient. Returning false lets backward compute the gradient as usual.
-// One consumer per leaf; an empty function removes it.
+// dW = dy^T x as the pair (dy: rows x out, x: rows x in, both in the compute dtype) before computing it
+// (GradientRequest::dy). A consumer that uses the gradient itself (an optimizer update fused into the
+// weight-gradient matmul) returns true: the gradient is then neither computed nor stored, the leaf's .grad
+// is left as it was, and its grad-ready hooks still fire; its zero mark (mark_grad_zeroed) stays, so a
+// consumer can tell from it in the hook whether anything else wrote a gradient. Returning false lets backward
+// compute the gradient as usual. One consumer per leaf; an empty function removes it.
 void set_factored_grad_consumer(const Tensor& leaf, FactoredGradConsumer consumer);
-// Offers (dy, x) to the consumer of the leaf behind `edge`, if it has one; true when it took the gradient.
-bool consume_factored_grad(const std::shared_ptr<Node>& edge, const Tensor& dy, const Tensor& x);
 
 // Gradient buffers known to hold zeros. Whoever zeroes a leaf's .grad (FlatParameters::zero_grad,
 // Optimizer::zero_grad, an update fused into backward) marks it; the first contribution of the next backward

@@ -260,7 +260,6 @@ struct AttentionQkvNode : Node {
   double theta = 10000.0;
   DType dx_dtype = DType::f32, dw_dtype = DType::f32;
   const char* name() const override { return "AttentionQkv"; }
-  bool accumulates_in_place() const override { return true; }
   std::vector<Tensor> apply(const Tensor& grad) override {
     const int64_t rows = x2.size(0), n = p.heads * p.d_head;
     const Tensor d_o = reshape(detail::dense(detail::in_dtype(grad, o.dtype())), {rows, n});
@@ -272,13 +271,12 @@ struct AttentionQkvNode : Node {
     // 3n apart) against x.
     if (next[0]) {
       const Tensor w = stacked_weights(wq, wk, wv, qkv.dtype());
-      out[0] = detail::linear_input_grad(dqkv, w, pending_grads.empty() ? Tensor() : pending_grads[0],
-                                         dx_dtype, x_shape);
+      out[0] = detail::linear_input_grad(*this, 0, dqkv, w, dx_dtype, x_shape);
     }
     for (size_t i = 0; i < 3; ++i) {
       if (next[i + 1]) {
         out[i + 1] = detail::linear_weight_grad(
-            next[i + 1], dqkv.narrow_view(1, static_cast<int64_t>(i) * n, n), x2, dw_dtype);
+            *this, i + 1, dqkv.narrow_view(1, static_cast<int64_t>(i) * n, n), x2, dw_dtype);
       }
     }
     return out;

@@ -67,16 +67,16 @@ Tensor in_dtype(const Tensor& t, DType dtype);
 // The backward of y = x W^T (core/ops_matmul.cpp), shared by the ops built on it. g: y's gradient (rows, out)
 // in the compute dtype (2-D, rows may be further apart than out); w (out, in) and x2 (rows, in): the operands
 // as the forward used them.
-// x's gradient g W: added into `pending` (the gradient collected for x so far) and an undefined tensor
-// returned when that buffer has x's shape and dx_dtype and the product is already in dx_dtype; else returned
-// in dx_dtype (a bf16 one rounded by the GEMM itself) with x's shape.
-Tensor linear_input_grad(const Tensor& g, const Tensor& w, const Tensor& pending, DType dx_dtype,
+// x's gradient g W for input `input` of `node`: added into the gradient collected for x so far
+// (GradientRequest::into_collected) and an undefined tensor returned, when that buffer has x's shape and
+// dx_dtype and the product is already in dx_dtype; else returned in dx_dtype (a bf16 one rounded by the GEMM
+// itself) with x's shape.
+Tensor linear_input_grad(Node& node, size_t input, const Tensor& g, const Tensor& w, DType dx_dtype,
                          const Shape& x_shape);
-// W's gradient g^T x2 for the leaf behind `edge`: taken in factored form by its consumer (an optimizer update
-// fused into the matmul), or written into its .grad buffer (beta = 0 when that holds zeros; a bf16 one
-// rounded once by the GEMM), which returns an undefined tensor; else returned in dw_dtype.
-Tensor linear_weight_grad(const std::shared_ptr<Node>& edge, const Tensor& g, const Tensor& x2,
-                          DType dw_dtype);
+// W's gradient g^T x2 for input `input` of `node` (a leaf): taken in factored form by its consumer (an
+// optimizer update fused into the matmul), or written into its .grad buffer (beta = 0 when that holds zeros;
+// a bf16 one rounded once by the GEMM), which returns an undefined tensor; else returned in dw_dtype.
+Tensor linear_weight_grad(Node& node, size_t input, const Tensor& g, const Tensor& x2, DType dw_dtype);
 
 // Wraps a CUDA-only statement. Without CUDA no tensor can live on a GPU (allocation fails first), so the
 // branch that holds it is unreachable there and the statement compiles away.

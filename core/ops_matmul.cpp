@@ -165,16 +165,12 @@ struct LinearNode : Node {
   DType dx_dtype = DType::f32, dw_dtype = DType::f32;
   bool residual = false;  // a third input added to the product (linear_residual): its gradient is grad
   const char* name() const override { return "Linear"; }
-  bool accumulates_in_place() const override { return true; }
   std::vector<Tensor> apply(const Tensor& grad) override {
     const int64_t out_features = w.size(0);
     const Tensor g = reshape(detail::dense(in_dtype(grad, w.dtype())), {x2.size(0), out_features});
     Tensor dx, dw;
-    if (next[0]) {
-      dx = detail::linear_input_grad(g, w, pending_grads.empty() ? Tensor() : pending_grads[0], dx_dtype,
-                                     x_shape);
-    }
-    if (next[1]) dw = detail::linear_weight_grad(next[1], g, x2, dw_dtype);
+    if (next[0]) dx = detail::linear_input_grad(*this, 0, g, w, dx_dtype, x_shape);
+    if (next[1]) dw = detail::linear_weight_grad(*this, 1, g, x2, dw_dtype);
     if (residual) return {dx, dw, grad};
     return {dx, dw};
   }
@@ -285,16 +281,23 @@ Tensor linear_residual(const Tensor& residual, const Tensor& x, const Tensor& we
 
 namespace tt::detail {
 
-Tensor linear_input_grad(const Tensor& g, const Tensor& w, const Tensor& pending, DType dx_dtype,
+Tensor linear_input_grad(Node& node, size_t input, const Tensor& g, const Tensor& w, DType dx_dtype,
                          const Shape& x_shape) {
   // The product's own wide dtype, then x's if x came in another (an f64 x against f32 weights).
   const DType product = wide_dtype(w.dtype());
-  if (pending.defined() && product == dx_dtype && pending.dtype() == dx_dtype && pending.shape() == x_shape) {
-    // Added into the gradient already collected for x (beta = 1): the inputs of q, k and v, of w1 and w3 sum
-    // their gradients without a separate addition.
-    Tensor into = pending;
-    gemm_into(g, w, false, false, 1.0, 1.0, into);
-    return Tensor();
+  if (product == dx_dtype) {
+    GradientRequest request;
+    request.shape = x_shape;
+    request.dtype = dx_dtype;
+    request.into_collected = true;
+    GradientRoute route = node.route_gradient(input, request);
+    if (route.kind == GradientRoute::Kind::into_buffer) {
+      // Added into the gradient already collected for x (beta = 1): the inputs of q, k and v, of w1 and w3
+      // sum their gradients without a separate addition.
+      gemm_into(g, w, false, false, 1.0, 1.0, route.buffer);
+      node.routed(input, route);
+      return Tensor();
+    }
   }
   // A bf16 dx is rounded by the GEMM itself (the same single rounding a cast would do).
   Tensor dx =
@@ -304,25 +307,24 @@ Tensor linear_input_grad(const Tensor& g, const Tensor& w, const Tensor& pending
   return ops::reshape(dx, x_shape);
 }
 
-Tensor linear_weight_grad(const std::shared_ptr<Node>& edge, const Tensor& g, const Tensor& x2,
-                          DType dw_dtype) {
-  if (consume_factored_grad(edge, g, x2)) {
-    // Someone took dW = g^T x2 in factored form (an optimizer update fused into the matmul): .grad is
-    // untouched.
-    note_direct_contribution(edge, /*written=*/false);
-    return Tensor();
-  }
+Tensor linear_weight_grad(Node& node, size_t input, const Tensor& g, const Tensor& x2, DType dw_dtype) {
   const Shape w_shape{g.size(1), x2.size(1)};
-  bool known_zero = false;
+  GradientRequest request;
+  request.shape = w_shape;
+  request.dtype = dw_dtype;
+  request.dy = &g;  // an optimizer update fused into the matmul may take dW = g^T x2 as it is
+  request.x = &x2;
+  request.into_leaf = true;
   // A bf16 .grad of an f32 weight computed in bf16 (FlatParameters::set_grad_dtype) takes the product rounded
   // once by the GEMM's epilogue (which needs bf16 operands), when it holds zeros; otherwise the accumulator
   // adds.
-  Tensor target =
-      direct_grad_buffer(edge, w_shape, dw_dtype, &known_zero, /*or_bf16=*/g.dtype() == DType::bf16);
-  if (target.defined()) {
+  request.or_bf16 = g.dtype() == DType::bf16;
+  GradientRoute route = node.route_gradient(input, request);
+  if (route.kind == GradientRoute::Kind::taken) return Tensor();
+  if (route.kind == GradientRoute::Kind::into_buffer) {
     // Overwrite a buffer known to hold zeros (no read of it), else add.
-    gemm_into(g, x2, true, false, 1.0, known_zero ? 0.0 : 1.0, target);
-    note_direct_contribution(edge);  // only once the addition is queued, so a failure leaves no trace
+    gemm_into(g, x2, true, false, 1.0, route.overwrite ? 0.0 : 1.0, route.buffer);
+    node.routed(input, route);
     return Tensor();
   }
   // The product in dw_dtype where the GEMM can write it, else in its wide dtype, then cast.

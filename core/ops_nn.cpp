@@ -41,25 +41,36 @@ struct RmsNormNode : Node {
   // which saves that matmul a cast.
   bool bf16_dx_copy = false;
   const char* name() const override { return "RMSNorm"; }
-  bool accumulates_in_place() const override { return true; }
   std::vector<Tensor> apply(const Tensor& grad) override {
     const Tensor g = detail::dense(grad.dtype() == x.dtype() ? grad : cast(grad, x.dtype()));
     const int64_t dim = x.size(-1), rows = x.numel() / dim;
-    // x's gradient added into the one already collected for x (the residual stream's), when offered.
-    Tensor pending = pending_grads.empty() ? Tensor() : pending_grads[0];
-    const bool into_pending =
-        pending.defined() && pending.dtype() == x.dtype() && pending.shape() == x.shape();
+    // x's gradient added into the one already collected for x (the residual stream's), when there is one.
+    GradientRoute dx_route;
+    if (next[0]) {
+      GradientRequest request;
+      request.shape = x.shape();
+      request.dtype = x.dtype();
+      request.into_collected = true;
+      dx_route = route_gradient(0, request);
+    }
+    const bool into_pending = dx_route.kind == GradientRoute::Kind::into_buffer;
+    Tensor pending = dx_route.buffer;
     Tensor dx =
         into_pending && x.device().is_cuda() ? pending : Tensor::empty(x.shape(), x.dtype(), x.device());
     // The weight's gradient written straight into its .grad when that holds zeros (FlatParameters): in the
     // weight's dtype, or rounded once into a bf16 buffer (FlatParameters::set_grad_dtype).
-    bool known_zero = false;
-    Tensor dw;
+    GradientRoute dw_route;
     if (next[1]) {
-      dw = direct_grad_buffer(next[1], weight.shape(), weight.dtype(), &known_zero, /*or_bf16=*/true);
+      GradientRequest request;
+      request.shape = weight.shape();
+      request.dtype = weight.dtype();
+      request.into_leaf = true;
+      request.leaf_only_if_zero = true;
+      request.or_bf16 = true;
+      dw_route = route_gradient(1, request);
     }
-    const bool direct_dw = dw.defined() && known_zero;
-    if (!direct_dw) dw = Tensor::empty(weight.shape(), weight.dtype(), weight.device());
+    const bool direct_dw = dw_route.kind == GradientRoute::Kind::into_buffer;
+    Tensor dw = direct_dw ? dw_route.buffer : Tensor::empty(weight.shape(), weight.dtype(), weight.device());
     Tensor copy;
     if (x.device().is_cuda()) {
       if (bf16_dx_copy) copy = Tensor::empty(x.shape(), DType::bf16, x.device());
@@ -79,7 +90,8 @@ struct RmsNormNode : Node {
       if (dw_wide.raw_data() != dw.raw_data()) cast_into(dw, dw_wide);
       if (into_pending) add_into(pending, dx);  // the engine's own sum, done here
     }
-    if (direct_dw) note_direct_contribution(next[1]);
+    if (direct_dw) routed(1, dw_route);
+    if (into_pending) routed(0, dx_route);
     Tensor dx_out = into_pending ? Tensor() : reshape(dx, x.shape());
     if (copy.defined()) (into_pending ? pending : dx_out).set_low_precision_copy(copy);
     return {dx_out, direct_dw ? Tensor() : dw};
