@@ -38,6 +38,23 @@ struct GradientRequest {
   // Offered first to the leaf's factored consumer, when set: dW = dy^T x.
   const Tensor* dy = nullptr;
   const Tensor* x = nullptr;
+
+  // The two kinds of op: one that can add into the gradient collected so far, one that writes a leaf's .grad.
+  static GradientRequest collected(const Shape& shape, DType dtype) {
+    GradientRequest r;
+    r.shape = shape;
+    r.dtype = dtype;
+    r.into_collected = true;
+    return r;
+  }
+  static GradientRequest leaf(const Shape& shape, DType dtype, bool or_bf16) {
+    GradientRequest r;
+    r.shape = shape;
+    r.dtype = dtype;
+    r.into_leaf = true;
+    r.or_bf16 = or_bf16;
+    return r;
+  }
 };
 
 struct GradientRoute {

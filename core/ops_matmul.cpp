@@ -286,11 +286,7 @@ Tensor linear_input_grad(Node& node, size_t input, const Tensor& g, const Tensor
   // The product's own wide dtype, then x's if x came in another (an f64 x against f32 weights).
   const DType product = wide_dtype(w.dtype());
   if (product == dx_dtype) {
-    GradientRequest request;
-    request.shape = x_shape;
-    request.dtype = dx_dtype;
-    request.into_collected = true;
-    GradientRoute route = node.route_gradient(input, request);
+    GradientRoute route = node.route_gradient(input, GradientRequest::collected(x_shape, dx_dtype));
     if (route.kind == GradientRoute::Kind::into_buffer) {
       // Added into the gradient already collected for x (beta = 1): the inputs of q, k and v, of w1 and w3
       // sum their gradients without a separate addition.
@@ -309,16 +305,12 @@ Tensor linear_input_grad(Node& node, size_t input, const Tensor& g, const Tensor
 
 Tensor linear_weight_grad(Node& node, size_t input, const Tensor& g, const Tensor& x2, DType dw_dtype) {
   const Shape w_shape{g.size(1), x2.size(1)};
-  GradientRequest request;
-  request.shape = w_shape;
-  request.dtype = dw_dtype;
-  request.dy = &g;  // an optimizer update fused into the matmul may take dW = g^T x2 as it is
-  request.x = &x2;
-  request.into_leaf = true;
   // A bf16 .grad of an f32 weight computed in bf16 (FlatParameters::set_grad_dtype) takes the product rounded
   // once by the GEMM's epilogue (which needs bf16 operands), when it holds zeros; otherwise the accumulator
   // adds.
-  request.or_bf16 = g.dtype() == DType::bf16;
+  GradientRequest request = GradientRequest::leaf(w_shape, dw_dtype, /*or_bf16=*/g.dtype() == DType::bf16);
+  request.dy = &g;  // an optimizer update fused into the matmul may take dW = g^T x2 as it is
+  request.x = &x2;
   GradientRoute route = node.route_gradient(input, request);
   if (route.kind == GradientRoute::Kind::taken) return Tensor();
   if (route.kind == GradientRoute::Kind::into_buffer) {

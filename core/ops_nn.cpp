@@ -46,13 +46,7 @@ struct RmsNormNode : Node {
     const int64_t dim = x.size(-1), rows = x.numel() / dim;
     // x's gradient added into the one already collected for x (the residual stream's), when there is one.
     GradientRoute dx_route;
-    if (next[0]) {
-      GradientRequest request;
-      request.shape = x.shape();
-      request.dtype = x.dtype();
-      request.into_collected = true;
-      dx_route = route_gradient(0, request);
-    }
+    if (next[0]) dx_route = route_gradient(0, GradientRequest::collected(x.shape(), x.dtype()));
     const bool into_pending = dx_route.kind == GradientRoute::Kind::into_buffer;
     Tensor pending = dx_route.buffer;
     Tensor dx =
@@ -61,12 +55,8 @@ struct RmsNormNode : Node {
     // weight's dtype, or rounded once into a bf16 buffer (FlatParameters::set_grad_dtype).
     GradientRoute dw_route;
     if (next[1]) {
-      GradientRequest request;
-      request.shape = weight.shape();
-      request.dtype = weight.dtype();
-      request.into_leaf = true;
+      GradientRequest request = GradientRequest::leaf(weight.shape(), weight.dtype(), /*or_bf16=*/true);
       request.leaf_only_if_zero = true;
-      request.or_bf16 = true;
       dw_route = route_gradient(1, request);
     }
     const bool direct_dw = dw_route.kind == GradientRoute::Kind::into_buffer;

@@ -31,10 +31,8 @@ PinnedUpload::~PinnedUpload() {
 
 Tensor PinnedUpload::ints(const std::vector<int32_t>& values, const Shape& shape) {
   if (!device_.is_cuda()) return Tensor::from_ints(values, shape, device_);
-  TT_ASSERT(static_cast<int64_t>(values.size()) == shape_numel(shape),
-            "PinnedUpload::ints: size does not match shape");
   Tensor t = Tensor::empty(shape, DType::i32, device_);
-  ints_into(values, t);
+  ints_into(values, t);  // checks the size against the shape
   return t;
 }
 

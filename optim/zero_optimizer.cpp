@@ -381,7 +381,7 @@ void ZeroOptimizer::complete_oldest() {
   const Unit& unit = units_[f.unit];
   Tensor dst = shard_grads_.narrow_view(0, unit.shard_offset, unit.chunk);
   if (overwrite_shard_grads_) {
-    f.received.dtype() == dst.dtype() ? dst.copy_(f.received) : ops::cast_into(dst, f.received);
+    ops::cast_into(dst, f.received);  // a copy when the dtypes agree
   } else {
     ops::add_into(dst, f.received.dtype() == dst.dtype() ? f.received : ops::cast(f.received, dst.dtype()));
   }
