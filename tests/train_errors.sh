@@ -116,6 +116,9 @@ printf 'steps = 2\nsteps = 3\n' >"$work/twice.cfg"
 expect_error "config sets a flag twice" "flag 'steps' is set twice in $work/twice.cfg (lines 1 and 2)" \
   "$train" "${common[@]}" --config "$work/twice.cfg"
 expect_error "switch value" "flag --overwrite expects on/off, got 'maybe'" "$train" "${common[@]}" --overwrite=maybe --steps 1
+expect_error "cuda-graph value" "flag --cuda-graph expects on/off, got 'maybe'" "$train" "${common[@]}" --cuda-graph maybe --steps 1
+expect_error "recompute-blocks without recompute" "--recompute-blocks 1 needs --recompute block" \
+  "$train" "${common[@]}" --recompute-blocks 1 --steps 1
 expect_error "unknown DDP strategy" "foo" "$train" "${common[@]}" --ddp foo --steps 1
 expect_error "bucket of 0 MiB" "--bucket-mb must be positive" "$train" "${common[@]}" --bucket-mb 0 --steps 1
 expect_error "negative model size" "--d-model must be >= 0" "$train" "${common[@]}" --d-model -30 --steps 1

@@ -299,7 +299,7 @@ RunPlan plan_run(const Flags& flags, Device device, const std::string& data_dir,
   s.ctx = p.ctx;
   s.grad_accum = p.accum;
   s.clip = flags.number("clip");
-  s.cuda_graph = flags.str("cuda-graph") == "on";
+  s.cuda_graph = flags.boolean("cuda-graph");
   s.zero = static_cast<int>(zero);
   s.zero_grads_by_ddp = zero_grads == "ddp";
   // Checked in a single process too, so that a launch script's flags fail on one machine before many.
