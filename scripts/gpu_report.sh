@@ -196,7 +196,7 @@ for s in "$@"; do
       } | tee "$out/$s-train.md" ;;
     checkpoint|checkpoint7b)
       # One checkpoint written (gathered one parameter at a time from ZeRO-3 shards on all GPUs, then
-      # verified by reading it back) and loaded by a resumed run: xl, or 7b (81 GB; about 10 minutes).
+      # verified by reading it back) and loaded by a resumed run: xl, or 7b (81 GB; about 6 minutes on 2 x H200).
       section "$s"
       mpi=(mpirun --allow-run-as-root -np "$gpus" --bind-to none -x NCCL_NVLS_ENABLE=0 -x PATH -x LD_LIBRARY_PATH)
       preset=xl vocab=50257 extra=()
@@ -209,8 +209,9 @@ for s in "$@"; do
       rm -f "$scratch/dd_test"
       common=(--preset $preset --data "$data" --ctx 1024 --batch 2 --precision bf16 --zero 3 "${extra[@]}"
         --eval-batches 1 --sample-tokens 0 --out "$scratch/run_ckpt")
-      # Each run is stopped once it has printed its line: the start point's (step 0) write and verification,
-      # then the resumed run's load.
+      # Each run is killed once it has printed its line: the start point's (step 0) write and verification,
+      # then the resumed run's load. SIGKILL to the ranks, because a polite stop writes one more checkpoint
+      # (81 GB for 7b) before it exits.
       run_until() {  # PATTERN SECONDS TRAIN_ARGS...
         local pattern=$1 limit=$2
         shift 2
@@ -221,7 +222,7 @@ for s in "$@"; do
           kill -0 $pid 2>/dev/null || break
           sleep 1
         done
-        kill $pid 2>/dev/null
+        pkill -9 -f "$b/train" 2>/dev/null
         wait $pid 2>/dev/null
         grep -E "$pattern|error" "$out/$s.log" | tail -1
       }
