@@ -19,8 +19,8 @@ table="$out/train_speed.md"
 {
   echo "GPU: $gpu; $(date -u +%Y-%m-%d); bf16, clip 1.0; train: median of steps 6..$steps"
   echo
-  echo "| model | batch | ctx | vocab | train ms | tokens/s | MFU | peak GiB | benchmark ms | torch.compile ms | eager (SDPA) ms | vs compile |"
-  echo "|---|---|---|---|---|---|---|---|---|---|---|---|"
+  echo "| model | batch | ctx | vocab | train ms | GPU waits for host ms | tokens/s | MFU | peak GiB | benchmark ms | torch.compile ms | eager (SDPA) ms | vs compile |"
+  echo "|---|---|---|---|---|---|---|---|---|---|---|---|---|"
 } >"$table"
 for case in "${cases[@]}"; do
   IFS=: read -r size batch ctx vocab <<<"$case"
@@ -33,6 +33,7 @@ for case in "${cases[@]}"; do
     --steps "$steps" --eval-every 0 --eval-batches 1 --ckpt-every -1 --sample-tokens 0 --log-every 10 \
     --out "$run" --overwrite 2>&1 | tee "$out/train_$tag.log" | grep -E "^(step|error)" || true
   read -r ms mfu peak <<<"$(python3 scripts/median_step.py "$run/metrics.jsonl" 6)"
+  gap=$(python3 scripts/median_step.py "$run/metrics.jsonl" 6 gap)
   tok=$(python3 -c "print(round($batch * $ctx / $ms * 1e3))")
   # benchmark's train row: the same step, timed by the benchmark app (should agree with train within 3%).
   "$build/apps/benchmark" --sizes "$size" --ctx "$ctx" --batch "$batch" --vocab "$vocab" --precision bf16 \
@@ -51,6 +52,6 @@ print(f("compile-bf16"), f("sdpa-bf16"))
 PY
 )"
   ratio=$(python3 -c "print(f'{$compile / $ms:.2f}x')" 2>/dev/null || echo -)
-  echo "| $size | $batch | $ctx | $vocab | $ms | $tok | $mfu | $peak | $bench | $compile | $eager | $ratio |" | tee -a "$table"
+  echo "| $size | $batch | $ctx | $vocab | $ms | $gap | $tok | $mfu | $peak | $bench | $compile | $eager | $ratio |" | tee -a "$table"
 done
 cat "$table"

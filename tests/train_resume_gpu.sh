@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # On a GPU: training 2N steps equals N steps + resume + N steps bit for bit (--deterministic), in f32, in
 # bf16 with flash attention, and in bf16 with bf16 gradients (clipped inside AdamW); and the bf16 step
-# replayed as a CUDA graph (the default) equals the same step launched kernel by kernel (--cuda-graph off).
+# replayed as a CUDA graph (the default) equals the same step launched kernel by kernel (--cuda-graph off),
+# and each step's gpu_ms lies within its step_ms.
 # Skipped (77) without a CUDA device. Usage: train_resume_gpu.sh train prepare_data
 set -euo pipefail
 train=$1 prepare=$2
@@ -53,6 +54,9 @@ rows = [[(r["step"], r["loss"], r["grad_norm"], r.get("val_loss")) for r in map(
         for p in sys.argv[1:]]
 assert rows[0] == rows[1], rows
 print("the CUDA graph step equals the eager step bit for bit:", [x[1] for x in rows[0]])
+# gpu_ms: the compute stream's span of each step, inside the step's wall time.
+for r in (r for p in sys.argv[1:] for r in map(json.loads, open(p))):
+    assert 0 < r["gpu_ms"] <= r["step_ms"] + 0.5, r
 PY
 cmp "$work/full_bf16/checkpoints/step_6.h5" "$work/eager_bf16/checkpoints/step_6.h5" >/dev/null ||
   python3 - "$work/full_bf16/checkpoints/step_6.h5" "$work/eager_bf16/checkpoints/step_6.h5" <<'PY'

@@ -56,6 +56,7 @@ TrainStep::TrainStep(nn::TransformerLM& model, nn::FlatParameters& params, Devic
     }
   }
   upload_ = std::make_unique<PinnedUpload>(device);
+  if (device.is_cuda()) clock_ = std::make_unique<DeviceClock>(device);
   // One process, the update beside the next forward, clipping inside AdamW on the device: nothing in the
   // step reads back to the host or talks to another rank, so all of it can be captured.
   graph_step_ = options.cuda_graph && overlap_ && !comm_ && params.grad_dtype() == DType::bf16;
@@ -242,6 +243,10 @@ StepResult TrainStep::run(const std::function<Batch(int64_t micro)>& next_batch,
   zero_ ? zero_->set_lr(lr) : sharded_ ? sharded_->set_lr(lr) : adamw_->set_lr(lr);
   if (!overlap_) params_.zero_grad();
   const int64_t accum = options_.grad_accum;
+  if (clock_) {
+    clock_->clear();
+    clock_->mark();  // reached at once unless the stream is still busy: the GPU's part starts here
+  }
   // Nothing is read back until the whole step is queued: the host runs ahead of the GPU within the step.
   // The first step runs eagerly (it also warms up what a capture cannot: cuBLASLt's plans, the allocator).
   const std::vector<Tensor> losses =
@@ -285,6 +290,10 @@ StepResult TrainStep::run(const std::function<Batch(int64_t micro)>& next_batch,
     if (std::isfinite(result.grad_norm)) update();
   }
   if (!std::isfinite(result.grad_norm)) diverged("the gradient norm", result.grad_norm, step);
+  if (clock_) {
+    clock_->mark();                            // after everything the step queued on the compute stream
+    result.gpu_ms = clock_->ms_between(0, 1);  // waits for it
+  }
   if (!overlap_) synchronize(device_);
   return result;
 }

@@ -4,6 +4,7 @@
 // so the parameters and optimizer state stay those of the last finite step.
 #pragma once
 
+#include <cmath>
 #include <functional>
 #include <memory>
 #include <stdexcept>
@@ -11,6 +12,7 @@
 
 #include "apps/lib/checkpoint.h"
 #include "apps/lib/data.h"
+#include "core/cuda_context.h"
 #include "core/cuda_graph.h"
 #include "core/pinned_upload.h"
 #include "dist/communicator.h"
@@ -63,6 +65,9 @@ struct StateBytes {
 struct StepResult {
   double loss = 0, grad_norm = 0;
   bool stop_requested = false;  // some rank got a stop signal (the same answer on every rank)
+  // CUDA: how long the compute stream took from the start of run() to the end of the step's work on it.
+  // A step's wall time minus this is the time the GPU waited for the host. NaN on the CPU.
+  double gpu_ms = NAN;
 };
 
 class TrainStep {
@@ -125,7 +130,8 @@ class TrainStep {
   std::unique_ptr<OptimizerState> optimizer_state_;
   std::unique_ptr<optim::OverlappedUpdate> overlap_;
   std::unique_ptr<PinnedUpload> upload_;
-  Tensor clip_norm_, clip_factor_;  // device scalars when AdamW clips on the GPU
+  std::unique_ptr<DeviceClock> clock_;  // CUDA: StepResult::gpu_ms
+  Tensor clip_norm_, clip_factor_;      // device scalars when AdamW clips on the GPU
   // The CUDA graph step (TrainStepOptions::cuda_graph): whether it applies, the graph, its static inputs
   // and losses (one per micro-batch), and the number of steps run so far.
   bool graph_step_ = false;

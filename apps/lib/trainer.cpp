@@ -533,6 +533,7 @@ class TrainingRun {
               "peak_mib",
               JsonlWriter::number(static_cast<double>(memory_stats(device_).peak_bytes) / (1 << 20)));
         }
+        if (std::isfinite(result.gpu_ms)) fields.emplace_back("gpu_ms", JsonlWriter::number(result.gpu_ms));
         if (eval_now) fields.emplace_back("val_loss", JsonlWriter::number(val));
         folder_->append_metrics(JsonlWriter::object(fields));
         char line[320];
