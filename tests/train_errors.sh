@@ -119,6 +119,11 @@ expect_error "switch value" "flag --overwrite expects on/off, got 'maybe'" "$tra
 expect_error "cuda-graph value" "flag --cuda-graph expects on/off, got 'maybe'" "$train" "${common[@]}" --cuda-graph maybe --steps 1
 expect_error "recompute-blocks without recompute" "--recompute-blocks 1 needs --recompute block" \
   "$train" "${common[@]}" --recompute-blocks 1 --steps 1
+# Out of memory (here the host's, capped by ulimit): the error says which flags would lower it.
+expect_error "out of memory" "to fit, lower --batch (--grad-accum keeps the step's batch), add --recompute block" \
+  bash -c 'ulimit -v 3000000 && exec "$@"' _ "$train" "${common[@]}" --d-model 4096 --d-ff 16384 --layers 4 \
+  --heads 32 --steps 1 --out "$work/oom"
+[ ! -e "$work/oom" ] || { echo "FAIL out of memory: left a run folder"; failures=$((failures + 1)); }
 expect_error "unknown DDP strategy" "foo" "$train" "${common[@]}" --ddp foo --steps 1
 expect_error "bucket of 0 MiB" "--bucket-mb must be positive" "$train" "${common[@]}" --bucket-mb 0 --steps 1
 expect_error "negative model size" "--d-model must be >= 0" "$train" "${common[@]}" --d-model -30 --steps 1

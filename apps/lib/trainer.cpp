@@ -439,6 +439,23 @@ class TrainingRun {
     }
   }
 
+  // What an out-of-memory error adds: the flags that would lower this run's memory, from what it uses now.
+  std::string memory_hint() const {
+    const nn::ModelConfig& c = plan_.config;
+    std::string hint = "to fit, lower --batch (--grad-accum keeps the step's batch)";
+    if (c.recompute == nn::Recompute::none)
+      hint += ", add --recompute block";
+    else if (c.recompute_blocks > 0 && c.recompute_blocks < c.num_layers)
+      hint += ", raise --recompute-blocks (now " + std::to_string(c.recompute_blocks) + " of " +
+              std::to_string(c.num_layers) + ")";
+    if (c.precision == nn::Precision::f32) hint += ", use --precision bf16";
+    if (plan_.world > 1 && plan_.step.zero < 3)
+      hint += ", or shard more with --zero " + std::to_string(plan_.step.zero + 1);
+    else if (plan_.world == 1 && device_.is_cuda())
+      hint += ", or spread the model over GPUs: mpirun with --zero 3";
+    return hint;
+  }
+
   void print_banner() {
     const nn::ModelConfig& config = plan_.config;
     entropy_ = unigram_entropy(*train_file_, config.vocab_size);
@@ -681,11 +698,15 @@ class TrainingRun {
 int run_training(const Flags& flags, Device device, const std::string& data_dir, dist::DistRuntime* runtime) {
   TrainingRun run(flags, device, data_dir, runtime);
   run.set_up();
-  run.open_run_folder();
-  run.build_model();
-  run.print_banner();
-  run.loop();
-  return run.final_outputs();
+  try {
+    run.open_run_folder();
+    run.build_model();
+    run.print_banner();
+    run.loop();
+    return run.final_outputs();
+  } catch (const OutOfMemory& e) {
+    throw OutOfMemory(std::string(e.what()) + "; " + run.memory_hint());
+  }
 }
 
 }  // namespace tt::app
