@@ -65,4 +65,17 @@ if [[ $dry_run -eq 1 ]]; then
   echo "${launcher[*]} $app $*"
   exit 0
 fi
-exec "${launcher[@]}" "$app" "$@"
+# Stopping: Ctrl-C (or SIGTERM, SIGHUP to this script) becomes one SIGUSR1 to mpirun, which passes it to every
+# rank: each finishes its step, writes the checkpoint and exits 75. mpirun's own answer to SIGINT or SIGTERM
+# is SIGTERM to the ranks and SIGKILL a second later, which cuts off a checkpoint being written; so mpirun
+# runs in a session of its own, out of reach of the terminal's Ctrl-C.
+[[ -t 0 ]] && launcher+=(--stdin none)  # the terminal stays this shell's
+setsid "${launcher[@]}" "$app" "$@" &
+pid=$!
+trap 'kill -USR1 $pid 2>/dev/null || true' INT TERM HUP USR1
+while true; do
+  status=0
+  wait $pid || status=$?
+  kill -0 $pid 2>/dev/null || break  # still running: the wait was cut short by a trapped signal
+done
+exit $status

@@ -110,6 +110,15 @@ for sig in TERM INT USR1 HUP; do
   [ "$(losses "$out/metrics.jsonl")" = "$(losses "$work/whole/metrics.jsonl")" ] ||
     fail "SIG$sig: the losses differ from the uninterrupted run"
 done
+# One stop delivered twice at once (a Ctrl-C to the process group, passed on as SIGTERM by a wrapper): one request.
+out="$work/sigtwice"
+"$train" "${common[@]}" --out "$out" --steps 60 --ckpt-every 20 --log-every 1 >"$out.log" 2>&1 &
+pid=$!
+for _ in $(seq 1 300); do [ "$(grep -c '^step' "$out.log" 2>/dev/null)" -ge 5 ] && break; sleep 0.02; done
+kill -s INT $pid && kill -s TERM $pid
+wait $pid
+status=$?
+[ $status -eq 75 ] || { fail "SIGINT and SIGTERM at once: exit $status, expected 75"; tail -3 "$out.log"; }
 "$train" "${common[@]}" --out "$work/killed" --steps 100000 --ckpt-every 0 >"$work/killed.log" 2>&1 &
 pid=$!
 sleep 2

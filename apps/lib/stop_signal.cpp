@@ -1,8 +1,11 @@
 #include "apps/lib/stop_signal.h"
 
+#include <time.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <csignal>
+#include <cstdint>
 #include <cstring>
 #include <initializer_list>
 
@@ -12,15 +15,30 @@ namespace {
 
 volatile std::sig_atomic_t g_stop_signal = 0;
 volatile std::sig_atomic_t g_accepting = 1;
+std::atomic<int64_t> g_first_request_ms{0};  // lock-free: safe in a signal handler
+static_assert(std::atomic<int64_t>::is_always_lock_free);
+
+int64_t monotonic_ms() {
+  timespec t{};
+  clock_gettime(CLOCK_MONOTONIC, &t);  // async-signal-safe
+  return int64_t{t.tv_sec} * 1000 + t.tv_nsec / 1000000;
+}
+
+// Signals this close after the first are the same request, delivered twice: a Ctrl-C reaches a whole
+// process group, so a wrapper script that passes it on as SIGTERM makes the child see both.
+constexpr int64_t kSameRequestMs = 2000;
 
 void on_stop_signal(int signal) {
+  const bool repeated = g_stop_signal != 0 && signal != SIGUSR1;
+  if (repeated && monotonic_ms() - g_first_request_ms.load() < kSameRequestMs) return;
   // When no step is left to finish (an abort under way, the final outputs): the signal's default action.
-  if (g_accepting == 0 || (g_stop_signal != 0 && signal != SIGUSR1)) {
+  if (g_accepting == 0 || repeated) {
     // Asked twice: the user means now. Default action, no checkpoint.
     std::signal(signal, SIG_DFL);
     std::raise(signal);
     return;
   }
+  if (g_stop_signal == 0) g_first_request_ms.store(monotonic_ms());
   g_stop_signal = signal;
   const char message[] = "\nstop requested: finishing this step and writing a checkpoint\n";
   [[maybe_unused]] const ssize_t n = ::write(STDERR_FILENO, message, sizeof(message) - 1);

@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# launch/run_local.sh stops a job without losing it: SIGTERM (or Ctrl-C) to the script becomes SIGUSR1 to
+# mpirun, every rank finishes its step, writes the checkpoint and exits 75, and the job resumes from it.
+# (mpirun's own answer to SIGTERM kills the ranks a second later and exits 1.)
+# Usage: launch_stop.sh PATH/TO/train PATH/TO/prepare_data
+set -uo pipefail
+train=$1 prepare=$2
+root=$(cd "$(dirname "$0")/.." && pwd)
+work=$(mktemp -d)
+trap 'kill $(jobs -p) 2>/dev/null; rm -rf "$work"' EXIT
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
+mkdir -p "$work/text"
+for i in $(seq 1 300); do echo "Line $i: a job stopped by its launcher keeps its work."; echo "%"; done >"$work/text/a.txt"
+"$prepare" --input "$work/text" --out "$work/data" --separator % >/dev/null || { echo "FAIL prepare_data"; exit 1; }
+args=(--data "$work/data" --device cpu --ctx 16 --batch 2 --eval-batches 1 --sample-tokens 0 --log-every 1
+      --ckpt-every 0 --out "$work/run")
+"$root/launch/run_local.sh" --np 2 --app "$train" "${args[@]}" --steps 100000 >"$work/log" 2>&1 &
+pid=$!
+for _ in $(seq 1 600); do [ "$(grep -c '^step' "$work/log" 2>/dev/null)" -ge 3 ] && break; sleep 0.1; done
+kill -TERM $pid
+wait $pid
+status=$?
+stopped_at=$(grep -o "after step [0-9]*" "$work/log" | head -1 | cut -d' ' -f3)
+if [ $status -ne 75 ] || [ -z "$stopped_at" ] || [ ! -e "$work/run/checkpoints/step_$stopped_at.h5" ]; then
+  echo "FAIL run_local.sh stopped by SIGTERM: exit $status, expected 75 and a checkpoint"; tail -5 "$work/log"
+  exit 1
+fi
+ls "$work/run/checkpoints" | grep -q '\.tmp$' && { echo "FAIL a temporary checkpoint was left"; exit 1; }
+"$root/launch/run_local.sh" --np 2 --app "$train" "${args[@]}" --steps $((stopped_at + 2)) --resume latest \
+  >"$work/resume.log" 2>&1 || { echo "FAIL resume"; tail -5 "$work/resume.log"; exit 1; }
+grep -q "resumed from $work/run/checkpoints/step_$stopped_at.h5" "$work/resume.log" ||
+  { echo "FAIL the resumed job did not start from step $stopped_at"; tail -5 "$work/resume.log"; exit 1; }
+echo "ok   run_local.sh: SIGTERM gave exit 75 and the checkpoint of step $stopped_at; the job resumed from it"
