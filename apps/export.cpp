@@ -8,7 +8,6 @@
 #include <fstream>
 #include <memory>
 #include <optional>
-#include <sstream>
 
 #include "apps/lib/checkpoint.h"
 #include "apps/lib/data.h"
@@ -25,8 +24,6 @@ namespace {
 
 // Hugging Face's default largest shard (save_pretrained's max_shard_size "5GB").
 constexpr int64_t kShardBytes = 5'000'000'000;
-// What `train` uses without --data (apps/train.cpp): the built-in corpus.
-constexpr const char* kDefaultDataDir = "data/fortunes";
 
 const char* kByteTokensNote =
     "# Tokens\n\n"
@@ -34,25 +31,10 @@ const char* kByteTokensNote =
     "ends a document. There is no Hugging Face tokenizer for them: pass `list(text.encode())` as the input\n"
     "ids, and decode generated ids below 256 as bytes.\n";
 
-// The value of `--name` in a checkpoint's recorded flags ("--a 1 --b x ..."), or nullopt when absent.
-std::optional<std::string> recorded_flag(const std::string& args, const std::string& name) {
-  std::istringstream in(args);
-  std::string token;
-  while (in >> token) {
-    if (token != "--" + name) continue;
-    std::string value;
-    if (!(in >> value) || value.rfind("--", 0) == 0) return std::string();
-    return value;
-  }
-  return std::nullopt;
-}
-
-// The training data's folder: --data, else the one the checkpoint's run trained on.
+// The training data's folder: --data, else the one the checkpoint's run trained on (found as generate finds
+// it).
 std::string data_folder(const Flags& flags, const std::string& checkpoint) {
-  if (flags.given("data")) return flags.str("data");
-  const std::optional<std::string> recorded = recorded_flag(read_checkpoint_args(checkpoint), "data");
-  if (!recorded) return "";
-  return recorded->empty() ? kDefaultDataDir : *recorded;
+  return flags.given("data") ? flags.str("data") : training_data_folder(checkpoint);
 }
 
 fs::path folder_path(const std::string& text) {
@@ -130,6 +112,8 @@ int run(const Flags& flags) {
   // What the tokens are: the data's meta.json and tokenizer.model.
   const std::string data = data_folder(flags, checkpoint);
   TT_CHECK(!flags.given("data") || fs::is_directory(data), "data folder '" + data + "' does not exist");
+  if (!data.empty())
+    check_training_tokenizer(checkpoint, data, "pass --data with the data it was trained on");
   const DataTokens tokens = read_data_tokens(data);
   SpecialTokens ids = tokens.ids;
   std::optional<SentencePieceModel> sentencepiece;

@@ -20,7 +20,6 @@
 #include "apps/lib/run_setup.h"
 #include "apps/lib/tokenizer.h"
 #include "base/error.h"
-#include "core/io/h5.h"
 
 namespace fs = std::filesystem;
 using namespace tt;
@@ -28,55 +27,18 @@ using namespace tt::app;
 
 namespace {
 
-// The flags a checkpoint records ("--a 1 --data DIR ..."), "" when it has none (an imported one).
-std::string recorded_args(const std::string& checkpoint) {
-  const io::H5File file = io::H5File::open_read(checkpoint);
-  if (!file.exists("/train") || !file.has_attr("/train", "args")) return "";
-  return file.attr_string("/train", "args");
-}
-
-// The value of `--name` in recorded flags, or "".
-std::string flag_value(const std::string& args, const std::string& name) {
-  std::istringstream in(args);
-  std::string token, value;
-  while (in >> token) {
-    if (token == "--" + name) return (in >> value) && value.rfind("--", 0) != 0 ? value : "";
-  }
-  return "";
-}
-
-// The data folder the checkpoint was trained on, as train resolved it ("" when unknown). A relative path
-// was relative to train's working folder: tried from here, then from that folder as the checkpoint's place
-// tells it (RUN/checkpoints/step_N.h5, RUN being the recorded --out).
-std::string training_data(const std::string& checkpoint) {
-  const std::string args = recorded_args(checkpoint);
-  if (args.empty()) return "";
-  std::string data = flag_value(args, "data");
-  if (data.empty()) data = "data/fortunes";  // train's built-in corpus
-  const fs::path recorded(data), out(flag_value(args, "out"));
-  if (fs::exists(recorded / "meta.json") || recorded.is_absolute() || out.empty() || out.is_absolute())
-    return data;
-  fs::path base = fs::absolute(checkpoint).lexically_normal().parent_path().parent_path();
-  fs::path part = out.lexically_normal();
-  if (!part.has_filename()) part = part.parent_path();  // "runs/x/"
-  for (; !part.empty() && part != "."; part = part.parent_path()) {
-    if (base.filename() != part.filename()) return data;
-    base = base.parent_path();
-  }
-  const fs::path there = base / recorded;
-  return fs::exists(there / "meta.json") ? there.string() : data;
-}
-
 std::string describe(const Tokenizer& t) {
   return t.name() + " (" + std::to_string(t.vocab_size()) + " ids)";
 }
 
-// --tokenizer, or the tokenizer of the data the checkpoint was trained on, checked against that data's
-// meta.json (when it can be found) and the model's vocabulary.
+// --tokenizer, or the tokenizer of the data the checkpoint was trained on, checked against what the
+// checkpoint recorded of it (or, for older files, that data's meta.json when it can be found) and the
+// model's vocabulary.
 std::unique_ptr<Tokenizer> resolve_tokenizer(const std::string& spec, const std::string& checkpoint,
                                              int64_t model_vocab) {
-  const std::string data = training_data(checkpoint);
+  const std::string data = training_data_folder(checkpoint);
   const bool data_known = !data.empty() && fs::exists(data + "/meta.json");
+  const std::string trained = read_checkpoint_data_tokenizer(checkpoint);
   std::unique_ptr<Tokenizer> tokenizer;
   if (spec.empty()) {
     TT_CHECK(
@@ -86,20 +48,22 @@ std::unique_ptr<Tokenizer> resolve_tokenizer(const std::string& spec, const std:
             "or --tokenizer FILE.model (an export's folder holds its tokenizer.model)");
     TT_CHECK(data_known, "no tokenizer: the checkpoint's data folder '" + data +
                              "' has no meta.json; pass --tokenizer bytes or --tokenizer FILE.model");
+    check_training_tokenizer(checkpoint, data,
+                             "pass --tokenizer FILE.model (an export's folder holds its tokenizer.model)");
     tokenizer = load_data_tokenizer(data);
   } else {
     tokenizer = spec == "bytes" ? byte_tokenizer() : load_sentencepiece(spec);
-    if (data_known) {
-      const DataMeta meta = *read_meta(data);
-      const bool same = meta.tokenizer == tokenizer->name() && meta.vocab_size == tokenizer->vocab_size() &&
-                        (meta.tokenizer_checksum.empty() || meta.tokenizer_checksum == tokenizer->checksum());
-      TT_CHECK(same, "--tokenizer " + spec + " is " + describe(*tokenizer) + ", not the tokenizer of " +
-                         data + " that the checkpoint was trained on (" + meta.tokenizer + ", " +
-                         std::to_string(meta.vocab_size) + " ids" +
-                         (meta.tokenizer == tokenizer->name() && meta.vocab_size == tokenizer->vocab_size()
-                              ? ", another model file"
-                              : "") +
-                         ")");
+    std::string expected = trained;
+    if (expected.empty() && data_known) expected = data_tokenizer_id(*read_meta(data));
+    if (!expected.empty()) {
+      const DataMeta given{tokenizer->name(), tokenizer->vocab_size(), tokenizer->end_of_text(),
+                           tokenizer->checksum()};
+      const std::string got = data_tokenizer_id(given);
+      const bool same_kind = got.substr(0, got.rfind(' ')) == expected.substr(0, expected.rfind(' '));
+      TT_CHECK(got == expected,
+               "--tokenizer " + spec + " is " + describe(*tokenizer) +
+                   ", not the tokenizer the checkpoint was trained with (" + expected +
+                   (same_kind && tokenizer->name() != "bytes" ? ", another model file" : "") + ")");
     } else {
       // Without the data to compare with, only an exact fit is taken (a padded vocabulary is known only
       // from the data's meta.json).

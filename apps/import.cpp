@@ -6,9 +6,11 @@
 #include <cstdio>
 #include <filesystem>
 #include <memory>
+#include <optional>
 #include <set>
 
 #include "apps/lib/checkpoint.h"
+#include "apps/lib/data.h"
 #include "apps/lib/flags.h"
 #include "apps/lib/hf_llama.h"
 #include "apps/lib/safetensors.h"
@@ -103,7 +105,10 @@ int run(const Flags& flags) {
 
   TrainState state;
   // export finds the tokenizer and special ids of the data again through the recorded flag.
-  if (!data.empty()) state.args = "--data " + data + " ";
+  if (!data.empty()) {
+    state.args = "--data " + data + " ";
+    if (const std::optional<DataMeta> meta = read_meta(data)) state.data_tokenizer = data_tokenizer_id(*meta);
+  }
   if (!fs::path(out).parent_path().empty()) fs::create_directories(fs::path(out).parent_path());
   write_initial_checkpoint(
       out, config,

@@ -220,6 +220,8 @@ PY
   printf 'x' >>"$work/spdata_bad/tokenizer.model"
   expect_error "export with a replaced tokenizer.model" "is not the tokenizer the data was made with" \
     "$export_app" --checkpoint "$work/sprun/checkpoints/step_3.h5" --out "$work/spx" --data "$work/spdata_bad"
+  expect_error "export with another tokenizer's data" "holds tokens of bytes 257, but" \
+    "$export_app" --checkpoint "$work/sprun/checkpoints/step_3.h5" --out "$work/spx" --data "$work/data"
 else
   echo "skip SentencePiece export: prepare_data has no --tokenizer-model"
 fi

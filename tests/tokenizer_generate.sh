@@ -143,7 +143,7 @@ expect_error "missing checkpoint" "$work/none.h5" "$generate" --checkpoint "$wor
 expect_error "no prompts" "no prompts" "$generate" --checkpoint "$ckpt"
 
 # Tokenizers that do not fit the checkpoint.
-expect_error "bytes tokenizer for a SentencePiece checkpoint" "not the tokenizer of" \
+expect_error "bytes tokenizer for a SentencePiece checkpoint" "not the tokenizer the checkpoint was trained with" \
   "$generate" --checkpoint "$ckpt" --tokenizer bytes --prompt x
 mkdir -p "$work/text2"
 { cat "$work/text/corpus.txt"; printf 'some other text entirely\n%%\n'; } >"$work/text2/corpus.txt"
@@ -166,8 +166,15 @@ expect_error "data folder gone" "has no meta.json; pass --tokenizer" "$generate"
 "$generate" "${greedy[@]}" --tokenizer "$work/moved/tokenizer.model" --prompt "${prompts[0]}" 2>/dev/null |
   cmp -s - "$work/alone_0.txt" && echo "ok   --tokenizer FILE without the data folder" ||
   fail "--tokenizer FILE without the data folder"
-expect_error "bytes for a 320-id checkpoint" "the checkpoint's vocabulary has 320 ids" \
+expect_error "bytes for a 320-id checkpoint" "not the tokenizer the checkpoint was trained with (sentencepiece 320" \
   "$generate" --checkpoint "$ckpt" --tokenizer bytes --prompt x
+# The data folder prepared again with another tokenizer: refused, not decoded with the wrong one.
+"$prepare" --input "$work/text" --out "$work/sp" --separator % >/dev/null 2>&1 || fail "prepare_data (bytes)"
+expect_error "data prepared again" "holds tokens of bytes 257, but $ckpt was trained on tokens of sentencepiece 320" \
+  "$generate" --checkpoint "$ckpt" --prompt x
+"$generate" "${greedy[@]}" --tokenizer "$work/moved/tokenizer.model" --prompt "${prompts[0]}" 2>/dev/null |
+  cmp -s - "$work/alone_0.txt" && echo "ok   --tokenizer FILE when the data was prepared again" ||
+  fail "--tokenizer FILE when the data was prepared again"
 
 if [ $failures -gt 0 ]; then
   echo "$failures failure(s)"

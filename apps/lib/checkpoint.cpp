@@ -12,10 +12,13 @@
 #include <filesystem>
 #include <limits>
 #include <mutex>
+#include <optional>
 #include <regex>
+#include <sstream>
 #include <system_error>
 #include <thread>
 
+#include "apps/lib/data.h"
 #include "core/io/h5.h"
 #include "core/ops.h"
 
@@ -249,6 +252,7 @@ void write_contents(io::H5File* file, const nn::ModelConfig& config, nn::FlatPar
     file->set_attr("/train", "rng_counter", static_cast<int64_t>(state.rng_counter));
     file->set_attr("/train", "tokens_seen", state.tokens_seen);
     file->set_attr("/train", "args", state.args);
+    file->set_attr("/train", "data_tokenizer", state.data_tokenizer);
   }
 }
 
@@ -533,6 +537,8 @@ void load_checkpoint_unnamed(const std::string& path, nn::FlatParameters& params
     state->rng_counter = static_cast<uint64_t>(file.attr_int("/train", "rng_counter"));
     state->tokens_seen = file.attr_int("/train", "tokens_seen");
     state->args = file.attr_string("/train", "args");
+    state->data_tokenizer =
+        file.has_attr("/train", "data_tokenizer") ? file.attr_string("/train", "data_tokenizer") : "";
   }
 }
 
@@ -596,6 +602,58 @@ std::string read_checkpoint_args(const std::string& path) {
   return naming_file(path, [&] { return read_args_unnamed(path); });
 }
 
+std::string read_checkpoint_data_tokenizer(const std::string& path) {
+  return naming_file(path, [&] {
+    const CheckedReader reader(path);
+    const io::H5File& file = reader.file();
+    if (!file.exists("/train") || !file.has_attr("/train", "data_tokenizer")) return std::string();
+    return file.attr_string("/train", "data_tokenizer");
+  });
+}
+
+namespace {
+// The value of `--name` in recorded flags ("--a 1 --b x ..."), or "".
+std::string recorded_flag(const std::string& args, const std::string& name) {
+  std::istringstream in(args);
+  std::string token, value;
+  while (in >> token) {
+    if (token == "--" + name) return (in >> value) && value.rfind("--", 0) != 0 ? value : "";
+  }
+  return "";
+}
+}  // namespace
+
+std::string training_data_folder(const std::string& checkpoint) {
+  const std::string args = read_checkpoint_args(checkpoint);
+  if (args.empty()) return "";
+  std::string data = recorded_flag(args, "data");
+  if (data.empty()) data = "data/fortunes";  // train's built-in corpus
+  namespace fs = std::filesystem;
+  const fs::path recorded(data), out(recorded_flag(args, "out"));
+  if (fs::exists(recorded / "meta.json") || recorded.is_absolute() || out.empty() || out.is_absolute())
+    return data;
+  fs::path base = fs::absolute(checkpoint).lexically_normal().parent_path().parent_path();
+  fs::path part = out.lexically_normal();
+  if (!part.has_filename()) part = part.parent_path();  // "runs/x/"
+  for (; !part.empty() && part != "."; part = part.parent_path()) {
+    if (base.filename() != part.filename()) return data;
+    base = base.parent_path();
+  }
+  const fs::path there = base / recorded;
+  return fs::exists(there / "meta.json") ? there.string() : data;
+}
+
+void check_training_tokenizer(const std::string& checkpoint, const std::string& data_dir,
+                              const std::string& remedy) {
+  const std::string trained = read_checkpoint_data_tokenizer(checkpoint);
+  const std::optional<DataMeta> meta = read_meta(data_dir);
+  if (trained.empty() || !meta) return;
+  const std::string now = data_tokenizer_id(*meta);
+  TT_CHECK(now == trained, data_dir + " holds tokens of " + now + ", but " + checkpoint +
+                               " was trained on tokens of " + trained +
+                               " (was the folder prepared again since?); " + remedy);
+}
+
 void write_initial_checkpoint(const std::string& path, const nn::ModelConfig& config,
                               const ParameterSource& parameter, const TrainState& state) {
   config.validate();
@@ -626,6 +684,7 @@ void write_initial_checkpoint(const std::string& path, const nn::ModelConfig& co
       file.set_attr("/train", "rng_counter", static_cast<int64_t>(state.rng_counter));
       file.set_attr("/train", "tokens_seen", state.tokens_seen);
       file.set_attr("/train", "args", state.args);
+      file.set_attr("/train", "data_tokenizer", state.data_tokenizer);
     });
   } catch (const Error& e) {
     // The source's own refusals (a missing tensor, say) pass unchanged; a failed write names the file.

@@ -2,7 +2,7 @@
 //   /model/<parameter name>: f32, PyTorch shape
 //   /optimizer/<parameter name>/exp_avg, exp_avg_sq: f32; attributes step, lr, beta1, beta2, eps and
 //      weight_decay
-//   /train: attributes step, rng_seed, rng_counter, tokens_seen, args
+//   /train: attributes step, rng_seed, rng_counter, tokens_seen, args, data_tokenizer (since it is recorded)
 //   /: attributes, the model configuration (norm_eps since it is recorded; files without it mean 1e-5) and
 //      format_version
 // Written atomically (temporary file, fsync, rename), every dataset with the CRC-32 of its bytes (format 3;
@@ -29,6 +29,9 @@ struct TrainState {
   uint64_t rng_seed = 0, rng_counter = 0;
   int64_t tokens_seen = 0;
   std::string args;  // the flags of the run that wrote it
+  // The training data's tokenizer as its meta.json described it when the run started (data_tokenizer_id);
+  // "" when unknown (no meta.json, or a file written before it was recorded).
+  std::string data_tokenizer;
 };
 
 // What a checkpoint needs from the optimizer, whether its state is whole on every rank (AdamW over the flat
@@ -89,6 +92,18 @@ void read_checkpoint_parameters(const std::string& path, const ParameterVisitor&
 
 // /train's args (the flags of the run that wrote it); "" when the file has no /train.
 std::string read_checkpoint_args(const std::string& path);
+// /train's data_tokenizer; "" when the file has none.
+std::string read_checkpoint_data_tokenizer(const std::string& path);
+
+// The data folder the checkpoint's run trained on, as `train` resolved it ("" when the file records no run).
+// A relative path was relative to train's working folder: tried from here, then from that folder as the
+// checkpoint's place tells it (RUN/checkpoints/step_N.h5, RUN being the recorded --out).
+std::string training_data_folder(const std::string& checkpoint);
+// Throws one line when the tokenizer `data_dir`'s meta.json describes is not the one the checkpoint's run
+// trained with (the folder was prepared again since, say), ending with `remedy`; passes when either is
+// unknown.
+void check_training_tokenizer(const std::string& checkpoint, const std::string& data_dir,
+                              const std::string& remedy);
 
 // Writes (atomically) a checkpoint of `config`'s model at step 0 with zero AdamW state, whose parameters come
 // from `parameter` one at a time (a host f32 tensor of the shape asked for): what `import` writes, which

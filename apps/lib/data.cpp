@@ -314,6 +314,11 @@ int64_t integer_field(const nlohmann::json& meta, const std::string& file, const
 
 }  // namespace
 
+std::string data_tokenizer_id(const DataMeta& meta) {
+  return meta.tokenizer + " " + std::to_string(meta.vocab_size) +
+         (meta.tokenizer_checksum.empty() ? "" : " " + meta.tokenizer_checksum);
+}
+
 std::optional<DataMeta> read_meta(const std::string& data_dir) {
   const std::string path = data_dir + "/meta.json";
   if (!fs::exists(path)) return std::nullopt;

@@ -147,6 +147,8 @@ struct DataMeta {
   std::string tokenizer_checksum;
 };
 const std::vector<std::string>& known_tokenizers();  // bytes, sentencepiece, gpt2
+// What checkpoints record of their data's tokenizer: "NAME VOCAB_SIZE[ CHECKSUM]", e.g. "bytes 257".
+std::string data_tokenizer_id(const DataMeta& meta);
 // DIR/meta.json checked field by field, or nullopt when the file does not exist. Malformed JSON, a missing
 // or out-of-range vocab_size, an unknown tokenizer or a bad end_of_text throw tt::Error naming the file and
 // the field.

@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <sstream>
 
 #include <mpi.h>
@@ -400,12 +401,16 @@ class TrainingRun {
     if (!init_from_.empty()) load_checkpoint_weights(init_from_, *params_, &step_->optimizer_state());
     state_.rng_seed = sampler_->rng().seed;
     state_.args = flags_.summary_line();
+    const std::optional<DataMeta> meta = read_meta(data_dir_);
+    data_tokenizer_ = meta ? data_tokenizer_id(*meta) : "";
+    state_.data_tokenizer = data_tokenizer_;
     if (!resume_.empty()) {
       const double t0 = now_seconds();
       load_checkpoint(resume_, *params_, &step_->optimizer_state(), &state_);
       const double load_s = now_seconds() - t0;
       const std::string written_by = state_.args;
-      state_.args = flags_.summary_line();  // later checkpoints record this run's flags
+      state_.args = flags_.summary_line();  // later checkpoints record this run's flags and data
+      state_.data_tokenizer = data_tokenizer_;
       // Each rank keeps its own seed; the draw count is the same on every rank.
       sampler_->rng().counter = state_.rng_counter;
       TT_CHECK(state_.step < plan_.steps, "nothing to do: the checkpoint is at step " +
@@ -674,6 +679,7 @@ class TrainingRun {
   const Flags& flags_;
   const Device device_;
   const std::string data_dir_;
+  std::string data_tokenizer_;  // what checkpoints record of the data's tokenizer
   dist::DistRuntime* const runtime_;
   RunPlan plan_;
   bool root_ = true;
