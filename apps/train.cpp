@@ -121,6 +121,7 @@ int main(int argc, char** argv) {
     const int rank = runtime ? runtime->rank() : 0;
     const Device device = pick_device(flags.str("device"), runtime ? runtime->gpu_index() : 0);
     if (flags.boolean("eval-only")) return rank == 0 ? run_eval_only(flags, device) : 0;
+    check_train_flag_values(flags);  // before the built-in corpus is prepared
     // Rank 0 prepares the built-in corpus (if needed) while the others wait.
     std::string data;
     if (rank == 0) data = data_dir_or_default(flags);

@@ -124,6 +124,17 @@ expect_error "out of memory" "to fit, lower --batch (--grad-accum keeps the step
   bash -c 'ulimit -v 3000000 && exec "$@"' _ "$train" "${common[@]}" --d-model 4096 --d-ff 16384 --layers 4 \
   --heads 32 --steps 1 --out "$work/oom"
 [ ! -e "$work/oom" ] || { echo "FAIL out of memory: left a run folder"; failures=$((failures + 1)); }
+# Without --data a bad value is refused before the built-in corpus is prepared.
+mkdir -p "$work/nodata"
+expect_error "bad --steps without --data" "flag --steps expects an integer, got 'abc'" \
+  bash -c 'cd "$1" && exec "$2" --steps abc --out runs/x' _ "$work/nodata" "$(realpath "$train")"
+[ -z "$(ls -A "$work/nodata")" ] || { echo "FAIL bad --steps without --data: wrote $(ls "$work/nodata")"; failures=$((failures + 1)); }
+# The final sample's settings are checked before training, not after it.
+expect_error "prompt longer than the context" "--prompt has 40 tokens, more than the context length 16" \
+  "$train" "${common[@]}" --sample-tokens 5 --prompt "$(printf 'x%.0s' $(seq 1 40))" --steps 1 --out "$work/prompt"
+expect_error "negative top-k" "--top-k must be >= 0" "$train" "${common[@]}" --sample-tokens 5 --top-k -3 --steps 1 \
+  --out "$work/prompt"
+[ ! -e "$work/prompt" ] || { echo "FAIL sample settings: a run folder was made"; failures=$((failures + 1)); }
 expect_error "unknown DDP strategy" "foo" "$train" "${common[@]}" --ddp foo --steps 1
 expect_error "bucket of 0 MiB" "--bucket-mb must be positive" "$train" "${common[@]}" --bucket-mb 0 --steps 1
 expect_error "negative model size" "--d-model must be >= 0" "$train" "${common[@]}" --d-model -30 --steps 1

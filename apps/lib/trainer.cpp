@@ -354,7 +354,26 @@ class TrainingRun {
     check_context_fits(*val_file_, plan_.ctx);  // now, not at the first evaluation
     eval_batches_ = flags_.integer("eval-batches");
     check_eval_fits(*val_file_, plan_.batch, plan_.ctx, eval_batches_);
+    check_sample_settings();
     check_ranks_agree(flags_, plan_, *train_file_, runtime_);
+  }
+
+  // The final text sample's settings, checked now rather than after the training.
+  void check_sample_settings() const {
+    if (flags_.integer("sample-tokens") <= 0 || plan_.step.zero == 3) return;
+    SamplingOptions sampling;
+    sampling.top_k = flags_.integer("top-k");
+    check_sampling_options(sampling);
+    std::unique_ptr<Tokenizer> tokenizer;
+    try {
+      tokenizer = load_data_tokenizer(data_dir_);
+    } catch (const Error&) {
+      return;  // no sample; the end of the run says why
+    }
+    const auto tokens = static_cast<int64_t>(prompt_ids(*tokenizer, flags_.str("prompt")).size());
+    TT_CHECK(tokens <= plan_.ctx, "--prompt has " + std::to_string(tokens) +
+                                      " tokens, more than the context length " + std::to_string(plan_.ctx) +
+                                      " (--ctx): shorten it, or pass --sample-tokens 0");
   }
 
   // Run folder: rank 0 holds its lock for the whole run and decides what the run starts from (a checkpoint
@@ -700,6 +719,13 @@ class TrainingRun {
 };
 
 }  // namespace
+
+void check_train_flag_values(const Flags& flags) {
+  TT_CHECK(flags.integer("steps") > 0, "--steps must be positive");
+  TT_CHECK(flags.integer("batch") > 0 && flags.integer("grad-accum") > 0,
+           "--batch and --grad-accum must be positive");
+  check_training_numbers(flags);
+}
 
 int run_training(const Flags& flags, Device device, const std::string& data_dir, dist::DistRuntime* runtime) {
   TrainingRun run(flags, device, data_dir, runtime);

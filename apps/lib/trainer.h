@@ -13,6 +13,10 @@ namespace tt::app {
 // Declares every flag of `train` (model, data, schedule, checkpoints, evaluation, sampling).
 void declare_train_flags(Flags& flags);
 
+// The values of `train`'s flags that need no data or model (numbers, ranges), checked before anything is
+// read or written: one line naming the flag.
+void check_train_flag_values(const Flags& flags);
+
 // Trains with the flags of `train` (declared in apps/train.cpp); returns the process exit code.
 // `runtime` (null for a single process) gives rank and world size under mpirun.
 int run_training(const Flags& flags, Device device, const std::string& data_dir, dist::DistRuntime* runtime);
