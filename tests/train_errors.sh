@@ -82,6 +82,14 @@ grep -q "^Once upon a time" "$work/cfg/sample.txt" || { echo "FAIL: config promp
 # Resumes that must leave --out as it is: nothing left to do, and another folder's checkpoint.
 expect_ok "train 6 steps" "$train" "${common[@]}" --out "$work/keep" --steps 6 --ckpt-every 2 --keep-ckpts 0
 metrics_before=$(md5sum "$work/keep/metrics.jsonl" | cut -d' ' -f1)
+# The same --resume latest line after the run ended: exit 0, nothing written (job scripts rerun it).
+expect_ok "finished run, --resume latest" "$train" "${common[@]}" --out "$work/done" --steps 2 --resume latest
+sum_before=$(cat "$work/done/metrics.jsonl" "$work/done/checkpoints/"* | md5sum)
+"$train" "${common[@]}" --out "$work/done" --steps 2 --resume latest >"$work/done.log" 2>&1 &&
+  grep -q "nothing to do: the run in $work/done already ended at step 2" "$work/done.log" &&
+  [ "$(cat "$work/done/metrics.jsonl" "$work/done/checkpoints/"* | md5sum)" = "$sum_before" ] &&
+  echo "ok   finished run again: exit 0, nothing written" ||
+  { echo "FAIL finished run again:"; tail -2 "$work/done.log"; failures=$((failures + 1)); }
 expect_error "nothing to do" "nothing to do: the checkpoint is at step 4" \
   "$train" "${common[@]}" --out "$work/keep" --steps 4 --resume "$work/keep/checkpoints/step_4.h5"
 [ -e "$work/keep/checkpoints/step_6.h5" ] || { echo "FAIL nothing to do: step_6.h5 was removed"; failures=$((failures + 1)); }

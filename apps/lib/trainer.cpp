@@ -432,6 +432,17 @@ class TrainingRun {
       state_.data_tokenizer = data_tokenizer_;
       // Each rank keeps its own seed; the draw count is the same on every rank.
       sampler_->rng().counter = state_.rng_counter;
+      // The same `--resume latest` line run again after the run ended: done, not an error (job scripts).
+      complete_ = flags_.str("resume") == "latest" && state_.step == plan_.steps;
+      if (complete_) {
+        if (root_)
+          std::printf(
+              "nothing to do: the run in %s already ended at step %lld (%s, --steps %lld); raise "
+              "--steps to train longer\n",
+              plan_.out.c_str(), static_cast<long long>(state_.step), resume_.c_str(),
+              static_cast<long long>(plan_.steps));
+        return;
+      }
       TT_CHECK(state_.step < plan_.steps, "nothing to do: the checkpoint is at step " +
                                               std::to_string(state_.step) + " and --steps is " +
                                               std::to_string(plan_.steps));
@@ -462,6 +473,8 @@ class TrainingRun {
       folder_->start(-1);
     }
   }
+
+  bool complete() const { return complete_; }
 
   // What an out-of-memory error adds: the flags that would lower this run's memory, from what it uses now.
   std::string memory_hint() const {
@@ -699,6 +712,7 @@ class TrainingRun {
   const Device device_;
   const std::string data_dir_;
   std::string data_tokenizer_;  // what checkpoints record of the data's tokenizer
+  bool complete_ = false;       // --resume latest found the run ended: nothing to do
   dist::DistRuntime* const runtime_;
   RunPlan plan_;
   bool root_ = true;
@@ -733,6 +747,7 @@ int run_training(const Flags& flags, Device device, const std::string& data_dir,
   try {
     run.open_run_folder();
     run.build_model();
+    if (run.complete()) return 0;
     run.print_banner();
     run.loop();
     return run.final_outputs();
