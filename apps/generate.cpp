@@ -179,6 +179,7 @@ int main(int argc, char** argv) {
         else
           texts[static_cast<size_t>(row)] += piece;
       };
+      sampling.first_prompt = static_cast<int64_t>(first);
       const GenerationResult result = generate_tokens(model, group, sampling, device, on_token);
       for (size_t r = 0; r < group.size(); ++r) {
         const std::string rest = streams[r].finish();

@@ -112,6 +112,11 @@ printf '%s\n' "${prompts[@]}" | "$generate" "${greedy[@]}" --batch 2 2>/dev/null
 sampled=(--checkpoint "$ckpt" --prompt "the dog" --max-tokens 30 --temperature 1.2 --top-k 50 --top-p 0.9 --seed 7)
 a=$("$generate" "${sampled[@]}" 2>/dev/null) && b=$("$generate" "${sampled[@]}" 2>/dev/null) && [ "$a" = "$b" ] &&
   echo "ok   sampling repeats with --seed" || fail "sampling with --seed differs"
+# A prompt's draws follow the prompt, not its row in a batch: --batch 1 and 3 give the same samples.
+sampled_all=(--checkpoint "$ckpt" --max-tokens 20 --temperature 1.2 --seed 7)
+a=$(printf '%s\n' "${prompts[@]}" | "$generate" "${sampled_all[@]}" --batch 1 2>/dev/null) &&
+  b=$(printf '%s\n' "${prompts[@]}" | "$generate" "${sampled_all[@]}" --batch 3 2>/dev/null) && [ "$a" = "$b" ] &&
+  echo "ok   sampled text independent of --batch" || fail "sampled text depends on --batch"
 "$generate" --checkpoint "$ckpt" --prompt "the" --max-tokens 10 --precision bf16 >/dev/null 2>&1 &&
   echo "ok   bf16" || fail "--precision bf16"
 "$generate" --checkpoint "$bytes_ckpt" --prompt "Line" --max-tokens 10 >/dev/null 2>&1 &&

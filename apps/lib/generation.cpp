@@ -16,9 +16,9 @@ double seconds_since(std::chrono::steady_clock::time_point start) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
 
-// Each row's draws: counters row * 2^40 onwards of the seed's stream.
-CounterRng row_rng(uint64_t seed, int64_t row) {
-  return CounterRng{seed, static_cast<uint64_t>(row) << 40};
+// Each prompt's draws: counters prompt * 2^40 onwards of the seed's stream.
+CounterRng prompt_rng(uint64_t seed, int64_t prompt) {
+  return CounterRng{seed, static_cast<uint64_t>(prompt) << 40};
 }
 
 }  // namespace
@@ -100,7 +100,7 @@ GenerationResult generate_tokens(const nn::TransformerLM& model,
   nn::KVCache cache(config, rows, device);
   std::vector<std::vector<int32_t>> history(prompts);  // each row's tokens; the last one not yet in the cache
   std::vector<CounterRng> rngs;
-  for (int64_t r = 0; r < rows; ++r) rngs.push_back(row_rng(options.seed, r));
+  for (int64_t r = 0; r < rows; ++r) rngs.push_back(prompt_rng(options.seed, options.first_prompt + r));
   std::vector<int64_t> active;
   // Takes row r's next token from its logits; false when the row is done.
   auto take = [&](int64_t r, const float* logits) {

@@ -20,7 +20,10 @@ struct SamplingOptions {
   double temperature = 1.0;  // 0: greedy (the most likely token, the lowest id on ties)
   int64_t top_k = 0;         // sample among the k most likely tokens (0: all)
   double top_p = 1.0;        // ... and among the fewest whose probabilities reach p (1: all)
-  uint64_t seed = 0;         // row r draws from the counter-based stream (seed, r)
+  uint64_t seed = 0;         // prompt i draws from the counter-based stream (seed, i)
+  // The index of the batch's first prompt among all prompts: row r is prompt first_prompt + r, so its draws
+  // do not depend on how the prompts were split into batches.
+  int64_t first_prompt = 0;
   bool stop_at_end_of_text = true;
   int32_t end_of_text = -1;  // the id that ends a row (-1: none)
   int64_t vocab_limit = 0;   // choose only ids below this (a tokenizer smaller than the model's vocabulary)
