@@ -110,6 +110,18 @@ for sig in TERM INT USR1 HUP; do
   [ "$(losses "$out/metrics.jsonl")" = "$(losses "$work/whole/metrics.jsonl")" ] ||
     fail "SIG$sig: the losses differ from the uninterrupted run"
 done
+# A stop after training has ended (during the text sample): the sample finishes and the run exits 0.
+out="$work/sigend"
+"$train" "${common[@]}" --out "$out" --steps 2 --sample-tokens 60000 >"$out.log" 2>&1 &
+pid=$!
+for _ in $(seq 1 600); do grep -q '^done' "$out.log" 2>/dev/null && break; sleep 0.02; done
+sleep 0.2
+kill -s TERM $pid
+wait $pid
+status=$?
+if [ $status -ne 0 ] || ! grep -q "stop requested: training has ended" "$out.log" || [ ! -s "$out/sample.txt" ]; then
+  fail "SIGTERM during the sample: exit $status, expected 0 with sample.txt"; tail -c 300 "$out.log"
+fi
 # One stop delivered twice at once (a Ctrl-C to the process group, passed on as SIGTERM by a wrapper): one request.
 out="$work/sigtwice"
 "$train" "${common[@]}" --out "$out" --steps 60 --ckpt-every 20 --log-every 1 >"$out.log" 2>&1 &

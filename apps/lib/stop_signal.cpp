@@ -15,6 +15,7 @@ namespace {
 
 volatile std::sig_atomic_t g_stop_signal = 0;
 volatile std::sig_atomic_t g_accepting = 1;
+volatile std::sig_atomic_t g_finishing = 0;  // training has ended: only its last outputs are left
 std::atomic<int64_t> g_first_request_ms{0};  // lock-free: safe in a signal handler
 static_assert(std::atomic<int64_t>::is_always_lock_free);
 
@@ -40,8 +41,10 @@ void on_stop_signal(int signal) {
   }
   if (g_stop_signal == 0) g_first_request_ms.store(monotonic_ms());
   g_stop_signal = signal;
-  const char message[] = "\nstop requested: finishing this step and writing a checkpoint\n";
-  [[maybe_unused]] const ssize_t n = ::write(STDERR_FILENO, message, sizeof(message) - 1);
+  const char step[] = "\nstop requested: finishing this step and writing a checkpoint\n";
+  const char outputs[] = "\nstop requested: training has ended, finishing its last outputs\n";
+  [[maybe_unused]] const ssize_t n = g_finishing ? ::write(STDERR_FILENO, outputs, sizeof(outputs) - 1)
+                                                 : ::write(STDERR_FILENO, step, sizeof(step) - 1);
 }
 
 }  // namespace
@@ -57,6 +60,10 @@ void install_stop_handlers() {
 
 void accept_stop_requests(bool accept) {
   g_accepting = accept ? 1 : 0;
+}
+
+void finishing_outputs() {
+  g_finishing = 1;
 }
 
 int stop_signal() {

@@ -12,9 +12,12 @@ constexpr int kExitStopped = 75;  // stopped by a signal after writing a checkpo
 
 void install_stop_handlers();
 // Whether a signal now is a stop request (the default: the loop writes a checkpoint at the end of the step,
-// or of the first step during start-up); false when no step is left to finish (an error being reported, an
-// abort under mpirun, the final outputs): a signal then takes its default action and ends the process.
+// or of the first step during start-up); false when nothing is left to finish (an error being reported, an
+// abort under mpirun): a signal then takes its default action and ends the process.
 void accept_stop_requests(bool accept);
+// Training has ended and its checkpoint is written: a stop request now lets the last outputs (the text
+// sample) finish and the run exit 0, as it would have; a second request still ends it at once.
+void finishing_outputs();
 // The signal that asked for a stop, or 0.
 int stop_signal();
 const char* signal_name(int signal);

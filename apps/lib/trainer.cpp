@@ -618,7 +618,7 @@ class TrainingRun {
 
   // Final outputs: the summary line and a text sample (rank 0).
   int final_outputs() {
-    accept_stop_requests(false);  // the last checkpoint is written: a signal ends the process
+    finishing_outputs();  // the last checkpoint is written: a signal now waits for the sample, exit 0
     // Collective under ZeRO-2 (the last update's gathers): every rank, before rank 0 samples alone.
     step_->settle();
     if (!root_) return 0;
