@@ -57,10 +57,10 @@ int main(int argc, char** argv) {
                 static_cast<double>(s.text_bytes) / 1e6 / std::max(s.encode_seconds, 1e-9));
     const std::string model_note =
         options.tokenizer == "sentencepiece" ? ", " + out + "/tokenizer.model" : "";
-    std::printf("%lld documents -> %s/train.bin (%lld tokens), %s/val.bin (%lld tokens), vocab %lld%s\n",
-                static_cast<long long>(s.documents), out.c_str(), static_cast<long long>(s.train_tokens),
-                out.c_str(), static_cast<long long>(s.val_tokens), static_cast<long long>(s.vocab_size),
-                model_note.c_str());
+    std::printf("%lld document%s -> %s/train.bin (%lld tokens), %s/val.bin (%lld tokens), vocab %lld%s\n",
+                static_cast<long long>(s.documents), s.documents == 1 ? "" : "s", out.c_str(),
+                static_cast<long long>(s.train_tokens), out.c_str(), static_cast<long long>(s.val_tokens),
+                static_cast<long long>(s.vocab_size), model_note.c_str());
     return 0;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "%s\n", tt::error_line(e).c_str());

@@ -1,6 +1,7 @@
 // train: the framework's main job. Trains the Transformer LM on token files, evaluates, writes metrics,
 // the loss plot, HDF5 checkpoints (exact resume) and a text sample. `train --help` lists every flag.
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <cmath>
 #include <csignal>
@@ -13,6 +14,7 @@
 #include "apps/lib/data.h"
 #include "apps/lib/flags.h"
 #include "apps/lib/report.h"
+#include "apps/lib/run_folder.h"
 #include "apps/lib/run_setup.h"
 #include "apps/lib/stop_signal.h"
 #include "apps/lib/train_step.h"
@@ -56,11 +58,19 @@ std::string data_dir_or_default(const Flags& flags) {
 }
 
 int run_eval_only(const Flags& flags, Device device) {
-  const std::string ckpt = flags.str("resume");
-  if (ckpt.empty()) throw Error("--eval-only needs --resume CHECKPOINT");
-  // The result's file is checked before the evaluation, which can take long.
+  if (flags.str("resume").empty()) throw Error("--eval-only needs --resume CHECKPOINT");
+  // A run folder (or latest: --out's) means its newest checkpoint that loads, as for training.
+  const std::string ckpt = resolve_resume(flags.str("resume"), flags.str("out"));
+  TT_CHECK(!ckpt.empty(),
+           "--resume latest: no checkpoint in " + flags.str("out") + "/checkpoints to evaluate");
+  // The result's files are checked before the evaluation, which can take long.
   std::unique_ptr<JsonlWriter> json;
   if (!flags.str("json").empty()) json = std::make_unique<JsonlWriter>(flags.str("json"), false);
+  if (!flags.str("logits").empty()) {
+    const fs::path parent = fs::absolute(flags.str("logits")).parent_path();
+    TT_CHECK(fs::is_directory(parent) && ::access(parent.c_str(), W_OK) == 0,
+             "--logits " + flags.str("logits") + ": cannot write in " + parent.string());
+  }
   nn::ModelConfig config = read_checkpoint_config(ckpt);
   apply_runtime_model_flags(flags, config, device);
   const int64_t ctx = flags.given("ctx") ? flags.integer("ctx") : config.context_length;

@@ -143,9 +143,16 @@ expect_error "prompt longer than the context" "--prompt has 40 tokens, more than
 expect_error "negative top-k" "--top-k must be >= 0" "$train" "${common[@]}" --sample-tokens 5 --top-k -3 --steps 1 \
   --out "$work/prompt"
 [ ! -e "$work/prompt" ] || { echo "FAIL sample settings: a run folder was made"; failures=$((failures + 1)); }
+expect_error "zero-grads without zero 1" "--zero-grads ddp chooses how --zero 1 averages gradients" \
+  "$train" "${common[@]}" --zero-grads ddp --steps 1
 expect_error "unknown DDP strategy" "foo" "$train" "${common[@]}" --ddp foo --steps 1
 expect_error "bucket of 0 MiB" "--bucket-mb must be positive" "$train" "${common[@]}" --bucket-mb 0 --steps 1
 expect_error "negative model size" "--d-model must be >= 0" "$train" "${common[@]}" --d-model -30 --steps 1
+# --eval-only takes a run folder (its newest checkpoint) like training does.
+expect_ok "eval-only on a run folder" "$train" --eval-only --resume "$(dirname "$(dirname "$ckpt")")" \
+  --data "$work/data" --ctx 16 --batch 2 --eval-batches 2
+expect_error "eval-only logits folder" "--logits $work/nodir/x.npy: cannot write in $work/nodir" \
+  "$train" --eval-only --resume "$ckpt" --data "$work/data" --ctx 16 --logits "$work/nodir/x.npy"
 # --eval-only's result file is checked before the evaluation; a damaged checkpoint is named.
 expect_error "eval-only json folder" "cannot write JSON lines '$work/nodir/x.json'" \
   "$train" --eval-only --resume "$ckpt" --data "$work/data" --ctx 16 --json "$work/nodir/x.json"

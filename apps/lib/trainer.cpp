@@ -62,7 +62,7 @@ void declare_train_flags(Flags& f) {
   f.add("eval-batches", "20", "batches per evaluation (the first eval-batches*batch windows of val.bin)");
   f.group("checkpoints");
   f.add("ckpt-every", "500",
-        "write a checkpoint every N steps; step 0 is written too (0: only at the end; -1: none at all, for "
+        "write a checkpoint every N steps; step 0 is written too (0: step 0 and the end only; -1: none, for "
         "benchmarks and throwaway runs)");
   f.add("keep-ckpts", "3", "checkpoints to keep (0: all)");
   f.group("distributed");
@@ -286,6 +286,8 @@ RunPlan plan_run(const Flags& flags, Device device, const std::string& data_dir,
            "--zero 2 or 3 gradients are reduce-scattered in their own dtype");
   TT_CHECK(zero_grads == "reduce-scatter" || zero_grads == "ddp",
            "--zero-grads must be reduce-scatter or ddp, got '" + zero_grads + "'");
+  TT_CHECK(zero_grads == "reduce-scatter" || zero == 1,
+           "--zero-grads ddp chooses how --zero 1 averages gradients; it needs --zero 1");
   p.grads_bf16 = grads_bf16_from_flags(flags, p.config.precision == nn::Precision::bf16, grad_comm == "bf16");
   TT_CHECK(std::isfinite(flags.number("bucket-mb")) && flags.number("bucket-mb") > 0,
            "--bucket-mb must be positive, got " + flags.str("bucket-mb"));
