@@ -52,7 +52,7 @@ expect_error "another run's checkpoints in --out" "already holds checkpoints of 
   "$train" "${common[@]}" --out "$work/run" --steps 2
 [ -e "$ckpt" ] || { echo "FAIL: the refused run removed $ckpt"; failures=$((failures + 1)); }
 sum_before=$(md5sum "$ckpt" | cut -d' ' -f1)
-expect_error "checkpoint of another shape" "--d-model 32 differs from the checkpoint $ckpt (64)" \
+expect_error "checkpoint of another shape" "--d-model 32 (the preset's or given) differs from the checkpoint $ckpt (64)" \
   "$train" "${common[@]}" --d-model 32 --out "$work/other" --steps 6 --resume "$ckpt"
 expect_error "missing checkpoint" "does not exist" "$train" "${common[@]}" --out "$work/run" --steps 6 --resume "$work/none.h5"
 expect_error "NaN loss" "is [A-Za-z]* at step [0-9]*; stopped before the update.*(last good checkpoint: $ckpt)" \
@@ -192,7 +192,7 @@ expect_ok "new run from a checkpoint's weights" "$train" "${common[@]}" --out "$
 grep -q "new run from the weights of $ckpt" "$work/last.log" || { echo "FAIL --init-from: no note"; failures=$((failures + 1)); }
 expect_error "--init-from with --resume" "pass one of them" \
   "$train" "${common[@]}" --out "$work/init2" --steps 8 --init-from "$ckpt" --resume "$ckpt"
-expect_error "--init-from of another shape" "--d-model 32 differs from the checkpoint" \
+expect_error "--init-from of another shape" "--d-model 32 (the preset's or given) differs from the checkpoint" \
   "$train" "${common[@]}" --d-model 32 --out "$work/init3" --steps 2 --init-from "$ckpt"
 
 echo "$failures failure(s)"

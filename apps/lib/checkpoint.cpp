@@ -704,10 +704,14 @@ nn::ModelConfig config_for_checkpoint(const std::string& path, const nn::ModelCo
       {"--heads", {saved.num_heads, run.num_heads}},
       {"--d-ff", {saved.d_ff, run.d_ff}}};
   for (const auto& [flag, values] : fields) {
+    // The model's sizes may come from --preset rather than their own flags.
+    const bool shape = std::string(flag) != "--vocab" && std::string(flag) != "--ctx";
     TT_CHECK(values.first == values.second,
-             std::string(flag) + " " + std::to_string(values.second) + " differs from the checkpoint " +
-                 path + " (" + std::to_string(values.first) + "); pass " + flag + " " +
-                 std::to_string(values.first) + (resume ? " to resume it" : " to start from it"));
+             std::string(flag) + " " + std::to_string(values.second) +
+                 (shape ? " (the preset's or given)" : "") + " differs from the checkpoint " + path + " (" +
+                 std::to_string(values.first) + "); pass " + flag + " " + std::to_string(values.first) +
+                 (shape ? " or the --preset it was trained with" : "") +
+                 (resume ? " to resume it" : " to start from it"));
   }
   nn::ModelConfig config = run;
   config.rope_theta = saved.rope_theta;
