@@ -39,6 +39,10 @@ for i in $(seq 1 300); do echo "Line $i of a small corpus: a wizard's job is to 
 "$prepare" --input "$work/text" --out "$work/data" --separator % >/dev/null || { echo "FAIL prepare_data"; exit 1; }
 common=(--ctx 16 --batch 2 --eval-batches 1 --sample-tokens 0 --log-every 100 --device cpu)
 
+# One document: the split is the last ~10% of the tokens, and prepare_data says so.
+"$prepare" --input "$work/text/a.txt" --out "$work/onedoc" 2>&1 | grep -q "fewer than 10 documents: val.bin is the last" &&
+  echo "ok   one document: the split is said" || fail "one document: no note on the validation split"
+
 # prepare_data's meta.json names the tokenizer, the vocabulary and the end-of-text id.
 python3 - "$work/data/meta.json" <<'PY' || fail "meta.json fields"
 import json, sys

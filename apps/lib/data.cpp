@@ -607,6 +607,7 @@ PrepareStats prepare_text(const std::string& input, const std::string& out_dir, 
     if (cut == 0) cut = fallback;
     val.assign(train.begin() + static_cast<std::ptrdiff_t>(cut), train.end());
     train.resize(cut);
+    stats.validation_from_tail = true;
   }
   if (train.empty() || val.empty()) throw Error("input '" + input + "' has too little text to split");
   fs::create_directories(out_dir);
