@@ -48,8 +48,9 @@ std::unique_ptr<Tokenizer> resolve_tokenizer(const std::string& spec, const std:
             "or --tokenizer FILE.model (an export's folder holds its tokenizer.model)");
     TT_CHECK(data_known, "no tokenizer: the checkpoint's data folder '" + data +
                              "' has no meta.json; pass --tokenizer bytes or --tokenizer FILE.model");
-    check_training_tokenizer(checkpoint, data,
-                             "pass --tokenizer FILE.model (an export's folder holds its tokenizer.model)");
+    check_training_tokenizer(
+        checkpoint, data,
+        "pass --tokenizer bytes or FILE.model (an export's folder holds its tokenizer.model)");
     tokenizer = load_data_tokenizer(data);
   } else {
     tokenizer = spec == "bytes" ? byte_tokenizer() : load_sentencepiece(spec);
@@ -59,8 +60,10 @@ std::unique_ptr<Tokenizer> resolve_tokenizer(const std::string& spec, const std:
       const DataMeta given{tokenizer->name(), tokenizer->vocab_size(), tokenizer->end_of_text(),
                            tokenizer->checksum()};
       const std::string got = data_tokenizer_id(given);
-      const bool same_kind = got.substr(0, got.rfind(' ')) == expected.substr(0, expected.rfind(' '));
-      TT_CHECK(got == expected,
+      // The same name and size: another model file of the same kind.
+      const bool same_kind =
+          same_data_tokenizer(tokenizer->name() + " " + std::to_string(tokenizer->vocab_size()), expected);
+      TT_CHECK(same_data_tokenizer(got, expected),
                "--tokenizer " + spec + " is " + describe(*tokenizer) +
                    ", not the tokenizer the checkpoint was trained with (" + expected +
                    (same_kind && tokenizer->name() != "bytes" ? ", another model file" : "") + ")");

@@ -70,6 +70,7 @@ int run_eval_only(const Flags& flags, Device device) {
     const fs::path parent = fs::absolute(flags.str("logits")).parent_path();
     TT_CHECK(fs::is_directory(parent) && ::access(parent.c_str(), W_OK) == 0,
              "--logits " + flags.str("logits") + ": cannot write in " + parent.string());
+    TT_CHECK(!fs::is_directory(flags.str("logits")), "--logits " + flags.str("logits") + " is a folder");
   }
   nn::ModelConfig config = read_checkpoint_config(ckpt);
   apply_runtime_model_flags(flags, config, device);
@@ -77,7 +78,11 @@ int run_eval_only(const Flags& flags, Device device) {
   TT_CHECK(ctx <= config.context_length, "--ctx " + std::to_string(ctx) +
                                              " exceeds the checkpoint's context length " +
                                              std::to_string(config.context_length));
-  const std::string data = data_dir_or_default(flags);
+  // Without --data: the data the checkpoint was trained on, where it can be found.
+  const std::string trained_on = flags.given("data") ? "" : training_data_folder(ckpt);
+  const std::string data =
+      !trained_on.empty() && fs::exists(trained_on + "/meta.json") ? trained_on : data_dir_or_default(flags);
+  check_training_tokenizer(ckpt, data, "pass --data with the data it was trained on");
   const TokenFile val(data + "/val.bin", config.vocab_size);
   nn::TransformerLM model(config);
   nn::FlatParameters params(model, device, 0);

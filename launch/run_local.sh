@@ -65,17 +65,34 @@ if [[ $dry_run -eq 1 ]]; then
   echo "${launcher[*]} $app $*"
   exit 0
 fi
-# Stopping: Ctrl-C (or SIGTERM, SIGHUP to this script) becomes one SIGUSR1 to mpirun, which passes it to every
-# rank: each finishes its step, writes the checkpoint and exits 75. mpirun's own answer to SIGINT or SIGTERM
-# is SIGTERM to the ranks and SIGKILL a second later, which cuts off a checkpoint being written; so mpirun
-# runs in a session of its own, out of reach of the terminal's Ctrl-C.
-[[ -t 0 ]] && launcher+=(--stdin none)  # the terminal stays this shell's
-setsid "${launcher[@]}" "$app" "$@" &
+# Stopping: the first Ctrl-C (or SIGTERM, SIGHUP to this script) becomes SIGUSR1 to mpirun, which passes it
+# to every rank: each finishes its step, writes the checkpoint and exits 75. A second one asks mpirun to end
+# the job now (its own answer to SIGTERM: SIGTERM to the ranks, SIGKILL a second later). mpirun runs in a
+# session of its own, so that the terminal's Ctrl-C reaches only this script, and a watcher ends the job if
+# this script is killed outright.
+pid=""
+requests=0
+stop() {
+  requests=$((requests + 1))
+  [[ -n "$pid" ]] || exit 130  # not started yet
+  if [[ $requests -eq 1 ]]; then kill -USR1 "$pid" 2>/dev/null || true; else kill -TERM "$pid" 2>/dev/null || true; fi
+}
+trap stop INT TERM HUP
+trap 'kill -USR1 "$pid" 2>/dev/null || true' USR1  # a scheduler's warning: always the graceful stop
+if [[ -t 0 ]]; then
+  launcher+=(--stdin none)  # the terminal stays this shell's
+  setsid "${launcher[@]}" "$app" "$@" </dev/null &
+else
+  setsid "${launcher[@]}" "$app" "$@" <&0 &  # piped input still reaches rank 0
+fi
 pid=$!
-trap 'kill -USR1 $pid 2>/dev/null || true' INT TERM HUP USR1
+script=$$
+(while kill -0 "$script" 2>/dev/null; do sleep 1; done; kill -TERM "$pid" 2>/dev/null) &
+watcher=$!
 while true; do
   status=0
-  wait $pid || status=$?
-  kill -0 $pid 2>/dev/null || break  # still running: the wait was cut short by a trapped signal
+  wait "$pid" || status=$?
+  kill -0 "$pid" 2>/dev/null || break  # still running: the wait was cut short by a trapped signal
 done
+kill "$watcher" 2>/dev/null || true
 exit $status

@@ -222,7 +222,8 @@ for s in "$@"; do
           kill -0 $pid 2>/dev/null || break
           sleep 1
         done
-        pkill -9 -f "$b/train" 2>/dev/null
+        pkill -9 -P $pid 2>/dev/null  # the ranks: mpirun's children
+        kill -9 $pid 2>/dev/null
         wait $pid 2>/dev/null
         grep -E "$pattern|error" "$out/$s.log" | tail -1
       }

@@ -108,6 +108,19 @@ TEST_CASE("checkpoint round trip restores parameters, optimizer state and train 
   CHECK(pc.flat_params().to_floats() == before);
 }
 
+TEST_CASE("data tokenizer ids: name and size must agree, checksums only where both sides have one") {
+  const app::DataMeta sp{"sentencepiece", 300, 2, "00112233aabbccdd"};
+  CHECK(app::data_tokenizer_id(sp) == "sentencepiece 300 00112233aabbccdd");
+  CHECK(app::data_tokenizer_id(app::DataMeta{"bytes", 257, 256, ""}) == "bytes 257");
+  CHECK(app::same_data_tokenizer("sentencepiece 300 00112233aabbccdd", "sentencepiece 300 00112233aabbccdd"));
+  CHECK(app::same_data_tokenizer("sentencepiece 300", "sentencepiece 300 00112233aabbccdd"));  // older data
+  CHECK(app::same_data_tokenizer("sentencepiece 300 00112233aabbccdd", "sentencepiece 300"));
+  CHECK_FALSE(
+      app::same_data_tokenizer("sentencepiece 300 00112233aabbccdd", "sentencepiece 300 ffffffffffffffff"));
+  CHECK_FALSE(app::same_data_tokenizer("sentencepiece 300", "sentencepiece 320"));
+  CHECK_FALSE(app::same_data_tokenizer("bytes 257", "sentencepiece 257"));
+}
+
 TEST_CASE("BatchLoader hands out the sampler's batches and RNG positions, drawn ahead on a thread") {
   const std::string data = make_data_dir();
   const app::TokenFile file(data + "/train.bin", 65536);

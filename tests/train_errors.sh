@@ -151,6 +151,11 @@ expect_error "negative model size" "--d-model must be >= 0" "$train" "${common[@
 # --eval-only takes a run folder (its newest checkpoint) like training does.
 expect_ok "eval-only on a run folder" "$train" --eval-only --resume "$(dirname "$(dirname "$ckpt")")" \
   --data "$work/data" --ctx 16 --batch 2 --eval-batches 2
+mkdir -p "$work/elsewhere"
+train_abs=$(realpath "$train")
+(cd "$work/elsewhere" && "$train_abs" --eval-only --resume "$ckpt" --ctx 16 --batch 2 --eval-batches 2) 2>&1 |
+  tee "$work/eo.log" | grep -q "from $work/data/val.bin" && echo "ok   eval-only without --data: the checkpoint's data" ||
+  { echo "FAIL eval-only without --data did not use the checkpoint's data:"; tail -2 "$work/eo.log"; failures=$((failures + 1)); }
 expect_error "eval-only logits folder" "--logits $work/nodir/x.npy: cannot write in $work/nodir" \
   "$train" --eval-only --resume "$ckpt" --data "$work/data" --ctx 16 --logits "$work/nodir/x.npy"
 # --eval-only's result file is checked before the evaluation; a damaged checkpoint is named.

@@ -649,9 +649,9 @@ void check_training_tokenizer(const std::string& checkpoint, const std::string& 
   const std::optional<DataMeta> meta = read_meta(data_dir);
   if (trained.empty() || !meta) return;
   const std::string now = data_tokenizer_id(*meta);
-  TT_CHECK(now == trained, data_dir + " holds tokens of " + now + ", but " + checkpoint +
-                               " was trained on tokens of " + trained +
-                               " (was the folder prepared again since?); " + remedy);
+  TT_CHECK(same_data_tokenizer(now, trained), data_dir + " holds tokens of " + now + ", but " + checkpoint +
+                                                  " was trained on tokens of " + trained +
+                                                  " (was the folder prepared again since?); " + remedy);
 }
 
 void write_initial_checkpoint(const std::string& path, const nn::ModelConfig& config,

@@ -13,6 +13,7 @@
 #include <filesystem>
 #include <fstream>
 #include <mutex>
+#include <sstream>
 #include <string_view>
 #include <system_error>
 #include <thread>
@@ -317,6 +318,14 @@ int64_t integer_field(const nlohmann::json& meta, const std::string& file, const
 std::string data_tokenizer_id(const DataMeta& meta) {
   return meta.tokenizer + " " + std::to_string(meta.vocab_size) +
          (meta.tokenizer_checksum.empty() ? "" : " " + meta.tokenizer_checksum);
+}
+
+bool same_data_tokenizer(const std::string& a, const std::string& b) {
+  std::istringstream in_a(a), in_b(b);
+  std::string name_a, name_b, vocab_a, vocab_b, sum_a, sum_b;
+  in_a >> name_a >> vocab_a >> sum_a;
+  in_b >> name_b >> vocab_b >> sum_b;
+  return name_a == name_b && vocab_a == vocab_b && (sum_a.empty() || sum_b.empty() || sum_a == sum_b);
 }
 
 std::optional<DataMeta> read_meta(const std::string& data_dir) {

@@ -149,6 +149,9 @@ struct DataMeta {
 const std::vector<std::string>& known_tokenizers();  // bytes, sentencepiece, gpt2
 // What checkpoints record of their data's tokenizer: "NAME VOCAB_SIZE[ CHECKSUM]", e.g. "bytes 257".
 std::string data_tokenizer_id(const DataMeta& meta);
+// Whether two such ids name the same tokenizer: name and size equal, and the checksums where both have one
+// (data prepared before meta.json recorded it has none).
+bool same_data_tokenizer(const std::string& a, const std::string& b);
 // DIR/meta.json checked field by field, or nullopt when the file does not exist. Malformed JSON, a missing
 // or out-of-range vocab_size, an unknown tokenizer or a bad end_of_text throw tt::Error naming the file and
 // the field.

@@ -25,14 +25,20 @@ int64_t monotonic_ms() {
   return int64_t{t.tv_sec} * 1000 + t.tv_nsec / 1000000;
 }
 
-// Signals this close after the first are the same request, delivered twice: a Ctrl-C reaches a whole
-// process group, so a wrapper script that passes it on as SIGTERM makes the child see both.
+// Another signal this close after the first is the same request, delivered twice: a Ctrl-C reaches a whole
+// process group, so a wrapper script that passes it on as SIGTERM makes the child see SIGINT and SIGTERM.
+// The same signal again is the user asking twice.
 constexpr int64_t kSameRequestMs = 2000;
 
 void on_stop_signal(int signal) {
   const bool repeated = g_stop_signal != 0 && signal != SIGUSR1;
-  if (repeated && monotonic_ms() - g_first_request_ms.load() < kSameRequestMs) return;
-  // When no step is left to finish (an abort under way, the final outputs): the signal's default action.
+  if (g_accepting != 0 && repeated && signal != g_stop_signal &&
+      monotonic_ms() - g_first_request_ms.load() < kSameRequestMs) {
+    const char same[] = "stop already requested (send the signal again to end now)\n";
+    [[maybe_unused]] const ssize_t n = ::write(STDERR_FILENO, same, sizeof(same) - 1);
+    return;
+  }
+  // When nothing is left to finish (an abort under way): the signal's default action.
   if (g_accepting == 0 || repeated) {
     // Asked twice: the user means now. Default action, no checkpoint.
     std::signal(signal, SIG_DFL);

@@ -1,7 +1,7 @@
 // Graceful stops: SIGINT, SIGTERM (what Slurm and most schedulers send before they kill or preempt a job) and
 // SIGUSR1 (what `sbatch --signal=USR1@SECONDS` sends) and SIGHUP (a closed terminal) only set a flag; the
-// training loop reads it after each step, writes a checkpoint and exits with kExitStopped. A second SIGINT or
-// SIGTERM ends the process at once.
+// training loop reads it after each step, writes a checkpoint and exits with kExitStopped. The same SIGINT or
+// SIGTERM again ends the process at once (another of the two within 2 s is the same request passed on).
 #pragma once
 
 namespace tt::app {

@@ -233,6 +233,7 @@ std::vector<Tensor> TrainStep::replay_step(const std::function<Batch(int64_t mic
     graph_ = std::move(graph);
     overlap_->hand_to_replay();  // the capture's launch() left events only the graph can wait on
   }
+  if (clock_) clock_->mark();  // after the batches' uploads: the replay alone
   graph_->replay();
   return graph_losses_;
 }
@@ -243,18 +244,20 @@ StepResult TrainStep::run(const std::function<Batch(int64_t micro)>& next_batch,
   zero_ ? zero_->set_lr(lr) : sharded_ ? sharded_->set_lr(lr) : adamw_->set_lr(lr);
   if (!overlap_) params_.zero_grad();
   const int64_t accum = options_.grad_accum;
+  // gpu_ms: from the replay's launch (eagerly: the step's start) to the end of its forward and backward.
+  const bool replay = graph_step_ && runs_ > 0;
   if (clock_) {
     clock_->clear();
-    clock_->mark();  // reached at once unless the stream is still busy: the GPU's part starts here
+    if (!replay) clock_->mark();
   }
   // Nothing is read back until the whole step is queued: the host runs ahead of the GPU within the step.
   // The first step runs eagerly (it also warms up what a capture cannot: cuBLASLt's plans, the allocator).
-  const std::vector<Tensor> losses =
-      graph_step_ && runs_ > 0 ? replay_step(next_batch) : forward_backward([&](int64_t micro) {
-        const Batch b = next_batch(micro);
-        return std::make_pair(upload_->ints(b.inputs, {options_.batch, options_.ctx}),
-                              upload_->ints(b.targets, {options_.batch, options_.ctx}));
-      });
+  const std::vector<Tensor> losses = replay ? replay_step(next_batch) : forward_backward([&](int64_t micro) {
+    const Batch b = next_batch(micro);
+    return std::make_pair(upload_->ints(b.inputs, {options_.batch, options_.ctx}),
+                          upload_->ints(b.targets, {options_.batch, options_.ctx}));
+  });
+  if (clock_) clock_->mark();
   ++runs_;
   const double clip = options_.clip;
   double loss_sum = 0;
@@ -290,10 +293,7 @@ StepResult TrainStep::run(const std::function<Batch(int64_t micro)>& next_batch,
     if (std::isfinite(result.grad_norm)) update();
   }
   if (!std::isfinite(result.grad_norm)) diverged("the gradient norm", result.grad_norm, step);
-  if (clock_) {
-    clock_->mark();                            // after everything the step queued on the compute stream
-    result.gpu_ms = clock_->ms_between(0, 1);  // waits for it
-  }
+  if (clock_) result.gpu_ms = clock_->ms_between(0, 1);
   if (!overlap_) synchronize(device_);
   return result;
 }

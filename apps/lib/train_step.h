@@ -65,8 +65,10 @@ struct StateBytes {
 struct StepResult {
   double loss = 0, grad_norm = 0;
   bool stop_requested = false;  // some rank got a stop signal (the same answer on every rank)
-  // CUDA: how long the compute stream took from the start of run() to the end of the step's work on it.
-  // A step's wall time minus this is the time the GPU waited for the host. NaN on the CPU.
+  // CUDA: the compute stream's time for the step's forward and backward: with the CUDA graph step, the
+  // replay (the last update included), from its launch; otherwise from the step's start, so launch gaps
+  // count. With the graph, a step's wall time minus this is the time the GPU waited for the host (batch
+  // uploads, launch, read-back, logging). NaN on the CPU.
   double gpu_ms = NAN;
 };
 

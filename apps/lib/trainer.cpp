@@ -33,9 +33,9 @@ namespace fs = std::filesystem;
 void declare_train_flags(Flags& f) {
   declare_model_flags(f);
   f.group("data");
-  f.add(
-      "data", "",
-      "folder with train.bin, val.bin (and meta.json); default: the built-in corpus, prepared on first use");
+  f.add("data", "",
+        "folder with train.bin, val.bin (and meta.json); default: the built-in corpus, prepared on first use "
+        "(with --eval-only: the data the checkpoint was trained on, when it is found)");
   f.group("schedule");
   f.add("steps", "2000", "optimizer steps to train (total, also when resuming)");
   f.group("data");
@@ -434,8 +434,10 @@ class TrainingRun {
       state_.data_tokenizer = data_tokenizer_;
       // Each rank keeps its own seed; the draw count is the same on every rank.
       sampler_->rng().counter = state_.rng_counter;
-      // The same `--resume latest` line run again after the run ended: done, not an error (job scripts).
-      complete_ = flags_.str("resume") == "latest" && state_.step == plan_.steps;
+      // The same `--resume latest` (or RUN_FOLDER) line run again after the run ended: done, not an error
+      // (job scripts).
+      complete_ = (flags_.str("resume") == "latest" || fs::is_directory(flags_.str("resume"))) &&
+                  state_.step == plan_.steps;
       if (complete_) {
         if (root_)
           std::printf(
