@@ -31,3 +31,27 @@ ls "$work/run/checkpoints" | grep -q '\.tmp$' && { echo "FAIL a temporary checkp
 grep -q "resumed from $work/run/checkpoints/step_$stopped_at.h5" "$work/resume.log" ||
   { echo "FAIL the resumed job did not start from step $stopped_at"; tail -5 "$work/resume.log"; exit 1; }
 echo "ok   run_local.sh: SIGTERM gave exit 75 and the checkpoint of step $stopped_at; the job resumed from it"
+
+# start_job NAME: run_local.sh in the background, once its ranks train; sets $pid (the script) and $mpirun.
+start_job() {
+  "$root/launch/run_local.sh" --np 2 --app "$train" "${args[@]/$work\/run/$work/$1}" --steps 100000 >"$work/$1.log" 2>&1 &
+  pid=$!
+  for _ in $(seq 1 600); do [ "$(grep -c '^step' "$work/$1.log" 2>/dev/null)" -ge 3 ] && break; sleep 0.1; done
+  mpirun=$(pgrep -x mpirun -P $pid)
+}
+# gone SECONDS: mpirun has ended within that time.
+gone() { for _ in $(seq 1 $(($1 * 10))); do kill -0 "$mpirun" 2>/dev/null || return 0; sleep 0.1; done; return 1; }
+
+# A second stop ends the job now, even with a rank that cannot finish its step (stopped, as a hung one).
+start_job hung
+kill -STOP $(pgrep -P "$mpirun" | head -1)
+kill -TERM $pid; sleep 1; kill -TERM $pid
+gone 20 || { echo "FAIL a second SIGTERM did not end a job with a stopped rank"; pkill -9 -P "$mpirun"; kill -9 "$mpirun"; exit 1; }
+wait $pid 2>/dev/null
+echo "ok   a second SIGTERM ends the job at once"
+
+# The script killed outright: the job does not outlive it.
+start_job orphan
+disown $pid; kill -9 $pid
+gone 20 || { echo "FAIL the job outlived its killed run_local.sh"; pkill -9 -P "$mpirun"; kill -9 "$mpirun"; exit 1; }
+echo "ok   the job ends with a killed run_local.sh"
