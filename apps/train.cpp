@@ -59,6 +59,8 @@ std::string data_dir_or_default(const Flags& flags) {
 
 int run_eval_only(const Flags& flags, Device device) {
   if (flags.str("resume").empty()) throw Error("--eval-only needs --resume CHECKPOINT");
+  TT_CHECK(flags.str("init-from").empty(),
+           "--eval-only evaluates --resume CHECKPOINT; --init-from is for training");
   // A run folder (or latest: --out's) means its newest checkpoint that loads, as for training.
   const std::string ckpt = resolve_resume(flags.str("resume"), flags.str("out"));
   TT_CHECK(!ckpt.empty(),

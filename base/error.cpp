@@ -1,6 +1,7 @@
 #include "base/error.h"
 
 #include <atomic>
+#include <filesystem>
 
 namespace tt {
 
@@ -38,6 +39,17 @@ void throw_internal_error(const std::string& message, const char* file, int line
 
 std::string error_line(const std::exception& e) {
   if (dynamic_cast<const InternalError*>(&e) != nullptr) return e.what();
+  // The standard library's "filesystem error: cannot create directories: Permission denied [/x]" as
+  // "cannot create directories /x: Permission denied".
+  if (const auto* fs_error = dynamic_cast<const std::filesystem::filesystem_error*>(&e)) {
+    const std::string what = fs_error->what(), prefix = "filesystem error: ";
+    const std::string reason = fs_error->code().message();
+    const size_t end = what.find(": " + reason);
+    if (what.rfind(prefix, 0) == 0 && end != std::string::npos && !fs_error->path1().empty()) {
+      return "error: " + what.substr(prefix.size(), end - prefix.size()) + " " + fs_error->path1().string() +
+             ": " + reason;
+    }
+  }
   return std::string("error: ") + e.what();
 }
 

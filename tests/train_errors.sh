@@ -156,6 +156,10 @@ train_abs=$(realpath "$train")
 (cd "$work/elsewhere" && "$train_abs" --eval-only --resume "$ckpt" --ctx 16 --batch 2 --eval-batches 2) 2>&1 |
   tee "$work/eo.log" | grep -q "from $work/data/val.bin" && echo "ok   eval-only without --data: the checkpoint's data" ||
   { echo "FAIL eval-only without --data did not use the checkpoint's data:"; tail -2 "$work/eo.log"; failures=$((failures + 1)); }
+expect_error "eval-only with init-from" "--init-from is for training" \
+  "$train" --eval-only --resume "$ckpt" --init-from "$ckpt" --data "$work/data" --ctx 16
+expect_error "prepare_data into /proc" "cannot create directories /proc/tinytrain-test" \
+  "$prepare" --input "$work/text" --out /proc/tinytrain-test
 expect_error "eval-only logits folder" "--logits $work/nodir/x.npy: cannot write in $work/nodir" \
   "$train" --eval-only --resume "$ckpt" --data "$work/data" --ctx 16 --logits "$work/nodir/x.npy"
 # --eval-only's result file is checked before the evaluation; a damaged checkpoint is named.
