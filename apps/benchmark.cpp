@@ -366,9 +366,6 @@ int main(int argc, char** argv) {
     TT_CHECK(autotune >= 0 && autotune <= 32, "--gemm-autotune takes 0..32 candidates");
     set_matmul_autotune(static_cast<int>(autotune));
     std::vector<Row> rows;
-    std::printf("device: %s, batch %lld, warm-up %s, timed steps %lld\n\n", device_name(device).c_str(),
-                static_cast<long long>(flags.integer("batch")), flags.str("warmup-iters").c_str(),
-                static_cast<long long>(flags.integer("steps")));
     std::unique_ptr<JsonlWriter> json;
     if (!flags.str("json").empty()) json = std::make_unique<JsonlWriter>(flags.str("json"), false);
     if (!flags.str("memory-timeline").empty()) check_memory_timeline_writable(flags.str("memory-timeline"));
@@ -422,6 +419,10 @@ int main(int argc, char** argv) {
                  std::find(modes.begin(), modes.end(), "step-fused") != modes.end(),
              "--update-in-matmul on applies to step-fused rows; add step-fused to --mode");
     const int64_t max_ctx = *std::max_element(contexts.begin(), contexts.end());
+    // The header once every flag has been checked: an error is then the only line.
+    std::printf("device: %s, batch %lld, warm-up %s, timed steps %lld\n\n", device_name(device).c_str(),
+                static_cast<long long>(flags.integer("batch")), flags.str("warmup-iters").c_str(),
+                static_cast<long long>(flags.integer("steps")));
     for (const std::string& size : flags.list("sizes")) {
       for (const std::string& precision : flags.list("precision")) {
         for (const std::string& attention : flags.list("attention")) {

@@ -69,6 +69,10 @@ for t, e in zip(trace, events):
     peak = max(peak, live)
 print("memory_viz snapshot ok:", len(trace), "events, peak", peak, "bytes")
 PY
+# A bad flag value: the error is the only output (no header before it).
+if "$bench" --sizes nosuch --device cpu >"$work/out.txt" 2>&1; then echo "benchmark accepted --sizes nosuch"; exit 1; fi
+[ "$(wc -l <"$work/out.txt")" -eq 1 ] && grep -q "^error: unknown preset 'nosuch'" "$work/out.txt" ||
+  { echo "benchmark's error was not one line:"; cat "$work/out.txt"; exit 1; }
 # A folder that does not exist: a one-line error before anything runs, and a non-zero exit.
 if "$bench" --sizes tiny --device cpu --steps 1 --warmup-iters 0 --memory-timeline "$work/missing/mem" >"$work/out.txt" \
   2>"$work/err.txt"; then
