@@ -57,13 +57,10 @@ std::unique_ptr<Tokenizer> resolve_tokenizer(const std::string& spec, const std:
     std::string expected = trained;
     if (expected.empty() && data_known) expected = data_tokenizer_id(*read_meta(data));
     if (!expected.empty()) {
-      const DataMeta given{tokenizer->name(), tokenizer->vocab_size(), tokenizer->end_of_text(),
-                           tokenizer->checksum()};
-      const std::string got = data_tokenizer_id(given);
-      // The same name and size: another model file of the same kind.
-      const bool same_kind =
-          same_data_tokenizer(tokenizer->name() + " " + std::to_string(tokenizer->vocab_size()), expected);
-      TT_CHECK(same_data_tokenizer(got, expected),
+      DataMeta given{tokenizer->name(), tokenizer->vocab_size(), tokenizer->end_of_text(), ""};
+      const bool same_kind = same_data_tokenizer(data_tokenizer_id(given), expected);  // name and size
+      given.tokenizer_checksum = tokenizer->checksum();
+      TT_CHECK(same_data_tokenizer(data_tokenizer_id(given), expected),
                "--tokenizer " + spec + " is " + describe(*tokenizer) +
                    ", not the tokenizer the checkpoint was trained with (" + expected +
                    (same_kind && tokenizer->name() != "bytes" ? ", another model file" : "") + ")");

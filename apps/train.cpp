@@ -41,7 +41,7 @@ bool launched_by_mpi() {
 
 std::string data_dir_or_default(const Flags& flags) {
   if (flags.given("data")) return flags.str("data");
-  const std::string dir = "data/fortunes";
+  const std::string dir = kBuiltinDataDir;
   if (!fs::exists(dir + "/train.bin")) {
     const std::string corpus = "/usr/share/games/fortunes";
     if (!fs::exists(corpus)) {

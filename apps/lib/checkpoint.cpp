@@ -627,7 +627,7 @@ std::string training_data_folder(const std::string& checkpoint) {
   const std::string args = read_checkpoint_args(checkpoint);
   if (args.empty()) return "";
   std::string data = recorded_flag(args, "data");
-  if (data.empty()) data = "data/fortunes";  // train's built-in corpus
+  if (data.empty()) data = kBuiltinDataDir;
   namespace fs = std::filesystem;
   const fs::path recorded(data), out(recorded_flag(args, "out"));
   if (fs::exists(recorded / "meta.json") || recorded.is_absolute() || out.empty() || out.is_absolute())

@@ -138,6 +138,9 @@ std::string decode_bytes(const std::vector<int32_t>& ids);
 
 // DIR/meta.json, written by prepare_data beside the token files. Other fields (documents, token counts) may
 // be present and are not read.
+// Where `train` prepares its built-in corpus when no --data is given (relative to the working folder).
+constexpr const char* kBuiltinDataDir = "data/fortunes";
+
 struct DataMeta {
   std::string tokenizer;     // one of known_tokenizers()
   int64_t vocab_size = 0;    // 1 .. 65536: every id fits uint16

@@ -213,7 +213,12 @@ std::string format_entropy(double nats) {
 }
 
 // The numbers the optimizer, schedule and logging take, checked before anything runs.
-void check_training_numbers(const Flags& flags) {
+}  // namespace
+
+void check_train_flag_values(const Flags& flags) {
+  TT_CHECK(flags.integer("steps") > 0, "--steps must be positive");
+  TT_CHECK(flags.integer("batch") > 0 && flags.integer("grad-accum") > 0,
+           "--batch and --grad-accum must be positive");
   auto finite_at_least = [&](const char* name, double low) {
     const double v = flags.number(name);
     TT_CHECK(std::isfinite(v) && v >= low, std::string("--") + name + " must be a finite number >= " +
@@ -240,6 +245,8 @@ void check_training_numbers(const Flags& flags) {
   TT_CHECK(flags.str("logits").empty() || flags.boolean("eval-only"), "--logits is a file of --eval-only");
 }
 
+namespace {
+
 // Everything a run is made of, resolved from the flags and checked before anything is written.
 struct RunPlan {
   nn::ModelConfig config;
@@ -264,14 +271,12 @@ RunPlan plan_run(const Flags& flags, Device device, const std::string& data_dir,
   p.batch = flags.integer("batch");
   p.accum = flags.integer("grad-accum");
   p.ctx = p.config.context_length;
-  TT_CHECK(p.steps > 0, "--steps must be positive");
-  TT_CHECK(p.batch > 0 && p.accum > 0, "--batch and --grad-accum must be positive");
+  check_train_flag_values(flags);
   // A micro-batch's tokens are one host array and one device tensor.
   TT_CHECK(
       p.batch <= (int64_t{1} << 31) / p.ctx,
       "--batch " + flags.str("batch") + " x --ctx " + std::to_string(p.ctx) +
           " tokens per micro-batch is more than 2^31; lower --batch (use --grad-accum for larger steps)");
-  check_training_numbers(flags);
   TT_CHECK(flags.number("lr-min") <= flags.number("lr-max"),
            "--lr-min " + flags.str("lr-min") + " is above --lr-max " + flags.str("lr-max"));
   TT_CHECK(!p.out.empty(), "--out must name a folder");
@@ -423,15 +428,15 @@ class TrainingRun {
     state_.rng_seed = sampler_->rng().seed;
     state_.args = flags_.summary_line();
     const std::optional<DataMeta> meta = read_meta(data_dir_);
-    data_tokenizer_ = meta ? data_tokenizer_id(*meta) : "";
-    state_.data_tokenizer = data_tokenizer_;
+    const std::string data_tokenizer = meta ? data_tokenizer_id(*meta) : "";  // what checkpoints record
+    state_.data_tokenizer = data_tokenizer;
     if (!resume_.empty()) {
       const double t0 = now_seconds();
       load_checkpoint(resume_, *params_, &step_->optimizer_state(), &state_);
       const double load_s = now_seconds() - t0;
       const std::string written_by = state_.args;
       state_.args = flags_.summary_line();  // later checkpoints record this run's flags and data
-      state_.data_tokenizer = data_tokenizer_;
+      state_.data_tokenizer = data_tokenizer;
       // Each rank keeps its own seed; the draw count is the same on every rank.
       sampler_->rng().counter = state_.rng_counter;
       // The same `--resume latest` (or RUN_FOLDER) line run again after the run ended: done, not an error
@@ -715,8 +720,7 @@ class TrainingRun {
   const Flags& flags_;
   const Device device_;
   const std::string data_dir_;
-  std::string data_tokenizer_;  // what checkpoints record of the data's tokenizer
-  bool complete_ = false;       // --resume latest found the run ended: nothing to do
+  bool complete_ = false;  // --resume latest found the run ended: nothing to do
   dist::DistRuntime* const runtime_;
   RunPlan plan_;
   bool root_ = true;
@@ -737,13 +741,6 @@ class TrainingRun {
 };
 
 }  // namespace
-
-void check_train_flag_values(const Flags& flags) {
-  TT_CHECK(flags.integer("steps") > 0, "--steps must be positive");
-  TT_CHECK(flags.integer("batch") > 0 && flags.integer("grad-accum") > 0,
-           "--batch and --grad-accum must be positive");
-  check_training_numbers(flags);
-}
 
 int run_training(const Flags& flags, Device device, const std::string& data_dir, dist::DistRuntime* runtime) {
   TrainingRun run(flags, device, data_dir, runtime);
