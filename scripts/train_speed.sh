@@ -12,7 +12,7 @@ shift 2
 cases=("$@")
 [ ${#cases[@]} -gt 0 ] || cases=(small:32 xl:8)
 steps=${STEPS:-30}
-baselines=${BASELINES:-compile-bf16,sdpa-bf16}  # model_baseline.py variants
+baselines=${BASELINES-compile-bf16,sdpa-bf16}  # model_baseline.py variants; BASELINES= times `train` alone
 mkdir -p "$out"
 gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
 table="$out/train_speed.md"

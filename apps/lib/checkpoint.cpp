@@ -488,7 +488,7 @@ nn::ModelConfig read_checkpoint_config_unnamed(const std::string& path) {
 
 // weights_only: `optimizer` only receives the parameters it holds, not its state.
 void load_checkpoint_unnamed(const std::string& path, nn::FlatParameters& params, OptimizerState* optimizer,
-                             TrainState* state, bool weights_only = false) {
+                             TrainState* state, const SharedRead* shared, bool weights_only = false) {
   OptimizerState* holder = optimizer && optimizer->holds_parameters() ? optimizer : nullptr;
   if (weights_only) optimizer = nullptr;
   const CheckedReader reader(path);
@@ -508,25 +508,36 @@ void load_checkpoint_unnamed(const std::string& path, nn::FlatParameters& params
     }
   }
   if (state || file.exists("/train")) check_train_attributes(reader);
-  auto host_tensor = [](const std::vector<float>& values, const Tensor& like) {
-    const Tensor host = Tensor::from_floats(values, like.shape());
-    return like.dtype() == DType::f32 ? host : ops::cast(host, like.dtype());
+  // A dataset's values as a tensor of `like`'s dtype: read here (on the host), or, shared, read by its turn's
+  // rank and broadcast on `like`'s device.
+  int64_t turn = 0;
+  auto values = [&](const std::string& dataset, const Tensor& like, bool non_negative) {
+    const int root = shared ? static_cast<int>(turn++ % shared->world) : 0;
+    const bool reads = !shared || root == shared->rank;
+    Tensor t;
+    if (reads) {
+      t = Tensor::from_floats(reader.read_values(dataset, non_negative), like.shape());
+      if (like.dtype() != DType::f32) t = ops::cast(t, like.dtype());
+    }
+    if (!shared || shared->world == 1) return t;
+    t = reads ? t.to(like.device()) : Tensor::empty(like.shape(), like.dtype(), like.device());
+    shared->broadcast(t, root);
+    return t;
   };
   for (size_t i = 0; i < named.size(); ++i) {
     const nn::NamedParameter& p = named[i];
-    const Tensor host = host_tensor(reader.read_values("/model/" + p.name, false), *p.tensor);
+    const Tensor value = values("/model/" + p.name, *p.tensor, false);
     if (holder) {
-      holder->scatter_parameter(params.offsets()[i], host);
+      holder->scatter_parameter(params.offsets()[i], value);
     } else {
-      p.tensor->copy_(host.to(p.tensor->device()));
+      p.tensor->copy_(value.to(p.tensor->device()));
     }
   }
   if (optimizer) {
     for (size_t i = 0; i < named.size(); ++i) {
       for (int which = 0; which < 2; ++which) {
-        const Tensor host = host_tensor(reader.read_values(moment_dataset(named[i].name, which), which == 1),
-                                        *named[i].tensor);
-        optimizer->scatter(which, params.offsets()[i], host);
+        const Tensor value = values(moment_dataset(named[i].name, which), *named[i].tensor, which == 1);
+        optimizer->scatter(which, params.offsets()[i], value);
       }
     }
     optimizer->set_step_count(file.attr_int("/optimizer", "step"));
@@ -582,12 +593,13 @@ nn::ModelConfig read_checkpoint_config(const std::string& path) {
 }
 
 void load_checkpoint(const std::string& path, nn::FlatParameters& params, OptimizerState* optimizer,
-                     TrainState* state) {
-  naming_file(path, [&] { load_checkpoint_unnamed(path, params, optimizer, state); });
+                     TrainState* state, const SharedRead* shared) {
+  naming_file(path, [&] { load_checkpoint_unnamed(path, params, optimizer, state, shared); });
 }
 
-void load_checkpoint_weights(const std::string& path, nn::FlatParameters& params, OptimizerState* optimizer) {
-  naming_file(path, [&] { load_checkpoint_unnamed(path, params, optimizer, nullptr, true); });
+void load_checkpoint_weights(const std::string& path, nn::FlatParameters& params, OptimizerState* optimizer,
+                             const SharedRead* shared) {
+  naming_file(path, [&] { load_checkpoint_unnamed(path, params, optimizer, nullptr, shared, true); });
 }
 
 void verify_checkpoint(const std::string& path) {

@@ -70,14 +70,23 @@ void save_checkpoint(const std::string& path, const nn::ModelConfig& config, nn:
 // shapes), so a model built from it fits them.
 nn::ModelConfig read_checkpoint_config(const std::string& path);
 
+// Ranks loading one checkpoint together (every rank calls the load): dataset k is read and verified by rank
+// k % world alone and broadcast to the others, so the file is read once in all instead of once per rank.
+struct SharedRead {
+  int rank = 0, world = 1;
+  std::function<void(Tensor& tensor, int root)> broadcast;  // collective, on the tensor's device
+};
+
 // Loads parameters (and optimizer and train state when given) into a model of the same shape. A file that
 // does not fit (layout, types, shapes, attributes) changes nothing; data found damaged or not finite while
-// reading throws with the model partly loaded, so the caller must not use it then.
+// reading throws with the model partly loaded, so the caller must not use it then. With `shared`, a rank
+// that finds damage throws while the others wait in a broadcast: the caller ends the job.
 void load_checkpoint(const std::string& path, nn::FlatParameters& params, OptimizerState* optimizer,
-                     TrainState* state);
+                     TrainState* state, const SharedRead* shared = nullptr);
 // The parameters only (a run that starts from a checkpoint's weights), through `optimizer` when it holds
 // them (ZeRO-2/3), else into the model's tensors.
-void load_checkpoint_weights(const std::string& path, nn::FlatParameters& params, OptimizerState* optimizer);
+void load_checkpoint_weights(const std::string& path, nn::FlatParameters& params, OptimizerState* optimizer,
+                             const SharedRead* shared = nullptr);
 
 // Whether `path` is a checkpoint `train` can resume from: the layout and every attribute checked as loading
 // does, then every dataset of /model and /optimizer read (one at a time, so memory is bounded by the

@@ -25,6 +25,8 @@ TrainStep::TrainStep(nn::TransformerLM& model, nn::FlatParameters& params, Devic
     const std::string note =
         dist::select_all_reduce_transport(*comm_, options.all_reduce, *runtime, ddp_all_reduce);
     if (runtime->rank() == 0 && !note.empty()) std::fprintf(stderr, "note: %s\n", note.c_str());
+    shared_read_ =
+        SharedRead{runtime->rank(), world_, [this](Tensor& t, int root) { comm_->broadcast(t, root); }};
   }
   if (options.zero >= 1) {
     collectives_ = comm_ ? dist::shard_collectives(*comm_) : dist::single_process_collectives();

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <stdexcept>
 #include <string>
 
@@ -83,6 +84,9 @@ class TrainStep {
 
   // What checkpoints save and load; load before the first run().
   OptimizerState& optimizer_state() { return *optimizer_state_; }
+  // Under mpirun, the ranks' way to load a checkpoint together (each reads a share of it); nullptr in one
+  // process.
+  const SharedRead* shared_read() const { return shared_read_ ? &*shared_read_ : nullptr; }
   // One line for the start-up banner: the strategy and transport, when data-parallel.
   std::string describe() const;
   StateBytes state_bytes() const;
@@ -124,6 +128,7 @@ class TrainStep {
   int world_ = 1;
   bool started_ = false;
   std::unique_ptr<dist::Communicator> comm_;
+  std::optional<SharedRead> shared_read_;
   std::unique_ptr<optim::ShardCollectives> collectives_;
   std::unique_ptr<optim::AdamW> adamw_;
   std::unique_ptr<optim::ShardedOptimizer> sharded_;

@@ -424,15 +424,23 @@ class TrainingRun {
     sampler_ = std::make_unique<BatchSampler>(
         *train_file_, plan_.batch, plan_.ctx, plan_.sampling,
         (plan_.seed * 0x9E3779B97F4A7C15ULL + 1) ^ (uint64_t(plan_.rank) << 48), plan_.rank, plan_.world);
-    if (!init_from_.empty()) load_checkpoint_weights(init_from_, *params_, &step_->optimizer_state());
+    if (!init_from_.empty())
+      load_checkpoint_weights(init_from_, *params_, &step_->optimizer_state(), step_->shared_read());
     state_.rng_seed = sampler_->rng().seed;
     state_.args = flags_.summary_line();
     const std::optional<DataMeta> meta = read_meta(data_dir_);
     const std::string data_tokenizer = meta ? data_tokenizer_id(*meta) : "";  // what checkpoints record
     state_.data_tokenizer = data_tokenizer;
     if (!resume_.empty()) {
+      std::error_code size_error;
+      const auto size = fs::file_size(resume_, size_error);
+      if (root_ && !size_error) {  // a large one takes minutes
+        std::printf("loading checkpoint %s (%s)...\n", resume_.c_str(),
+                    format_bytes(static_cast<double>(size)).c_str());
+        std::fflush(stdout);
+      }
       const double t0 = now_seconds();
-      load_checkpoint(resume_, *params_, &step_->optimizer_state(), &state_);
+      load_checkpoint(resume_, *params_, &step_->optimizer_state(), &state_, step_->shared_read());
       const double load_s = now_seconds() - t0;
       const std::string written_by = state_.args;
       state_.args = flags_.summary_line();  // later checkpoints record this run's flags and data
