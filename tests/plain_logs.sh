@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # train's output redirected to a file, alone and under mpirun (whose ranks write to a pseudo-terminal even
 # then), is plain lines: no carriage return, no escape code, and the progress lines carry elapsed time and
-# ETA. On a terminal (util-linux `script` provides one) the bar is redrawn in place.
+# ETA. On a terminal (util-linux `script` provides one) the bar is redrawn in place. A run with --ckpt-every -1
+# leaves no empty checkpoints folder.
 # Usage: plain_logs.sh MPIEXEC train prepare_data
 set -euo pipefail
 mpiexec=$1 train=$2 prepare=$3
@@ -24,6 +25,9 @@ check_plain() {
 
 "$train" "${common[@]}" --out "$work/alone" >"$work/alone.log" 2>&1
 check_plain "train alone" "$work/alone.log"
+# --ckpt-every -1 writes no checkpoint, so the run leaves no empty checkpoints folder either.
+[ ! -e "$work/alone/checkpoints" ] || { echo "--ckpt-every -1 left $work/alone/checkpoints"; exit 1; }
+[ -s "$work/alone/metrics.jsonl" ] || { echo "no metrics.jsonl in $work/alone"; exit 1; }
 timeout 120 "$mpiexec" --oversubscribe --allow-run-as-root -np 2 "$train" "${common[@]}" --out "$work/mpi" \
   >"$work/mpi.log" 2>&1
 check_plain "train under mpirun -np 2" "$work/mpi.log"

@@ -118,10 +118,8 @@ RunFolder::RunFolder(const std::string& out) : out_(out) {
 
 RunFolder::~RunFolder() {
   std::error_code ec;
-  if (!committed_) {
-    // A run refused or failed before its first checkpoint leaves no new folder behind.
-    if (created_checkpoints_ && fs::is_empty(checkpoints_dir(), ec)) fs::remove(checkpoints_dir(), ec);
-  }
+  // A run that wrote no checkpoint (refused, failed early, or --ckpt-every -1) leaves no empty folder.
+  if (created_checkpoints_ && fs::is_empty(checkpoints_dir(), ec)) fs::remove(checkpoints_dir(), ec);
   if (lock_fd_ >= 0) {
     if (!committed_ && created_out_) {
       fs::remove(out_ + "/.lock", ec);
