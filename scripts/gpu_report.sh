@@ -19,7 +19,7 @@
 #   checkpoint (2+ GPUs) xl checkpoint write (from ZeRO-3 shards) and load times; checkpoint7b: the same
 #              for 7b (81 GB)
 #   large      (2+ GPUs) the 7b preset with ZeRO-3 and recomputation at ctx 2048 (memory, MFU), also with
-#              only 24 and 16 of its 32 blocks recomputed
+#              only 24, 16 and 12 of its 32 blocks recomputed
 #   recompute  recomputation's memory and time at ctx 4096 for small..xl (on the last GPU)
 #   generation `generate` against transformers' generate at small and xl, batch 1 and 16
 #              (scripts/generate_speed.sh), on SentencePiece data made from a generated corpus
@@ -245,7 +245,7 @@ for s in "$@"; do
           break
       done
       # Fewer blocks recomputed, while the memory lasts: less extra forward work.
-      for blocks in 24 16; do
+      for blocks in 24 16 12; do  # 12 does not fit an 80 GB card
         timeout 170 "${mpi[@]}" $b/train --preset 7b --data "$data" --ctx 2048 --batch 4 --precision bf16 \
           --zero 3 --recompute block --recompute-blocks $blocks --steps 6 --log-every 1 --ckpt-every -1 \
           --eval-batches 1 --sample-tokens 0 --out "$scratch/run_7b_rb$blocks" --overwrite >"$out/train_7b_rb$blocks.log" 2>&1

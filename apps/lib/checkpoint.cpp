@@ -508,11 +508,13 @@ void load_checkpoint_unnamed(const std::string& path, nn::FlatParameters& params
     }
   }
   if (state || file.exists("/train")) check_train_attributes(reader);
-  // A dataset's values as a tensor of `like`'s dtype: read here (on the host), or, shared, read by its turn's
-  // rank and broadcast on `like`'s device.
-  int64_t turn = 0;
+  // A dataset's values as a tensor of `like`'s dtype: read here (on the host), or, shared, read by the rank
+  // with the fewest bytes read so far and broadcast on `like`'s device.
+  std::vector<int64_t> bytes_read(shared ? static_cast<size_t>(shared->world) : 1, 0);
   auto values = [&](const std::string& dataset, const Tensor& like, bool non_negative) {
-    const int root = shared ? static_cast<int>(turn++ % shared->world) : 0;
+    const auto least = std::min_element(bytes_read.begin(), bytes_read.end());
+    const int root = static_cast<int>(least - bytes_read.begin());
+    *least += like.numel();
     const bool reads = !shared || root == shared->rank;
     Tensor t;
     if (reads) {

@@ -47,7 +47,8 @@ class OptimizerState {
   // The full exp_avg (which = 0) or exp_avg_sq (1) of the parameter at [offset, offset + numel(shape)),
   // as a host tensor. Collective when sharded: every rank calls it for every parameter in order.
   virtual Tensor gather(int which, int64_t offset, const Shape& shape) = 0;
-  // Takes this rank's part of a parameter's full state (a host tensor every rank read).
+  // Takes this rank's part of a parameter's full state (on the host, or on the device when the ranks load
+  // together: SharedRead).
   virtual void scatter(int which, int64_t offset, const Tensor& full) = 0;
   // Whether the optimizer holds the parameters' master copy (ZeRO-2/3: shards); then checkpoints read and
   // write them through the two calls below (the same contract as gather and scatter), else through the
@@ -70,8 +71,9 @@ void save_checkpoint(const std::string& path, const nn::ModelConfig& config, nn:
 // shapes), so a model built from it fits them.
 nn::ModelConfig read_checkpoint_config(const std::string& path);
 
-// Ranks loading one checkpoint together (every rank calls the load): dataset k is read and verified by rank
-// k % world alone and broadcast to the others, so the file is read once in all instead of once per rank.
+// Ranks loading one checkpoint together (every rank calls the load): each dataset is read and verified by
+// one rank alone, the one with the fewest bytes so far (the same choice on every rank: it depends on the
+// shapes only), and broadcast to the others, so the file is read once in all instead of once per rank.
 struct SharedRead {
   int rank = 0, world = 1;
   std::function<void(Tensor& tensor, int root)> broadcast;  // collective, on the tensor's device
@@ -80,7 +82,8 @@ struct SharedRead {
 // Loads parameters (and optimizer and train state when given) into a model of the same shape. A file that
 // does not fit (layout, types, shapes, attributes) changes nothing; data found damaged or not finite while
 // reading throws with the model partly loaded, so the caller must not use it then. With `shared`, a rank
-// that finds damage throws while the others wait in a broadcast: the caller ends the job.
+// that finds damage throws and the others block in a broadcast that never completes: the caller must end
+// the whole job (dist::abort_job).
 void load_checkpoint(const std::string& path, nn::FlatParameters& params, OptimizerState* optimizer,
                      TrainState* state, const SharedRead* shared = nullptr);
 // The parameters only (a run that starts from a checkpoint's weights), through `optimizer` when it holds

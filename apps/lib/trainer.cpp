@@ -424,24 +424,33 @@ class TrainingRun {
     sampler_ = std::make_unique<BatchSampler>(
         *train_file_, plan_.batch, plan_.ctx, plan_.sampling,
         (plan_.seed * 0x9E3779B97F4A7C15ULL + 1) ^ (uint64_t(plan_.rank) << 48), plan_.rank, plan_.world);
-    if (!init_from_.empty())
+    // A large checkpoint takes minutes to read: say so first. Ranks loading together leave their broadcast
+    // buffers in the allocator's cache; they go back to the driver for NCCL's and cuBLAS's own allocations.
+    const auto announce_load = [&](const std::string& path) {
+      std::error_code size_error;
+      const auto size = fs::file_size(path, size_error);
+      if (!root_ || size_error) return;
+      std::printf("loading checkpoint %s (%s)...\n", path.c_str(),
+                  format_bytes(static_cast<double>(size)).c_str());
+      std::fflush(stdout);
+    };
+    if (!init_from_.empty()) {
+      announce_load(init_from_);
       load_checkpoint_weights(init_from_, *params_, &step_->optimizer_state(), step_->shared_read());
+      if (step_->shared_read()) empty_cache(device_);
+    }
     state_.rng_seed = sampler_->rng().seed;
     state_.args = flags_.summary_line();
     const std::optional<DataMeta> meta = read_meta(data_dir_);
     const std::string data_tokenizer = meta ? data_tokenizer_id(*meta) : "";  // what checkpoints record
     state_.data_tokenizer = data_tokenizer;
     if (!resume_.empty()) {
-      std::error_code size_error;
-      const auto size = fs::file_size(resume_, size_error);
-      if (root_ && !size_error) {  // a large one takes minutes
-        std::printf("loading checkpoint %s (%s)...\n", resume_.c_str(),
-                    format_bytes(static_cast<double>(size)).c_str());
-        std::fflush(stdout);
-      }
+      announce_load(resume_);
       const double t0 = now_seconds();
       load_checkpoint(resume_, *params_, &step_->optimizer_state(), &state_, step_->shared_read());
+      synchronize(device_);  // the last broadcasts included
       const double load_s = now_seconds() - t0;
+      if (step_->shared_read()) empty_cache(device_);
       const std::string written_by = state_.args;
       state_.args = flags_.summary_line();  // later checkpoints record this run's flags and data
       state_.data_tokenizer = data_tokenizer;
