@@ -68,6 +68,17 @@ run_expect "resume on a full disk" 1 "cannot write checkpoint" bash -c "ulimit -
   --out $work/run --steps 8 --resume $work/run/checkpoints/step_2.h5 --ckpt-every 1"
 for s in 0 2 4 6; do loads "resume on a full disk" "$work/run/checkpoints/step_$s.h5"; done
 [ "$(md5sum <"$work/run/metrics.jsonl")" = "$metrics_before" ] || fail "resume on a full disk: metrics.jsonl changed"
+# A resumed run that saves nothing says which steps are lost when it ends, not just the resumed file.
+cp -r "$work/run" "$work/nock"
+run_expect "resume with --ckpt-every -1" 0 "checkpoint .*step_6.h5 of step 6 (--ckpt-every -1: steps 7 to 8 are not saved)" \
+  "$train" "${common[@]}" --out "$work/nock" --steps 8 --resume latest --ckpt-every -1
+# --resume latest over checkpoints none of which loads: refused, each file as it was.
+mkdir -p "$work/allbad/checkpoints"
+for s in 2 4; do head -c 1000 "$work/run/checkpoints/step_$s.h5" >"$work/allbad/checkpoints/step_$s.h5"; done
+sums=$(md5sum "$work/allbad/checkpoints/"*)
+run_expect "--resume latest, every checkpoint damaged" 1 "--resume latest: no checkpoint in .*allbad/checkpoints loads" \
+  "$train" "${common[@]}" --out "$work/allbad" --steps 8 --resume latest
+[ "$(md5sum "$work/allbad/checkpoints/"*)" = "$sums" ] || fail "every checkpoint damaged: the files changed"
 cp "$work/run/checkpoints/step_2.h5" "$work/run/checkpoints/step_50.h5"
 run_expect "resume from a file named step_50 holding step 2" 0 "resumed from .*step_50.h5 at step 2 ([0-9.]* [MG]B read in" \
   "$train" "${common[@]}" --out "$work/run" --steps 9 --resume "$work/run/checkpoints/step_50.h5" --ckpt-every 3
@@ -90,6 +101,7 @@ rmdir "$work/plot/loss.svg.tmp"
 
 # 6. Signals: SIGTERM, SIGINT, SIGUSR1 and SIGHUP finish the step, write a checkpoint and exit 75; --resume
 # latest then gives the losses of an uninterrupted run, bit for bit. Logs reach a redirected file at once.
+# Before training begins a stop exits 75 at once.
 run_expect "uninterrupted" 0 "" "$train" "${common[@]}" --out "$work/whole" --steps 60 --ckpt-every 20
 for sig in TERM INT USR1 HUP; do
   out="$work/sig$sig"
@@ -110,6 +122,20 @@ for sig in TERM INT USR1 HUP; do
   [ "$(losses "$out/metrics.jsonl")" = "$(losses "$work/whole/metrics.jsonl")" ] ||
     fail "SIG$sig: the losses differ from the uninterrupted run"
 done
+# A stop before training began (here the start point is a FIFO nobody writes: the load waits) ends the run
+# at once with exit 75 and writes nothing.
+mkfifo "$work/never_written"
+"$train" "${common[@]}" --out "$work/sigearly" --steps 60 --init-from "$work/never_written" >"$work/sigearly.log" 2>&1 &
+pid=$!
+for _ in $(seq 1 300); do [ -e "$work/sigearly/.lock" ] && break; sleep 0.02; done
+sleep 0.2
+kill -s TERM $pid
+wait $pid
+status=$?
+if [ $status -ne 75 ] || ! grep -q "stop requested before training began: exiting, nothing to save" "$work/sigearly.log"; then
+  fail "SIGTERM before training: exit $status, expected 75:"; tail -3 "$work/sigearly.log"
+elif ls "$work/sigearly/checkpoints/"*.h5 >/dev/null 2>&1; then fail "SIGTERM before training: a checkpoint was written"
+else echo "ok   SIGTERM before training began (exit 75, nothing written)"; fi
 # A stop after training has ended (during the text sample): the sample finishes and the run exits 0.
 out="$work/sigend"
 "$train" "${common[@]}" --out "$out" --steps 2 --sample-tokens 60000 >"$out.log" 2>&1 &

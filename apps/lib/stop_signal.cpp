@@ -15,6 +15,7 @@ namespace {
 
 volatile std::sig_atomic_t g_stop_signal = 0;
 volatile std::sig_atomic_t g_accepting = 1;
+volatile std::sig_atomic_t g_training = 0;   // the first step has begun: a stop saves its work
 volatile std::sig_atomic_t g_finishing = 0;  // training has ended: only its last outputs are left
 std::atomic<int64_t> g_first_request_ms{0};  // lock-free: safe in a signal handler
 static_assert(std::atomic<int64_t>::is_always_lock_free);
@@ -45,6 +46,13 @@ void on_stop_signal(int signal) {
     std::raise(signal);
     return;
   }
+  // Before the first step nothing is trained: end now rather than after a load, a step and a checkpoint
+  // that can take minutes for a large model. What the run started from is on disk as it was.
+  if (g_training == 0) {
+    const char early[] = "\nstop requested before training began: exiting, nothing to save\n";
+    [[maybe_unused]] const ssize_t n = ::write(STDERR_FILENO, early, sizeof(early) - 1);
+    ::_exit(kExitStopped);
+  }
   if (g_stop_signal == 0) g_first_request_ms.store(monotonic_ms());
   g_stop_signal = signal;
   const char step[] = "\nstop requested: finishing this step and writing a checkpoint\n";
@@ -66,6 +74,10 @@ void install_stop_handlers() {
 
 void accept_stop_requests(bool accept) {
   g_accepting = accept ? 1 : 0;
+}
+
+void training_started() {
+  g_training = 1;
 }
 
 void finishing_outputs() {

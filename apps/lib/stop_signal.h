@@ -2,6 +2,7 @@
 // SIGUSR1 (what `sbatch --signal=USR1@SECONDS` sends) and SIGHUP (a closed terminal) only set a flag; the
 // training loop reads it after each step, writes a checkpoint and exits with kExitStopped. The same SIGINT or
 // SIGTERM again ends the process at once (another of the two within 2 s is the same request passed on).
+// Before training_started() there is nothing to save: a stop request exits with kExitStopped at once.
 #pragma once
 
 namespace tt::app {
@@ -11,10 +12,12 @@ constexpr int kExitDiverged = 3;  // non-finite loss or gradient norm; the last 
 constexpr int kExitStopped = 75;  // stopped by a signal after writing a checkpoint; `--resume latest` goes on
 
 void install_stop_handlers();
-// Whether a signal now is a stop request (the default: the loop writes a checkpoint at the end of the step,
-// or of the first step during start-up); false when nothing is left to finish (an error being reported, an
-// abort under mpirun): a signal then takes its default action and ends the process.
+// Whether a signal now is a stop request (the default); false when nothing is left to finish (an error being
+// reported, an abort under mpirun): a signal then takes its default action and ends the process.
 void accept_stop_requests(bool accept);
+// The first step begins (after the start point's checkpoint): from now on a stop request finishes the step
+// and writes a checkpoint.
+void training_started();
 // Training has ended and its checkpoint is written: a stop request now lets the last outputs (the text
 // sample) finish and the run exit 0, as it would have; a second request still ends it at once.
 void finishing_outputs();

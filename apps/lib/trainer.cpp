@@ -389,9 +389,15 @@ class TrainingRun {
     if (root_) {
       folder_ = std::make_unique<RunFolder>(plan_.out);
       resume_ = resolve_resume(flags_.str("resume"), plan_.out);
-      if (resume_.empty() && flags_.str("resume") == "latest")
-        std::printf("--resume latest: no checkpoint in %s yet, starting a new run\n",
-                    folder_->checkpoints_dir().c_str());
+      if (resume_.empty() && flags_.str("resume") == "latest") {
+        // Checkpoints that are there but do not load (each note above says why) are not "none yet".
+        TT_CHECK(
+            !folder_->has_checkpoints() || flags_.boolean("overwrite"),
+            "--resume latest: no checkpoint in " + folder_->checkpoints_dir() +
+                " loads; pass --resume FILE for another one, or --overwrite to start a new run over them");
+        std::printf("--resume latest: no %scheckpoint in %s, starting a new run\n",
+                    folder_->has_checkpoints() ? "loadable " : "", folder_->checkpoints_dir().c_str());
+      }
     }
     resume_ = agree_on_resume(resume_, runtime_);
     // --init-from: the weights only; the optimizer and the step start fresh. With --resume latest a job
@@ -560,9 +566,11 @@ class TrainingRun {
     const int64_t warmup = flags_.integer("warmup");
     const int64_t cosine_steps = flags_.integer("cosine-steps") > 0 ? flags_.integer("cosine-steps") : steps;
     last_checkpoint_ = resume_;
+    last_checkpoint_step_ = state_.step;
     const bool checkpoints = ckpt_every >= 0;
     if (!checkpoints && root_) folder_->commit(-1, flags_.integer("keep-ckpts"));  // the folder is this run's
     if (resume_.empty() && checkpoints) save(0);
+    training_started();
 
     std::vector<LossPoint> train_curve, val_curve;
     if (root_)
@@ -649,8 +657,15 @@ class TrainingRun {
     step_->settle();
     if (!root_) return 0;
     progress_->finish();
+    // With --ckpt-every -1 the newest checkpoint may be the resumed one, older than the final weights.
+    std::string checkpoint = last_checkpoint_.empty() ? "none (--ckpt-every -1)" : last_checkpoint_;
+    if (!last_checkpoint_.empty() && last_checkpoint_step_ < plan_.steps) {
+      checkpoint += " of step " + std::to_string(last_checkpoint_step_) + " (--ckpt-every -1: steps " +
+                    std::to_string(last_checkpoint_step_ + 1) + " to " + std::to_string(plan_.steps) +
+                    " are not saved)";
+    }
     std::printf("done: final validation loss %.4f (unigram entropy %.4f); checkpoint %s\n", last_val_,
-                entropy_, last_checkpoint_.empty() ? "none (--ckpt-every -1)" : last_checkpoint_.c_str());
+                entropy_, checkpoint.c_str());
     const int64_t sample_tokens = flags_.integer("sample-tokens");
     if (sample_tokens > 0 && plan_.step.zero == 3) {
       // Generation runs on this rank alone and needs every weight here.
@@ -732,6 +747,7 @@ class TrainingRun {
     // rather than inside the next step's first NCCL collective, whose shorter timeout would count it.
     if (plan_.world > 1) dist::barrier();
     last_checkpoint_ = path;
+    last_checkpoint_step_ = step;
   }
 
   const Flags& flags_;
@@ -745,6 +761,7 @@ class TrainingRun {
   int64_t eval_batches_ = 0;
   std::unique_ptr<RunFolder> folder_;
   std::string resume_, init_from_, last_checkpoint_;
+  int64_t last_checkpoint_step_ = 0;
   // Declared before the step, which is destroyed first (it detaches itself from the model).
   std::unique_ptr<nn::TransformerLM> model_;
   std::unique_ptr<nn::FlatParameters> params_;
