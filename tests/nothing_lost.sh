@@ -85,6 +85,10 @@ run_expect "resume from a file named step_50 holding step 2" 0 "resumed from .*s
 [ -e "$work/run/checkpoints/step_50.h5" ] || fail "misnamed resume: the file resumed from deleted itself"
 [ -e "$work/run/checkpoints/step_4.h5" ] && fail "misnamed resume: the replaced step_4.h5 is still there"
 loads "misnamed resume" "$work/run/checkpoints/step_9.h5"
+run_expect "--resume latest passes over the misnamed file" 0 "note: skipping .*step_50.h5: it holds step 2, not 50" \
+  "$train" "${common[@]}" --out "$work/run" --steps 9 --resume latest
+grep -q "nothing to do: the run in $work/run already ended at step 9" <<<"$output" ||
+  { fail "--resume latest with a misnamed file: not resumed from step_9.h5:"; echo "$output" | tail -3; }
 
 # 4. Write failures of the metrics and the plot are reported at once and end the run; no torn line.
 tinymodel=(--d-model 8 --layers 1 --heads 1 --d-ff 8 --ckpt-every 0)

@@ -616,6 +616,14 @@ std::string read_checkpoint_args(const std::string& path) {
   return naming_file(path, [&] { return read_args_unnamed(path); });
 }
 
+int64_t read_checkpoint_step(const std::string& path) {
+  return naming_file(path, [&] {
+    const CheckedReader reader(path);
+    if (!reader.file().exists("/train")) return int64_t{-1};
+    return reader.integer("/train", "step", 0);
+  });
+}
+
 std::string read_checkpoint_data_tokenizer(const std::string& path) {
   return naming_file(path, [&] {
     const CheckedReader reader(path);

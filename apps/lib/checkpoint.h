@@ -104,6 +104,8 @@ void read_checkpoint_parameters(const std::string& path, const ParameterVisitor&
 
 // /train's args (the flags of the run that wrote it); "" when the file has no /train.
 std::string read_checkpoint_args(const std::string& path);
+// /train's step; -1 when the file has no /train.
+int64_t read_checkpoint_step(const std::string& path);
 // /train's data_tokenizer; "" when the file has none.
 std::string read_checkpoint_data_tokenizer(const std::string& path);
 

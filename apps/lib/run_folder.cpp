@@ -58,7 +58,11 @@ std::string newest_loadable_checkpoint(const std::string& dir) {
   for (auto it = found.rbegin(); it != found.rend(); ++it) {
     try {
       verify_checkpoint(it->second);
-      return it->second;
+      // A file renamed by hand would be taken for newer than it is again and again.
+      const int64_t held = read_checkpoint_step(it->second);
+      if (held == it->first) return it->second;
+      std::fprintf(stderr, "note: skipping %s: it holds step %lld, not %lld\n", it->second.c_str(),
+                   static_cast<long long>(held), static_cast<long long>(it->first));
     } catch (const Error& e) {
       std::fprintf(stderr, "note: skipping %s: %s\n", it->second.c_str(), e.what());
     }
