@@ -103,24 +103,8 @@ refused nan "checkpoint $work/nan.h5: dataset /model/layers.0.attn.q_proj.weight
 craft no_checksum '    del f["model/lm_head.weight"].attrs["crc32"]'
 refused no_checksum "checkpoint $work/no_checksum.h5: dataset /model/lm_head.weight has no checksum"
 
-# A byte in the middle of the stored data of a dataset (its first chunk, or the whole of an unchunked one).
-flip_byte() {
-  $py - "$1" <<'PY' || fail "flipping a byte in $1"
-import sys, h5py
-with h5py.File(sys.argv[1], "r") as f:
-    d = f["model/token_embeddings.weight"]
-    if d.chunks:
-        info = d.id.get_chunk_info(0)
-        offset = info.byte_offset + info.size // 2
-    else:
-        offset = d.id.get_offset() + d.id.get_storage_size() // 2
-with open(sys.argv[1], "r+b") as raw:
-    raw.seek(offset)
-    byte = raw.read(1)[0]
-    raw.seek(offset)
-    raw.write(bytes([byte ^ 0xFF]))
-PY
-}
+# A byte in the middle of the stored data of a dataset.
+flip_byte() { $py "$(dirname "$0")/flip_byte.py" "$1" model/token_embeddings.weight || fail "flipping a byte in $1"; }
 cp "$good" "$work/flipped.h5"
 flip_byte "$work/flipped.h5"
 cmp -s "$good" "$work/flipped.h5" && fail "flipped: the byte did not change"

@@ -75,17 +75,7 @@ PY
 damaged_run() {  # DATASET READER OTHER
   local dataset=$1 reader=$2 other=$3 status=0 output
   cp "$ckpt3" "$work/damaged.h5"
-  /usr/bin/python3 - "$work/damaged.h5" "$dataset" <<'PY'
-import sys, h5py
-with h5py.File(sys.argv[1], "r") as f:
-    d = f[sys.argv[2]]
-    offset = d.id.get_offset() + d.id.get_storage_size() // 2
-with open(sys.argv[1], "r+b") as raw:
-    raw.seek(offset)
-    byte = raw.read(1)[0]
-    raw.seek(offset)
-    raw.write(bytes([byte ^ 0xFF]))
-PY
+  /usr/bin/python3 "$(dirname "$0")/flip_byte.py" "$work/damaged.h5" "$dataset"
   output=$(timeout 120 "${mpi[@]}" -np 2 "$train" "${common[@]}" --zero 3 --steps 6 --resume "$work/damaged.h5" \
     --out "$work/damaged_run" 2>&1) || status=$?
   local expected="rank $reader: checkpoint $work/damaged.h5 is damaged: checksum mismatch in /$dataset"
