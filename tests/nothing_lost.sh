@@ -140,6 +140,18 @@ if [ $status -ne 75 ] || ! grep -q "stop requested before training began: exitin
   fail "SIGTERM before training: exit $status, expected 75:"; tail -3 "$work/sigearly.log"
 elif ls "$work/sigearly/checkpoints/"*.h5 >/dev/null 2>&1; then fail "SIGTERM before training: a checkpoint was written"
 else echo "ok   SIGTERM before training began (exit 75, nothing written)"; fi
+# The same stop asked twice within a step (here small's, seconds long on a CPU) ends the run at once, saying
+# what that costs.
+"$train" "${common[@]}" --preset small --out "$work/sigtwice_now" --steps 50 --ckpt-every -1 --log-every 1 \
+  >"$work/sigtwice_now.log" 2>&1 &
+pid=$!
+for _ in $(seq 1 1500); do grep -q '^step' "$work/sigtwice_now.log" 2>/dev/null && break; sleep 0.02; done
+kill -s INT $pid && sleep 0.02 && kill -s INT $pid
+wait $pid
+status=$?
+if [ $status -ne 130 ] || ! grep -q "stopping at once: the steps since the last checkpoint are not saved" "$work/sigtwice_now.log"; then
+  fail "SIGINT twice: exit $status, expected 130 and the message:"; tail -3 "$work/sigtwice_now.log"
+else echo "ok   SIGINT twice within a step (exit 130)"; fi
 # A stop after training has ended (during the text sample): the sample finishes and the run exits 0.
 out="$work/sigend"
 "$train" "${common[@]}" --out "$out" --steps 2 --sample-tokens 60000 >"$out.log" 2>&1 &

@@ -42,6 +42,10 @@ void on_stop_signal(int signal) {
   // When nothing is left to finish (an abort under way): the signal's default action.
   if (g_accepting == 0 || repeated) {
     // Asked twice: the user means now. Default action, no checkpoint.
+    if (g_accepting != 0 && g_finishing == 0) {
+      const char now[] = "\nstopping at once: the steps since the last checkpoint are not saved\n";
+      [[maybe_unused]] const ssize_t n = ::write(STDERR_FILENO, now, sizeof(now) - 1);
+    }
     std::signal(signal, SIG_DFL);
     std::raise(signal);
     return;
