@@ -15,7 +15,7 @@ namespace {
 
 volatile std::sig_atomic_t g_stop_signal = 0;
 volatile std::sig_atomic_t g_accepting = 1;
-volatile std::sig_atomic_t g_training = 0;   // the first step has begun: a stop saves its work
+volatile std::sig_atomic_t g_start_up = 0;   // nothing written yet: a stop ends the process at once
 volatile std::sig_atomic_t g_finishing = 0;  // training has ended: only its last outputs are left
 std::atomic<int64_t> g_first_request_ms{0};  // lock-free: safe in a signal handler
 static_assert(std::atomic<int64_t>::is_always_lock_free);
@@ -43,19 +43,21 @@ void on_stop_signal(int signal) {
   if (g_accepting == 0 || repeated) {
     // Asked twice: the user means now. Default action, no checkpoint.
     if (g_accepting != 0 && g_finishing == 0) {
-      const char now[] = "\nstopping at once: the steps since the last checkpoint are not saved\n";
+      const char now[] = "\nstopping at once: nothing since the last complete checkpoint is saved\n";
       [[maybe_unused]] const ssize_t n = ::write(STDERR_FILENO, now, sizeof(now) - 1);
     }
     std::signal(signal, SIG_DFL);
     std::raise(signal);
     return;
   }
-  // Before the first step nothing is trained: end now rather than after a load, a step and a checkpoint
-  // that can take minutes for a large model. What the run started from is on disk as it was.
-  if (g_training == 0) {
-    const char early[] = "\nstop requested before training began: exiting, nothing to save\n";
+  // During start-up nothing is trained or written: end now rather than after the load (minutes for a large
+  // model), a step and a checkpoint.
+  if (g_start_up != 0) {
+    const char early[] = "\nstop requested during start-up: ending now, nothing written yet\n";
     [[maybe_unused]] const ssize_t n = ::write(STDERR_FILENO, early, sizeof(early) - 1);
-    ::_exit(kExitStopped);
+    std::signal(signal, SIG_DFL);
+    std::raise(signal);
+    return;
   }
   if (g_stop_signal == 0) g_first_request_ms.store(monotonic_ms());
   g_stop_signal = signal;
@@ -80,8 +82,11 @@ void accept_stop_requests(bool accept) {
   g_accepting = accept ? 1 : 0;
 }
 
-void training_started() {
-  g_training = 1;
+StartUp::StartUp() {
+  g_start_up = 1;
+}
+StartUp::~StartUp() {
+  g_start_up = 0;
 }
 
 void finishing_outputs() {

@@ -2,7 +2,7 @@
 // SIGUSR1 (what `sbatch --signal=USR1@SECONDS` sends) and SIGHUP (a closed terminal) only set a flag; the
 // training loop reads it after each step, writes a checkpoint and exits with kExitStopped. The same SIGINT or
 // SIGTERM again ends the process at once (another of the two within 2 s is the same request passed on).
-// Before training_started() there is nothing to save: a stop request exits with kExitStopped at once.
+// During a StartUp there is nothing to save: a stop request ends the process at once, by the signal.
 #pragma once
 
 namespace tt::app {
@@ -15,9 +15,16 @@ void install_stop_handlers();
 // Whether a signal now is a stop request (the default); false when nothing is left to finish (an error being
 // reported, an abort under mpirun): a signal then takes its default action and ends the process.
 void accept_stop_requests(bool accept);
-// The first step begins (after the start point's checkpoint): from now on a stop request finishes the step
-// and writes a checkpoint.
-void training_started();
+// While one lives, train is starting up: reading the data and the checkpoint it resumes or starts from and
+// building the model, with nothing written yet but its folder and lock. A stop request then ends the process
+// at once by the signal's default action (not kExitStopped: no checkpoint, so nothing to requeue for).
+class StartUp {
+ public:
+  StartUp();
+  ~StartUp();
+  StartUp(const StartUp&) = delete;
+  StartUp& operator=(const StartUp&) = delete;
+};
 // Training has ended and its checkpoint is written: a stop request now lets the last outputs (the text
 // sample) finish and the run exit 0, as it would have; a second request still ends it at once.
 void finishing_outputs();

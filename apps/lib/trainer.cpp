@@ -570,7 +570,6 @@ class TrainingRun {
     const bool checkpoints = ckpt_every >= 0;
     if (!checkpoints && root_) folder_->commit(-1, flags_.integer("keep-ckpts"));  // the folder is this run's
     if (resume_.empty() && checkpoints) save(0);
-    training_started();
 
     std::vector<LossPoint> train_curve, val_curve;
     if (root_)
@@ -780,8 +779,11 @@ int run_training(const Flags& flags, Device device, const std::string& data_dir,
   TrainingRun run(flags, device, data_dir, runtime);
   run.set_up();
   try {
-    run.open_run_folder();
-    run.build_model();
+    {
+      const StartUp start_up;
+      run.open_run_folder();
+      run.build_model();
+    }
     if (run.complete()) return 0;
     run.print_banner();
     run.loop();
