@@ -147,7 +147,9 @@ int main(int argc, char** argv) {
     if (rank != 0) data = data_dir_or_default(flags);
     return run_training(flags, device, data, runtime.get());
   } catch (const RunEnded& e) {
-    // Reached by every rank at the same step (divergence, a stop signal): a clean end, not an abort.
+    // Reached by every rank at the same step (divergence, a stop signal): a clean end, not an abort. The
+    // SIGTERM mpirun sends ranks still exiting when the first has exited non-zero is not a stop request.
+    accept_stop_requests(false);
     end_progress_line();
     std::fflush(stdout);
     if (!runtime || runtime->rank() == 0)
@@ -155,6 +157,7 @@ int main(int argc, char** argv) {
     return e.exit_code();
   } catch (const dist::RanksDisagree& e) {
     // Thrown by every rank at once at start-up: one line, a clean exit.
+    accept_stop_requests(false);
     if (runtime->rank() == 0) std::fprintf(stderr, "error: %s\n", e.what());
     return 1;
   } catch (const std::bad_alloc&) {

@@ -2,7 +2,8 @@
 # Checkpoints load at any world size and ZeRO stage: a ZeRO-1 checkpoint written by 2 ranks resumes at 3
 # ranks sharded and unsharded, and a ZeRO-3 one written by 2 ranks resumes at 3 ranks with every stage (and
 # a stage-0 one from 3 ranks at 2 ranks with ZeRO-3), all with the same losses as the unsharded run; and they
-# load in a single process. Usage: zero_resume.sh MPIEXEC train prepare_data
+# load in a single process. A truncated or damaged checkpoint ends the job with one line from the rank that
+# found it. Usage: zero_resume.sh MPIEXEC train prepare_data
 set -euo pipefail
 mpiexec=$1 train=$2 prepare=$3
 work=$(mktemp -d)
@@ -87,6 +88,19 @@ damaged_run() {  # DATASET READER OTHER
   fi
   echo "ok   damaged $dataset at 2 ranks: exit $status, $(grep -m1 'damaged' <<<"$output")"
 }
+# A start point that every rank would fail to open (truncated) is opened by rank 0 first: one error line for
+# the job, exit 1, and no rank taking mpirun's SIGTERM for a stop request.
+head -c 5000 "$ckpt3" >"$work/truncated.h5"
+status=0
+output=$(timeout 120 "${mpi[@]}" -np 3 "$train" "${common[@]}" --zero 3 --steps 6 --resume "$work/truncated.h5" \
+  --out "$work/truncated_run" 2>&1) || status=$?
+if [ $status -ne 1 ] || [ "$(grep -c "is not a readable HDF5 file" <<<"$output")" -ne 1 ] ||
+  grep -q "stop requested" <<<"$output"; then
+  echo "FAIL truncated checkpoint at 3 ranks: exit $status, expected 1 and one error line in:"
+  echo "$output" | tail -8
+  exit 1
+fi
+echo "ok   truncated checkpoint at 3 ranks: $(grep "is not a readable" <<<"$output")"
 if /usr/bin/python3 -c "import h5py" 2>/dev/null; then
   damaged_run model/token_embeddings.weight 0 1
   damaged_run model/layers.0.attn.q_proj.weight 1 0

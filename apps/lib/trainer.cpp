@@ -334,9 +334,9 @@ void check_ranks_agree(const Flags& flags, const RunPlan& plan, const TokenFile&
   dist::check_ranks_agree(*runtime, settings);
 }
 
-// Rank 0 decides which checkpoint a run resumes from (a name like "latest" is resolved against the run
-// folder it holds the lock of); every rank then loads that file.
-std::string agree_on_resume(const std::string& chosen, dist::DistRuntime* runtime) {
+// Rank 0's string on every rank: what rank 0 alone decides (the checkpoint a run resumes from, "latest"
+// being resolved against the run folder it holds the lock of) or found (a problem with that file).
+std::string rank0_string(const std::string& chosen, dist::DistRuntime* runtime) {
   if (!runtime || runtime->world_size() == 1) return chosen;
   int64_t size = static_cast<int64_t>(chosen.size());
   MPI_Bcast(&size, 1, MPI_INT64_T, 0, MPI_COMM_WORLD);
@@ -399,7 +399,7 @@ class TrainingRun {
                     folder_->has_checkpoints() ? "loadable " : "", folder_->checkpoints_dir().c_str());
       }
     }
-    resume_ = agree_on_resume(resume_, runtime_);
+    resume_ = rank0_string(resume_, runtime_);
     // --init-from: the weights only; the optimizer and the step start fresh. With --resume latest a job
     // script passes both every time: the first start takes the weights, a restart continues its own
     // checkpoints.
@@ -407,9 +407,24 @@ class TrainingRun {
     TT_CHECK(
         flags_.str("init-from").empty() || flags_.str("resume").empty() || flags_.str("resume") == "latest",
         "--init-from starts a new run from a checkpoint's weights; --resume continues one: pass one of them");
+    const std::string start = resume_.empty() ? init_from_ : resume_;
+    // Under mpirun rank 0 opens the start point first: a file that does not fit ends every rank with rank
+    // 0's one line, rather than each rank failing on it with its own line and an abort.
+    if (!start.empty() && plan_.world > 1) {
+      std::string problem;
+      if (root_) {
+        try {
+          read_checkpoint_config(start);
+        } catch (const std::exception& e) {
+          problem = error_line(e);
+          if (problem.rfind("error: ", 0) == 0) problem.erase(0, 7);  // RunEnded's line adds it
+        }
+      }
+      problem = rank0_string(problem, runtime_);
+      if (!problem.empty()) throw RunEnded(1, problem);
+    }
     // The model the file holds: its RoPE theta and RMSNorm epsilon (not flags) come from it.
-    if (!resume_.empty() || !init_from_.empty())
-      check_data_vocabulary(resume_.empty() ? init_from_ : resume_, data_dir_, flags_, root_);
+    if (!start.empty()) check_data_vocabulary(start, data_dir_, flags_, root_);
     if (!resume_.empty()) {
       plan_.config = config_for_checkpoint(resume_, plan_.config, true);
     } else if (!init_from_.empty()) {
