@@ -61,8 +61,9 @@ int run_eval_only(const Flags& flags, Device device) {
   if (flags.str("resume").empty()) throw Error("--eval-only needs --resume CHECKPOINT");
   TT_CHECK(flags.str("init-from").empty(),
            "--eval-only evaluates --resume CHECKPOINT; --init-from is for training");
-  // A run folder (or latest: --out's) means its newest checkpoint that loads, as for training.
-  const std::string ckpt = resolve_resume(flags.str("resume"), flags.str("out"));
+  // A run folder (or latest: --out's) means its newest checkpoint whose weights load (damaged optimizer
+  // state does not matter here, as when the file is named directly).
+  const std::string ckpt = resolve_resume(flags.str("resume"), flags.str("out"), /*weights_only=*/true);
   TT_CHECK(!ckpt.empty(),
            "--resume latest: no checkpoint in " + flags.str("out") + "/checkpoints to evaluate");
   // The result's files are checked before the evaluation, which can take long.

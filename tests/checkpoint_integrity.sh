@@ -103,12 +103,26 @@ refused nan "checkpoint $work/nan.h5: dataset /model/layers.0.attn.q_proj.weight
 craft no_checksum '    del f["model/lm_head.weight"].attrs["crc32"]'
 refused no_checksum "checkpoint $work/no_checksum.h5: dataset /model/lm_head.weight has no checksum"
 
-# A byte in the middle of the stored data of a dataset.
-flip_byte() { $py "$(dirname "$0")/flip_byte.py" "$1" model/token_embeddings.weight || fail "flipping a byte in $1"; }
+# A byte in the middle of the stored data of a dataset (FILE DATASET; by default the embedding's).
+flip_byte() { $py "$(dirname "$0")/flip_byte.py" "$1" "${2:-model/token_embeddings.weight}" || fail "flipping a byte in $1"; }
 cp "$good" "$work/flipped.h5"
 flip_byte "$work/flipped.h5"
 cmp -s "$good" "$work/flipped.h5" && fail "flipped: the byte did not change"
 refused flipped "checkpoint $work/flipped.h5 is damaged: checksum mismatch in /model/token_embeddings.weight"
+
+# A run folder whose newest checkpoint has damaged optimizer state: --eval-only evaluates that one (its
+# weights are whole, as when the file is named), while --resume latest passes over it.
+mkdir -p "$work/optdamaged/checkpoints"
+cp "$work/run/checkpoints/step_2.h5" "$good" "$work/optdamaged/checkpoints/"
+flip_byte "$work/optdamaged/checkpoints/step_4.h5" optimizer/lm_head.weight/exp_avg
+output=$("$train" "${eval_only[@]}" --resume "$work/optdamaged" 2>&1)
+grep -q "^eval $work/optdamaged/checkpoints/step_4.h5: mean loss" <<<"$output" &&
+  echo "ok   --eval-only on a folder: the newest checkpoint's whole weights evaluated" ||
+  { fail "--eval-only on a folder with damaged optimizer state:"; echo "$output" | tail -3; }
+output=$("$train" "${common[@]}" --out "$work/optdamaged" --steps 6 --resume latest 2>&1)
+grep -q "resumed from $work/optdamaged/checkpoints/step_2.h5" <<<"$output" &&
+  echo "ok   --resume latest passes over damaged optimizer state" ||
+  { fail "--resume latest with damaged optimizer state:"; echo "$output" | tail -3; }
 
 # 3. What must still load: the good checkpoint (resumed and evaluated; its layout as README.md's "Checkpoint
 # format" shows it to h5py, each dataset's crc32 attribute equal to Python's zlib.crc32 of its bytes), a copy

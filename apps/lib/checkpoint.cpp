@@ -555,12 +555,16 @@ void load_checkpoint_unnamed(const std::string& path, nn::FlatParameters& params
   }
 }
 
-void verify_checkpoint_unnamed(const std::string& path) {
+void verify_checkpoint_unnamed(const std::string& path, bool weights_only) {
   const CheckedReader reader(path);
   const nn::ModelConfig config = read_config(reader);
   const auto expected = expected_parameters(reader, config);
   // Everything that is cheap first: the layout and the attributes, then every value.
   for (const auto& [name, shape] : expected) reader.check_dataset("/model/" + name, shape);
+  if (weights_only) {
+    for (const auto& [name, shape] : expected) reader.read_values("/model/" + name, false);
+    return;
+  }
   check_optimizer_attributes(reader);
   for (const auto& [name, shape] : expected) {
     for (int which = 0; which < 2; ++which) reader.check_dataset(moment_dataset(name, which), shape);
@@ -604,8 +608,8 @@ void load_checkpoint_weights(const std::string& path, nn::FlatParameters& params
   naming_file(path, [&] { load_checkpoint_unnamed(path, params, optimizer, nullptr, shared, true); });
 }
 
-void verify_checkpoint(const std::string& path) {
-  naming_file(path, [&] { verify_checkpoint_unnamed(path); });
+void verify_checkpoint(const std::string& path, bool weights_only) {
+  naming_file(path, [&] { verify_checkpoint_unnamed(path, weights_only); });
 }
 
 void read_checkpoint_parameters(const std::string& path, const ParameterVisitor& visit) {

@@ -94,7 +94,8 @@ void load_checkpoint_weights(const std::string& path, nn::FlatParameters& params
 // Whether `path` is a checkpoint `train` can resume from: the layout and every attribute checked as loading
 // does, then every dataset of /model and /optimizer read (one at a time, so memory is bounded by the
 // largest; its checksums verified) and its values checked finite. Throws tt::Error naming the first problem.
-void verify_checkpoint(const std::string& path);
+// With `weights_only`, the /model part alone (what evaluation and generation read).
+void verify_checkpoint(const std::string& path, bool weights_only = false);
 
 // Each /model parameter of the checkpoint in the model's order, one at a time (memory bounded by the
 // largest), checked as loading checks it (layout, type, shape, checksums, finite values).

@@ -53,11 +53,11 @@ std::vector<std::pair<int64_t, std::string>> list_checkpoints(const std::string&
   return found;
 }
 
-std::string newest_loadable_checkpoint(const std::string& dir) {
+std::string newest_loadable_checkpoint(const std::string& dir, bool weights_only) {
   const auto found = list_checkpoints(dir);
   for (auto it = found.rbegin(); it != found.rend(); ++it) {
     try {
-      verify_checkpoint(it->second);
+      verify_checkpoint(it->second, weights_only);
       // A file renamed by hand would be taken for newer than it is again and again.
       const int64_t held = read_checkpoint_step(it->second);
       if (held == it->first) return it->second;
@@ -70,13 +70,13 @@ std::string newest_loadable_checkpoint(const std::string& dir) {
   return "";
 }
 
-std::string resolve_resume(const std::string& resume, const std::string& out) {
+std::string resolve_resume(const std::string& resume, const std::string& out, bool weights_only) {
   if (resume.empty()) return "";
   std::error_code ec;
   if (resume != "latest" && !fs::is_directory(resume, ec)) return resume;  // a file (checked when loaded)
   std::string dir = resume == "latest" ? out + "/checkpoints" : resume;
   if (resume != "latest" && fs::is_directory(resume + "/checkpoints", ec)) dir = resume + "/checkpoints";
-  const std::string newest = newest_loadable_checkpoint(dir);
+  const std::string newest = newest_loadable_checkpoint(dir, weights_only);
   TT_CHECK(!newest.empty() || resume == "latest",
            "--resume " + resume + ": no loadable checkpoint in " + dir);
   return newest;

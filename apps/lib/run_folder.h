@@ -17,14 +17,14 @@ std::string checkpoint_file(const std::string& out, int64_t step);
 // step_N.h5 files of a folder, oldest first. Names that do not parse are ignored.
 std::vector<std::pair<int64_t, std::string>> list_checkpoints(const std::string& dir);
 
-// The newest checkpoint of `dir` that verifies (verify_checkpoint), or "" when none does. Each one that does
-// not is reported on stderr with the reason.
-std::string newest_loadable_checkpoint(const std::string& dir);
+// The newest checkpoint of `dir` that verifies (verify_checkpoint; with `weights_only`, its /model part), or
+// "" when none does. Each one that does not is reported on stderr with the reason.
+std::string newest_loadable_checkpoint(const std::string& dir, bool weights_only = false);
 
 // What `--resume` names: a checkpoint file, "latest" (the newest loadable checkpoint of `out`), or a run
 // folder (its newest loadable checkpoint). Returns "" for "latest" when `out` has no checkpoint yet (a
 // first start of a job that always passes --resume latest); a folder without one is an error.
-std::string resolve_resume(const std::string& resume, const std::string& out);
+std::string resolve_resume(const std::string& resume, const std::string& out, bool weights_only = false);
 
 class RunFolder {
  public:
