@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # On two GPUs of one host: `train` under mpirun with the gradient all-reduce carried by NCCL and by the copy
 # engines gives the same losses bit for bit (both add the two ranks' gradients once, a + b, then halve), with
-# f32 and with bf16 gradient buffers, and --all-reduce auto chooses the copy engines there.
+# f32 and with bf16 gradient buffers, and --all-reduce auto chooses the copy engines there. ZeRO-3 and ZeRO-1
+# runs resumed from a checkpoint the ranks read together repeat the uninterrupted ones.
 # Skipped (77) with fewer than two GPUs. Usage: train_transports_gpu.sh mpiexec train prepare_data
 set -euo pipefail
 mpiexec=$1 train=$2 prepare=$3
@@ -39,3 +40,21 @@ assert len(runs[0]) > 0 and runs[0] == runs[1], runs
 assert runs[0] != runs[2], "bf16 gradients trained exactly like f32 ones: the rounding did not happen"
 print("with bf16 gradients, NCCL and copy-engine all-reduce train identically:", [x[1] for x in runs[0]])
 PY
+# Ranks load a checkpoint together over NCCL (each reads a share of the file and broadcasts it on the GPU):
+# a ZeRO-3 and a ZeRO-1 run resumed at their step-4 checkpoint repeat the uninterrupted runs' steps 5 to 8.
+for zero in 3 1; do
+  run "zero$zero" library --zero $zero --ckpt-every 4
+  run "zero$zero-resumed" library --zero $zero --ckpt-every 4 --resume "$work/zero$zero/checkpoints/step_4.h5"
+  grep -q "resumed from $work/zero$zero/checkpoints/step_4.h5" "$work/zero$zero-resumed.log" ||
+    { tail -3 "$work/zero$zero-resumed.log"; exit 1; }
+  python3 - "$work/zero$zero/metrics.jsonl" "$work/zero$zero-resumed/metrics.jsonl" <<'PY'
+import json, sys
+whole, resumed = ([(r["step"], r["loss"]) for r in map(json.loads, open(p))] for p in sys.argv[1:])
+tail = [x for x in whole if x[0] > 4]
+assert [s for s, _ in resumed] == [s for s, _ in tail] == [5, 6, 7, 8], (whole, resumed)
+for (_, a), (_, b) in zip(resumed, tail):
+    assert abs(a - b) <= 1e-6 * abs(b), (sys.argv[1], a, b)
+print("resumed over NCCL with the uninterrupted run's losses:", [x[1] for x in resumed])
+PY
+done
+
