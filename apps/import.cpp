@@ -106,8 +106,15 @@ int run(const Flags& flags) {
   TrainState state;
   // export finds the tokenizer and special ids of the data again through the recorded flag.
   if (!data.empty()) {
-    state.args = "--data " + data + " ";
-    if (const std::optional<DataMeta> meta = read_meta(data)) state.data_tokenizer = data_tokenizer_id(*meta);
+    const std::optional<DataMeta> meta = read_meta(data);
+    TT_CHECK(!meta || meta->vocab_size == config.vocab_size,
+             from + " holds a model of " + std::to_string(config.vocab_size) + " ids, but " + data +
+                 "/meta.json gives " + std::to_string(meta ? meta->vocab_size : 0) + " ids (" +
+                 (meta ? meta->tokenizer : "") +
+                 "): pass the data folder prepared with this model's tokenizer");
+    // Absolute, so that export and generate find it from any working folder.
+    state.args = "--data " + fs::absolute(data).lexically_normal().string() + " ";
+    if (meta) state.data_tokenizer = data_tokenizer_id(*meta);
   }
   if (!fs::path(out).parent_path().empty()) fs::create_directories(fs::path(out).parent_path());
   write_initial_checkpoint(

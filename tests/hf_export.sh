@@ -215,6 +215,9 @@ PY
     16 3 2 "$work/speval.json"
   expect_ok "import (SentencePiece)" "$import_app" --from "$work/sphf" --out "$work/sp.h5" --data "$work/spdata"
   expect_ok "export the import (SentencePiece)" "$export_app" --checkpoint "$work/sp.h5" --out "$work/sphf2"
+  expect_error "import with data of another tokenizer" "holds a model of 257 ids, but $work/spdata/meta.json gives" \
+    "$import_app" --from "$work/hf" --out "$work/mismatch.h5" --data "$work/spdata"
+  [ ! -e "$work/mismatch.h5" ] || fail "import with data of another tokenizer wrote $work/mismatch.h5"
   same_folders "$work/sphf" "$work/sphf2" "export -> import -> export (SentencePiece, tokenizer files)"
   cp -r "$work/spdata" "$work/spdata_bad"
   printf 'x' >>"$work/spdata_bad/tokenizer.model"
