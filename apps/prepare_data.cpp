@@ -61,6 +61,9 @@ int main(int argc, char** argv) {
                 static_cast<long long>(s.documents), s.documents == 1 ? "" : "s", out.c_str(),
                 static_cast<long long>(s.train_tokens), out.c_str(), static_cast<long long>(s.val_tokens),
                 static_cast<long long>(s.vocab_size), model_note.c_str());
+    if (!flags.str("separator").empty() && s.separator_lines == 0)
+      std::printf("note: no line is --separator '%s': each file is one document\n",
+                  flags.str("separator").c_str());
     if (s.validation_from_tail)
       std::printf(
           "fewer than 10 documents: val.bin is the last ~10%% of the tokens, not every 10th document\n");

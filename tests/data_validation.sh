@@ -43,6 +43,24 @@ common=(--ctx 16 --batch 2 --eval-batches 1 --sample-tokens 0 --log-every 100 --
 "$prepare" --input "$work/text/a.txt" --out "$work/onedoc" 2>&1 | grep -q "fewer than 10 documents: val.bin is the last" &&
   echo "ok   one document: the split is said" || fail "one document: no note on the validation split"
 
+# A title line then one long line: the split stays near 10% (cut inside the line), not at the line break.
+{ echo "Title"; for i in $(seq 1 3000); do printf 'word%d ' "$i"; done; echo; } >"$work/title_then_long.txt"
+"$prepare" --input "$work/title_then_long.txt" --out "$work/tail_split" >/dev/null || fail "prepare title_then_long"
+python3 - "$work/tail_split/meta.json" <<'PY' && echo "ok   one long line: validation is ~10% of the tokens" || fail "one long line: the split"
+import json, sys
+meta = json.load(open(sys.argv[1]))
+share = meta["val_tokens"] / (meta["train_tokens"] + meta["val_tokens"])
+assert 0.08 <= share <= 0.12, meta
+PY
+
+# A separator line with a Windows line end still separates; a separator that matches nothing is reported.
+printf 'doc one\r\n%%\r\ndoc two\r\n%%\r\n' >"$work/crlf.txt"
+output=$("$prepare" --input "$work/crlf.txt" --out "$work/crlf" 2>&1 --separator %)
+grep -q "^2 documents" <<<"$output" && echo "ok   CRLF separator lines separate" || { fail "CRLF separator:"; echo "$output"; }
+output=$("$prepare" --input "$work/crlf.txt" --out "$work/crlf_none" 2>&1 --separator %%)
+grep -q "note: no line is --separator '%%': each file is one document" <<<"$output" &&
+  echo "ok   a separator that never matches is reported" || { fail "unmatched separator:"; echo "$output"; }
+
 # prepare_data's meta.json names the tokenizer, the vocabulary and the end-of-text id.
 python3 - "$work/data/meta.json" <<'PY' || fail "meta.json fields"
 import json, sys

@@ -456,8 +456,10 @@ std::vector<fs::path> text_files(const std::string& input, int64_t& skipped) {
   return files;
 }
 
-// Every document of the input, in order; documents of nothing but whitespace are dropped.
-std::vector<std::string> read_documents(const std::vector<fs::path>& files, const std::string& separator) {
+// Every document of the input, in order; documents of nothing but whitespace are dropped. A separator line
+// may end in \r (a file with Windows line ends); `separator_lines` counts the lines that matched.
+std::vector<std::string> read_documents(const std::vector<fs::path>& files, const std::string& separator,
+                                        int64_t& separator_lines) {
   std::vector<std::string> documents;
   auto finish_document = [&](std::string& doc) {
     if (doc.find_first_not_of(" \t\r\n") != std::string::npos) documents.push_back(std::move(doc));
@@ -468,7 +470,9 @@ std::vector<std::string> read_documents(const std::vector<fs::path>& files, cons
     if (!in) throw Error("cannot read '" + file.string() + "'");
     std::string line, doc;
     while (std::getline(in, line)) {
-      if (!separator.empty() && line == separator) {
+      const bool crlf = !line.empty() && line.back() == '\r';
+      if (!separator.empty() && std::string_view(line).substr(0, line.size() - (crlf ? 1 : 0)) == separator) {
+        ++separator_lines;
         finish_document(doc);
       } else {
         doc += line;
@@ -590,7 +594,7 @@ PrepareStats prepare_text(const std::string& input, const std::string& out_dir, 
   PrepareStats stats;
   const std::vector<fs::path> files = text_files(input, stats.skipped_files);
   stats.files = static_cast<int64_t>(files.size());
-  const std::vector<std::string> documents = read_documents(files, separator);
+  const std::vector<std::string> documents = read_documents(files, separator, stats.separator_lines);
   TT_CHECK(!documents.empty(), "input '" + input + "' has too little text to split");
   const std::unique_ptr<Tokenizer> tokenizer = make_tokenizer(options, documents, stats);
   stats.documents = static_cast<int64_t>(documents.size());
@@ -603,17 +607,19 @@ PrepareStats prepare_text(const std::string& input, const std::string& out_dir, 
   encode_documents(documents, *tokenizer, stats.threads, train, val);
   stats.encode_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   if (val.empty() && !train.empty()) {
-    // Fewer than ten documents (a single file, say): the last ~10% of the tokens, cut after a line break or
-    // a document's end, is the validation split instead.
+    // Fewer than ten documents (a single file, say): the last ~10% of the tokens is the validation split
+    // instead, cut after a line break or a document's end within the last fifth (else at 90% exactly: one
+    // long line must not send nearly everything to validation).
     std::vector<char> ends_line(static_cast<size_t>(tokenizer->vocab_size()), 0);
     for (int32_t id = 0; id < tokenizer->vocab_size(); ++id) {
       const std::string piece = tokenizer->decode({id});
       ends_line[static_cast<size_t>(id)] = !piece.empty() && piece.back() == '\n';
     }
     const size_t fallback = train.size() - std::max<size_t>(1, train.size() / 10);
+    const size_t earliest = train.size() - train.size() / 5;
     size_t cut = fallback;
-    while (cut > 0 && !ends_line[train[cut - 1]]) --cut;
-    if (cut == 0) cut = fallback;
+    while (cut > earliest && cut > 0 && !ends_line[train[cut - 1]]) --cut;
+    if (cut == 0 || !ends_line[train[cut - 1]]) cut = fallback;
     val.assign(train.begin() + static_cast<std::ptrdiff_t>(cut), train.end());
     train.resize(cut);
     stats.validation_from_tail = true;
