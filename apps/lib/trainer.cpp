@@ -792,10 +792,10 @@ class TrainingRun {
 
 int run_training(const Flags& flags, Device device, const std::string& data_dir, dist::DistRuntime* runtime) {
   TrainingRun run(flags, device, data_dir, runtime);
-  run.set_up();
   try {
     {
       const StartUp start_up;
+      run.set_up();
       run.open_run_folder();
       run.build_model();
     }
