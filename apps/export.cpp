@@ -115,6 +115,13 @@ int run(const Flags& flags) {
   if (!data.empty())
     check_training_tokenizer(checkpoint, data, "pass --data with the data it was trained on");
   const DataTokens tokens = read_data_tokens(data);
+  // A SentencePiece model exported without its tokenizer.model could not be used: refuse rather than write
+  // weights no one can feed text to.
+  const std::string trained_on = read_checkpoint_data_tokenizer(checkpoint);
+  TT_CHECK(!tokens.tokenizer.empty() || trained_on.rfind("sentencepiece", 0) != 0,
+           checkpoint + " was trained on SentencePiece tokens (" + trained_on + "), but " +
+               (data.empty() ? std::string("it names no data folder") : "'" + data + "' holds no meta.json") +
+               ": pass --data with the data it was trained on, whose tokenizer.model the export needs");
   SpecialTokens ids = tokens.ids;
   std::optional<SentencePieceModel> sentencepiece;
   if (!tokens.sentencepiece_model.empty()) {

@@ -225,6 +225,11 @@ PY
     "$export_app" --checkpoint "$work/sprun/checkpoints/step_3.h5" --out "$work/spx" --data "$work/spdata_bad"
   expect_error "export with another tokenizer's data" "holds tokens of bytes 257, but" \
     "$export_app" --checkpoint "$work/sprun/checkpoints/step_3.h5" --out "$work/spx" --data "$work/data"
+  mv "$work/spdata" "$work/spdata_moved"
+  expect_error "export with its SentencePiece data gone" "was trained on SentencePiece tokens" \
+    "$export_app" --checkpoint "$work/sprun/checkpoints/step_3.h5" --out "$work/spx"
+  [ ! -e "$work/spx" ] || fail "export with its SentencePiece data gone wrote $work/spx"
+  mv "$work/spdata_moved" "$work/spdata"
 else
   echo "skip SentencePiece export: prepare_data has no --tokenizer-model"
 fi
