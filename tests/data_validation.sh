@@ -61,6 +61,14 @@ output=$("$prepare" --input "$work/crlf.txt" --out "$work/crlf_none" 2>&1 --sepa
 grep -q "note: no line is --separator '%%': each file is one document" <<<"$output" &&
   echo "ok   a separator that never matches is reported" || { fail "unmatched separator:"; echo "$output"; }
 
+# A dataset prepared inside its own input folder, then again in place: the first one's files are not input.
+mkdir -p "$work/inplace"
+cp "$work/text/a.txt" "$work/inplace/"
+first=$("$prepare" --input "$work/inplace" --out "$work/inplace/data" --separator % 2>&1 | grep "documents ->")
+again=$("$prepare" --input "$work/inplace" --out "$work/inplace/data" --separator % --overwrite 2>&1 | grep "documents ->")
+[ -n "$first" ] && [ "$first" = "$again" ] && echo "ok   prepared again in place: the same documents" ||
+  fail "prepared again in place: '$first' then '$again'"
+
 # prepare_data's meta.json names the tokenizer, the vocabulary and the end-of-text id.
 python3 - "$work/data/meta.json" <<'PY' || fail "meta.json fields"
 import json, sys

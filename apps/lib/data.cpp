@@ -432,10 +432,18 @@ class DatasetWriter {
 
 namespace {
 
-std::vector<fs::path> text_files(const std::string& input, int64_t& skipped) {
+std::vector<fs::path> text_files(const std::string& input, const std::string& out_dir, int64_t& skipped) {
   std::vector<fs::path> files;
   if (fs::is_directory(input)) {
-    for (const auto& entry : fs::recursive_directory_iterator(input)) {
+    std::error_code ec;
+    const fs::path out = fs::weakly_canonical(out_dir, ec);
+    for (auto it = fs::recursive_directory_iterator(input); it != fs::recursive_directory_iterator(); ++it) {
+      const fs::directory_entry& entry = *it;
+      // The output folder inside the input (a dataset prepared again in place) is not input.
+      if (entry.is_directory() && !ec && fs::weakly_canonical(entry.path(), ec) == out) {
+        it.disable_recursion_pending();
+        continue;
+      }
       if (!entry.is_regular_file()) continue;
       const std::string ext = entry.path().extension().string();
       // Token files (ours: .bin) and other binary data are not text (fortune's .dat indexes, .u8 copies).
@@ -592,7 +600,7 @@ std::unique_ptr<Tokenizer> make_tokenizer(const PrepareOptions& options,
 PrepareStats prepare_text(const std::string& input, const std::string& out_dir, const std::string& separator,
                           const PrepareOptions& options) {
   PrepareStats stats;
-  const std::vector<fs::path> files = text_files(input, stats.skipped_files);
+  const std::vector<fs::path> files = text_files(input, out_dir, stats.skipped_files);
   stats.files = static_cast<int64_t>(files.size());
   const std::vector<std::string> documents = read_documents(files, separator, stats.separator_lines);
   TT_CHECK(!documents.empty(), "input '" + input + "' has too little text to split");
