@@ -55,6 +55,10 @@ cmp -s "$work/sp/train.bin" "$work/reused/train.bin" && cmp -s "$work/sp/val.bin
 # prepare_data's bad flags.
 expect_error "vocab out of range" "260..65536" \
   "$prepare" --input "$work/text" --out "$work/x1" --tokenizer sentencepiece --vocab 100
+mkdir -p "$work/one_letter"
+python3 -c "print('a' * 300000)" >"$work/one_letter/a.txt"
+expect_error "vocab above what the text holds" "Please set it to a value <= 267; lower --vocab, or give it more text" \
+  "$prepare" --input "$work/one_letter" --out "$work/x0" --tokenizer sentencepiece --vocab 300
 expect_error "vocab without sentencepiece" "--vocab and --tokenizer-model are for --tokenizer sentencepiece" \
   "$prepare" --input "$work/text" --out "$work/x2" --vocab 300
 expect_error "sentencepiece without vocab" "needs --vocab N" \

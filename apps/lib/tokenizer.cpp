@@ -225,14 +225,22 @@ std::unique_ptr<Tokenizer> train_sentencepiece(const std::vector<std::string_vie
       {"input_sentence_size", "2000000"},  // a sample of lines from large inputs
       {"shuffle_input_sentence", "true"},
       {"num_threads", std::to_string(threads)},
-      {"minloglevel", "1"},
+      {"minloglevel", "2"},  // errors only: a failure comes back in the status, as one line
   };
   sentencepiece::SetRandomGeneratorSeed(20240520);  // the same sample of lines every time
   LineIterator lines(texts);
   TT_CHECK(!lines.done(), "no text to train a SentencePiece model on");
   std::string model;
   const auto status = sentencepiece::SentencePieceTrainer::Train(options, &lines, &model);
-  TT_CHECK(status.ok(), "SentencePiece training failed: " + one_line(status.ToString(), "no reason given"));
+  if (!status.ok()) {
+    std::string why = one_line(status.ToString(), "no reason given");
+    // The text has fewer distinct pieces than asked for: say which knob to turn.
+    if (why.find("Vocabulary size too high") != std::string::npos) {
+      if (why.back() == '.') why.pop_back();
+      why += "; lower --vocab, or give it more text";
+    }
+    throw Error("SentencePiece training failed: " + why);
+  }
   return std::make_unique<SentencePieceTokenizer>(std::move(model), "the trained SentencePiece model");
 }
 
