@@ -39,6 +39,7 @@ class Weights {
       return;
     }
     TT_CHECK(fs::exists(index), dir + " holds neither model.safetensors nor model.safetensors.index.json");
+    index_ = index;
     std::map<std::string, const SafetensorsReader*> by_name;
     for (const auto& [name, file_name] : read_safetensors_index(index)) {
       const std::string path = dir + "/" + file_name;
@@ -53,7 +54,12 @@ class Weights {
     }
   }
   const std::map<std::string, Located>& tensors() const { return tensors_; }
-  std::string where() const { return files_.size() == 1 ? files_[0]->path() : "the shards"; }
+  // model.safetensors, or "N shards of INDEX" (from_pretrained's order: the single file first).
+  std::string where() const {
+    return files_.size() == 1 && index_.empty()
+               ? files_[0]->path()
+               : std::to_string(files_.size()) + " shard" + (files_.size() == 1 ? "" : "s") + " of " + index_;
+  }
 
  private:
   const SafetensorsReader& open(const std::string& path) {
@@ -61,6 +67,7 @@ class Weights {
     return *files_.back();
   }
   std::vector<std::unique_ptr<SafetensorsReader>> files_;
+  std::string index_;  // model.safetensors.index.json when the weights are sharded
   std::map<std::string, Located> tensors_;
 };
 
@@ -142,12 +149,13 @@ int run(const Flags& flags) {
   for (const auto& [dtype, count] : dtypes)
     stored += (stored.empty() ? "" : ", ") + std::to_string(count) + " " + dtype;
   std::printf(
-      "imported %s (%s tensors) -> %s: d_model %lld, %lld layers, %lld heads, d_ff %lld, vocab %lld, "
+      "imported %s (%s tensors from %s) -> %s: d_model %lld, %lld layers, %lld heads, d_ff %lld, vocab %lld, "
       "context %lld, rope_theta %g, norm_eps %g; step 0, zero AdamW state\n",
-      from.c_str(), stored.c_str(), out.c_str(), static_cast<long long>(config.d_model),
-      static_cast<long long>(config.num_layers), static_cast<long long>(config.num_heads),
-      static_cast<long long>(config.d_ff), static_cast<long long>(config.vocab_size),
-      static_cast<long long>(config.context_length), config.rope_theta, config.norm_eps);
+      from.c_str(), stored.c_str(), weights.where().c_str(), out.c_str(),
+      static_cast<long long>(config.d_model), static_cast<long long>(config.num_layers),
+      static_cast<long long>(config.num_heads), static_cast<long long>(config.d_ff),
+      static_cast<long long>(config.vocab_size), static_cast<long long>(config.context_length),
+      config.rope_theta, config.norm_eps);
   return 0;
 }
 
