@@ -118,9 +118,11 @@ int run(const Flags& flags) {
   // A SentencePiece model exported without its tokenizer.model could not be used: refuse rather than write
   // weights no one can feed text to.
   const std::string trained_on = read_checkpoint_data_tokenizer(checkpoint);
-  TT_CHECK(!tokens.tokenizer.empty() || trained_on.rfind("sentencepiece", 0) != 0,
-           checkpoint + " was trained on SentencePiece tokens (" + trained_on + "), but " +
-               (data.empty() ? std::string("it names no data folder") : "'" + data + "' holds no meta.json") +
+  const std::string where = data.empty()              ? std::string("it names no data folder")
+                            : !fs::is_directory(data) ? "'" + data + "' does not exist (moved?)"
+                                                      : "'" + data + "' holds no tokenizer.model";
+  TT_CHECK(!tokens.sentencepiece_model.empty() || trained_on.rfind("sentencepiece", 0) != 0,
+           checkpoint + " was trained on SentencePiece tokens (" + trained_on + "), but " + where +
                ": pass --data with the data it was trained on, whose tokenizer.model the export needs");
   SpecialTokens ids = tokens.ids;
   std::optional<SentencePieceModel> sentencepiece;

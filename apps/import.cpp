@@ -114,13 +114,16 @@ int run(const Flags& flags) {
   // export finds the tokenizer and special ids of the data again through the recorded flag.
   if (!data.empty()) {
     const std::optional<DataMeta> meta = read_meta(data);
-    TT_CHECK(!meta || meta->vocab_size == config.vocab_size,
+    // A model may have more ids than its data uses (train --vocab, padded vocabularies), never fewer.
+    TT_CHECK(!meta || meta->vocab_size <= config.vocab_size,
              from + " holds a model of " + std::to_string(config.vocab_size) + " ids, but " + data +
                  "/meta.json gives " + std::to_string(meta ? meta->vocab_size : 0) + " ids (" +
                  (meta ? meta->tokenizer : "") +
                  "): pass the data folder prepared with this model's tokenizer");
-    // Absolute, so that export and generate find it from any working folder.
-    state.args = "--data " + fs::absolute(data).lexically_normal().string() + " ";
+    // Absolute, so that export and generate find it from any working folder; as given when the absolute
+    // path has a space (recorded flags are split at spaces).
+    const std::string absolute = fs::absolute(data).lexically_normal().string();
+    state.args = "--data " + (absolute.find_first_of(" \t") == std::string::npos ? absolute : data) + " ";
     if (meta) state.data_tokenizer = data_tokenizer_id(*meta);
   }
   if (!fs::path(out).parent_path().empty()) fs::create_directories(fs::path(out).parent_path());

@@ -66,7 +66,8 @@ int main(int argc, char** argv) {
                   flags.str("separator").c_str());
     if (s.validation_from_tail)
       std::printf(
-          "fewer than 10 documents: val.bin is the last ~10%% of the tokens, not every 10th document\n");
+          "fewer than 10 documents: val.bin is the last 10 to 20%% of the tokens (cut after a line break), "
+          "not every 10th document\n");
     return 0;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "%s\n", tt::error_line(e).c_str());

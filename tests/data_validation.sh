@@ -68,6 +68,8 @@ first=$("$prepare" --input "$work/inplace" --out "$work/inplace/data" --separato
 again=$("$prepare" --input "$work/inplace" --out "$work/inplace/data" --separator % --overwrite 2>&1 | grep "documents ->")
 [ -n "$first" ] && [ "$first" = "$again" ] && echo "ok   prepared again in place: the same documents" ||
   fail "prepared again in place: '$first' then '$again'"
+expect_error "--out the input folder" "is the input folder: pass another --out" \
+  "$prepare" --input "$work/inplace" --out "$work/inplace/" --separator %
 
 # prepare_data's meta.json names the tokenizer, the vocabulary and the end-of-text id.
 python3 - "$work/data/meta.json" <<'PY' || fail "meta.json fields"

@@ -226,10 +226,16 @@ PY
   expect_error "export with another tokenizer's data" "holds tokens of bytes 257, but" \
     "$export_app" --checkpoint "$work/sprun/checkpoints/step_3.h5" --out "$work/spx" --data "$work/data"
   mv "$work/spdata" "$work/spdata_moved"
-  expect_error "export with its SentencePiece data gone" "was trained on SentencePiece tokens" \
+  expect_error "export with its SentencePiece data gone" "spdata' does not exist (moved?)" \
     "$export_app" --checkpoint "$work/sprun/checkpoints/step_3.h5" --out "$work/spx"
   [ ! -e "$work/spx" ] || fail "export with its SentencePiece data gone wrote $work/spx"
   mv "$work/spdata_moved" "$work/spdata"
+  cp -r "$work/spdata" "$work/spdata_nomodel"
+  rm "$work/spdata_nomodel/tokenizer.model"
+  expect_error "export with the data's tokenizer.model gone" "spdata_nomodel' holds no tokenizer.model" \
+    "$export_app" --checkpoint "$work/sprun/checkpoints/step_3.h5" --out "$work/spx" --data "$work/spdata_nomodel"
+  expect_ok "export with --data an export's folder (its tokenizer.model)" \
+    "$export_app" --checkpoint "$work/sprun/checkpoints/step_3.h5" --out "$work/spx3" --data "$work/sphf"
 else
   echo "skip SentencePiece export: prepare_data has no --tokenizer-model"
 fi

@@ -435,12 +435,15 @@ namespace {
 std::vector<fs::path> text_files(const std::string& input, const std::string& out_dir, int64_t& skipped) {
   std::vector<fs::path> files;
   if (fs::is_directory(input)) {
-    std::error_code ec;
-    const fs::path out = fs::weakly_canonical(out_dir, ec);
+    std::error_code out_error, input_error;
+    const fs::path out = fs::weakly_canonical(out_dir, out_error);
+    TT_CHECK(out_error || fs::weakly_canonical(input, input_error) != out,
+             "--out " + out_dir + " is the input folder: pass another --out");
     for (auto it = fs::recursive_directory_iterator(input); it != fs::recursive_directory_iterator(); ++it) {
       const fs::directory_entry& entry = *it;
       // The output folder inside the input (a dataset prepared again in place) is not input.
-      if (entry.is_directory() && !ec && fs::weakly_canonical(entry.path(), ec) == out) {
+      std::error_code entry_error;
+      if (entry.is_directory() && !out_error && fs::weakly_canonical(entry.path(), entry_error) == out) {
         it.disable_recursion_pending();
         continue;
       }
@@ -479,7 +482,8 @@ std::vector<std::string> read_documents(const std::vector<fs::path>& files, cons
     std::string line, doc;
     while (std::getline(in, line)) {
       const bool crlf = !line.empty() && line.back() == '\r';
-      if (!separator.empty() && std::string_view(line).substr(0, line.size() - (crlf ? 1 : 0)) == separator) {
+      if (!separator.empty() &&
+          (line == separator || (crlf && std::string_view(line).substr(0, line.size() - 1) == separator))) {
         ++separator_lines;
         finish_document(doc);
       } else {
@@ -615,9 +619,9 @@ PrepareStats prepare_text(const std::string& input, const std::string& out_dir, 
   encode_documents(documents, *tokenizer, stats.threads, train, val);
   stats.encode_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   if (val.empty() && !train.empty()) {
-    // Fewer than ten documents (a single file, say): the last ~10% of the tokens is the validation split
-    // instead, cut after a line break or a document's end within the last fifth (else at 90% exactly: one
-    // long line must not send nearly everything to validation).
+    // Fewer than ten documents (a single file, say): the last 10 to 20% of the tokens is the validation
+    // split instead, cut after the last line break before 90% if there is one past 80% (else at 90%
+    // exactly: one long line must not send nearly everything to validation).
     std::vector<char> ends_line(static_cast<size_t>(tokenizer->vocab_size()), 0);
     for (int32_t id = 0; id < tokenizer->vocab_size(); ++id) {
       const std::string piece = tokenizer->decode({id});

@@ -181,7 +181,7 @@ struct PrepareStats {
   int threads = 1;
   int64_t files = 0, skipped_files = 0;  // files read; files under the folder skipped as not text
   int64_t separator_lines = 0;           // lines that matched the separator
-  bool validation_from_tail = false;     // fewer than ten documents: validation is the last ~10% of tokens
+  bool validation_from_tail = false;     // fewer than ten documents: validation is the last 10-20% of tokens
 };
 // Tokenises a text file or every regular file under a folder (sorted; *.dat, *.u8 and *.bin skipped) into
 // DIR/train.bin and DIR/val.bin (every tenth document goes to validation; each document is followed by the
