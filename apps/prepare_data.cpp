@@ -46,7 +46,7 @@ int main(int argc, char** argv) {
     const tt::app::PrepareStats s =
         tt::app::prepare_text(flags.str("input"), out, flags.str("separator"), options);
     if (s.skipped_files > 0)
-      std::printf("read %lld files; skipped %lld as not text (*.dat, *.u8, *.bin)\n",
+      std::printf("read %lld files; skipped %lld as not text (*.dat, *.u8, *.bin, or NUL bytes)\n",
                   static_cast<long long>(s.files), static_cast<long long>(s.skipped_files));
     if (s.tokenizer_seconds > 0)
       std::printf("trained a SentencePiece BPE model of %lld pieces in %.1f s\n",

@@ -71,6 +71,16 @@ again=$("$prepare" --input "$work/inplace" --out "$work/inplace/data" --separato
 expect_error "--out the input folder" "is the input folder: pass another --out" \
   "$prepare" --input "$work/inplace" --out "$work/inplace/" --separator %
 
+# Binary files: skipped inside a folder (and counted), refused when named alone.
+mkdir -p "$work/mixed"
+cp "$work/text/a.txt" "$work/mixed/"
+{ printf 'text\000more'; head -c 20000 /dev/urandom; } >"$work/mixed/noise.txt"
+output=$("$prepare" --input "$work/mixed" --out "$work/mixed_data" --separator % 2>&1)
+grep -q "skipped 1 as not text" <<<"$output" && echo "ok   a file with NUL bytes in a folder is skipped" ||
+  { fail "a binary file in a folder:"; echo "$output" | tail -3; }
+expect_error "a binary file named alone" "is not text (it holds NUL bytes)" \
+  "$prepare" --input "$work/mixed/noise.txt" --out "$work/noise_data"
+
 # prepare_data's meta.json names the tokenizer, the vocabulary and the end-of-text id.
 python3 - "$work/data/meta.json" <<'PY' || fail "meta.json fields"
 import json, sys

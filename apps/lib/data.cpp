@@ -432,6 +432,14 @@ class DatasetWriter {
 
 namespace {
 
+// A NUL byte in the first 8000 (git's test): token files, archives, UTF-16. Text never holds one.
+bool looks_binary(const fs::path& file) {
+  std::ifstream in(file, std::ios::binary);
+  char head[8000];
+  in.read(head, sizeof(head));
+  return std::memchr(head, '\0', static_cast<size_t>(in.gcount())) != nullptr;
+}
+
 std::vector<fs::path> text_files(const std::string& input, const std::string& out_dir, int64_t& skipped) {
   std::vector<fs::path> files;
   if (fs::is_directory(input)) {
@@ -450,7 +458,7 @@ std::vector<fs::path> text_files(const std::string& input, const std::string& ou
       if (!entry.is_regular_file()) continue;
       const std::string ext = entry.path().extension().string();
       // Token files (ours: .bin) and other binary data are not text (fortune's .dat indexes, .u8 copies).
-      if (ext == ".dat" || ext == ".u8" || ext == ".bin") {
+      if (ext == ".dat" || ext == ".u8" || ext == ".bin" || looks_binary(entry.path())) {
         ++skipped;
         continue;
       }
@@ -458,6 +466,7 @@ std::vector<fs::path> text_files(const std::string& input, const std::string& ou
     }
     std::sort(files.begin(), files.end());
   } else if (fs::is_regular_file(input)) {
+    TT_CHECK(!looks_binary(input), "input '" + input + "' is not text (it holds NUL bytes)");
     files.push_back(input);
   } else {
     throw Error("input '" + input + "' " +

@@ -183,12 +183,13 @@ struct PrepareStats {
   int64_t separator_lines = 0;           // lines that matched the separator
   bool validation_from_tail = false;     // fewer than ten documents: validation is the last 10-20% of tokens
 };
-// Tokenises a text file or every regular file under a folder (sorted; *.dat, *.u8 and *.bin skipped) into
-// DIR/train.bin and DIR/val.bin (every tenth document goes to validation; each document is followed by the
-// end-of-text id) and DIR/meta.json; with SentencePiece also DIR/tokenizer.model, trained on the training
-// documents unless options.tokenizer_model names one. Lines equal to `separator` (when non-empty; a \r at the
-// end ignored) split a file into documents, as in fortune files ("%"). Encoding runs on options.threads
-// threads; the token files do not depend on their number.
+// Tokenises a text file or every regular file under a folder (sorted; *.dat, *.u8, *.bin and files with NUL
+// bytes skipped; a single file with NUL bytes refused) into DIR/train.bin and DIR/val.bin (every tenth
+// document goes to validation; each document is followed by the end-of-text id) and DIR/meta.json; with
+// SentencePiece also DIR/tokenizer.model, trained on the training documents unless options.tokenizer_model
+// names one. Lines equal to `separator` (when non-empty; a \r at the end ignored) split a file into
+// documents, as in fortune files ("%"). Encoding runs on options.threads threads; the token files do not
+// depend on their number.
 PrepareStats prepare_text(const std::string& input, const std::string& out_dir, const std::string& separator,
                           const PrepareOptions& options = {});
 
