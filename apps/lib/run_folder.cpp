@@ -57,6 +57,14 @@ std::string newest_loadable_checkpoint(const std::string& dir, bool weights_only
   const auto found = list_checkpoints(dir);
   for (auto it = found.rbegin(); it != found.rend(); ++it) {
     try {
+      // Reading all of a large one takes minutes (the load reads it again): say so first.
+      std::error_code size_error;
+      const auto bytes = fs::file_size(it->second, size_error);
+      if (!size_error && bytes >= (uint64_t{1} << 30)) {
+        std::printf("checking %s (%s)...\n", it->second.c_str(),
+                    format_bytes(static_cast<double>(bytes)).c_str());
+        std::fflush(stdout);
+      }
       verify_checkpoint(it->second, weights_only);
       // A file renamed by hand would be taken for newer than it is again and again.
       const int64_t held = read_checkpoint_step(it->second);
