@@ -521,7 +521,7 @@ void load_checkpoint_unnamed(const std::string& path, nn::FlatParameters& params
       t = Tensor::from_floats(reader.read_values(dataset, non_negative), like.shape());
       if (like.dtype() != DType::f32) t = ops::cast(t, like.dtype());
     }
-    if (!shared || shared->world == 1) return t;
+    if (!shared) return t;
     t = reads ? t.to(like.device()) : Tensor::empty(like.shape(), like.dtype(), like.device());
     shared->broadcast(t, root);
     return t;
@@ -555,25 +555,26 @@ void load_checkpoint_unnamed(const std::string& path, nn::FlatParameters& params
   }
 }
 
-void verify_checkpoint_unnamed(const std::string& path, bool weights_only) {
+int64_t verify_checkpoint_unnamed(const std::string& path, bool weights_only) {
   const CheckedReader reader(path);
   const nn::ModelConfig config = read_config(reader);
   const auto expected = expected_parameters(reader, config);
   // Everything that is cheap first: the layout and the attributes, then every value.
   for (const auto& [name, shape] : expected) reader.check_dataset("/model/" + name, shape);
-  if (weights_only) {
-    for (const auto& [name, shape] : expected) reader.read_values("/model/" + name, false);
-    return;
+  if (!weights_only) {
+    check_optimizer_attributes(reader);
+    for (const auto& [name, shape] : expected) {
+      for (int which = 0; which < 2; ++which) reader.check_dataset(moment_dataset(name, which), shape);
+    }
+    check_train_attributes(reader);
   }
-  check_optimizer_attributes(reader);
-  for (const auto& [name, shape] : expected) {
-    for (int which = 0; which < 2; ++which) reader.check_dataset(moment_dataset(name, which), shape);
-  }
-  check_train_attributes(reader);
   for (const auto& [name, shape] : expected) reader.read_values("/model/" + name, false);
-  for (const auto& [name, shape] : expected) {
-    for (int which = 0; which < 2; ++which) reader.read_values(moment_dataset(name, which), which == 1);
+  if (!weights_only) {
+    for (const auto& [name, shape] : expected) {
+      for (int which = 0; which < 2; ++which) reader.read_values(moment_dataset(name, which), which == 1);
+    }
   }
+  return reader.file().exists("/train") ? reader.integer("/train", "step", 0) : -1;
 }
 
 void read_parameters_unnamed(const std::string& path, const ParameterVisitor& visit) {
@@ -608,8 +609,8 @@ void load_checkpoint_weights(const std::string& path, nn::FlatParameters& params
   naming_file(path, [&] { load_checkpoint_unnamed(path, params, optimizer, nullptr, shared, true); });
 }
 
-void verify_checkpoint(const std::string& path, bool weights_only) {
-  naming_file(path, [&] { verify_checkpoint_unnamed(path, weights_only); });
+int64_t verify_checkpoint(const std::string& path, bool weights_only) {
+  return naming_file(path, [&] { return verify_checkpoint_unnamed(path, weights_only); });
 }
 
 void read_checkpoint_parameters(const std::string& path, const ParameterVisitor& visit) {
@@ -618,14 +619,6 @@ void read_checkpoint_parameters(const std::string& path, const ParameterVisitor&
 
 std::string read_checkpoint_args(const std::string& path) {
   return naming_file(path, [&] { return read_args_unnamed(path); });
-}
-
-int64_t read_checkpoint_step(const std::string& path) {
-  return naming_file(path, [&] {
-    const CheckedReader reader(path);
-    if (!reader.file().exists("/train")) return int64_t{-1};
-    return reader.integer("/train", "step", 0);
-  });
 }
 
 std::string read_checkpoint_data_tokenizer(const std::string& path) {

@@ -94,8 +94,9 @@ void load_checkpoint_weights(const std::string& path, nn::FlatParameters& params
 // Whether `path` is a checkpoint `train` can resume from: the layout and every attribute checked as loading
 // does, then every dataset of /model and /optimizer read (one at a time, so memory is bounded by the
 // largest; its checksums verified) and its values checked finite. Throws tt::Error naming the first problem.
-// With `weights_only`, the /model part alone (what evaluation and generation read).
-void verify_checkpoint(const std::string& path, bool weights_only = false);
+// With `weights_only`, the /model part alone (what evaluation and generation read). Returns /train's step
+// (-1 when the file has no /train).
+int64_t verify_checkpoint(const std::string& path, bool weights_only = false);
 
 // Each /model parameter of the checkpoint in the model's order, one at a time (memory bounded by the
 // largest), checked as loading checks it (layout, type, shape, checksums, finite values).
@@ -105,8 +106,6 @@ void read_checkpoint_parameters(const std::string& path, const ParameterVisitor&
 
 // /train's args (the flags of the run that wrote it); "" when the file has no /train.
 std::string read_checkpoint_args(const std::string& path);
-// /train's step; -1 when the file has no /train.
-int64_t read_checkpoint_step(const std::string& path);
 // /train's data_tokenizer; "" when the file has none.
 std::string read_checkpoint_data_tokenizer(const std::string& path);
 

@@ -65,9 +65,8 @@ std::string newest_loadable_checkpoint(const std::string& dir, bool weights_only
                     format_bytes(static_cast<double>(bytes)).c_str());
         std::fflush(stdout);
       }
-      verify_checkpoint(it->second, weights_only);
       // A file renamed by hand would be taken for newer than it is again and again.
-      const int64_t held = read_checkpoint_step(it->second);
+      const int64_t held = verify_checkpoint(it->second, weights_only);
       if (held == it->first) return it->second;
       std::fprintf(stderr, "note: skipping %s: it holds step %lld, not %lld\n", it->second.c_str(),
                    static_cast<long long>(held), static_cast<long long>(it->first));
