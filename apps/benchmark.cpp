@@ -50,6 +50,7 @@ nn::ModelConfig bench_config(const Flags& flags, Device device, const std::strin
   config.precision = nn::parse_precision(precision);
   config.attention = resolve_attention(attention, device);
   config.recompute = nn::parse_recompute(flags.str("recompute"));
+  config.recompute_blocks = flags.integer("recompute-blocks");
   return config;
 }
 
@@ -317,8 +318,10 @@ int main(int argc, char** argv) {
         "fused into backward: each parameter updated on a side stream as soon as its gradient is final) | "
         "train (the step `train` runs, apps/lib/train_step.h: loss read back, --clip, AdamW)");
     flags.add("recompute", "none",
-              "none | block: keep only each transformer block's input and recompute the block in backward",
-              {"none", "block"});
+              "as train's --recompute: selective runs each block's norms and SwiGLU gate again in backward, "
+              "block the whole block",
+              {"none", "selective", "block"});
+    flags.add("recompute-blocks", "0", "as train's --recompute-blocks");
     flags.add("clip", "1.0", "train rows: global gradient-norm clip, as train's --clip (0: off)");
     flags.add_switch(
         "update-in-matmul",

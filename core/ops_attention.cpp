@@ -7,6 +7,7 @@
 
 #include "core/ops_internal.h"
 #include "core/profile.h"
+#include "core/recompute.h"
 #include "kernels/flash_attention.h"
 
 namespace tt::ops {
@@ -310,12 +311,20 @@ Tensor attention_qkv(const Tensor& x, const Tensor& wq, const Tensor& wk, const 
     wq_c = detail::in_dtype(wq, compute);
     wk_c = detail::in_dtype(wk, compute);
     wv_c = detail::in_dtype(wv, compute);
-    w = stacked_weights(wq_c, wk_c, wv_c, compute);
-    qkv = Tensor::empty({rows, 3 * n}, compute, x.device());
-    detail::gemm_into(x2, w, false, true, 1.0, 0.0, qkv);
-    rope_qk_in_place(qkv, batch, seq, n, n / heads, rope_theta, false);
-    o = Tensor::empty({rows, n}, compute, x.device());
-    lse = qkv_attention_forward(qkv, p, o);
+    std::vector<Tensor> kept;
+    if (detail::kept_results("attention_qkv", kept)) {
+      qkv = kept[0];  // a selective recomputation's second run (core/recompute.h)
+      o = kept[1];
+      lse = kept[2];
+    } else {
+      w = stacked_weights(wq_c, wk_c, wv_c, compute);
+      qkv = Tensor::empty({rows, 3 * n}, compute, x.device());
+      detail::gemm_into(x2, w, false, true, 1.0, 0.0, qkv);
+      rope_qk_in_place(qkv, batch, seq, n, n / heads, rope_theta, false);
+      o = Tensor::empty({rows, n}, compute, x.device());
+      lse = qkv_attention_forward(qkv, p, o);
+      detail::keep_results("attention_qkv", {qkv, o, lse});
+    }
   }
   Tensor out = o.view({batch, seq, n});
   if (needs_grad({&x, &wq, &wk, &wv})) {

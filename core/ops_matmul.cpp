@@ -2,6 +2,7 @@
 #include <cstring>
 
 #include "core/ops_internal.h"
+#include "core/recompute.h"
 
 namespace tt::detail {
 
@@ -236,7 +237,10 @@ Tensor linear_impl(const char* op, const Tensor& x, const Tensor& weight, DType 
     x2 = reshape(detail::dense(x.dtype() == compute ? x : cast(x, compute)), {rows, in});
     // A kept-current bf16 copy of the weight (FlatParameters' mirror) saves the cast.
     w = detail::dense(in_dtype(weight, compute));
-    if (sum_into.defined()) {
+    std::vector<Tensor> kept;
+    if (detail::kept_results(op, kept)) {
+      y = kept[0];  // a selective recomputation's second run (core/recompute.h)
+    } else if (sum_into.defined()) {
       y = sum_into;  // holds the residual already: the GEMM adds into its own output
       gemm_into(x2, w, false, true, 1.0, 1.0, y);
     } else if (residual != nullptr) {
@@ -246,6 +250,7 @@ Tensor linear_impl(const char* op, const Tensor& x, const Tensor& weight, DType 
     } else {
       y = reshape(matmul_raw(x2, w, false, true, 1.0, out), out_shape);
     }
+    if (kept.empty()) detail::keep_results(op, {y});
   }
   if (record) {
     auto node = std::make_shared<LinearNode>();

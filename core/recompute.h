@@ -1,6 +1,7 @@
 // Activation recomputation ("gradient checkpointing") of one function of one tensor, a Transformer block:
-// forward runs it without recording its graph and keeps only its input; backward runs it again from that
-// input with autograd on and backpropagates the incoming gradient through the recomputed graph.
+// forward runs it without recording its graph and keeps only its input (and, selectively, the results of its
+// matmuls); backward runs it again from that input with autograd on and backpropagates the incoming gradient
+// through the recomputed graph.
 #pragma once
 
 #include <functional>
@@ -10,12 +11,28 @@
 
 namespace tt {
 
+// What the first run keeps besides the input. nothing: the whole function runs again in backward.
+// matmuls: the results of its matmuls and of flash attention too (ops::linear, ops::linear_residual,
+// ops::attention_qkv); the second run takes them instead of computing them again, so only the cheap ops
+// between them (norms, the SwiGLU gate, casts) run twice and only their outputs are not kept.
+enum class RecomputeKeep { nothing, matmuls };
+
 // fn(x), recomputed in backward. `parameters` are the leaves fn reads (a module's parameters): they get their
 // gradients from the recomputed graph, through their own accumulators, so grad-ready hooks, direct .grad
 // buffers, factored gradients and zero marks behave as without recomputation, and each leaf's hooks run
-// once per pass. fn must compute the same values both times (no randomness, no state it changes) and must
-// not change x. Without grad mode, or when neither x nor a parameter requires grad, this is just fn(x).
+// once per pass. fn must compute the same values both times (no randomness, no state it changes), call the
+// same ops in the same order, and not change x. Without grad mode, or when neither x nor a parameter
+// requires grad, this is just fn(x).
 Tensor recompute(const std::function<Tensor(const Tensor&)>& fn, const Tensor& x,
-                 const std::vector<const Tensor*>& parameters);
+                 const std::vector<const Tensor*>& parameters, RecomputeKeep keep = RecomputeKeep::nothing);
+
+namespace detail {
+// For the ops whose results RecomputeKeep::matmuls keeps. In the first run of such a recomputation,
+// keep_results stores `results` (the op's own, after any in-place change it makes); in the second run,
+// kept_results returns true with what the same op stored then, as new handles outside any graph, and the op
+// skips computing them. Anywhere else: keep_results does nothing, kept_results returns false.
+void keep_results(const char* op, const std::vector<Tensor>& results);
+bool kept_results(const char* op, std::vector<Tensor>& results);
+}  // namespace detail
 
 }  // namespace tt

@@ -22,8 +22,9 @@ AttentionKind parse_attention(const std::string& text) {
 
 Recompute parse_recompute(const std::string& text) {
   if (text == "none") return Recompute::none;
+  if (text == "selective") return Recompute::selective;
   if (text == "block") return Recompute::block;
-  throw Error("unknown recompute '" + text + "' (expected none or block)");
+  throw Error("unknown recompute '" + text + "' (expected none, selective or block)");
 }
 
 const char* precision_name(Precision p) {
@@ -33,7 +34,7 @@ const char* attention_name(AttentionKind a) {
   return a == AttentionKind::naive ? "naive" : "flash";
 }
 const char* recompute_name(Recompute r) {
-  return r == Recompute::none ? "none" : "block";
+  return r == Recompute::none ? "none" : r == Recompute::selective ? "selective" : "block";
 }
 
 int64_t ModelConfig::parameter_count() const {
@@ -49,6 +50,11 @@ double ModelConfig::training_flops_per_sequence(int64_t context) const {
   // Attention scores and PV: 2 * 2 * T * d per token per layer (full, not causal-halved, as in PaLM's MFU).
   const double attention = static_cast<double>(num_layers) * 4.0 * t * d;
   return 3.0 * t * (2.0 * matmul_params + attention);
+}
+
+Recompute ModelConfig::block_recompute(int64_t block) const {
+  if (recompute_blocks == 0 || block < recompute_blocks) return recompute;
+  return recompute == Recompute::block ? Recompute::selective : Recompute::none;
 }
 
 void ModelConfig::validate() const {
@@ -69,8 +75,9 @@ void ModelConfig::validate() const {
   TT_CHECK(recompute_blocks >= 0 && recompute_blocks <= num_layers,
            "--recompute-blocks must be between 0 (all) and the number of layers (" +
                std::to_string(num_layers) + "), got " + std::to_string(recompute_blocks));
-  TT_CHECK(recompute_blocks == 0 || recompute == Recompute::block,
-           "--recompute-blocks " + std::to_string(recompute_blocks) + " needs --recompute block");
+  TT_CHECK(
+      recompute_blocks == 0 || recompute != Recompute::none,
+      "--recompute-blocks " + std::to_string(recompute_blocks) + " needs --recompute selective or block");
 }
 
 ModelConfig preset(const std::string& name) {
@@ -260,19 +267,16 @@ Tensor TransformerLM::blocks_output(const Tensor& ids) const {
     const std::string name = "layer " + std::to_string(i);
     const NvtxRange range(name.c_str());
     const TransformerBlock* block = layers_[i];
-    const bool recomputed =
-        config_.recompute == Recompute::block &&
-        (config_.recompute_blocks == 0 || static_cast<int64_t>(i) < config_.recompute_blocks);
+    const Recompute how = config_.block_recompute(static_cast<int64_t>(i));
     x = run_unit(
         units_, static_cast<int>(i) + 1,
-        [block, recomputed](const Tensor& in) {
-          // Only the input is kept for backward, which runs the block again from it (no dropout or other
-          // randomness in the model, so the second run computes the same values).
-          if (recomputed) {
-            return recompute([block](const Tensor& v) { return block->forward(v); }, in,
-                             block->parameter_tensors());
-          }
-          return block->forward(in);
+        [block, how](const Tensor& in) {
+          // Backward runs the block again from its input (no dropout or other randomness in the model, so
+          // the second run computes the same values).
+          if (how == Recompute::none) return block->forward(in);
+          return recompute([block](const Tensor& v) { return block->forward(v); }, in,
+                           block->parameter_tensors(),
+                           how == Recompute::block ? RecomputeKeep::nothing : RecomputeKeep::matmuls);
         },
         x);
   }

@@ -16,9 +16,11 @@ class KVCache;
 
 enum class Precision { f32, bf16 };
 enum class AttentionKind { naive, flash };
-// What the training forward keeps for backward: every op's saved tensors (none), or only each block's
-// input, the block run again in backward to rebuild the rest (block; core/recompute.h).
-enum class Recompute { none, block };
+// What the training forward keeps for backward (core/recompute.h): every op's saved tensors (none); each
+// block's input and the results of its matmuls and attention, its norms and SwiGLU gate run again in
+// backward (selective: about a quarter less activation memory for a few percent more time); or only each
+// block's input, the whole block run again in backward (block).
+enum class Recompute { none, selective, block };
 
 Precision parse_precision(const std::string& text);
 AttentionKind parse_attention(const std::string& text);
@@ -39,11 +41,12 @@ struct ModelConfig {
   Precision precision = Precision::f32;
   AttentionKind attention = AttentionKind::naive;
   bool deterministic = false;  // bit-identical runs on CUDA (exact resume); slower attention backward
-  // block: activation recomputation per Transformer block (less memory, one more forward of the blocks);
-  // the same losses and gradients, bit for bit. Changes nothing without grad mode.
+  // Activation recomputation per Transformer block (less memory, more forward work); the same losses and
+  // gradients, bit for bit. Changes nothing without grad mode.
   Recompute recompute = Recompute::none;
-  // With block: the number of blocks recomputed, from the first (0: all). The others keep their
-  // activations: memory that would otherwise lie unused buys back part of the extra forward.
+  // The number of blocks, from the first, that `recompute` applies to (0: all). The others keep everything,
+  // except with block, where they are recomputed selectively: selective saves more memory per extra
+  // millisecond than whole blocks do, so a run short of memory takes it first.
   int64_t recompute_blocks = 0;
   // Rows per chunk of the fused classifier + loss in loss() (ops::linear_cross_entropy; 0: automatic, about
   // 1 GiB of f32 logits). Tests set it to make several chunks of a small batch.
@@ -54,7 +57,8 @@ struct ModelConfig {
   int64_t parameter_count() const;
   // Forward+backward FLOPs for one sequence of `context` tokens (6 * params-in-matmuls + attention).
   double training_flops_per_sequence(int64_t context) const;
-  void validate() const;  // throws tt::Error naming the inconsistent field
+  void validate() const;                           // throws tt::Error naming the inconsistent field
+  Recompute block_recompute(int64_t block) const;  // how block `block` (0-based) recomputes
 };
 
 // tiny (tests), small, medium, large, xl, 2.7b, 7b (LLaMA-7B's shape). vocab_size and context_length keep

@@ -118,7 +118,10 @@ class TinyLm : public TestModel {
     c.vocab_size = 32;
     c.context_length = 8;
     if (bf16) c.precision = nn::Precision::bf16;
-    if (recompute) c.recompute = nn::Recompute::block;
+    if (recompute) {  // the first of the two blocks recomputed whole, the second selectively
+      c.recompute = nn::Recompute::block;
+      c.recompute_blocks = 1;
+    }
     return c;
   }
   nn::TransformerLM model_;

@@ -36,7 +36,8 @@ class TestModel {
   virtual void set_parameter_units(nn::ParameterUnits* units) = 0;
 };
 
-// transformer_recompute: the tiny LM with activation recomputation per block (--recompute block).
+// transformer_recompute: the tiny LM with activation recomputation, its first block whole and its second
+// selectively (--recompute block --recompute-blocks 1).
 // mlp_detached: the MLP whose first unit gets no gradient in any pass of every fourth step.
 enum class ModelKind { mlp, transformer, transformer_bf16, transformer_recompute, mlp_detached };
 enum class OptimizerKind { sgd, adamw };

@@ -1,8 +1,8 @@
-// Activation recomputation per Transformer block (core/recompute.h, ModelConfig::recompute): the same losses,
-// gradients and parameters as without it, bit for bit, through every gradient path of the training step
-// (plain AdamW, gradient accumulation, AdamW in grad-ready hooks and inside the weight-gradient matmul, bf16
-// gradients); each parameter's hooks run once per pass; only the blocks' inputs are kept between forward
-// and backward; nothing changes without grad mode.
+// Activation recomputation per Transformer block, whole and selective (core/recompute.h,
+// ModelConfig::recompute): the same losses, gradients and parameters as without it, bit for bit, through
+// every gradient path of the training step (plain AdamW, gradient accumulation, AdamW in grad-ready hooks and
+// inside the weight-gradient matmul, bf16 gradients); each parameter's hooks run once per pass; only the
+// blocks' inputs are kept between forward and backward; nothing changes without grad mode.
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -118,8 +118,9 @@ Result train(const Run& run) {
 struct Memory {
   int64_t kept = 0, peak = 0;
 };
-Memory loss_memory(nn::Recompute recompute, int64_t layers, int64_t recompute_blocks = 0) {
-  nn::ModelConfig config = recompute_config(recompute, layers);
+Memory loss_memory(nn::Recompute recompute, int64_t layers, int64_t recompute_blocks = 0,
+                   nn::AttentionKind attention = nn::AttentionKind::naive) {
+  nn::ModelConfig config = recompute_config(recompute, layers, false, attention);
   config.recompute_blocks = recompute_blocks;
   config.context_length = 64;
   nn::TransformerLM model(config);
@@ -175,11 +176,25 @@ TEST_CASE("recompute block: losses, parameters and gradients bit for bit those o
     const Result plain = train(c.run);
     c.run.recompute = nn::Recompute::block;
     const Result recomputed = train(c.run);
-    c.run.recompute_blocks = 2;  // of 3
+    c.run.recompute_blocks = 2;  // of 3; the third selectively
     const Result partly = train(c.run);
     CHECK(partly.losses == plain.losses);
     CHECK(partly.params == plain.params);
     CHECK(partly.hook_calls == plain.hook_calls);
+    c.run.recompute = nn::Recompute::selective;
+    c.run.recompute_blocks = 0;
+    const Result selective = train(c.run);
+    CHECK(selective.losses == plain.losses);
+    CHECK(selective.params == plain.params);
+    CHECK(selective.grads_after == plain.grads_after);
+    CHECK(selective.hook_updates == plain.hook_updates);
+    CHECK(selective.matmul_updates == plain.matmul_updates);
+    CHECK(selective.hook_calls == plain.hook_calls);
+    c.run.recompute_blocks = 1;  // of 3; the others keep everything
+    const Result selective_first = train(c.run);
+    CHECK(selective_first.losses == plain.losses);
+    CHECK(selective_first.params == plain.params);
+    c.run.recompute_blocks = 0;
     CHECK(recomputed.losses == plain.losses);
     CHECK(recomputed.params == plain.params);
     CHECK(recomputed.grads_after == plain.grads_after);
@@ -212,9 +227,60 @@ TEST_CASE("recompute block: only the blocks' inputs are kept between forward and
   CHECK(block4.peak < none4.peak);
   // The peak of backward grows by one block input per block, not by a block's activations.
   CHECK(block4.peak - block2.peak < none4.peak - none2.peak);
-  // Two of four blocks recomputed: the other two keep what they keep without recomputation.
+  // Two of four blocks recomputed whole: the other two keep what they keep when recomputed selectively.
   const Memory half4 = loss_memory(nn::Recompute::block, 4, 2);
-  CHECK(half4.kept - block2.kept == none4.kept - none2.kept);
+  const Memory sel2 = loss_memory(nn::Recompute::selective, 2),
+               sel4 = loss_memory(nn::Recompute::selective, 4);
+  CHECK(half4.kept - block2.kept == sel4.kept - sel2.kept);
+  CHECK(sel4.kept - sel2.kept < none4.kept - none2.kept);
+  // Selectively, the first two of four: the other two keep everything.
+  const Memory sel_half4 = loss_memory(nn::Recompute::selective, 4, 2);
+  CHECK(sel_half4.kept - sel2.kept == none4.kept - none2.kept);
+}
+
+TEST_CASE("recompute selective: the norms' outputs and the SwiGLU gate are what a block no longer keeps") {
+  // f32 on the CPU, flash attention: a block's matmuls read their inputs as they are, so what selective
+  // recomputation drops per block is ln1's and ln2's outputs (d_model each per token), the gate (d_ff) and
+  // the two norms' 1/rms (one each per token); everything else is a matmul's or attention's result.
+  const nn::ModelConfig tiny = nn::preset("tiny");
+  const int64_t tokens = kBatch * 64;
+  const int64_t dropped = tokens * (2 * tiny.d_model + tiny.d_ff + 2) * 4;
+  const auto flash = nn::AttentionKind::flash;
+  const Memory none2 = loss_memory(nn::Recompute::none, 2, 0, flash);
+  const Memory none4 = loss_memory(nn::Recompute::none, 4, 0, flash);
+  const Memory sel2 = loss_memory(nn::Recompute::selective, 2, 0, flash);
+  const Memory sel4 = loss_memory(nn::Recompute::selective, 4, 0, flash);
+  MESSAGE("kept by forward, 4 layers, flash: " << none4.kept << " bytes without recomputation, " << sel4.kept
+                                               << " selectively; peak " << none4.peak << " and "
+                                               << sel4.peak);
+  CHECK((none4.kept - none2.kept) - (sel4.kept - sel2.kept) == 2 * dropped);
+  CHECK(sel4.peak < none4.peak);
+  // Whole blocks for the first two of four, the other two selectively: between all whole and all selective.
+  const Memory block4 = loss_memory(nn::Recompute::block, 4, 0, flash);
+  const Memory mixed4 = loss_memory(nn::Recompute::block, 4, 2, flash);
+  const Memory block2 = loss_memory(nn::Recompute::block, 2, 0, flash);
+  CHECK(mixed4.kept - block2.kept == sel4.kept - sel2.kept);
+  CHECK(block4.kept < mixed4.kept);
+  CHECK(mixed4.kept < sel4.kept);
+}
+
+TEST_CASE("recompute(): a second run that calls other ops than the first is refused") {
+  Tensor w = Tensor::from_floats({0.5f, -1.5f, 2.0f, 1.0f}, {2, 2});
+  w.set_requires_grad(true);
+  const Tensor x = Tensor::from_floats({1.0f, 2.0f}, {1, 2});
+  // Results are matched to ops by their order: a second run with fewer matmuls, or another one, is a bug.
+  int reruns = 0;
+  auto fewer = [&w, &reruns](const Tensor& in) {
+    return ++reruns == 1 ? ops::linear(ops::linear(in, w), w) : ops::linear(in, w);
+  };
+  CHECK_THROWS_WITH(ops::sum(recompute(fewer, x, {&w}, RecomputeKeep::matmuls)).backward(),
+                    doctest::Contains("fewer kept results"));
+  int swaps = 0;
+  auto other_op = [&w, &swaps](const Tensor& in) {
+    return ++swaps == 1 ? ops::linear(in, w) : ops::linear_residual(in, in, w, DType::f32, false, Tensor());
+  };
+  CHECK_THROWS_WITH(ops::sum(recompute(other_op, x, {&w}, RecomputeKeep::matmuls)).backward(),
+                    doctest::Contains("linear_residual where the first did not"));
 }
 
 TEST_CASE("recompute block: without grad mode nothing is recorded and the logits are the same") {

@@ -68,8 +68,10 @@ expect_ok "last good checkpoint still loads" "$train" --eval-only --resume "$ckp
 expect_error "bf16 gradients in f32" "--grad-dtype bf16 needs --precision bf16" "$train" "${common[@]}" --grad-dtype bf16 --steps 1
 expect_ok "bf16 gradients with ZeRO-1" "$train" "${common[@]}" --precision bf16 --grad-dtype bf16 --zero 1 --steps 2 --out "$work/bf16zero"
 expect_error "bad gradient dtype" "--grad-dtype must be auto, f32 or bf16, got 'f16'" "$train" "${common[@]}" --grad-dtype f16 --steps 1
-expect_error "bad recompute" "unknown recompute 'blocks' (expected none or block)" "$train" "${common[@]}" --recompute blocks --steps 1
+expect_error "bad recompute" "unknown recompute 'blocks' (expected none, selective or block)" "$train" "${common[@]}" --recompute blocks --steps 1
 expect_ok "recompute block trains" "$train" "${common[@]}" --recompute block --steps 2 --out "$work/recompute"
+expect_ok "recompute selective trains" "$train" "${common[@]}" --recompute selective --recompute-blocks 1 --steps 2 \
+  --out "$work/recompute_selective"
 expect_ok "bf16 gradients train" "$train" "${common[@]}" --precision bf16 --grad-dtype bf16 --steps 3 --out "$work/bf16grads"
 grep -q '"loss"' "$work/bf16grads/metrics.jsonl" || { echo "FAIL: no metrics from the bf16-gradient run"; failures=$((failures + 1)); }
 
@@ -125,10 +127,10 @@ expect_error "config sets a flag twice" "flag 'steps' is set twice in $work/twic
   "$train" "${common[@]}" --config "$work/twice.cfg"
 expect_error "switch value" "flag --overwrite expects on/off, got 'maybe'" "$train" "${common[@]}" --overwrite=maybe --steps 1
 expect_error "cuda-graph value" "flag --cuda-graph expects on/off, got 'maybe'" "$train" "${common[@]}" --cuda-graph maybe --steps 1
-expect_error "recompute-blocks without recompute" "--recompute-blocks 1 needs --recompute block" \
+expect_error "recompute-blocks without recompute" "--recompute-blocks 1 needs --recompute selective or block" \
   "$train" "${common[@]}" --recompute-blocks 1 --steps 1
 # Out of memory (here the host's, capped by ulimit): the error says which flags would lower it.
-expect_error "out of memory" "to fit, lower --batch (--grad-accum keeps the step's batch), add --recompute block" \
+expect_error "out of memory" "to fit, lower --batch (--grad-accum keeps the step's batch), add --recompute selective (or block)" \
   bash -c 'ulimit -v 3000000 && exec "$@"' _ "$train" "${common[@]}" --d-model 4096 --d-ff 16384 --layers 4 \
   --heads 32 --steps 1 --out "$work/oom"
 [ ! -e "$work/oom" ] || { echo "FAIL out of memory: left a run folder"; failures=$((failures + 1)); }

@@ -2,7 +2,7 @@
 # On a GPU: training 2N steps equals N steps + resume + N steps bit for bit (--deterministic), in f32, in
 # bf16 with flash attention, and in bf16 with bf16 gradients (clipped inside AdamW); and the bf16 step
 # replayed as a CUDA graph (the default) equals the same step launched kernel by kernel (--cuda-graph off),
-# and each step's gpu_ms lies within its step_ms.
+# each step's gpu_ms lies within its step_ms, and recomputation (selective, whole blocks) changes nothing.
 # Skipped (77) without a CUDA device. Usage: train_resume_gpu.sh train prepare_data
 set -euo pipefail
 train=$1 prepare=$2
@@ -69,3 +69,28 @@ with h5py.File(sys.argv[1]) as a, h5py.File(sys.argv[2]) as b:
     for name in a["model"]:
         assert np.array_equal(a["model"][name][()], b["model"][name][()]), name
 PY
+# Recomputation in the CUDA graph step: selective (every block), and the first block whole with the second
+# selective, give the losses, gradient norms and parameters of the run without it, bit for bit.
+for recompute in "selective" "block --recompute-blocks 1"; do
+  name=${recompute%% *}
+  # shellcheck disable=SC2086  # the value is two flags
+  "$train" "${common[@]}" --recompute $recompute --out "$work/recompute_$name" >/dev/null
+  python3 - "$work/full_bf16/metrics.jsonl" "$work/recompute_$name/metrics.jsonl" "$name" <<'PY'
+import json, sys
+rows = [[(r["step"], r["loss"], r["grad_norm"], r.get("val_loss")) for r in map(json.loads, open(p))]
+        for p in sys.argv[1:3]]
+assert rows[0] == rows[1], rows
+print("recompute", sys.argv[3], "equals no recomputation bit for bit on CUDA:", [x[1] for x in rows[0]])
+PY
+  cmp "$work/full_bf16/checkpoints/step_6.h5" "$work/recompute_$name/checkpoints/step_6.h5" >/dev/null ||
+    python3 - "$work/full_bf16/checkpoints/step_6.h5" "$work/recompute_$name/checkpoints/step_6.h5" <<'PY'
+import sys
+try:
+    import h5py, numpy as np
+except ImportError:
+    sys.exit(0)
+with h5py.File(sys.argv[1]) as a, h5py.File(sys.argv[2]) as b:
+    for name in a["model"]:
+        assert np.array_equal(a["model"][name][()], b["model"][name][()]), name
+PY
+done

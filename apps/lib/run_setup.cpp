@@ -34,12 +34,13 @@ void declare_model_flags(Flags& f) {
   f.add("attention", "auto", "auto: flash on CUDA, naive on CPU", {"naive", "flash", "auto"});
   declare_device_flag(f);
   f.add("recompute", "none",
-        "block: keep only each block's input for backward and run the block again there (less activation "
-        "memory, one more forward of the blocks; the same results)",
-        {"none", "block"});
+        "less activation memory for more forward work, the same results: selective keeps each block's "
+        "matmul and attention outputs and runs its norms and SwiGLU gate again in backward (about a quarter "
+        "less, a few percent slower); block keeps only each block's input and runs the whole block again",
+        {"none", "selective", "block"});
   f.add("recompute-blocks", "0",
-        "with --recompute block: recompute only the first N blocks (0: all); the others keep their "
-        "activations, which is faster where memory allows");
+        "apply --recompute to the first N blocks only (0: all); the others keep everything, or with block "
+        "are recomputed selectively (faster where memory allows)");
   f.add_switch(
       "deterministic",
       "bit-identical CUDA runs (exact resume on GPU): deterministic attention backward, a little slower");

@@ -528,7 +528,9 @@ class TrainingRun {
     const nn::ModelConfig& c = plan_.config;
     std::string hint = "to fit, lower --batch (--grad-accum keeps the step's batch)";
     if (c.recompute == nn::Recompute::none)
-      hint += ", add --recompute block";
+      hint += ", add --recompute selective (or block)";
+    else if (c.recompute == nn::Recompute::selective)
+      hint += ", use --recompute block";
     else if (c.recompute_blocks > 0 && c.recompute_blocks < c.num_layers)
       hint += ", raise --recompute-blocks (now " + std::to_string(c.recompute_blocks) + " of " +
               std::to_string(c.num_layers) + ")";
@@ -557,10 +559,18 @@ class TrainingRun {
                 plan_.grads_bf16 ? " (bf16 gradients)" : "", nn::attention_name(config.attention),
                 data_dir_.c_str(), static_cast<long long>(train_file_->size()),
                 static_cast<long long>(val_file_->size()));
-    if (config.recompute == nn::Recompute::block) {
-      const int64_t recomputed = config.recompute_blocks > 0 ? config.recompute_blocks : config.num_layers;
-      std::printf("recomputation: %lld of %lld blocks run again in backward from their inputs\n",
-                  static_cast<long long>(recomputed), static_cast<long long>(config.num_layers));
+    if (config.recompute != nn::Recompute::none) {
+      int64_t whole = 0, selective = 0;
+      for (int64_t i = 0; i < config.num_layers; ++i) {
+        const nn::Recompute how = config.block_recompute(i);
+        whole += how == nn::Recompute::block ? 1 : 0;
+        selective += how == nn::Recompute::selective ? 1 : 0;
+      }
+      std::printf(
+          "recomputation: of %lld blocks, %lld run again whole in backward, %lld their norms and "
+          "SwiGLU gate only\n",
+          static_cast<long long>(config.num_layers), static_cast<long long>(whole),
+          static_cast<long long>(selective));
     }
     if (plan_.world > 1) {
       std::printf("data parallel: %d ranks, %s, global batch %lld sequences\n", plan_.world,
