@@ -19,8 +19,9 @@
 #   checkpoint (2+ GPUs) xl checkpoint write (from ZeRO-3 shards) and load times; checkpoint7b: the same
 #              for 7b (81 GB)
 #   large      (2+ GPUs) the 7b preset with ZeRO-3 and recomputation at ctx 2048 (memory, MFU), also with
-#              only 24, 16 and 12 of its 32 blocks recomputed
-#   recompute  recomputation's memory and time at ctx 4096 for small..xl (on the last GPU)
+#              only 16, 12, 10 and 8 of its 32 blocks recomputed whole (the others selectively)
+#   recompute  recomputation's memory and time at ctx 4096 for small..xl, none, selective and block (on
+#              the last GPU)
 #   generation `generate` against transformers' generate at small and xl, batch 1 and 16
 #              (scripts/generate_speed.sh), on SentencePiece data made from a generated corpus
 #   profile    per-kernel GPU time of one bf16 train step at the course configuration, ours (ncu) and
@@ -244,20 +245,27 @@ for s in "$@"; do
           echo "7b batch $batch per rank: median step ms, MFU, peak GiB: $(python3 scripts/median_step.py "$scratch/run_7b_b$batch/metrics.jsonl" 2)" &&
           break
       done
-      # Fewer blocks recomputed, while the memory lasts: less extra forward work.
-      for blocks in 24 16 12; do  # 12 does not fit an 80 GB card
+      # Fewer blocks recomputed whole (the others selectively), while the memory lasts: less extra forward
+      # work. nvidia-smi's memory.used, sampled, is what the whole process holds: it must stay under 80 GB
+      # (81559 MiB on an H100) for two H100s to suffice.
+      for blocks in 16 12 10 8; do
+        nvidia-smi --query-gpu=index,memory.used --format=csv,noheader,nounits -lms 500 >"$out/smi_7b_rb$blocks.csv" &
+        smi=$!
         timeout 170 "${mpi[@]}" $b/train --preset 7b --data "$data" --ctx 2048 --batch 4 --precision bf16 \
-          --zero 3 --recompute block --recompute-blocks $blocks --steps 6 --log-every 1 --ckpt-every -1 \
+          --zero 3 --recompute block --recompute-blocks $blocks --steps 10 --log-every 1 --ckpt-every -1 \
           --eval-batches 1 --sample-tokens 0 --out "$scratch/run_7b_rb$blocks" --overwrite >"$out/train_7b_rb$blocks.log" 2>&1
-        grep -q "^step *6/" "$out/train_7b_rb$blocks.log" || { echo "7b, $blocks of 32 blocks recomputed: $(grep -m1 -i error "$out/train_7b_rb$blocks.log")"; break; }
-        echo "7b batch 4, $blocks of 32 blocks recomputed: median step ms, MFU, peak GiB: $(python3 scripts/median_step.py "$scratch/run_7b_rb$blocks/metrics.jsonl" 2)"
+        kill $smi
+        grep -q "^step *10/" "$out/train_7b_rb$blocks.log" || { echo "7b, $blocks of 32 blocks recomputed: $(grep -m1 -i error "$out/train_7b_rb$blocks.log")"; break; }
+        echo "7b batch 4, $blocks of 32 blocks recomputed whole, the rest selectively: median step ms, MFU, peak GiB:" \
+          "$(python3 scripts/median_step.py "$scratch/run_7b_rb$blocks/metrics.jsonl" 2);" \
+          "nvidia-smi at most $(sort -t, -k2 -n "$out/smi_7b_rb$blocks.csv" | tail -1 | cut -d, -f2) MiB"
       done
       ;;
     recompute)
       section recompute
       echo "ctx 4096, batch 2, on the last GPU (so another job can use the first):"
       for size in small medium large xl; do
-        for r in none block; do
+        for r in none selective block; do
           CUDA_VISIBLE_DEVICES=$((gpus - 1)) \
             timeout 70 $b/benchmark --sizes $size --ctx 4096 --batch 2 --vocab 50257 --precision bf16 --mode train \
             --recompute $r --warmup-iters 2 --steps 5 --json "$out/recompute_${size}_$r.jsonl" 2>/dev/null |
