@@ -245,6 +245,18 @@ for s in "$@"; do
           echo "7b batch $batch per rank: median step ms, MFU, peak GiB: $(python3 scripts/median_step.py "$scratch/run_7b_b$batch/metrics.jsonl" 2)" &&
           break
       done
+      # LIMIT_MIB: leave each GPU only that much (81559: an H100 80GB's), a process holding the rest.
+      ballast=""
+      if [ -n "${LIMIT_MIB:-}" ]; then
+        python3 -c "
+import time, torch
+held = [torch.empty(torch.cuda.mem_get_info(d)[1] - $LIMIT_MIB * 2**20, dtype=torch.uint8, device=d)
+        for d in range(torch.cuda.device_count())]
+time.sleep(3600)" &
+        ballast=$!
+        sleep 20
+        nvidia-smi --query-gpu=index,memory.used,memory.total --format=csv,noheader | sed "s/^/held by another process: /"
+      fi
       # Fewer blocks recomputed whole (the others selectively), while the memory lasts: less extra forward
       # work. nvidia-smi's memory.used, sampled, is what the whole process holds: it must stay under 80 GB
       # (81559 MiB on an H100) for two H100s to suffice.
@@ -258,8 +270,10 @@ for s in "$@"; do
         grep -q "^step *10/" "$out/train_7b_rb$blocks.log" || { echo "7b, $blocks of 32 blocks recomputed: $(grep -m1 -i error "$out/train_7b_rb$blocks.log")"; break; }
         echo "7b batch 4, $blocks of 32 blocks recomputed whole, the rest selectively: median step ms, MFU, peak GiB:" \
           "$(python3 scripts/median_step.py "$scratch/run_7b_rb$blocks/metrics.jsonl" 2);" \
-          "nvidia-smi at most $(sort -t, -k2 -n "$out/smi_7b_rb$blocks.csv" | tail -1 | cut -d, -f2) MiB"
+          "nvidia-smi at most $(sort -t, -k2 -n "$out/smi_7b_rb$blocks.csv" | tail -1 | cut -d, -f2) MiB" \
+          "${ballast:+(the held memory included)}"
       done
+      [ -n "$ballast" ] && kill "$ballast"
       ;;
     recompute)
       section recompute

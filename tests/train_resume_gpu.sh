@@ -12,6 +12,19 @@ trap 'rm -rf "$work"' EXIT
 mkdir -p "$work/text"
 for i in $(seq 1 400); do echo "Line $i: the five boxing wizards jump quickly over $((i * 7)) fences."; echo "%"; done >"$work/text/a.txt"
 "$prepare" --input "$work/text" --out "$work/data" --separator % >/dev/null
+# Two checkpoints hold the same parameters: the same bytes, or (where h5py exists) equal datasets.
+same_parameters() {
+  cmp "$1" "$2" >/dev/null || python3 - "$1" "$2" <<'PY'
+import sys
+try:
+    import h5py, numpy as np
+except ImportError:
+    sys.exit(0)  # the losses compared before already matched
+with h5py.File(sys.argv[1]) as a, h5py.File(sys.argv[2]) as b:
+    for name in a["model"]:
+        assert np.array_equal(a["model"][name][()], b["model"][name][()]), name
+PY
+}
 for variant in f32 bf16 bf16-grads; do
   precision=${variant%%-*}
   extra=()
@@ -32,17 +45,7 @@ b = [(r["step"], r["loss"], r.get("val_loss")) for r in split]
 assert a == b, (a, b)
 print(sys.argv[3], "resume is bit-identical on CUDA:", [x[1] for x in a])
 PY
-  cmp "$work/full_$variant/checkpoints/step_6.h5" "$work/split_$variant/checkpoints/step_6.h5" >/dev/null ||
-    python3 - "$work/full_$variant/checkpoints/step_6.h5" "$work/split_$variant/checkpoints/step_6.h5" <<'PY' || exit 1
-import sys
-try:
-    import h5py, numpy as np
-except ImportError:
-    sys.exit(0)  # the losses above already matched; parameters are compared where h5py exists
-with h5py.File(sys.argv[1]) as a, h5py.File(sys.argv[2]) as b:
-    for name in a["model"]:
-        assert np.array_equal(a["model"][name][()], b["model"][name][()]), name
-PY
+  same_parameters "$work/full_$variant/checkpoints/step_6.h5" "$work/split_$variant/checkpoints/step_6.h5"
 done
 # Checkpoints and evaluations every 3 steps run the deferred update between replays (optim/overlapped_update.h).
 common=(--data "$work/data" --device cuda --deterministic --precision bf16 --attention flash --ctx 64 --batch 4
@@ -58,17 +61,7 @@ print("the CUDA graph step equals the eager step bit for bit:", [x[1] for x in r
 for r in (r for p in sys.argv[1:] for r in map(json.loads, open(p))):
     assert 0 < r["gpu_ms"] <= r["step_ms"] + 0.5, r
 PY
-cmp "$work/full_bf16/checkpoints/step_6.h5" "$work/eager_bf16/checkpoints/step_6.h5" >/dev/null ||
-  python3 - "$work/full_bf16/checkpoints/step_6.h5" "$work/eager_bf16/checkpoints/step_6.h5" <<'PY'
-import sys
-try:
-    import h5py, numpy as np
-except ImportError:
-    sys.exit(0)
-with h5py.File(sys.argv[1]) as a, h5py.File(sys.argv[2]) as b:
-    for name in a["model"]:
-        assert np.array_equal(a["model"][name][()], b["model"][name][()]), name
-PY
+same_parameters "$work/full_bf16/checkpoints/step_6.h5" "$work/eager_bf16/checkpoints/step_6.h5"
 # Recomputation in the CUDA graph step: selective (every block), and the first block whole with the second
 # selective, give the losses, gradient norms and parameters of the run without it, bit for bit.
 for recompute in "selective" "block --recompute-blocks 1"; do
@@ -82,15 +75,5 @@ rows = [[(r["step"], r["loss"], r["grad_norm"], r.get("val_loss")) for r in map(
 assert rows[0] == rows[1], rows
 print("recompute", sys.argv[3], "equals no recomputation bit for bit on CUDA:", [x[1] for x in rows[0]])
 PY
-  cmp "$work/full_bf16/checkpoints/step_6.h5" "$work/recompute_$name/checkpoints/step_6.h5" >/dev/null ||
-    python3 - "$work/full_bf16/checkpoints/step_6.h5" "$work/recompute_$name/checkpoints/step_6.h5" <<'PY'
-import sys
-try:
-    import h5py, numpy as np
-except ImportError:
-    sys.exit(0)
-with h5py.File(sys.argv[1]) as a, h5py.File(sys.argv[2]) as b:
-    for name in a["model"]:
-        assert np.array_equal(a["model"][name][()], b["model"][name][()]), name
-PY
+  same_parameters "$work/full_bf16/checkpoints/step_6.h5" "$work/recompute_$name/checkpoints/step_6.h5"
 done
