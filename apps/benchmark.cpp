@@ -78,6 +78,8 @@ Row measure(const Flags& flags, Device device, Bundle* bundle, const nn::ModelCo
                               : mirror ? "mirror"
                                        : "cast") +
            ", \"grad_dtype\": " + JsonlWriter::quote(grads_bf16 ? "bf16" : "f32") +
+           ", \"recompute\": " + JsonlWriter::quote(nn::recompute_name(config.recompute)) +
+           ", \"recompute_blocks\": " + std::to_string(config.recompute_blocks) +
            ", \"gemm_autotune\": " + std::to_string(flags.integer("gemm-autotune")) +
            ", \"device\": " + JsonlWriter::quote(device_name(device));
   };
@@ -411,7 +413,12 @@ int main(int argc, char** argv) {
     TT_CHECK(device.is_cuda() || graph_flag == "off" || graph_flag == "auto",
              "--graph " + graph_flag + " needs a CUDA device (CUDA graphs); use --graph off on the CPU");
     // Every list item is checked before the first row runs, so a typo does not end a long sweep midway.
-    for (const std::string& size : flags.list("sizes")) nn::preset(size);
+    for (const std::string& size : flags.list("sizes")) {
+      nn::ModelConfig config = nn::preset(size);
+      config.recompute = nn::parse_recompute(flags.str("recompute"));
+      config.recompute_blocks = flags.integer("recompute-blocks");
+      config.validate();  // --recompute-blocks against each size's layers
+    }
     for (const std::string& precision : flags.list("precision")) nn::parse_precision(precision);
     for (const std::string& attention : flags.list("attention")) resolve_attention(attention, device);
     for (const std::string& mode : flags.list("mode")) {

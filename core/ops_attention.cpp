@@ -312,7 +312,7 @@ Tensor attention_qkv(const Tensor& x, const Tensor& wq, const Tensor& wk, const 
     wk_c = detail::in_dtype(wk, compute);
     wv_c = detail::in_dtype(wv, compute);
     std::vector<Tensor> kept;
-    if (detail::kept_results("attention_qkv", kept)) {
+    if (detail::kept_results("attention_qkv", wq, kept)) {
       qkv = kept[0];  // a selective recomputation's second run (core/recompute.h)
       o = kept[1];
       lse = kept[2];
@@ -323,7 +323,7 @@ Tensor attention_qkv(const Tensor& x, const Tensor& wq, const Tensor& wk, const 
       rope_qk_in_place(qkv, batch, seq, n, n / heads, rope_theta, false);
       o = Tensor::empty({rows, n}, compute, x.device());
       lse = qkv_attention_forward(qkv, p, o);
-      detail::keep_results("attention_qkv", {qkv, o, lse});
+      detail::keep_results("attention_qkv", wq, {qkv, o, lse});
     }
   }
   Tensor out = o.view({batch, seq, n});

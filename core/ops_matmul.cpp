@@ -238,8 +238,9 @@ Tensor linear_impl(const char* op, const Tensor& x, const Tensor& weight, DType 
     // A kept-current bf16 copy of the weight (FlatParameters' mirror) saves the cast.
     w = detail::dense(in_dtype(weight, compute));
     std::vector<Tensor> kept;
-    if (detail::kept_results(op, kept)) {
+    if (detail::kept_results(op, weight, kept)) {
       y = kept[0];  // a selective recomputation's second run (core/recompute.h)
+      TT_ASSERT(y.shape() == out_shape && y.dtype() == out, name + ": a kept result of another shape");
     } else if (sum_into.defined()) {
       y = sum_into;  // holds the residual already: the GEMM adds into its own output
       gemm_into(x2, w, false, true, 1.0, 1.0, y);
@@ -250,7 +251,7 @@ Tensor linear_impl(const char* op, const Tensor& x, const Tensor& weight, DType 
     } else {
       y = reshape(matmul_raw(x2, w, false, true, 1.0, out), out_shape);
     }
-    if (kept.empty()) detail::keep_results(op, {y});
+    if (kept.empty()) detail::keep_results(op, weight, {y});
   }
   if (record) {
     auto node = std::make_shared<LinearNode>();

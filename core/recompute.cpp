@@ -14,6 +14,7 @@ namespace {
 struct KeptResults {
   struct Entry {
     const char* op;
+    const void* weight;  // the op's weight parameter (its TensorImpl: the same object in both runs)
     std::vector<Tensor> results;
   };
   std::vector<Entry> entries;
@@ -117,20 +118,25 @@ Tensor recompute(const std::function<Tensor(const Tensor&)>& fn, const Tensor& x
   return y;
 }
 
+bool replaying_kept_results() {
+  return running_kept != nullptr && running_kept->replaying;
+}
+
 namespace detail {
 
-void keep_results(const char* op, const std::vector<Tensor>& results) {
+void keep_results(const char* op, const Tensor& weight, const std::vector<Tensor>& results) {
   if (running_kept == nullptr || running_kept->replaying) return;
   // Handles of their own: the function's output, one of them, gets the RecomputeBackward that holds these.
   std::vector<Tensor> handles;
   for (const Tensor& t : results) handles.push_back(t.as_strided_view(t.shape(), t.strides(), t.offset()));
-  running_kept->entries.push_back({op, std::move(handles)});
+  running_kept->entries.push_back({op, weight.impl(), std::move(handles)});
 }
 
-bool kept_results(const char* op, std::vector<Tensor>& results) {
+bool kept_results(const char* op, const Tensor& weight, std::vector<Tensor>& results) {
   KeptResults* kept = running_kept;
   if (kept == nullptr || !kept->replaying) return false;
-  TT_ASSERT(kept->next < kept->entries.size() && std::strcmp(kept->entries[kept->next].op, op) == 0,
+  TT_ASSERT(kept->next < kept->entries.size() && std::strcmp(kept->entries[kept->next].op, op) == 0 &&
+                kept->entries[kept->next].weight == weight.impl(),
             std::string("recompute: the second run called ") + op +
                 " where the first did not (the recomputed function must run the same ops in order)");
   KeptResults::Entry& entry = kept->entries[kept->next++];

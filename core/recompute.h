@@ -12,9 +12,10 @@
 namespace tt {
 
 // What the first run keeps besides the input. nothing: the whole function runs again in backward.
-// matmuls: the results of its matmuls and of flash attention too (ops::linear, ops::linear_residual,
-// ops::attention_qkv); the second run takes them instead of computing them again, so only the cheap ops
-// between them (norms, the SwiGLU gate, casts) run twice and only their outputs are not kept.
+// matmuls: the results of its linear layers and of flash attention too (ops::linear, ops::linear_residual,
+// ops::attention_qkv); the second run takes them instead of computing them again, so only the ops between
+// them run twice and only their outputs are not kept: in a Transformer block with flash attention, the
+// norms, the SwiGLU gate and casts (with naive attention, its score and value products and softmax too).
 enum class RecomputeKeep { nothing, matmuls };
 
 // fn(x), recomputed in backward. `parameters` are the leaves fn reads (a module's parameters): they get their
@@ -26,13 +27,18 @@ enum class RecomputeKeep { nothing, matmuls };
 Tensor recompute(const std::function<Tensor(const Tensor&)>& fn, const Tensor& x,
                  const std::vector<const Tensor*>& parameters, RecomputeKeep keep = RecomputeKeep::nothing);
 
+// Whether the function running now is the second run of a RecomputeKeep::matmuls recomputation, whose
+// matmuls take their kept results: work done only to feed those matmuls can be skipped.
+bool replaying_kept_results();
+
 namespace detail {
 // For the ops whose results RecomputeKeep::matmuls keeps. In the first run of such a recomputation,
 // keep_results stores `results` (the op's own, after any in-place change it makes); in the second run,
 // kept_results returns true with what the same op stored then, as new handles outside any graph, and the op
-// skips computing them. Anywhere else: keep_results does nothing, kept_results returns false.
-void keep_results(const char* op, const std::vector<Tensor>& results);
-bool kept_results(const char* op, std::vector<Tensor>& results);
+// skips computing them. Anywhere else: keep_results does nothing, kept_results returns false. `weight`, the
+// op's weight parameter, ties results to their op: a second run that takes them in another order fails.
+void keep_results(const char* op, const Tensor& weight, const std::vector<Tensor>& results);
+bool kept_results(const char* op, const Tensor& weight, std::vector<Tensor>& results);
 }  // namespace detail
 
 }  // namespace tt

@@ -1,8 +1,9 @@
 // Activation recomputation per Transformer block, whole and selective (core/recompute.h,
 // ModelConfig::recompute): the same losses, gradients and parameters as without it, bit for bit, through
 // every gradient path of the training step (plain AdamW, gradient accumulation, AdamW in grad-ready hooks and
-// inside the weight-gradient matmul, bf16 gradients); each parameter's hooks run once per pass; only the
-// blocks' inputs are kept between forward and backward; nothing changes without grad mode.
+// inside the weight-gradient matmul, bf16 gradients); each parameter's hooks run once per pass; what forward
+// keeps for backward (whole: the blocks' inputs; selective: all but the norms' outputs and the gate), and
+// nothing left behind after backward; nothing changes without grad mode.
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -116,7 +117,7 @@ Result train(const Run& run) {
 // Bytes the CPU allocator holds after model.loss() beyond what it held before (what forward keeps for
 // backward), and the peak over forward and backward above that same start.
 struct Memory {
-  int64_t kept = 0, peak = 0;
+  int64_t kept = 0, peak = 0, left = 0;  // left: held after backward, beyond the start
 };
 Memory loss_memory(nn::Recompute recompute, int64_t layers, int64_t recompute_blocks = 0,
                    nn::AttentionKind attention = nn::AttentionKind::naive) {
@@ -140,6 +141,7 @@ Memory loss_memory(nn::Recompute recompute, int64_t layers, int64_t recompute_bl
     loss.backward();
   }
   m.peak = memory_stats(cpu).peak_bytes - start;
+  m.left = memory_stats(cpu).current_bytes - start;
   return m;
 }
 
@@ -170,6 +172,8 @@ TEST_CASE("recompute block: losses, parameters and gradients bit for bit those o
   run.in_backward = run.in_matmul = false;
   run.accumulate = 2;
   cases.push_back({"bf16 with bf16 gradients, two micro-batches", run});
+  run.flash = true;
+  cases.push_back({"bf16 with bf16 gradients, flash attention, two micro-batches", run});
   for (Case& c : cases) {
     CAPTURE(c.what);
     c.run.recompute = nn::Recompute::none;
@@ -180,6 +184,9 @@ TEST_CASE("recompute block: losses, parameters and gradients bit for bit those o
     const Result partly = train(c.run);
     CHECK(partly.losses == plain.losses);
     CHECK(partly.params == plain.params);
+    CHECK(partly.grads_after == plain.grads_after);
+    CHECK(partly.hook_updates == plain.hook_updates);
+    CHECK(partly.matmul_updates == plain.matmul_updates);
     CHECK(partly.hook_calls == plain.hook_calls);
     c.run.recompute = nn::Recompute::selective;
     c.run.recompute_blocks = 0;
@@ -194,6 +201,8 @@ TEST_CASE("recompute block: losses, parameters and gradients bit for bit those o
     const Result selective_first = train(c.run);
     CHECK(selective_first.losses == plain.losses);
     CHECK(selective_first.params == plain.params);
+    CHECK(selective_first.grads_after == plain.grads_after);
+    CHECK(selective_first.hook_calls == plain.hook_calls);
     c.run.recompute_blocks = 0;
     CHECK(recomputed.losses == plain.losses);
     CHECK(recomputed.params == plain.params);
@@ -255,6 +264,9 @@ TEST_CASE("recompute selective: the norms' outputs and the SwiGLU gate are what 
                                                << sel4.peak);
   CHECK((none4.kept - none2.kept) - (sel4.kept - sel2.kept) == 2 * dropped);
   CHECK(sel4.peak < none4.peak);
+  // Backward frees all it kept: the gradients go into the flat buffer that was there before.
+  CHECK(none4.left == 0);
+  CHECK(sel4.left == 0);
   // Whole blocks for the first two of four, the other two selectively: between all whole and all selective.
   const Memory block4 = loss_memory(nn::Recompute::block, 4, 0, flash);
   const Memory mixed4 = loss_memory(nn::Recompute::block, 4, 2, flash);
@@ -262,6 +274,8 @@ TEST_CASE("recompute selective: the norms' outputs and the SwiGLU gate are what 
   CHECK(mixed4.kept - block2.kept == sel4.kept - sel2.kept);
   CHECK(block4.kept < mixed4.kept);
   CHECK(mixed4.kept < sel4.kept);
+  CHECK(block4.left == 0);
+  CHECK(mixed4.left == 0);
 }
 
 TEST_CASE("recompute(): a second run that calls other ops than the first is refused") {
@@ -275,6 +289,16 @@ TEST_CASE("recompute(): a second run that calls other ops than the first is refu
   };
   CHECK_THROWS_WITH(ops::sum(recompute(fewer, x, {&w}, RecomputeKeep::matmuls)).backward(),
                     doctest::Contains("fewer kept results"));
+  Tensor w2 = Tensor::from_floats({1.0f, 0.0f, 0.0f, 1.0f}, {2, 2});
+  w2.set_requires_grad(true);
+  int orders = 0;
+  auto swapped = [&w, &w2, &orders](const Tensor& in) {
+    const bool first = ++orders == 1;
+    const Tensor a = ops::linear(in, first ? w : w2), b = ops::linear(in, first ? w2 : w);
+    return ops::mul(a, b);
+  };
+  CHECK_THROWS_WITH(ops::sum(recompute(swapped, x, {&w, &w2}, RecomputeKeep::matmuls)).backward(),
+                    doctest::Contains("linear where the first did not"));
   int swaps = 0;
   auto other_op = [&w, &swaps](const Tensor& in) {
     return ++swaps == 1 ? ops::linear(in, w) : ops::linear_residual(in, in, w, DType::f32, false, Tensor());

@@ -35,9 +35,9 @@ void declare_model_flags(Flags& f) {
   declare_device_flag(f);
   f.add("recompute", "none",
         "less activation memory for more forward work, the same results: selective keeps each block's "
-        "matmul and attention outputs and runs its norms and SwiGLU gate again in backward (a quarter of "
-        "each block's activations, a few percent slower); block keeps only each block's input and runs the "
-        "whole block again",
+        "matmul and attention outputs and runs the rest again in backward (with flash attention its norms "
+        "and SwiGLU gate: a quarter of each block's activations, a few percent slower); block keeps only "
+        "each block's input and runs the whole block again",
         {"none", "selective", "block"});
   f.add("recompute-blocks", "0",
         "apply --recompute to the first N blocks only (0: all); the others keep everything, or with block "

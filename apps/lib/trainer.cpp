@@ -530,7 +530,10 @@ class TrainingRun {
     if (c.recompute == nn::Recompute::none)
       hint += ", add --recompute selective (or block)";
     else if (c.recompute == nn::Recompute::selective)
-      hint += ", use --recompute block";
+      hint += c.recompute_blocks > 0 && c.recompute_blocks < c.num_layers
+                  ? ", raise --recompute-blocks (now " + std::to_string(c.recompute_blocks) + " of " +
+                        std::to_string(c.num_layers) + ") or use --recompute block"
+                  : ", use --recompute block";
     else if (c.recompute_blocks > 0 && c.recompute_blocks < c.num_layers)
       hint += ", raise --recompute-blocks (now " + std::to_string(c.recompute_blocks) + " of " +
               std::to_string(c.num_layers) + ")";
@@ -567,8 +570,8 @@ class TrainingRun {
         selective += how == nn::Recompute::selective ? 1 : 0;
       }
       std::printf(
-          "recomputation: of %lld blocks, %lld run again whole in backward, %lld their norms and "
-          "SwiGLU gate only\n",
+          "recomputation: of %lld blocks, %lld run again whole in backward, %lld selectively (all but "
+          "their matmuls and attention)\n",
           static_cast<long long>(config.num_layers), static_cast<long long>(whole),
           static_cast<long long>(selective));
     }
