@@ -245,7 +245,8 @@ for s in "$@"; do
           echo "7b batch $batch per rank: median step ms, MFU, peak GiB: $(python3 scripts/median_step.py "$scratch/run_7b_b$batch/metrics.jsonl" 2)" &&
           break
       done
-      # LIMIT_MIB: leave each GPU only that much (81559: an H100 80GB's), a process holding the rest.
+      # LIMIT_MIB: leave each GPU only that much (81079: an H100 80GB's, as CUDA counts it), a process holding
+      # the rest.
       ballast=""
       if [ -n "${LIMIT_MIB:-}" ]; then
         python3 -c "
@@ -258,8 +259,8 @@ time.sleep(3600)" &
         nvidia-smi --query-gpu=index,memory.used,memory.total --format=csv,noheader | sed "s/^/held by another process: /"
       fi
       # Fewer blocks recomputed whole (the others selectively), while the memory lasts: less extra forward
-      # work. nvidia-smi's memory.used, sampled, is what the whole process holds: it must stay under 80 GB
-      # (81559 MiB on an H100) for two H100s to suffice.
+      # work. nvidia-smi's memory.used, sampled, is what the whole process holds: it must stay under 81079
+      # MiB (what CUDA counts on an H100 80GB) for two H100s to suffice.
       for blocks in 16 12 10 8; do
         nvidia-smi --query-gpu=index,memory.used --format=csv,noheader,nounits -lms 500 >"$out/smi_7b_rb$blocks.csv" &
         smi=$!
