@@ -434,9 +434,15 @@ int main(int argc, char** argv) {
              "--update-in-matmul on applies to step-fused rows; add step-fused to --mode");
     const int64_t max_ctx = *std::max_element(contexts.begin(), contexts.end());
     // The header once every flag has been checked: an error is then the only line.
-    std::printf("device: %s, batch %lld, warm-up %s, timed steps %lld\n\n", device_name(device).c_str(),
+    std::string recompute;
+    if (flags.str("recompute") != "none") {
+      recompute = ", recompute " + flags.str("recompute");
+      if (flags.integer("recompute-blocks") > 0)
+        recompute += " (first " + flags.str("recompute-blocks") + " blocks)";
+    }
+    std::printf("device: %s, batch %lld, warm-up %s, timed steps %lld%s\n\n", device_name(device).c_str(),
                 static_cast<long long>(flags.integer("batch")), flags.str("warmup-iters").c_str(),
-                static_cast<long long>(flags.integer("steps")));
+                static_cast<long long>(flags.integer("steps")), recompute.c_str());
     for (const std::string& size : flags.list("sizes")) {
       for (const std::string& precision : flags.list("precision")) {
         for (const std::string& attention : flags.list("attention")) {

@@ -140,7 +140,15 @@ int main(int argc, char** argv) {
     const int rank = runtime ? runtime->rank() : 0;
     const Device device = pick_device(flags.str("device"), runtime ? runtime->gpu_index() : 0);
     if (flags.boolean("eval-only")) return rank == 0 ? run_eval_only(flags, device) : 0;
-    check_train_flag_values(flags);  // before the built-in corpus is prepared
+    // Before the built-in corpus is prepared. Under mpirun the ranks first check that they were given the
+    // same flags, so a bad value is found by every rank alike and reported once.
+    if (runtime && runtime->world_size() > 1) dist::check_ranks_agree(*runtime, flags.values());
+    try {
+      check_train_flag_values(flags);
+    } catch (const Error& e) {
+      if (runtime && runtime->world_size() > 1) throw dist::SameOnEveryRank(e.what());
+      throw;
+    }
     // Rank 0 prepares the built-in corpus (if needed) while the others wait.
     std::string data;
     if (rank == 0) data = data_dir_or_default(flags);
@@ -156,7 +164,7 @@ int main(int argc, char** argv) {
     if (!runtime || runtime->rank() == 0)
       std::fprintf(stderr, "%s: %s\n", e.exit_code() == kExitStopped ? "stopped" : "error", e.what());
     return e.exit_code();
-  } catch (const dist::RanksDisagree& e) {
+  } catch (const dist::SameOnEveryRank& e) {
     // Thrown by every rank at once at start-up: one line, a clean exit.
     accept_stop_requests(false);
     if (runtime->rank() == 0) std::fprintf(stderr, "error: %s\n", e.what());

@@ -13,11 +13,18 @@ namespace tt::dist {
 
 class DistRuntime;
 
-// Thrown by check_ranks_agree on every rank at once, so a caller may end each rank normally (no MPI_Abort
-// needed: no rank is left waiting) and print the message on rank 0 only.
-class RanksDisagree : public Error {
+// An error every rank raises at once, so a caller may end each rank normally (no MPI_Abort needed: no rank
+// is left waiting) and print the message on rank 0 only: a bad value among settings check_ranks_agree has
+// found equal on every rank.
+class SameOnEveryRank : public Error {
  public:
   using Error::Error;
+};
+
+// Thrown by check_ranks_agree on every rank at once.
+class RanksDisagree : public SameOnEveryRank {
+ public:
+  using SameOnEveryRank::SameOnEveryRank;
 };
 
 // Collective over MPI_COMM_WORLD: compares every rank's (name, value) list with rank 0's. When they differ,

@@ -2,7 +2,7 @@
 # Ranks started with different flags (an MPMD launch: one command line per rank) end at start-up with one
 # line naming the setting and the ranks, a non-zero exit, and nothing written. Before the check existed, a
 # different --steps hung, a different --batch or --lr-max trained silently wrong and a different
-# --ckpt-every with --zero 1 corrupted the heap.
+# --ckpt-every with --zero 1 corrupted the heap. A bad value given to every rank is reported once.
 # Usage: rank_flags.sh MPIEXEC train prepare_data
 set -uo pipefail
 mpiexec=$1 train=$2 prepare=$3
@@ -40,5 +40,26 @@ differ "steps" "ranks disagree on --steps: rank 0 has 6, rank 1 has 8" "" "--ste
 differ "batch" "ranks disagree on --batch: rank 0 has 2, rank 1 has 3" "" "--batch 3"
 differ "lr-max" "ranks disagree on --lr-max" "--lr-max 1e-3" "--lr-max 2e-3"
 differ "ckpt-every with ZeRO-1" "ranks disagree on --ckpt-every" "--zero 1 --ckpt-every 2" "--zero 1 --ckpt-every 3"
+
+# A bad value given to every rank alike: one line, from rank 0, and a clean end (no MPI_Abort per rank).
+same_bad() {
+  local name=$1 expected=$2 output status
+  shift 2
+  output=$(timeout 60 "$mpiexec" --oversubscribe --allow-run-as-root -np 2 "$train" "${common[@]}" \
+    --out "$work/$name" "$@" 2>&1)
+  status=$?
+  local lines
+  lines=$(grep -c -- "$expected" <<<"$output")
+  if [ $status -eq 0 ] || [ "$lines" -ne 1 ] || grep -q "^rank [0-9]*:\|MPI_ABORT" <<<"$output"; then
+    echo "FAIL $name: exit $status, $lines line(s) with '$expected' in:"; echo "$output" | head -5
+    failures=$((failures + 1)); return
+  fi
+  echo "ok   $name: exit $status: $(grep -m1 -- "$expected" <<<"$output")"
+}
+same_bad "bad steps" "error: --steps must be positive" --steps 0
+same_bad "recompute-blocks beyond the layers" "error: --recompute-blocks must be between 0" \
+  --recompute block --recompute-blocks 5
+same_bad "--ddp with ZeRO-3" "error: --ddp chooses how DDP and --zero 1 average gradients" --zero 3 --ddp naive
+
 echo "$failures failure(s)"
 [ $failures -eq 0 ]

@@ -18,7 +18,7 @@ run() {  # run NAME TRANSPORT [extra train flags]
   shift 2
   "$mpiexec" -np 2 --oversubscribe --allow-run-as-root --bind-to none -x NCCL_NVLS_ENABLE=0 \
     "$train" --data "$work/data" --device cuda --deterministic --precision bf16 --ctx 64 --batch 4 --steps 8 \
-    --eval-every 4 --eval-batches 2 --sample-tokens 0 --ckpt-every 0 --warmup 2 --ddp bucketed --bucket-mb 0.01 \
+    --eval-every 4 --eval-batches 2 --sample-tokens 0 --ckpt-every 0 --warmup 2 --bucket-mb 0.01 \
     --all-reduce "$transport" --out "$work/$name" "$@" >"$work/$name.log"
 }
 # f32 gradient buffers (bf16 ones are the default with --precision bf16).

@@ -34,10 +34,10 @@ void declare_model_flags(Flags& f) {
   f.add("attention", "auto", "auto: flash on CUDA, naive on CPU", {"naive", "flash", "auto"});
   declare_device_flag(f);
   f.add("recompute", "none",
-        "less activation memory for more forward work, the same results: selective keeps each block's "
-        "matmul and attention outputs and runs the rest again in backward (with flash attention its norms "
-        "and SwiGLU gate: a quarter of each block's activations, a few percent slower); block keeps only "
-        "each block's input and runs the whole block again",
+        "less activation memory for more forward work, the same results: selective keeps the outputs of "
+        "each block's linear layers and of flash attention and runs the rest again in backward (with flash "
+        "attention its norms and SwiGLU gate: a quarter of each block's activations, a few percent "
+        "slower); block keeps only each block's input and runs the whole block again",
         {"none", "selective", "block"});
   f.add("recompute-blocks", "0",
         "apply --recompute to the first N blocks only (0: all); the others keep everything, or with block "

@@ -110,7 +110,8 @@ std::string TrainStep::describe() const {
   const std::string strategy = options_.zero > 0
                                    ? std::string(zero[options_.zero])
                                    : std::string("DDP ") + dist::ddp_strategy_name(options_.ddp);
-  return strategy + ", all-reduce by " + transport;
+  // ZeRO-2 and -3 reduce-scatter and all-gather; the others all-reduce (ZeRO-1's gradients too).
+  return strategy + (options_.zero >= 2 ? ", collectives by " : ", all-reduce by ") + transport;
 }
 
 std::string TrainStep::update_path() const {

@@ -10,6 +10,7 @@
 
 #include <mpi.h>
 
+#include "apps/lib/bench.h"
 #include "apps/lib/checkpoint.h"
 #include "apps/lib/generation.h"
 #include "apps/lib/report.h"
@@ -66,7 +67,8 @@ void declare_train_flags(Flags& f) {
         "benchmarks and throwaway runs)");
   f.add("keep-ckpts", "3", "checkpoints to keep (0: all)");
   f.group("distributed");
-  f.add("ddp", "bucketed", "data-parallel strategy under mpirun", {"naive", "flat", "overlap", "bucketed"});
+  f.add("ddp", "bucketed", "how DDP and --zero 1 average gradients under mpirun",
+        {"naive", "flat", "overlap", "bucketed"});
   f.add("bucket-mb", "25", "gradient bucket capacity in MiB (2^20 bytes) for --ddp bucketed");
   f.add("grad-dtype", "auto",
         "dtype of the gradient buffer: auto: bf16 with --precision bf16, else f32; bf16 (with "
@@ -243,6 +245,15 @@ void check_train_flag_values(const Flags& flags) {
   TT_CHECK(flags.str("json").empty() || flags.boolean("eval-only"),
            "--json writes the result of --eval-only; training writes metrics.jsonl in --out");
   TT_CHECK(flags.str("logits").empty() || flags.boolean("eval-only"), "--logits is a file of --eval-only");
+  TT_CHECK(flags.integer("zero") < 2 || !flags.given("ddp"),
+           "--ddp chooses how DDP and --zero 1 average gradients; --zero " + flags.str("zero") +
+               " reduce-scatters them itself (drop --ddp)");
+  // The model's settings that depend on flags alone (the vocabulary comes with the data, later).
+  nn::ModelConfig model = nn::preset(flags.str("preset"));
+  if (flags.integer("layers") > 0) model.num_layers = flags.integer("layers");
+  model.recompute = nn::parse_recompute(flags.str("recompute"));
+  model.recompute_blocks = flags.integer("recompute-blocks");
+  model.validate();
 }
 
 namespace {
@@ -569,15 +580,20 @@ class TrainingRun {
         whole += how == nn::Recompute::block ? 1 : 0;
         selective += how == nn::Recompute::selective ? 1 : 0;
       }
-      std::printf(
-          "recomputation: of %lld blocks, %lld run again whole in backward, %lld selectively (all but "
-          "their matmuls and attention)\n",
-          static_cast<long long>(config.num_layers), static_cast<long long>(whole),
-          static_cast<long long>(selective));
+      const char* kept = config.attention == nn::AttentionKind::flash ? "all but their matmuls and attention"
+                                                                      : "all but their linear layers";
+      std::printf("recomputation: of %lld blocks, %lld run again whole in backward, %lld selectively (%s)\n",
+                  static_cast<long long>(config.num_layers), static_cast<long long>(whole),
+                  static_cast<long long>(selective), kept);
     }
     if (plan_.world > 1) {
       std::printf("data parallel: %d ranks, %s, global batch %lld sequences\n", plan_.world,
                   step_->describe().c_str(), static_cast<long long>(plan_.batch * plan_.accum * plan_.world));
+    } else if (plan_.step.zero > 0) {
+      std::printf(
+          "note: --zero %d in one process shards nothing (its one rank holds every shard); under "
+          "mpirun each of N ranks holds 1/N\n",
+          plan_.step.zero);
     }
     std::printf("update: %s\n", step_->update_path().c_str());
     std::printf("unigram entropy of the training data: %.4f nats/token (a model must beat this)\n", entropy_);
@@ -656,8 +672,8 @@ class TrainingRun {
             line, sizeof(line),
             "step %5lld/%lld | loss %.4f%s | lr %.2e | grad norm %.3f | %.0f tok/s | %.1f ms%s",
             static_cast<long long>(step), static_cast<long long>(steps), result.loss,
-            eval_now ? (" | val " + std::to_string(val).substr(0, 6)).c_str() : "", lr, result.grad_norm,
-            tokens_per_s, step_s * 1e3,
+            eval_now ? (" | val " + format_fixed(val, 4)).c_str() : "", lr, result.grad_norm, tokens_per_s,
+            step_s * 1e3,
             std::isfinite(mfu) ? (" | MFU " + std::to_string(mfu * 100).substr(0, 5) + "%").c_str() : "");
         if (step % log_every == 0 || eval_now || step == state_.step + 1) progress_->update(step, line);
         if (eval_now) {
