@@ -589,7 +589,15 @@ class TrainingRun {
     if (plan_.world > 1) {
       std::printf("data parallel: %d ranks, %s, global batch %lld sequences\n", plan_.world,
                   step_->describe().c_str(), static_cast<long long>(plan_.batch * plan_.accum * plan_.world));
-    } else if (plan_.step.zero > 0) {
+    } else {
+      std::printf("batch: %lld sequences of %lld tokens per step%s\n",
+                  static_cast<long long>(plan_.batch * plan_.accum), static_cast<long long>(plan_.ctx),
+                  plan_.accum > 1 ? (" (" + std::to_string(plan_.accum) + " micro-batches of " +
+                                     std::to_string(plan_.batch) + ")")
+                                        .c_str()
+                                  : "");
+    }
+    if (plan_.world == 1 && plan_.step.zero > 0) {
       std::printf(
           "note: --zero %d in one process shards nothing (its one rank holds every shard); under "
           "mpirun each of N ranks holds 1/N\n",
