@@ -48,6 +48,11 @@ expect_error "context longer than data" "context length 100000 needs at least" "
 # A good run to resume from.
 expect_ok "train 4 steps" "$train" "${common[@]}" --out "$work/run" --steps 4 --ckpt-every 2
 ckpt="$work/run/checkpoints/step_4.h5"
+# Resumed with another global batch (--batch 4 against 2): a note says the losses will not match.
+expect_ok "resume with another batch" "$train" "${common[@]}" --out "$work/rebatched" --steps 5 --cosine-steps 4 \
+  --batch 4 --resume "$ckpt"
+grep -q "note: the step's global batch is 4 sequences, against 2 in the run that wrote the checkpoint (1 rank x" \
+  "$work/last.log" || { echo "FAIL resume with another batch: no note"; tail -3 "$work/last.log"; failures=$((failures + 1)); }
 expect_error "another run's checkpoints in --out" "already holds checkpoints of another run" \
   "$train" "${common[@]}" --out "$work/run" --steps 2
 [ -e "$ckpt" ] || { echo "FAIL: the refused run removed $ckpt"; failures=$((failures + 1)); }

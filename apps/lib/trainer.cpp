@@ -184,6 +184,21 @@ void warn_if_schedule_differs(const std::string& written_by, const Flags& flags)
   }
 }
 
+// The same for the step's global batch (sequences over all ranks and micro-batches), from the flags and the
+// rank count the writer recorded (checkpoints before that was recorded say nothing of it).
+void warn_if_global_batch_differs(const std::string& written_by, int64_t global_batch) {
+  const std::string ranks = flag_value(written_by, "ranks"), batch = flag_value(written_by, "batch"),
+                    accum = flag_value(written_by, "grad-accum");
+  if (ranks.empty() || batch.empty() || accum.empty()) return;
+  const int64_t before = std::stoll(ranks) * std::stoll(batch) * std::stoll(accum);
+  if (before == global_batch) return;
+  std::printf(
+      "note: the step's global batch is %lld sequences, against %lld in the run that wrote the checkpoint "
+      "(%s rank%s x --batch %s x --grad-accum %s), so the losses will not match an uninterrupted run\n",
+      static_cast<long long>(global_batch), static_cast<long long>(before), ranks.c_str(),
+      ranks == "1" ? "" : "s", batch.c_str(), accum.c_str());
+}
+
 // A checkpoint's vocabulary against the data's (meta.json): a model trained on another tokenizer's ids would
 // go on training, without a word, on ids that mean something else to it.
 void check_data_vocabulary(const std::string& checkpoint, const std::string& data_dir, const Flags& flags,
@@ -472,7 +487,7 @@ class TrainingRun {
       if (step_->shared_read()) empty_cache(device_);
     }
     state_.rng_seed = sampler_->rng().seed;
-    state_.args = flags_.summary_line();
+    state_.args = recorded_args();
     const std::optional<DataMeta> meta = read_meta(data_dir_);
     const std::string data_tokenizer = meta ? data_tokenizer_id(*meta) : "";  // what checkpoints record
     state_.data_tokenizer = data_tokenizer;
@@ -484,7 +499,7 @@ class TrainingRun {
       const double load_s = now_seconds() - t0;
       if (step_->shared_read()) empty_cache(device_);
       const std::string written_by = state_.args;
-      state_.args = flags_.summary_line();  // later checkpoints record this run's flags and data
+      state_.args = recorded_args();  // later checkpoints record this run's flags and data
       state_.data_tokenizer = data_tokenizer;
       // Each rank keeps its own seed; the draw count is the same on every rank.
       sampler_->rng().counter = state_.rng_counter;
@@ -510,6 +525,7 @@ class TrainingRun {
                     static_cast<long long>(state_.step), format_bytes(bytes).c_str(),
                     format_seconds(load_s).c_str(), format_rate(bytes, load_s).c_str());
         warn_if_schedule_differs(written_by, flags_);
+        warn_if_global_batch_differs(written_by, plan_.batch * plan_.accum * plan_.world);
         // The folder the checkpoint really lies in (links resolved) against --out's checkpoints folder.
         std::error_code ec;
         const fs::path from = fs::weakly_canonical(fs::absolute(resume_), ec).parent_path();
@@ -533,6 +549,11 @@ class TrainingRun {
   }
 
   bool complete() const { return complete_; }
+
+  // What checkpoints record of the run that writes them: its flags, and its rank count as "--ranks N".
+  std::string recorded_args() const {
+    return flags_.summary_line() + "--ranks " + std::to_string(plan_.world) + " ";
+  }
 
   // What an out-of-memory error adds: the flags that would lower this run's memory, from what it uses now.
   std::string memory_hint() const {
