@@ -178,39 +178,27 @@ TEST_CASE("recompute block: losses, parameters and gradients bit for bit those o
     CAPTURE(c.what);
     c.run.recompute = nn::Recompute::none;
     const Result plain = train(c.run);
-    c.run.recompute = nn::Recompute::block;
-    const Result recomputed = train(c.run);
-    c.run.recompute_blocks = 2;  // of 3; the third selectively
-    const Result partly = train(c.run);
-    CHECK(partly.losses == plain.losses);
-    CHECK(partly.params == plain.params);
-    CHECK(partly.grads_after == plain.grads_after);
-    CHECK(partly.hook_updates == plain.hook_updates);
-    CHECK(partly.matmul_updates == plain.matmul_updates);
-    CHECK(partly.hook_calls == plain.hook_calls);
-    c.run.recompute = nn::Recompute::selective;
-    c.run.recompute_blocks = 0;
-    const Result selective = train(c.run);
-    CHECK(selective.losses == plain.losses);
-    CHECK(selective.params == plain.params);
-    CHECK(selective.grads_after == plain.grads_after);
-    CHECK(selective.hook_updates == plain.hook_updates);
-    CHECK(selective.matmul_updates == plain.matmul_updates);
-    CHECK(selective.hook_calls == plain.hook_calls);
-    c.run.recompute_blocks = 1;  // of 3; the others keep everything
-    const Result selective_first = train(c.run);
-    CHECK(selective_first.losses == plain.losses);
-    CHECK(selective_first.params == plain.params);
-    CHECK(selective_first.grads_after == plain.grads_after);
-    CHECK(selective_first.hook_calls == plain.hook_calls);
-    c.run.recompute_blocks = 0;
-    CHECK(recomputed.losses == plain.losses);
-    CHECK(recomputed.params == plain.params);
-    CHECK(recomputed.grads_after == plain.grads_after);
-    CHECK(recomputed.hook_updates == plain.hook_updates);
-    CHECK(recomputed.matmul_updates == plain.matmul_updates);
+    // Every recomputation setting: the same losses, parameters, gradients and update and hook counts.
+    const auto same_as_plain = [&plain](nn::Recompute how, int64_t blocks, Run run) {
+      const char* mode = nn::recompute_name(how);
+      CAPTURE(mode);
+      CAPTURE(blocks);
+      run.recompute = how;
+      run.recompute_blocks = blocks;
+      const Result r = train(run);
+      CHECK(r.losses == plain.losses);
+      CHECK(r.params == plain.params);
+      CHECK(r.grads_after == plain.grads_after);
+      CHECK(r.hook_updates == plain.hook_updates);
+      CHECK(r.matmul_updates == plain.matmul_updates);
+      CHECK(r.hook_calls == plain.hook_calls);
+      return r;
+    };
+    const Result recomputed = same_as_plain(nn::Recompute::block, 0, c.run);
+    same_as_plain(nn::Recompute::block, 2, c.run);      // of 3; the third selectively
+    same_as_plain(nn::Recompute::selective, 0, c.run);  // all
+    same_as_plain(nn::Recompute::selective, 1, c.run);  // of 3; the others keep everything
     // Each parameter's grad-ready hooks ran once per backward pass, as without recomputation.
-    CHECK(recomputed.hook_calls == plain.hook_calls);
     const int64_t passes = c.run.steps * (c.run.in_backward ? 1 : c.run.accumulate);
     for (const auto& [name, calls] : recomputed.hook_calls) {
       CAPTURE(name);
