@@ -41,6 +41,8 @@ for case in "${cases[@]}"; do
     >"$out/bench_$tag.md" 2>&1 || true
   bench=$(python3 -c "import json,sys; print(f\"{json.loads(open(sys.argv[1]).readline())['step_ms']:.1f}\")" \
     "$out/bench_$tag.jsonl" 2>/dev/null || echo -)
+  # Ours first, on its own line: a call cut short during PyTorch's cold compile still shows it.
+  echo "$size b$batch: train $ms ms (GPU waits $gap ms for the host), $mfu MFU, $peak GiB; benchmark $bench ms"
   [ -n "$baselines" ] && PYTHONUNBUFFERED=1 timeout 400 python3 apps/python/model_baseline.py --sizes "$size" --ctx "$ctx" --batch "$batch" \
     --vocab "$vocab" --variants "$baselines" --clip 1.0 --warmup 5 --steps 15 \
     --json "$out/torch_$tag.jsonl" 2>&1 | tee "$out/torch_$tag.md" | grep "^|" | tail -2 || true
