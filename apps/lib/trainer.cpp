@@ -603,9 +603,12 @@ class TrainingRun {
       }
       const char* kept = config.attention == nn::AttentionKind::flash ? "all but their matmuls and attention"
                                                                       : "all but their linear layers";
-      std::printf("recomputation: of %lld blocks, %lld run again whole in backward, %lld selectively (%s)\n",
-                  static_cast<long long>(config.num_layers), static_cast<long long>(whole),
-                  static_cast<long long>(selective), kept);
+      const int64_t rest = config.num_layers - whole - selective;
+      std::printf(
+          "recomputation: of %lld blocks, %lld run again whole in backward, %lld selectively (%s)%s\n",
+          static_cast<long long>(config.num_layers), static_cast<long long>(whole),
+          static_cast<long long>(selective), kept,
+          rest > 0 ? (", " + std::to_string(rest) + " keep everything").c_str() : "");
     }
     if (plan_.world > 1) {
       std::printf("data parallel: %d ranks, %s, global batch %lld sequences\n", plan_.world,
