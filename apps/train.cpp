@@ -140,15 +140,7 @@ int main(int argc, char** argv) {
     const int rank = runtime ? runtime->rank() : 0;
     const Device device = pick_device(flags.str("device"), runtime ? runtime->gpu_index() : 0);
     if (flags.boolean("eval-only")) return rank == 0 ? run_eval_only(flags, device) : 0;
-    // Before the built-in corpus is prepared. Under mpirun the ranks first check that they were given the
-    // same flags, so a bad value is found by every rank alike and reported once.
-    if (runtime && runtime->world_size() > 1) dist::check_ranks_agree(*runtime, flags.values());
-    try {
-      check_train_flag_values(flags);
-    } catch (const Error& e) {
-      if (runtime && runtime->world_size() > 1) throw dist::SameOnEveryRank(e.what());
-      throw;
-    }
+    check_train_flags(flags, runtime.get());  // before the built-in corpus is prepared
     // Rank 0 prepares the built-in corpus (if needed) while the others wait.
     std::string data;
     if (rank == 0) data = data_dir_or_default(flags);

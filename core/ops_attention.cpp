@@ -323,7 +323,7 @@ Tensor attention_qkv(const Tensor& x, const Tensor& wq, const Tensor& wk, const 
       rope_qk_in_place(qkv, batch, seq, n, n / heads, rope_theta, false);
       o = Tensor::empty({rows, n}, compute, x.device());
       lse = qkv_attention_forward(qkv, p, o);
-      detail::keep_results("attention_qkv", wq, {qkv, o, lse});
+      detail::keep_results("attention_qkv", wq, qkv, o, lse);
     }
   }
   Tensor out = o.view({batch, seq, n});

@@ -251,7 +251,7 @@ Tensor linear_impl(const char* op, const Tensor& x, const Tensor& weight, DType 
     } else {
       y = reshape(matmul_raw(x2, w, false, true, 1.0, out), out_shape);
     }
-    if (kept.empty()) detail::keep_results(op, weight, {y});
+    if (kept.empty()) detail::keep_results(op, weight, y);
   }
   if (record) {
     auto node = std::make_shared<LinearNode>();

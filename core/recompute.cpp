@@ -124,12 +124,14 @@ bool replaying_kept_results() {
 
 namespace detail {
 
-void keep_results(const char* op, const Tensor& weight, const std::vector<Tensor>& results) {
-  if (running_kept == nullptr || running_kept->replaying) return;
+bool keeping_results() {
+  return running_kept != nullptr && !running_kept->replaying;
+}
+
+void store_results(const char* op, const Tensor& weight, std::vector<Tensor> results) {
   // Handles of their own: the function's output, one of them, gets the RecomputeBackward that holds these.
-  std::vector<Tensor> handles;
-  for (const Tensor& t : results) handles.push_back(t.as_strided_view(t.shape(), t.strides(), t.offset()));
-  running_kept->entries.push_back({op, weight.impl(), std::move(handles)});
+  for (Tensor& t : results) t = t.as_strided_view(t.shape(), t.strides(), t.offset());
+  running_kept->entries.push_back({op, weight.impl(), std::move(results)});
 }
 
 bool kept_results(const char* op, const Tensor& weight, std::vector<Tensor>& results) {

@@ -37,7 +37,13 @@ namespace detail {
 // kept_results returns true with what the same op stored then, as new handles outside any graph, and the op
 // skips computing them. Anywhere else: keep_results does nothing, kept_results returns false. `weight`, the
 // op's weight parameter, ties results to their op: a second run that takes them in another order fails.
-void keep_results(const char* op, const Tensor& weight, const std::vector<Tensor>& results);
+bool keeping_results();  // the first run of such a recomputation is running on this thread
+void store_results(const char* op, const Tensor& weight, std::vector<Tensor> results);
+// Every linear op calls it: outside a selective recomputation it costs one thread-local read.
+template <class... T>
+void keep_results(const char* op, const Tensor& weight, const T&... results) {
+  if (keeping_results()) store_results(op, weight, {results...});
+}
 bool kept_results(const char* op, const Tensor& weight, std::vector<Tensor>& results);
 }  // namespace detail
 

@@ -271,6 +271,16 @@ void check_train_flag_values(const Flags& flags) {
   model.validate();
 }
 
+void check_train_flags(const Flags& flags, dist::DistRuntime* runtime) {
+  if (!runtime || runtime->world_size() == 1) return check_train_flag_values(flags);
+  dist::check_ranks_agree(*runtime, flags.values());
+  try {
+    check_train_flag_values(flags);
+  } catch (const Error& e) {
+    throw dist::SameOnEveryRank(e.what());
+  }
+}
+
 namespace {
 
 // Everything a run is made of, resolved from the flags and checked before anything is written.
@@ -349,15 +359,12 @@ RunPlan plan_run(const Flags& flags, Device device, const std::string& data_dir,
   return p;
 }
 
-// Under mpirun every rank must train the same thing: the flags (the command line or config file each rank
-// read) and what was resolved from the data. A difference ends every rank with one message.
-void check_ranks_agree(const Flags& flags, const RunPlan& plan, const TokenFile& train_file,
-                       dist::DistRuntime* runtime) {
+// Under mpirun every rank must train the same thing: the flags (compared by check_train_flags) and what was
+// resolved from the data each rank read. A difference ends every rank with one message.
+void check_data_agrees(const RunPlan& plan, const TokenFile& train_file, dist::DistRuntime* runtime) {
   if (!runtime || runtime->world_size() == 1) return;
-  std::vector<std::pair<std::string, std::string>> settings = flags.values();
-  settings.emplace_back("vocabulary (resolved)", std::to_string(plan.config.vocab_size));
-  settings.emplace_back("train.bin tokens", std::to_string(train_file.size()));
-  dist::check_ranks_agree(*runtime, settings);
+  dist::check_ranks_agree(*runtime, {{"vocabulary (resolved)", std::to_string(plan.config.vocab_size)},
+                                     {"train.bin tokens", std::to_string(train_file.size())}});
 }
 
 // Rank 0's string on every rank: what rank 0 alone decides (the checkpoint a run resumes from, "latest"
@@ -388,7 +395,7 @@ class TrainingRun {
     eval_batches_ = flags_.integer("eval-batches");
     check_eval_fits(*val_file_, plan_.batch, plan_.ctx, eval_batches_);
     check_sample_settings();
-    check_ranks_agree(flags_, plan_, *train_file_, runtime_);
+    check_data_agrees(plan_, *train_file_, runtime_);
   }
 
   // The final text sample's settings, checked now rather than after the training.
@@ -443,11 +450,11 @@ class TrainingRun {
           read_checkpoint_config(start);
         } catch (const std::exception& e) {
           problem = error_line(e);
-          if (problem.rfind("error: ", 0) == 0) problem.erase(0, 7);  // RunEnded's line adds it
+          if (problem.rfind("error: ", 0) == 0) problem.erase(0, 7);  // the report's line adds it
         }
       }
       problem = rank0_string(problem, runtime_);
-      if (!problem.empty()) throw RunEnded(1, problem);
+      if (!problem.empty()) throw dist::SameOnEveryRank(problem);
     }
     // The model the file holds: its RoPE theta and RMSNorm epsilon (not flags) come from it.
     if (!start.empty()) check_data_vocabulary(start, data_dir_, flags_, root_);

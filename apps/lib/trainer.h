@@ -17,8 +17,14 @@ void declare_train_flags(Flags& flags);
 // read or written: one line naming the flag.
 void check_train_flag_values(const Flags& flags);
 
+// The same under mpirun, as a job's start: the ranks first check that they were given the same flags
+// (dist::RanksDisagree otherwise), so a bad value is found by every rank alike and thrown as
+// dist::SameOnEveryRank, for rank 0 alone to report. `runtime` null: check_train_flag_values.
+void check_train_flags(const Flags& flags, dist::DistRuntime* runtime);
+
 // Trains with the flags of `train` (declared in apps/train.cpp); returns the process exit code.
-// `runtime` (null for a single process) gives rank and world size under mpirun.
+// `runtime` (null for a single process) gives rank and world size under mpirun; the caller has passed the
+// flags through check_train_flags with it.
 int run_training(const Flags& flags, Device device, const std::string& data_dir, dist::DistRuntime* runtime);
 
 // Mean loss over windows 0 .. batches*batch-1 of `val`.
