@@ -48,6 +48,11 @@ expect_error "context longer than data" "context length 100000 needs at least" "
 # A good run to resume from.
 expect_ok "train 4 steps" "$train" "${common[@]}" --out "$work/run" --steps 4 --ckpt-every 2
 ckpt="$work/run/checkpoints/step_4.h5"
+# --zero in one process trains, and the banner says it shards nothing; the step's batch is in the banner.
+expect_ok "ZeRO-2 in one process" "$train" "${common[@]}" --out "$work/zero1proc" --steps 1 --zero 2 --grad-accum 2
+grep -q "note: --zero 2 in one process shards nothing" "$work/last.log" &&
+  grep -q "batch: 4 sequences of 16 tokens per step (2 micro-batches of 2)" "$work/last.log" ||
+  { echo "FAIL ZeRO-2 in one process: banner"; head -5 "$work/last.log"; failures=$((failures + 1)); }
 # Resumed with another global batch (--batch 4 against 2): a note says the losses will not match.
 expect_ok "resume with another batch" "$train" "${common[@]}" --out "$work/rebatched" --steps 5 --cosine-steps 4 \
   --batch 4 --resume "$ckpt"
