@@ -128,6 +128,7 @@ int main(int argc, char** argv) {
     // One rank per GPU under mpirun/srun; a plain start is a single process and does not touch MPI (a
     // singleton MPI start needs resources a simple run should not depend on).
     if (launched_by_mpi()) runtime = std::make_unique<dist::DistRuntime>(&argc, &argv);
+    if (runtime && runtime->world_size() > 1) report_stops_after_the_step();
     Flags flags("train",
                 "Train the Transformer LM; see README.md for the data and checkpoint formats.\n"
                 "Under mpirun (one rank per GPU) it trains data-parallel; rank 0 logs and writes.\n"
@@ -159,7 +160,7 @@ int main(int argc, char** argv) {
   } catch (const dist::SameOnEveryRank& e) {
     // Thrown by every rank at once at start-up: one line, a clean exit.
     accept_stop_requests(false);
-    if (runtime->rank() == 0) std::fprintf(stderr, "error: %s\n", e.what());
+    if (!runtime || runtime->rank() == 0) std::fprintf(stderr, "error: %s\n", e.what());
     return 1;
   } catch (const std::bad_alloc&) {
     accept_stop_requests(false);  // mpirun's SIGTERM after the abort is not a stop request

@@ -207,4 +207,24 @@ void check_ranks_agree(const DistRuntime& runtime, const Settings& settings) {
   throw RanksDisagree(why);
 }
 
+void raise_if_any_rank_failed(const DistRuntime& runtime, const std::string& problem) {
+  const int world = runtime.world_size();
+  if (world == 1) {
+    if (!problem.empty()) throw SameOnEveryRank(problem);
+    return;
+  }
+  const CollectiveWait wait("raise_if_any_rank_failed");
+  const int mine = problem.empty() ? world : runtime.rank();
+  int first = world;
+  TT_MPI_CHECK(MPI_Allreduce(&mine, &first, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD));
+  if (first == world) return;
+  uint64_t size = problem.size();
+  TT_MPI_CHECK(MPI_Bcast(&size, 1, MPI_UINT64_T, first, MPI_COMM_WORLD));
+  TT_ASSERT(size <= INT_MAX, "raise_if_any_rank_failed: a problem of " + std::to_string(size) + " bytes");
+  std::string text = problem;
+  text.resize(size);
+  TT_MPI_CHECK(MPI_Bcast(text.data(), static_cast<int>(size), MPI_CHAR, first, MPI_COMM_WORLD));
+  throw SameOnEveryRank(first == 0 ? text : "rank " + std::to_string(first) + ": " + text);
+}
+
 }  // namespace tt::dist

@@ -39,6 +39,12 @@ class RanksDisagree : public SameOnEveryRank {
 void check_ranks_agree(const DistRuntime& runtime,
                        const std::vector<std::pair<std::string, std::string>>& settings);
 
+// Collective over MPI_COMM_WORLD, at a point every rank reaches after checking something on its own: when
+// any rank's `problem` is not empty, every rank throws the same SameOnEveryRank, the lowest such rank's
+// problem ("rank R: " before it unless R is 0). Ranks that check the same settings against the same files
+// find the same problem, so the job ends with rank 0's one line instead of an abort per rank.
+void raise_if_any_rank_failed(const DistRuntime& runtime, const std::string& problem);
+
 // The comparison itself, for any set of lists (lists[r] is rank r's): the message check_ranks_agree throws,
 // or an empty string when every list equals lists[0].
 std::string describe_disagreement(const std::vector<std::vector<std::pair<std::string, std::string>>>& lists);

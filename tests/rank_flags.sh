@@ -2,7 +2,8 @@
 # Ranks started with different flags (an MPMD launch: one command line per rank) end at start-up with one
 # line naming the setting and the ranks, a non-zero exit, and nothing written. Before the check existed, a
 # different --steps hung, a different --batch or --lr-max trained silently wrong and a different
-# --ckpt-every with --zero 1 corrupted the heap. A bad value given to every rank is reported once.
+# --ckpt-every with --zero 1 corrupted the heap. A bad value given to every rank, data too short for the
+# flags, or an --out holding another run is reported once, by rank 0.
 # Usage: rank_flags.sh MPIEXEC train prepare_data
 set -uo pipefail
 mpiexec=$1 train=$2 prepare=$3
@@ -60,6 +61,10 @@ same_bad "bad steps" "error: --steps must be positive" --steps 0
 same_bad "recompute-blocks beyond the layers" "error: --recompute-blocks must be between 0" \
   --recompute block --recompute-blocks 5
 same_bad "--ddp with ZeRO-3" "error: --ddp chooses how DDP and --zero 1 average gradients" --zero 3 --ddp naive
+# Checked by every rank against the same files, or by rank 0 alone against the run folder: one line too.
+same_bad "eval batches beyond val.bin" "error: --eval-batches 100000 x --batch 2 needs" --eval-batches 100000
+"$train" "${common[@]}" --steps 2 --out "$work/trained" >/dev/null 2>&1 || { echo "FAIL: a 2-step run"; exit 1; }
+same_bad "another run's folder" "already holds checkpoints of another run" --out "$work/trained"
 
 echo "$failures failure(s)"
 [ $failures -eq 0 ]

@@ -156,6 +156,18 @@ void RunFolder::discard_new_run() {
   committed_ = false;
 }
 
+bool RunFolder::holds_trained_run() const {
+  const auto found = list_checkpoints(checkpoints_dir());
+  if (found.empty()) return false;
+  if (found.size() > 1 || found[0].first != 0) return true;
+  std::ifstream in(metrics_path());
+  std::string line;
+  while (std::getline(in, line)) {
+    if (!line.empty()) return true;
+  }
+  return false;
+}
+
 void RunFolder::start(int64_t kept_step, const std::string& keep_file) {
   kept_step_ = kept_step;
   kept_metrics_.clear();

@@ -41,6 +41,9 @@ class RunFolder {
   std::string checkpoint_path(int64_t step) const;
   std::string metrics_path() const { return out_ + "/metrics.jsonl"; }
   bool has_checkpoints() const { return !list_checkpoints(checkpoints_dir()).empty(); }
+  // False when all the folder holds is a start point: step_0 alone and no metrics line. That is what a new
+  // run leaves when it is killed in its first step.
+  bool holds_trained_run() const;
 
   // The run continues from `step` of this folder (kept_step = step; -1: a new run, nothing of the folder's
   // earlier contents is kept). Checkpoints after it (except `keep_file`, the one resumed from) and metrics

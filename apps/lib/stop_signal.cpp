@@ -15,9 +15,10 @@ namespace {
 
 volatile std::sig_atomic_t g_stop_signal = 0;
 volatile std::sig_atomic_t g_accepting = 1;
-volatile std::sig_atomic_t g_start_up = 0;   // nothing written yet: a stop ends the process at once
-volatile std::sig_atomic_t g_finishing = 0;  // training has ended: only its last outputs are left
-std::atomic<int64_t> g_first_request_ms{0};  // lock-free: safe in a signal handler
+volatile std::sig_atomic_t g_start_up = 0;    // nothing written yet: a stop ends the process at once
+volatile std::sig_atomic_t g_finishing = 0;   // training has ended: only its last outputs are left
+volatile std::sig_atomic_t g_quiet_stop = 0;  // report_stops_after_the_step: the loop announces a stop
+std::atomic<int64_t> g_first_request_ms{0};   // lock-free: safe in a signal handler
 static_assert(std::atomic<int64_t>::is_always_lock_free);
 
 int64_t monotonic_ms() {
@@ -61,6 +62,7 @@ void on_stop_signal(int signal) {
   }
   if (g_stop_signal == 0) g_first_request_ms.store(monotonic_ms());
   g_stop_signal = signal;
+  if (g_quiet_stop != 0 && g_finishing == 0) return;
   const char step[] = "\nstop requested: finishing this step and writing a checkpoint\n";
   const char outputs[] = "\nstop requested: training has ended, finishing its last outputs\n";
   [[maybe_unused]] const ssize_t n = g_finishing ? ::write(STDERR_FILENO, outputs, sizeof(outputs) - 1)
@@ -87,6 +89,10 @@ StartUp::StartUp() {
 }
 StartUp::~StartUp() {
   g_start_up = 0;
+}
+
+void report_stops_after_the_step() {
+  g_quiet_stop = 1;
 }
 
 void finishing_outputs() {

@@ -260,6 +260,9 @@ void check_train_flag_values(const Flags& flags) {
   TT_CHECK(flags.str("json").empty() || flags.boolean("eval-only"),
            "--json writes the result of --eval-only; training writes metrics.jsonl in --out");
   TT_CHECK(flags.str("logits").empty() || flags.boolean("eval-only"), "--logits is a file of --eval-only");
+  TT_CHECK(
+      flags.str("init-from").empty() || flags.str("resume").empty() || flags.str("resume") == "latest",
+      "--init-from starts a new run from a checkpoint's weights; --resume continues one: pass one of them");
   TT_CHECK(flags.integer("zero") < 2 || !flags.given("ddp"),
            "--ddp chooses how DDP and --zero 1 average gradients; --zero " + flags.str("zero") +
                " reduce-scatters them itself (drop --ddp)");
@@ -367,6 +370,28 @@ void check_data_agrees(const RunPlan& plan, const TokenFile& train_file, dist::D
                                      {"train.bin tokens", std::to_string(train_file.size())}});
 }
 
+// The message of an exception, without the "error: " the report's line adds.
+std::string problem_text(const std::exception& e) {
+  std::string line = error_line(e);
+  if (line.rfind("error: ", 0) == 0) line.erase(0, 7);
+  return line;
+}
+
+// Checks each rank makes for itself: the same flags against the same files, or rank 0's run folder. Under
+// mpirun a failure on any rank ends every rank with one line (raise_if_any_rank_failed) instead of an abort
+// per rank; every rank must call it at the same point.
+template <typename Checks>
+void check_on_every_rank(dist::DistRuntime* runtime, Checks&& checks) {
+  if (!runtime || runtime->world_size() == 1) return checks();
+  std::string problem;
+  try {
+    checks();
+  } catch (const std::exception& e) {
+    problem = problem_text(e);
+  }
+  dist::raise_if_any_rank_failed(*runtime, problem);
+}
+
 // Rank 0's string on every rank: what rank 0 alone decides (the checkpoint a run resumes from, "latest"
 // being resolved against the run folder it holds the lock of) or found (a problem with that file).
 std::string rank0_string(const std::string& chosen, dist::DistRuntime* runtime) {
@@ -387,14 +412,16 @@ class TrainingRun {
 
   // Set-up: every setting checked and every input opened before the run folder is touched.
   void set_up() {
-    plan_ = plan_run(flags_, device_, data_dir_, runtime_);
-    root_ = plan_.root;
-    train_file_ = std::make_unique<TokenFile>(data_dir_ + "/train.bin", plan_.config.vocab_size);
-    val_file_ = std::make_unique<TokenFile>(data_dir_ + "/val.bin", plan_.config.vocab_size);
-    check_context_fits(*val_file_, plan_.ctx);  // now, not at the first evaluation
-    eval_batches_ = flags_.integer("eval-batches");
-    check_eval_fits(*val_file_, plan_.batch, plan_.ctx, eval_batches_);
-    check_sample_settings();
+    check_on_every_rank(runtime_, [&] {
+      plan_ = plan_run(flags_, device_, data_dir_, runtime_);
+      root_ = plan_.root;
+      train_file_ = std::make_unique<TokenFile>(data_dir_ + "/train.bin", plan_.config.vocab_size);
+      val_file_ = std::make_unique<TokenFile>(data_dir_ + "/val.bin", plan_.config.vocab_size);
+      check_context_fits(*val_file_, plan_.ctx);  // now, not at the first evaluation
+      eval_batches_ = flags_.integer("eval-batches");
+      check_eval_fits(*val_file_, plan_.batch, plan_.ctx, eval_batches_);
+      check_sample_settings();
+    });
     check_data_agrees(plan_, *train_file_, runtime_);
   }
 
@@ -419,50 +446,72 @@ class TrainingRun {
   // Run folder: rank 0 holds its lock for the whole run and decides what the run starts from (a checkpoint
   // to resume, weights to start from, or the seed); every rank then reads that checkpoint.
   void open_run_folder() {
-    if (root_) {
-      folder_ = std::make_unique<RunFolder>(plan_.out);
-      resume_ = resolve_resume(flags_.str("resume"), plan_.out);
-      if (resume_.empty() && flags_.str("resume") == "latest") {
-        // Checkpoints that are there but do not load (each note above says why) are not "none yet".
-        TT_CHECK(
-            !folder_->has_checkpoints() || flags_.boolean("overwrite"),
-            "--resume latest: no checkpoint in " + folder_->checkpoints_dir() +
-                " loads; pass --resume FILE for another one, or --overwrite to start a new run over them");
-        std::printf("--resume latest: no %scheckpoint in %s, starting a new run\n",
-                    folder_->has_checkpoints() ? "loadable " : "", folder_->checkpoints_dir().c_str());
-      }
-    }
+    check_on_every_rank(runtime_, [&] {
+      if (root_) take_run_folder();
+    });
     resume_ = rank0_string(resume_, runtime_);
     // --init-from: the weights only; the optimizer and the step start fresh. With --resume latest a job
     // script passes both every time: the first start takes the weights, a restart continues its own
     // checkpoints.
     init_from_ = resume_.empty() ? flags_.str("init-from") : "";
-    TT_CHECK(
-        flags_.str("init-from").empty() || flags_.str("resume").empty() || flags_.str("resume") == "latest",
-        "--init-from starts a new run from a checkpoint's weights; --resume continues one: pass one of them");
     const std::string start = resume_.empty() ? init_from_ : resume_;
-    // Under mpirun rank 0 opens the start point first: a file that does not fit ends every rank with rank
-    // 0's one line, rather than each rank failing on it with its own line and an abort.
-    if (!start.empty() && plan_.world > 1) {
-      std::string problem;
-      if (root_) {
-        try {
-          read_checkpoint_config(start);
-        } catch (const std::exception& e) {
-          problem = error_line(e);
-          if (problem.rfind("error: ", 0) == 0) problem.erase(0, 7);  // the report's line adds it
-        }
-      }
-      problem = rank0_string(problem, runtime_);
-      if (!problem.empty()) throw dist::SameOnEveryRank(problem);
+    if (!start.empty()) {
+      check_on_every_rank(runtime_, [&] {
+        // Under mpirun rank 0 opens the start point first: a file that does not fit ends every rank with
+        // rank 0's one line, rather than each rank failing on it with its own.
+        if (root_ && plan_.world > 1) read_checkpoint_config(start);
+      });
+      // The model the file holds: its RoPE theta and RMSNorm epsilon (not flags) come from it.
+      check_on_every_rank(runtime_, [&] { check_data_vocabulary(start, data_dir_, flags_, root_); });
     }
-    // The model the file holds: its RoPE theta and RMSNorm epsilon (not flags) come from it.
-    if (!start.empty()) check_data_vocabulary(start, data_dir_, flags_, root_);
     if (!resume_.empty()) {
       plan_.config = config_for_checkpoint(resume_, plan_.config, true);
     } else if (!init_from_.empty()) {
       plan_.config = config_for_checkpoint(init_from_, plan_.config, false);
     }
+  }
+
+  // Rank 0: the lock of --out, the checkpoint --resume names, and whether this run may replace what --out
+  // holds.
+  void take_run_folder() {
+    folder_ = std::make_unique<RunFolder>(plan_.out);
+    resume_ = resolve_resume(flags_.str("resume"), plan_.out);
+    const bool overwrite = flags_.boolean("overwrite");
+    if (resume_.empty() && flags_.str("resume") == "latest") {
+      // Checkpoints that are there but do not load (each note above says why) are not "none yet".
+      TT_CHECK(!folder_->has_checkpoints() || overwrite,
+               "--resume latest: no checkpoint in " + folder_->checkpoints_dir() +
+                   " loads; pass --resume FILE for another one, or --overwrite to start a new run over them");
+      std::printf("--resume latest: no %scheckpoint in %s, starting a new run\n",
+                  folder_->has_checkpoints() ? "loadable " : "", folder_->checkpoints_dir().c_str());
+    }
+    if (resume_.empty()) check_may_replace_folder();  // a resumed run checks once its file has loaded
+  }
+
+  // Rank 0, for a run that does not continue --out's own checkpoints: whether it may replace them.
+  void check_may_replace_folder() const {
+    if (!folder_->has_checkpoints() || flags_.boolean("overwrite")) return;
+    if (!folder_->holds_trained_run()) {
+      // A run that ended in its first step without removing its start point (a rank of an mpirun job
+      // failing, a kill): nothing the seed cannot recreate, and refusing would only stop the corrected rerun.
+      std::printf("replacing %s: the start point of a run that ended before its first step\n",
+                  folder_->checkpoint_path(0).c_str());
+      return;
+    }
+    throw Error(resume_.empty()
+                    ? plan_.out +
+                          "/checkpoints already holds checkpoints of another run; pass --resume to "
+                          "continue it (--resume latest: its newest), a new --out, or --overwrite "
+                          "to replace them"
+                    : plan_.out + "/checkpoints already holds checkpoints of another run than " + resume_ +
+                          "; pass a new --out, or --overwrite to replace them");
+  }
+
+  // Whether the checkpoint resumed from lies in --out's own checkpoints folder (links resolved).
+  bool resumes_own_folder() const {
+    std::error_code ec;
+    const fs::path from = fs::weakly_canonical(fs::absolute(resume_), ec).parent_path();
+    return !ec && fs::equivalent(from, folder_->checkpoints_dir(), ec) && !ec;
   }
 
   // Model: every rank builds the same initial model from the seed (rank 0's is broadcast as well), then
@@ -526,6 +575,9 @@ class TrainingRun {
       TT_CHECK(state_.step < plan_.steps, "nothing to do: the checkpoint is at step " +
                                               std::to_string(state_.step) + " and --steps is " +
                                               std::to_string(plan_.steps));
+      check_on_every_rank(runtime_, [&] {
+        if (root_ && !resumes_own_folder()) check_may_replace_folder();
+      });
       if (root_) {
         const double bytes = static_cast<double>(fs::file_size(resume_));
         std::printf("resumed from %s at step %lld (%s read in %s, %s)\n", resume_.c_str(),
@@ -533,24 +585,13 @@ class TrainingRun {
                     format_seconds(load_s).c_str(), format_rate(bytes, load_s).c_str());
         warn_if_schedule_differs(written_by, flags_);
         warn_if_global_batch_differs(written_by, plan_.batch * plan_.accum * plan_.world);
-        // The folder the checkpoint really lies in (links resolved) against --out's checkpoints folder.
-        std::error_code ec;
-        const fs::path from = fs::weakly_canonical(fs::absolute(resume_), ec).parent_path();
-        const bool own = !ec && fs::equivalent(from, folder_->checkpoints_dir(), ec) && !ec;
-        TT_CHECK(own || !folder_->has_checkpoints() || flags_.boolean("overwrite"),
-                 plan_.out + "/checkpoints already holds checkpoints of another run than " + resume_ +
-                     "; pass a new --out, or --overwrite to replace them");
         // What came after the checkpoint in its own folder belongs to a future this run replaces; another
         // folder's run is replaced whole. Either way only once this run has written a checkpoint.
+        const bool own = resumes_own_folder();
         folder_->start(own ? state_.step : -1, own ? resume_ : "");
       }
     } else if (root_) {
       if (!init_from_.empty()) std::printf("new run from the weights of %s\n", init_from_.c_str());
-      TT_CHECK(
-          !folder_->has_checkpoints() || flags_.boolean("overwrite"),
-          plan_.out +
-              "/checkpoints already holds checkpoints of another run; pass --resume "
-              "to continue it (--resume latest: its newest), a new --out, or --overwrite to replace them");
       folder_->start(-1);
     }
   }
@@ -722,6 +763,12 @@ class TrainingRun {
         }
       }
       const bool save_now = checkpoints && ((ckpt_every > 0 && step % ckpt_every == 0) || step == steps);
+      if (result.stop_requested && root_ && plan_.world > 1) {
+        end_progress_line();
+        std::printf("stop requested (%s): writing a checkpoint after step %lld\n", signal_name(stop_signal()),
+                    static_cast<long long>(step));
+        std::fflush(stdout);
+      }
       if (save_now || result.stop_requested) save(step);
       if (result.stop_requested && step < steps) {
         progress_->finish();
