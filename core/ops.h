@@ -22,7 +22,8 @@ Tensor transpose(const Tensor& a, int64_t d0, int64_t d1);
 Tensor sum(const Tensor& a);                   // scalar (shape {1}), same dtype
 Tensor mul(const Tensor& a, const Tensor& b);  // elementwise, for tests and losses
 
-// In place, no autograd: dst += src (same shape; src may be of another float dtype on CPU).
+// In place, no autograd: dst += src (same shape; src may be of another float dtype on CPU; a bf16 dst takes
+// the f32 sum rounded once).
 void add_into(Tensor& dst, const Tensor& src);
 void scale_(Tensor& t, double s);
 double sum_squares(const Tensor& t);  // f32, f64 or bf16; reads the result back to the host

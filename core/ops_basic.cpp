@@ -237,6 +237,17 @@ void add_into(Tensor& dst, const Tensor& src) {
            "add_into: shapes differ: " + dst.describe() + " and " + src.describe());
   TT_CHECK(dst.is_contiguous(), "add_into: destination must be contiguous");
   const Tensor s = src.dtype() == dst.dtype() ? detail::dense(src) : cast_raw(src, dst.dtype());
+  if (dst.dtype() == DType::bf16) {
+    // Added in f32 and rounded once (a bf16 gradient shard taking a micro-batch's part).
+    const void* inputs[2] = {dst.raw_data(), s.raw_data()};
+    if (dst.device().is_cuda()) {
+      TT_CUDA_ONLY(cuda::add_ranks_scaled(dst.raw_data(), inputs, 2, DType::bf16, dst.numel(), 1.0f,
+                                          detail::stream_of(dst)));
+    } else {
+      cpu::add_ranks_scaled(dst.raw_data(), inputs, 2, DType::bf16, dst.numel(), 1.0f);
+    }
+    return;
+  }
   if (dst.device().is_cuda()) {
     detail::require_cuda_f32(dst, "add_into");
     TT_CUDA_ONLY(cuda::add(dst.data<float>(), s.data<float>(), dst.data<float>(), dst.numel(), 1.0,

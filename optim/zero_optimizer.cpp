@@ -60,7 +60,9 @@ ZeroOptimizer::ZeroOptimizer(nn::FlatParameters& params, ShardCollectives& comm,
   shard_params_ = Tensor::zeros({shard_numel_}, param_dtype_, device_);
   start();
   shard_params_.set_requires_grad(true);
-  shard_grads_ = Tensor::zeros({shard_numel_}, param_dtype_, device_);
+  // In the gradients' dtype: bf16 gradients (the default of bf16 training) arrive from the reduce-scatter
+  // in bf16, so an f32 shard would only widen them, at 2 more bytes per parameter over N.
+  shard_grads_ = Tensor::zeros({shard_numel_}, grad_dtype_, device_);
   shard_params_.set_grad(shard_grads_);
   adamw_ = std::make_unique<AdamW>(std::vector<Tensor>{shard_params_}, options);
   for (size_t i = 0; i < list.size(); ++i) {

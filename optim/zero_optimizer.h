@@ -6,7 +6,8 @@
 // world size W; rank r owns the r-th of its W equal chunks (chunk_u elements). A rank's shard is its chunks
 // of every unit, one after another, so one reduce-scatter hands every rank its part of a unit's gradient
 // and one all-gather rebuilds the unit (the layout of PyTorch FSDP's flat parameters). The shard holds the
-// f32 master weights, the gradient (f32, or f64 in tests) and AdamW's two moments.
+// f32 master weights (f64 in tests), the gradient in the gradients' dtype (FlatParameters::grad_dtype: bf16
+// by default in bf16 training) and AdamW's two moments.
 //
 // Gradients (both stages): before a unit's backward (before_backward, called by the model through
 // run_unit) its parameters' .grad are pointed into a staging buffer the size of the unit, so the matmuls
@@ -16,6 +17,7 @@
 // Staging buffers are reused: a unit's is free again once its reduce-scatter has been added; two are
 // enough when backward finishes units in order. Every micro-batch is reduce-scattered, so gradient
 // accumulation needs no full-size buffer (the ZeRO paper's stage 2; more communication with --grad-accum).
+// With bf16 gradients the micro-batches add up in the bf16 shard, as they do in DDP's bf16 gradient buffer.
 // Between backward passes the only gradient memory is the shard.
 //
 // Parameters: stage 2 keeps the whole model in FlatParameters' flat buffer on every rank (and its bf16

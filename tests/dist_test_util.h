@@ -126,15 +126,18 @@ struct ZeroMemory {
   int gathered_units = 0, peak_gathered_units = 0;
   bool grads_detached = true;  // no parameter has a .grad between steps, no flat gradient buffer
 };
-// One process on the union of every rank's micro-batches, AdamW over the flat buffer, clipped.
-ZeroResult train_single(ModelKind kind, DType dtype, int micro_batches, Device device);
+// One process on the union of every rank's micro-batches, AdamW over the flat buffer, clipped. bf16_grads:
+// gradients kept in bf16 (FlatParameters::set_grad_dtype), as bf16 training keeps them.
+ZeroResult train_single(ModelKind kind, DType dtype, int micro_batches, Device device,
+                        bool bf16_grads = false);
 // Each rank on its own micro-batches through ZeroOptimizer at `stage`; the parameters gathered whole at the
 // end; `memory`, when given, receives what this rank held after the last step.
 ZeroResult train_sharded(ModelKind kind, DType dtype, int stage, int micro_batches, Device device,
-                         ZeroMemory* memory = nullptr);
-// train_sharded equals train_single (f64: rtol 1e-7; f32: 1e-5; bf16 precision: 1e-3), the gradient norms
-// too, every rank ends identical and clipping was engaged.
-void check_zero_matches_single(ModelKind kind, DType dtype, int stage, int micro_batches, Device device);
+                         ZeroMemory* memory = nullptr, bool bf16_grads = false);
+// train_sharded equals train_single (f64: rtol 1e-7; f32: 1e-5; bf16 precision or gradients: 1e-3), the
+// gradient norms too, every rank ends identical and clipping was engaged.
+void check_zero_matches_single(ModelKind kind, DType dtype, int stage, int micro_batches, Device device,
+                               bool bf16_grads = false);
 
 // The step `train` runs (apps/lib/train_step.h) under mpirun, each rank on its own micro-batches, with DDP
 // `strategy` (zero 0) or ZeRO stage `zero`, against the same step in one process on the union of the ranks'

@@ -146,13 +146,16 @@ TEST_CASE("nccl: gradient accumulation communicates on the last micro-batch only
 
 TEST_CASE("nccl: ZeRO-2 and ZeRO-3 equal one process on the union of the batches (clipped, 10 steps)") {
   // f32 (AdamW on CUDA updates f32 parameters), gradient accumulation and recomputation included; bf16
-  // precision within bf16's bounds.
+  // precision and bf16 gradients within bf16's bounds.
   for (int stage : {2, 3}) {
     for (ModelKind kind : {ModelKind::mlp, ModelKind::transformer, ModelKind::transformer_recompute,
                            ModelKind::mlp_detached}) {
       for (int micro : {1, 3}) check_zero_matches_single(kind, DType::f32, stage, micro, my_gpu());
     }
     check_zero_matches_single(ModelKind::transformer_bf16, DType::f32, stage, 2, my_gpu());
+    // bf16 gradients (what bf16 training keeps): reduce-scattered and held in bf16.
+    for (int micro : {1, 2})
+      check_zero_matches_single(ModelKind::transformer_bf16, DType::f32, stage, micro, my_gpu(), true);
   }
 }
 

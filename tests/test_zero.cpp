@@ -139,6 +139,19 @@ TEST_CASE("ZeRO-2 and ZeRO-3 in bf16 precision equal one process in bf16") {
     check_zero_matches_single(ModelKind::transformer_bf16, DType::f32, stage, 2, Device::cpu());
 }
 
+TEST_CASE("ZeRO-2 and ZeRO-3 with bf16 gradients equal one process with bf16 gradients") {
+  for (int stage : {2, 3}) {
+    for (ModelKind kind : {ModelKind::mlp, ModelKind::transformer_bf16}) {
+      for (int micro : {1, 2}) check_zero_matches_single(kind, DType::f32, stage, micro, Device::cpu(), true);
+    }
+    // The shard holds them in bf16: 2 bytes per element, not 4.
+    ZeroMemory m;
+    train_sharded(ModelKind::transformer_bf16, DType::f32, stage, 1, Device::cpu(), &m, true);
+    CHECK(m.gradient_bytes == m.shard_elements * 2);
+    CHECK(m.state_bytes == 2 * m.shard_elements * 4);
+  }
+}
+
 TEST_CASE("ZeRO-2 keeps 1/world of the gradients, ZeRO-3 of the parameters too, between steps") {
   const int world = runtime().world_size();
   for (int stage : {2, 3}) {
