@@ -19,7 +19,7 @@
 #   checkpoint (2+ GPUs) xl checkpoint write (from ZeRO-3 shards) and load times; checkpoint7b: the same
 #              for 7b (81 GB)
 #   large      (2+ GPUs) the 7b preset with ZeRO-3 and recomputation at ctx 2048 (memory, MFU), also with
-#              only 16, 12, 10 and 8 of its 32 blocks recomputed whole (the others selectively)
+#              only 10, 4 and 0 of its 32 blocks recomputed whole (the others selectively)
 #   recompute  recomputation's memory and time at ctx 4096 for small..xl, none, selective and block (on
 #              the last GPU)
 #   generation `generate` against transformers' generate at small and xl, batch 1 and 16
@@ -261,11 +261,13 @@ time.sleep(3600)" &
       # Fewer blocks recomputed whole (the others selectively), while the memory lasts: less extra forward
       # work. nvidia-smi's memory.used, sampled, is what the whole process holds: it must stay under 81079
       # MiB (what CUDA counts on an H100 80GB) for two H100s to suffice.
-      for blocks in 16 12 10 8; do
+      for blocks in 10 4 0; do  # 0: every block selectively
         nvidia-smi --query-gpu=index,memory.used --format=csv,noheader,nounits -lms 500 >"$out/smi_7b_rb$blocks.csv" &
         smi=$!
+        recompute=(--recompute block --recompute-blocks "$blocks")
+        [ "$blocks" = 0 ] && recompute=(--recompute selective)
         timeout 170 "${mpi[@]}" $b/train --preset 7b --data "$data" --ctx 2048 --batch 4 --precision bf16 \
-          --zero 3 --recompute block --recompute-blocks $blocks --steps 10 --log-every 1 --ckpt-every -1 \
+          --zero 3 "${recompute[@]}" --steps 10 --log-every 1 --ckpt-every -1 \
           --eval-batches 1 --sample-tokens 0 --out "$scratch/run_7b_rb$blocks" --overwrite >"$out/train_7b_rb$blocks.log" 2>&1
         kill $smi
         grep -q "^step *10/" "$out/train_7b_rb$blocks.log" || { echo "7b, $blocks of 32 blocks recomputed: $(grep -m1 -i error "$out/train_7b_rb$blocks.log")"; break; }
