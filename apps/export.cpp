@@ -2,6 +2,8 @@
 // transformers.LlamaForCausalLM.from_pretrained loads with the same logits: model.safetensors (shards and
 // model.safetensors.index.json above --shard-bytes), config.json, and for SentencePiece data its
 // tokenizer.model with a tokenizer_config.json.
+#include <unistd.h>
+
 #include <csignal>
 #include <cstdio>
 #include <filesystem>
@@ -43,19 +45,39 @@ fs::path folder_path(const std::string& text) {
   return path;
 }
 
-bool looks_like_export(const fs::path& dir) {
-  for (const auto& entry : fs::directory_iterator(dir)) {
-    const std::string name = entry.path().filename().string();
-    if (name == "config.json" || name.rfind("model", 0) == 0) return true;
-  }
-  return false;
+// What export writes: a folder holding only these is an earlier export, which --overwrite may replace; any
+// other file (a script, notes) means the folder is the user's.
+bool written_by_export(const std::string& name) {
+  static const char* const kNames[] = {
+      "config.json",     "model.safetensors",     "model.safetensors.index.json",
+      "tokenizer.model", "tokenizer_config.json", "README.md"};
+  for (const char* known : kNames)
+    if (name == known) return true;
+  int part = 0, parts = 0, end = 0;
+  return std::sscanf(name.c_str(), "model-%5d-of-%5d.safetensors%n", &part, &parts, &end) == 2 &&
+         static_cast<size_t>(end) == name.size();
 }
 
-// An export is made in OUT.tmp beside OUT and moved into place whole: a failure leaves OUT as it was.
+// The first entry of `dir` export would not have written, or "" when there is none.
+std::string foreign_entry(const fs::path& dir) {
+  for (const auto& entry : fs::directory_iterator(dir)) {
+    const std::string name = entry.path().filename().string();
+    if (!entry.is_regular_file() || !written_by_export(name)) return name;
+  }
+  return "";
+}
+
+// An export is made in OUT.tmp-PID beside OUT and moved into place whole: a failure leaves OUT as it was.
+// The names carry the process id, and a folder already there under one is refused, never removed: it may
+// be the user's.
 class StagedFolder {
  public:
-  explicit StagedFolder(const fs::path& out) : out_(out), tmp_(out.string() + ".tmp") {
-    fs::remove_all(tmp_);  // what a failed export left
+  explicit StagedFolder(const fs::path& out)
+      : out_(out),
+        tmp_(out.string() + ".tmp-" + std::to_string(::getpid())),
+        old_(out.string() + ".old-" + std::to_string(::getpid())) {
+    for (const fs::path& path : {tmp_, old_})
+      TT_CHECK(!fs::exists(path), path.string() + " is in the way of the export; move it away");
     fs::create_directories(tmp_);
   }
   ~StagedFolder() {
@@ -66,16 +88,14 @@ class StagedFolder {
   StagedFolder& operator=(const StagedFolder&) = delete;
   std::string file(const std::string& name) const { return (tmp_ / name).string(); }
   void commit() {
-    const fs::path old = out_.string() + ".old";
-    fs::remove_all(old);
-    if (fs::exists(out_)) fs::rename(out_, old);
+    if (fs::exists(out_)) fs::rename(out_, old_);
     fs::rename(tmp_, out_);
     committed_ = true;
-    fs::remove_all(old);
+    fs::remove_all(old_);  // the earlier export, checked by foreign_entry to hold only export's files
   }
 
  private:
-  fs::path out_, tmp_;
+  fs::path out_, tmp_, old_;
   bool committed_ = false;
 };
 
@@ -104,9 +124,10 @@ int run(const Flags& flags) {
     TT_CHECK(empty || flags.boolean("overwrite"),
              out.string() +
                  " already holds files; pass another --out, or --overwrite to replace the export there");
-    TT_CHECK(
-        empty || looks_like_export(out),
-        out.string() + " holds files that are not an export (no config.json or model*); not replacing it");
+    const std::string foreign = empty ? "" : foreign_entry(out);
+    TT_CHECK(foreign.empty(), out.string() + " holds " + foreign +
+                                  ", which export does not write: it is not an earlier export, so it is not "
+                                  "replaced; pass another --out");
   }
 
   // What the tokens are: the data's meta.json and tokenizer.model.

@@ -5,8 +5,10 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <csignal>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <iostream>
 #include <memory>
@@ -17,6 +19,7 @@
 #include "apps/lib/data.h"
 #include "apps/lib/flags.h"
 #include "apps/lib/generation.h"
+#include "apps/lib/run_folder.h"
 #include "apps/lib/run_setup.h"
 #include "apps/lib/tokenizer.h"
 #include "base/error.h"
@@ -46,8 +49,17 @@ std::unique_ptr<Tokenizer> resolve_tokenizer(const std::string& spec, const std:
         "no tokenizer: " + checkpoint +
             " records no training run (imported? `import --data DIR` records one); pass --tokenizer bytes "
             "or --tokenizer FILE.model (an export's folder holds its tokenizer.model)");
-    TT_CHECK(data_known, "no tokenizer: the checkpoint's data folder '" + data +
-                             "' has no meta.json; pass --tokenizer bytes or --tokenizer FILE.model");
+    if (!data_known) {
+      // What the checkpoint recorded of its tokenizer says which --tokenizer would do.
+      const std::string kind = trained.substr(0, trained.find(' '));
+      const std::string which = kind == "bytes" ? "--tokenizer bytes"
+                                : kind == "sentencepiece"
+                                    ? "--tokenizer FILE.model (the data's tokenizer.model)"
+                                    : "--tokenizer bytes or --tokenizer FILE.model";
+      throw Error("no tokenizer: the checkpoint's data folder '" + data +
+                  (fs::exists(data) ? "' has no meta.json" : "' does not exist (moved?)") + "; pass " +
+                  which);
+    }
     check_training_tokenizer(
         checkpoint, data,
         "pass --tokenizer bytes or FILE.model (an export's folder holds its tokenizer.model)");
@@ -98,9 +110,10 @@ std::vector<std::string> read_prompts(const Flags& flags) {
   return prompts;
 }
 
+// A text nobody received is not a success: a full disk or a closed pipe ends the run with an error.
 void write_out(const std::string& text) {
-  std::fwrite(text.data(), 1, text.size(), stdout);
-  std::fflush(stdout);
+  if (std::fwrite(text.data(), 1, text.size(), stdout) != text.size() || std::fflush(stdout) != 0)
+    throw Error(std::string("cannot write the text to standard output: ") + std::strerror(errno));
 }
 
 }  // namespace
@@ -112,7 +125,8 @@ int main(int argc, char** argv) {
                 "Continue prompts with a trained checkpoint (KV cache). Text to stdout, speed to stderr.\n"
                 "Prompts: --prompt TEXT, or one per line on stdin (empty lines skipped), run in batches of\n"
                 "--batch; each prompt's text and continuation follow in order, each ending with a newline.");
-    flags.add("checkpoint", "", "checkpoint (.h5) to generate with (required)");
+    flags.add("checkpoint", "",
+              "checkpoint (.h5), or a run folder (its newest), to generate with (required)");
     flags.add("prompt", "", "text to continue (else prompts on stdin)");
     flags.add("max-tokens", "256", "new tokens per prompt, at most");
     flags.add("temperature", "0.8", "softmax temperature; 0: greedy");
@@ -125,8 +139,12 @@ int main(int argc, char** argv) {
     flags.add("precision", "f32", "dtype of the matmuls", {"f32", "bf16"});
     flags.add_switch("no-stop", "go on past the end-of-text token");
     if (!flags.parse(argc, argv)) return 0;
-    const std::string checkpoint = flags.str("checkpoint");
-    TT_CHECK(!checkpoint.empty(), "--checkpoint is required");
+    TT_CHECK(!flags.str("checkpoint").empty(), "--checkpoint is required");
+    // A run folder, as --resume takes one: its newest checkpoint whose weights load.
+    const std::string checkpoint = fs::is_directory(flags.str("checkpoint"))
+                                       ? resolve_resume(flags.str("checkpoint"), "", true)
+                                       : flags.str("checkpoint");
+    if (checkpoint != flags.str("checkpoint")) std::fprintf(stderr, "checkpoint %s\n", checkpoint.c_str());
     SamplingOptions sampling;
     sampling.max_tokens = flags.integer("max-tokens");
     sampling.temperature = flags.number("temperature");

@@ -172,8 +172,16 @@ expect_error "export --dtype f16" "--dtype must be f32 or bf16, got 'f16'" \
   "$export_app" --checkpoint "$ckpt" --out "$work/x" --dtype f16
 expect_error "export over an export" "already holds files; pass another --out, or --overwrite" \
   "$export_app" --checkpoint "$ckpt" --out "$work/hf"
-expect_error "export over other files" "holds files that are not an export" \
+expect_error "export over other files" "which export does not write: it is not an earlier export" \
   "$export_app" --checkpoint "$ckpt" --out "$work/text" --overwrite
+# An export folder the user added a file to is the user's now; folders beside --out are never touched.
+mkdir -p "$work/hf_notes" "$work/hf_notes.tmp" "$work/hf_notes.old"
+expect_ok "export into hf_notes" "$export_app" --checkpoint "$ckpt" --out "$work/hf_notes" --overwrite
+echo "my notes" >"$work/hf_notes/NOTES.md"
+expect_error "export over an export holding the user's file" "holds NOTES.md, which export does not write" \
+  "$export_app" --checkpoint "$ckpt" --out "$work/hf_notes" --overwrite
+[ -e "$work/hf_notes/NOTES.md" ] && [ -d "$work/hf_notes.tmp" ] && [ -d "$work/hf_notes.old" ] ||
+  fail "export removed the user's files or the folders beside --out"
 sums_before=$(cd "$work/hf" && md5sum ./*)
 output=$(bash -c "ulimit -f 200; exec \"$export_app\" --checkpoint \"$ckpt\" --out \"$work/hf\" --overwrite" 2>&1)
 status=$?
@@ -183,7 +191,7 @@ else
   echo "ok   export on a full disk: $output"
 fi
 [ "$(cd "$work/hf" && md5sum ./*)" = "$sums_before" ] || fail "export on a full disk changed the earlier export"
-[ -e "$work/hf.tmp" ] && fail "export on a full disk left $work/hf.tmp"
+ls -d "$work"/hf.tmp-* 2>/dev/null && fail "export on a full disk left its temporary folder"
 expect_ok "export --overwrite" "$export_app" --checkpoint "$work/mk16.h5" --out "$work/hf" --overwrite
 grep -q '"hidden_size": 32' "$work/hf/config.json" || fail "export --overwrite did not replace the export"
 

@@ -150,6 +150,11 @@ expect_error "bad device" "tpu" "$generate" --checkpoint "$ckpt" --device tpu --
 expect_error "no checkpoint" "--checkpoint is required" "$generate" --prompt x
 expect_error "missing checkpoint" "$work/none.h5" "$generate" --checkpoint "$work/none.h5" --prompt x
 expect_error "no prompts" "no prompts" "$generate" --checkpoint "$ckpt"
+# A run folder names its newest checkpoint; text that cannot be written is an error, not a success.
+"$generate" --checkpoint "$work/runs/rel" --prompt the --max-tokens 5 --device cpu >/dev/null 2>&1 &&
+  echo "ok   a run folder as --checkpoint" || fail "a run folder as --checkpoint"
+expect_error "stdout on a full disk" "cannot write the text to standard output" \
+  bash -c '"$0" --checkpoint "$1" --prompt the --max-tokens 5 --device cpu >/dev/full' "$generate" "$ckpt"
 
 # Tokenizers that do not fit the checkpoint.
 expect_error "bytes tokenizer for a SentencePiece checkpoint" "not the tokenizer the checkpoint was trained with" \
@@ -170,7 +175,8 @@ rm "$work/sp/tokenizer.model"
 expect_error "missing tokenizer.model" "tokenizer.model is missing" "$generate" --checkpoint "$ckpt" --prompt x
 cp "$work/good.model" "$work/sp/tokenizer.model"
 mv "$work/sp" "$work/moved"
-expect_error "data folder gone" "has no meta.json; pass --tokenizer" "$generate" --checkpoint "$ckpt" --prompt x
+expect_error "data folder gone" "does not exist (moved?); pass --tokenizer FILE.model" \
+  "$generate" --checkpoint "$ckpt" --prompt x
 # With the data gone, its tokenizer.model still works (the same text); bytes has the wrong vocabulary.
 "$generate" "${greedy[@]}" --tokenizer "$work/moved/tokenizer.model" --prompt "${prompts[0]}" 2>/dev/null |
   cmp -s - "$work/alone_0.txt" && echo "ok   --tokenizer FILE without the data folder" ||
