@@ -83,10 +83,22 @@ int run_eval_only(const Flags& flags, Device device) {
                                              std::to_string(config.context_length));
   // Without --data: the data the checkpoint was trained on, where it can be found.
   const std::string trained_on = flags.given("data") ? "" : training_data_folder(ckpt);
-  const std::string data =
-      !trained_on.empty() && fs::exists(trained_on + "/meta.json") ? trained_on : data_dir_or_default(flags);
+  const bool found = !trained_on.empty() && fs::exists(trained_on + "/meta.json");
+  // The built-in corpus is byte tokens: only a byte-level model can be measured on it.
+  TT_CHECK(found || flags.given("data") || config.vocab_size == kByteVocab,
+           "pass --data with the data to evaluate on: " + ckpt +
+               (trained_on.empty() ? " records no data folder"
+                                   : " was trained on " + trained_on + ", which is gone") +
+               ", and its " + std::to_string(config.vocab_size) + " ids are not the built-in corpus's bytes");
+  const std::string data = found ? trained_on : data_dir_or_default(flags);
   check_training_tokenizer(ckpt, data, "pass --data with the data it was trained on");
+  const int64_t data_vocab = read_vocab_size(data);
+  TT_CHECK(data_vocab == 0 || data_vocab == config.vocab_size,
+           "the checkpoint " + ckpt + " holds a model of " + std::to_string(config.vocab_size) +
+               " ids, but " + data + "/meta.json gives " + std::to_string(data_vocab) +
+               ": pass --data with data prepared by the model's tokenizer");
   const TokenFile val(data + "/val.bin", config.vocab_size);
+  check_token_count(data, val);
   nn::TransformerLM model(config);
   nn::FlatParameters params(model, device, 0);
   load_checkpoint(ckpt, params, nullptr, nullptr);

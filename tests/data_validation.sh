@@ -124,6 +124,7 @@ expect_ok "no meta.json, --vocab 257" "$train" --data "$work/nometa" "${common[@
 # A short val.bin: 60 tokens hold 3 windows of 17, so 2 batches of 2 do not fit (they used to wrap around).
 mkdir -p "$work/shortval" && cp "$work/data/train.bin" "$work/data/meta.json" "$work/shortval/"
 head -c 120 "$work/data/val.bin" >"$work/shortval/val.bin"
+python3 -c 'import json,os,sys; d=sys.argv[1]; m=json.load(open(d+"/meta.json")); m["val_tokens"]=os.path.getsize(d+"/val.bin")//2; json.dump(m,open(d+"/meta.json","w"))' "$work/shortval"
 expect_error "eval windows beyond val.bin" \
   "--eval-batches 2 x --batch 2 needs 4 windows of 17 tokens; $work/shortval/val.bin has room for 3; lower --eval-batches or --batch" \
   "$train" --data "$work/shortval" "${common[@]}" --eval-batches 2 --steps 2 --out "$work/run_shortval"
@@ -133,6 +134,17 @@ expect_ok "eval windows that fit" "$train" --data "$work/shortval" "${common[@]}
 expect_error "eval-only windows beyond val.bin" "needs 4 windows of 17 tokens; $work/shortval/val.bin has room for 3" \
   "$train" --eval-only --resume "$work/run_shortval_ok/checkpoints/step_2.h5" --data "$work/shortval" --ctx 16 \
   --batch 2 --eval-batches 2
+
+# A train.bin or val.bin cut short after prepare_data (a copy that ran out of room): meta.json's counts
+# say so, in training and in --eval-only.
+mkdir -p "$work/cut" && cp "$work/data/"* "$work/cut/" && truncate -s 2000 "$work/cut/train.bin"
+expect_error "train.bin cut short" "$work/cut/train.bin holds 1000 tokens, but $work/cut/meta.json records" \
+  "$train" --data "$work/cut" "${common[@]}" --steps 1 --out "$work/run_cut"
+no_run "train.bin cut short" "$work/run_cut"
+cp "$work/data/train.bin" "$work/cut/" && truncate -s 2000 "$work/cut/val.bin"
+expect_error "val.bin cut short, --eval-only" "the file is cut short or was replaced" \
+  "$train" --eval-only --resume "$work/run_shortval_ok/checkpoints/step_2.h5" --data "$work/cut" --ctx 16 \
+  --batch 2 --eval-batches 1
 
 # llm.c's token files: the same tokens behind a 256-int32 header train to the same losses.
 # llmc IN OUT [VERSION [COUNT_DELTA]]: IN's uint16 tokens behind llm.c's header.

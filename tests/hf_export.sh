@@ -177,10 +177,10 @@ expect_error "export over other files" "which export does not write: it is not a
 # An export folder the user added a file to is the user's now; folders beside --out are never touched.
 mkdir -p "$work/hf_notes" "$work/hf_notes.tmp" "$work/hf_notes.old"
 expect_ok "export into hf_notes" "$export_app" --checkpoint "$ckpt" --out "$work/hf_notes" --overwrite
-echo "my notes" >"$work/hf_notes/NOTES.md"
-expect_error "export over an export holding the user's file" "holds NOTES.md, which export does not write" \
+echo "my notes" >"$work/hf_notes/notes.txt"
+expect_error "export over an export holding the user's file" "holds notes.txt, which export does not write" \
   "$export_app" --checkpoint "$ckpt" --out "$work/hf_notes" --overwrite
-[ -e "$work/hf_notes/NOTES.md" ] && [ -d "$work/hf_notes.tmp" ] && [ -d "$work/hf_notes.old" ] ||
+[ -e "$work/hf_notes/notes.txt" ] && [ -d "$work/hf_notes.tmp" ] && [ -d "$work/hf_notes.old" ] ||
   fail "export removed the user's files or the folders beside --out"
 sums_before=$(cd "$work/hf" && md5sum ./*)
 output=$(bash -c "ulimit -f 200; exec \"$export_app\" --checkpoint \"$ckpt\" --out \"$work/hf\" --overwrite" 2>&1)

@@ -103,6 +103,9 @@ run_expect "plot cannot be written" 1 "cannot write $work/plot/loss.svg" \
   "$train" "${common[@]}" --out "$work/plot" --steps 4 --eval-every 2 --resume latest
 rmdir "$work/plot/loss.svg.tmp"
 
+# Job control on: a script's background jobs would otherwise start with SIGINT ignored, which train keeps
+# (as it keeps nohup's SIGHUP; checked at the end).
+set -m
 # 6. Signals: SIGTERM, SIGINT, SIGUSR1 and SIGHUP finish the step, write a checkpoint and exit 75; --resume
 # latest then gives the losses of an uninterrupted run, bit for bit. Logs reach a redirected file at once.
 # During start-up a stop ends the process at once.
@@ -202,6 +205,37 @@ run_expect "lr-min above lr-max" 1 "--lr-min 0.1 is above --lr-max 0.01" \
   "$train" "${common[@]}" --out "$work/lr" --steps 3 --lr-min 0.1 --lr-max 0.01
 run_expect "resume at a longer context" 1 "--ctx 32 differs from the checkpoint" \
   "$train" "${common[@]}" --ctx 32 --out "$work/longer" --steps 9 --resume "$work/run/checkpoints/step_9.h5"
+
+# 12. A run started ignoring SIGHUP (nohup) keeps ignoring it; SIGTERM still stops it with a checkpoint.
+nohup "$train" "${common[@]}" --out "$work/nohup" --steps 100000 --ckpt-every 0 >"$work/nohup.log" 2>&1 &
+pid=$!
+for _ in $(seq 1 300); do grep -q '^step' "$work/nohup.log" && break; sleep 0.02; done
+kill -s HUP $pid
+sleep 1
+if kill -0 $pid 2>/dev/null; then echo "ok   nohup: SIGHUP ignored"; else fail "nohup: SIGHUP ended the run"; fi
+kill -s TERM $pid
+wait $pid
+status=$?
+[ $status -eq 75 ] || { fail "nohup run stopped by SIGTERM: exit $status, expected 75"; tail -3 "$work/nohup.log"; }
+
+# 13. Resuming an older checkpoint of the folder says what it will replace, and only replaces it once it has
+# trained; --overwrite over another run removes nothing until a checkpoint of trained steps (a run failing
+# in its first step leaves the other run whole).
+run_expect "a 3-step run" 0 "" "$train" "${common[@]}" --out "$work/older" --steps 3 --ckpt-every 1
+run_expect "resume from step 1" 0 "note: step_2.h5, step_3.h5 in $work/older/checkpoints are replaced" \
+  "$train" "${common[@]}" --out "$work/older" --steps 3 --ckpt-every 1 --resume "$work/older/checkpoints/step_1.h5"
+run_expect "resume with another schedule and seed" 0 "note: --seed 1 -> 7 differs from the run" \
+  "$train" "${common[@]}" --out "$work/older" --steps 3 --ckpt-every 1 --resume "$work/older/checkpoints/step_2.h5" \
+  --seed 7 --lr-max 0.01
+grep -q -- "pass --lr-max 3e-3 to keep its schedule" <<<"$output" || fail "the schedule note: $output"
+for i in $(seq 1 8000); do echo "Sentence $i: how vexingly quick daft zebras jump."; echo "%"; done >"$work/text/a.txt"
+"$prepare" --input "$work/text" --out "$work/big" --separator % >/dev/null || fail "prepare the larger data"
+output=$(bash -c 'ulimit -v 2000000; exec "$@"' _ "$train" --data "$work/big" --ctx 1024 --batch 32 \
+  --eval-batches 1 --sample-tokens 0 --device cpu --out "$work/older" --steps 3 --overwrite 2>&1)
+grep -q "out of host memory" <<<"$output" || { fail "the overwriting run did not run out of memory:"; echo "$output" | tail -2; }
+for step in 1 2 3; do
+  loads "the overwritten run's step $step" "$work/older/checkpoints/step_$step.h5"
+done
 
 echo "$failures failure(s)"
 [ $failures -eq 0 ]

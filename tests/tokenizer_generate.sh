@@ -165,6 +165,12 @@ mkdir -p "$work/text2"
   >/dev/null 2>&1 || fail "prepare_data on other text"
 expect_error "another tokenizer.model of the same size" "another model file" \
   "$generate" --checkpoint "$ckpt" --tokenizer "$work/other/tokenizer.model" --prompt x
+# The same number of pieces is not the same tokenizer: training and evaluating on that data are refused too.
+expect_error "resume on data of another tokenizer of the same size" "was trained on tokens of sentencepiece" \
+  "$train" --preset tiny --data "$work/other" --out "$work/run_other" --steps 31 --batch 8 --ctx 48 \
+  --eval-batches 1 --device cpu --resume "$ckpt"
+expect_error "evaluate on data of another tokenizer of the same size" "was trained on tokens of sentencepiece" \
+  "$train" --eval-only --resume "$ckpt" --data "$work/other" --batch 2 --eval-batches 1 --device cpu
 expect_error "malformed --tokenizer" "is not a valid SentencePiece model" \
   "$generate" --checkpoint "$ckpt" --tokenizer "$work/bad.model" --prompt x
 cp "$work/sp/tokenizer.model" "$work/good.model"

@@ -125,6 +125,8 @@ expect_error "empty --out" "--out must name a folder" "$train" "${common[@]}" --
 # A validation file too short for the context: refused at start-up, not at the first evaluation.
 head -c 100 "$work/data/val.bin" >"$work/shortval.bin"
 mkdir -p "$work/short" && cp "$work/data/train.bin" "$work/data/meta.json" "$work/short/" && mv "$work/shortval.bin" "$work/short/val.bin"
+# A val.bin prepared short (meta.json counting what it holds), not one cut short after.
+python3 -c 'import json,os,sys; d=sys.argv[1]; m=json.load(open(d+"/meta.json")); m["val_tokens"]=os.path.getsize(d+"/val.bin")//2; json.dump(m,open(d+"/meta.json","w"))' "$work/short"
 expect_error "validation file too short" "needs at least 66 tokens, but '$work/short/val.bin' has 50" \
   "$train" --data "$work/short" --ctx 64 --batch 2 --eval-batches 1 --sample-tokens 0 --steps 3 --out "$work/shortrun"
 [ -e "$work/shortrun/checkpoints/step_0.h5" ] && { echo "FAIL short val: training started"; failures=$((failures + 1)); }

@@ -292,7 +292,7 @@ void save_checkpoint(const std::string& path, const nn::ModelConfig& config, nn:
     const bool writable = access(folder.empty() ? "." : folder.c_str(), W_OK) == 0;
     throw Error("cannot write checkpoint " + path +
                 (writable ? " (disk full?): " : " (folder not writable): ") + e.what() +
-                "; earlier checkpoints are intact");
+                (state.step > 0 ? "; earlier checkpoints are intact" : ""));
   }
 }
 

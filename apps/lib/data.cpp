@@ -12,6 +12,7 @@
 #include <exception>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <mutex>
 #include <sstream>
 #include <string_view>
@@ -372,6 +373,10 @@ std::optional<DataMeta> read_meta(const std::string& data_dir) {
              path + ": tokenizer_model_fnv1a64 must be 16 lowercase hex digits, got " + checksum.dump());
     out.tokenizer_checksum = checksum.get<std::string>();
   }
+  for (const auto& [field, count] :
+       {std::pair{"train_tokens", &out.train_tokens}, {"val_tokens", &out.val_tokens}})
+    if (meta.contains(field))
+      *count = integer_field(meta, path, field, 0, std::numeric_limits<int64_t>::max(), "");
   return out;
 }
 
@@ -389,6 +394,17 @@ std::string meta_json(const DataMeta& meta, const std::vector<std::pair<std::str
 int64_t read_vocab_size(const std::string& data_dir) {
   const std::optional<DataMeta> meta = read_meta(data_dir);
   return meta ? meta->vocab_size : 0;
+}
+
+void check_token_count(const std::string& data_dir, const TokenFile& file) {
+  const std::optional<DataMeta> meta = read_meta(data_dir);
+  if (!meta) return;
+  const bool train = fs::path(file.path()).filename() == "train.bin";
+  const int64_t recorded = train ? meta->train_tokens : meta->val_tokens;
+  TT_CHECK(recorded < 0 || recorded == file.size(),
+           file.path() + " holds " + std::to_string(file.size()) + " tokens, but " + data_dir +
+               "/meta.json records " + std::to_string(recorded) +
+               ": the file is cut short or was replaced since prepare_data wrote it; prepare the data again");
 }
 
 std::string read_tokenizer(const std::string& data_dir) {

@@ -148,6 +148,8 @@ struct DataMeta {
   // sentencepiece: FNV-1a 64 of DIR/tokenizer.model (16 hex digits, field tokenizer_model_fnv1a64); "" when
   // the file has none.
   std::string tokenizer_checksum;
+  // The token counts prepare_data wrote (train_tokens, val_tokens); -1 when the file has none.
+  int64_t train_tokens = -1, val_tokens = -1;
 };
 const std::vector<std::string>& known_tokenizers();  // bytes, sentencepiece, gpt2
 // What checkpoints record of their data's tokenizer: "NAME VOCAB_SIZE[ CHECKSUM]", e.g. "bytes 257".
@@ -164,6 +166,9 @@ std::string meta_json(const DataMeta& meta, const std::vector<std::pair<std::str
 // read_meta's vocab_size and tokenizer; 0 / "" when DIR/meta.json does not exist (then the vocabulary must
 // come from --vocab).
 int64_t read_vocab_size(const std::string& data_dir);
+// Throws when `file` (DIR/train.bin or DIR/val.bin) holds another number of tokens than DIR/meta.json
+// records for it: a truncated copy, or a file replaced after the data was prepared.
+void check_token_count(const std::string& data_dir, const TokenFile& file);
 std::string read_tokenizer(const std::string& data_dir);
 
 struct PrepareOptions {

@@ -77,7 +77,13 @@ void install_stop_handlers() {
   action.sa_handler = on_stop_signal;
   sigemptyset(&action.sa_mask);
   action.sa_flags = SA_RESTART;  // file writes and waits in progress carry on
-  for (int signal : {SIGINT, SIGTERM, SIGHUP, SIGUSR1}) sigaction(signal, &action, nullptr);
+  for (int signal : {SIGINT, SIGTERM, SIGHUP, SIGUSR1}) {
+    // A signal the process was started ignoring stays ignored: `nohup` (SIGHUP), a shell's background job
+    // (SIGINT). The user detached the run from it.
+    struct sigaction inherited;
+    if (sigaction(signal, nullptr, &inherited) == 0 && inherited.sa_handler == SIG_IGN) continue;
+    sigaction(signal, &action, nullptr);
+  }
 }
 
 void accept_stop_requests(bool accept) {

@@ -158,8 +158,9 @@ std::string flag_value(const std::string& summary, const std::string& name) {
   return "";
 }
 
-// A resumed run reproduces the uninterrupted one only with the same learning-rate schedule; say so.
-void warn_if_schedule_differs(const std::string& written_by, const Flags& flags) {
+// A resumed run reproduces the uninterrupted one only with the same learning-rate schedule and optimizer,
+// sampling and precision settings; say which differ.
+void warn_if_settings_differ(const std::string& written_by, const Flags& flags) {
   // Checkpoints written by `import` record no schedule.
   if (written_by.empty() || flag_value(written_by, "steps").empty()) return;
   auto effective_cosine = [](const std::string& cosine, const std::string& steps) {
@@ -168,20 +169,38 @@ void warn_if_schedule_differs(const std::string& written_by, const Flags& flags)
   const std::string old_end =
       effective_cosine(flag_value(written_by, "cosine-steps"), flag_value(written_by, "steps"));
   const std::string new_end = effective_cosine(flags.str("cosine-steps"), flags.str("steps"));
-  std::string differs;
-  auto add = [&](const std::string& change) { differs += (differs.empty() ? "" : "; ") + change; };
-  if (old_end != new_end) add("cosine end " + old_end + " -> " + new_end);
+  std::string differs, keep;  // what changed, and the flags that would keep the old schedule
+  auto add = [&](const std::string& change, const std::string& flag) {
+    differs += (differs.empty() ? "" : "; ") + change;
+    keep += (keep.empty() ? "" : " ") + flag;
+  };
+  if (old_end != new_end) add("cosine end " + old_end + " -> " + new_end, "--cosine-steps " + old_end);
   for (const char* name : {"warmup", "lr-max", "lr-min"}) {
     const std::string before = flag_value(written_by, name);
     if (!before.empty() && before != flags.str(name))
-      add(std::string("--") + name + " " + before + " -> " + flags.str(name));
+      add(std::string("--") + name + " " + before + " -> " + flags.str(name),
+          std::string("--") + name + " " + before);
   }
   if (!differs.empty()) {
     std::printf(
         "note: the learning-rate schedule differs from the run that wrote the checkpoint (%s), so the "
-        "losses will not match an uninterrupted run; pass --cosine-steps %s to keep its schedule\n",
-        differs.c_str(), old_end.c_str());
+        "losses will not match an uninterrupted run; pass %s to keep its schedule\n",
+        differs.c_str(), keep.c_str());
   }
+  // The other settings a step's result depends on.
+  std::string others;
+  for (const char* name :
+       {"seed", "sampling", "clip", "weight-decay", "beta1", "beta2", "precision", "grad-dtype"}) {
+    const std::string before = flag_value(written_by, name);
+    if (!before.empty() && before != flags.str(name))
+      others +=
+          (others.empty() ? "" : ", ") + std::string("--") + name + " " + before + " -> " + flags.str(name);
+  }
+  if (!others.empty())
+    std::printf(
+        "note: %s differ%s from the run that wrote the checkpoint, so the losses will not match an "
+        "uninterrupted run\n",
+        others.c_str(), others.find(',') == std::string::npos ? "s" : "");
 }
 
 // The same for the step's global batch (sequences over all ranks and micro-batches), from the flags and the
@@ -206,7 +225,14 @@ void check_data_vocabulary(const std::string& checkpoint, const std::string& dat
   const int64_t data_vocab = read_vocab_size(data_dir);
   if (data_vocab == 0) return;  // token files without meta.json: --vocab says what they are
   const int64_t model_vocab = read_checkpoint_config(checkpoint).vocab_size;
-  if (model_vocab == data_vocab) return;
+  if (model_vocab == data_vocab) {
+    // The same size is not the same tokenizer: another SentencePiece model of as many pieces.
+    if (flags.integer("vocab") == 0)
+      check_training_tokenizer(checkpoint, data_dir,
+                               "pass --data with data prepared by the same tokenizer (or --vocab " +
+                                   std::to_string(model_vocab) + " if these ids are meant for that model)");
+    return;
+  }
   const std::string tokenizer = read_tokenizer(data_dir);
   const std::string data = data_dir + "/meta.json gives " + std::to_string(data_vocab) + " ids (tokenizer " +
                            (tokenizer.empty() ? "not named" : tokenizer) + ")";
@@ -417,6 +443,8 @@ class TrainingRun {
       root_ = plan_.root;
       train_file_ = std::make_unique<TokenFile>(data_dir_ + "/train.bin", plan_.config.vocab_size);
       val_file_ = std::make_unique<TokenFile>(data_dir_ + "/val.bin", plan_.config.vocab_size);
+      check_token_count(data_dir_, *train_file_);
+      check_token_count(data_dir_, *val_file_);
       check_context_fits(*val_file_, plan_.ctx);  // now, not at the first evaluation
       eval_batches_ = flags_.integer("eval-batches");
       check_eval_fits(*val_file_, plan_.batch, plan_.ctx, eval_batches_);
@@ -507,6 +535,22 @@ class TrainingRun {
                           "; pass a new --out, or --overwrite to replace them");
   }
 
+  // Rank 0: the checkpoints this run will remove once it has written one of trained steps (a resume from an
+  // older checkpoint of the folder: its later ones; --overwrite: the other run's).
+  void announce_replacements() const {
+    const std::vector<std::string>& replaced = folder_->replaced_checkpoints();
+    if (replaced.empty()) return;
+    std::string names;
+    for (size_t i = 0; i < replaced.size() && i < 3; ++i)
+      names += (i > 0 ? ", " : "") + fs::path(replaced[i]).filename().string();
+    if (replaced.size() > 3) names += " and " + std::to_string(replaced.size() - 3) + " more";
+    std::printf(
+        "note: %s in %s %s replaced, with %s metrics lines, once this run writes a checkpoint of "
+        "trained steps\n",
+        names.c_str(), folder_->checkpoints_dir().c_str(), replaced.size() == 1 ? "is" : "are",
+        resume_.empty() || !resumes_own_folder() ? "the other run's" : "their");
+  }
+
   // Whether the checkpoint resumed from lies in --out's own checkpoints folder (links resolved).
   bool resumes_own_folder() const {
     std::error_code ec;
@@ -583,16 +627,18 @@ class TrainingRun {
         std::printf("resumed from %s at step %lld (%s read in %s, %s)\n", resume_.c_str(),
                     static_cast<long long>(state_.step), format_bytes(bytes).c_str(),
                     format_seconds(load_s).c_str(), format_rate(bytes, load_s).c_str());
-        warn_if_schedule_differs(written_by, flags_);
+        warn_if_settings_differ(written_by, flags_);
         warn_if_global_batch_differs(written_by, plan_.batch * plan_.accum * plan_.world);
         // What came after the checkpoint in its own folder belongs to a future this run replaces; another
         // folder's run is replaced whole. Either way only once this run has written a checkpoint.
         const bool own = resumes_own_folder();
         folder_->start(own ? state_.step : -1, own ? resume_ : "");
+        announce_replacements();
       }
     } else if (root_) {
       if (!init_from_.empty()) std::printf("new run from the weights of %s\n", init_from_.c_str());
       folder_->start(-1);
+      announce_replacements();
     }
   }
 
