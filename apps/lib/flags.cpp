@@ -114,10 +114,15 @@ void Flags::read_config(const std::string& path) {
   std::map<std::string, int> line_of;  // each name's line: a name given twice is an error
   while (std::getline(in, line)) {
     ++number;
-    const size_t hash = line.find('#');
-    if (hash != std::string::npos) line.resize(hash);
+    // A comment: '#' at the start of the line or after a space or tab (so "C#" stays in a value).
+    for (size_t hash = line.find('#'); hash != std::string::npos; hash = line.find('#', hash + 1)) {
+      if (hash == 0 || line[hash - 1] == ' ' || line[hash - 1] == '\t') {
+        line.resize(hash);
+        break;
+      }
+    }
     // "name = value", "name=value" or "name value"; the value is the rest of the line, trimmed, so it may
-    // contain spaces (a prompt, say).
+    // contain spaces (a prompt, say); quotes around it (" or ') are taken off.
     auto trim = [](const std::string& t) {
       const size_t b = t.find_first_not_of(" \t\r"), e = t.find_last_not_of(" \t\r");
       return b == std::string::npos ? std::string() : t.substr(b, e - b + 1);
@@ -137,6 +142,8 @@ void Flags::read_config(const std::string& path) {
       name = stripped.substr(0, space_pos);
       value = space_pos == std::string::npos ? "" : trim(stripped.substr(space_pos));
     }
+    if (value.size() >= 2 && (value.front() == '"' || value.front() == '\'') && value.back() == value.front())
+      value = value.substr(1, value.size() - 2);
     if (name.rfind("--", 0) == 0) name = name.substr(2);
     name = canonical(name);
     if (!specs_.count(name) && name.rfind("no-", 0) == 0 && value.empty()) {

@@ -1,6 +1,7 @@
 // Command-line flags: each app declares its flags with a default and a help line; `--help` prints them
 // (grouped under headings, wrapped to 100 columns), `--version` prints "tinytrain <version>", `--config
-// FILE` reads "name = value" lines (command line wins), and anything unknown or malformed is a one-line
+// FILE` reads "name = value" lines (command line wins; quotes around a value are dropped; '#' after a space
+// or at a line's start begins a comment), and anything unknown or malformed is a one-line
 // error. Switches are on/off: `--name`, `--no-name`, `--name=on|off` or `--name on|off`.
 #pragma once
 

@@ -676,13 +676,17 @@ class TrainingRun {
     entropy_ = unigram_entropy(*train_file_, config.vocab_size);
     peak_ = device_peak_flops(device_name(device_), config.precision == nn::Precision::bf16);
     if (!root_) return;
+    // The preset's name, and the sizes given instead of its own.
+    std::string model = flags_.str("preset");
+    for (const char* name : {"d-model", "layers", "heads", "d-ff"})
+      if (flags_.integer(name) > 0) model += std::string(" --") + name + " " + flags_.str(name);
     std::printf(
         "model %s: %lld parameters (d_model %lld, %lld layers, %lld heads, d_ff %lld, vocab %lld, ctx "
         "%lld)\n",
-        flags_.str("preset").c_str(), static_cast<long long>(params_->numel()),
-        static_cast<long long>(config.d_model), static_cast<long long>(config.num_layers),
-        static_cast<long long>(config.num_heads), static_cast<long long>(config.d_ff),
-        static_cast<long long>(config.vocab_size), static_cast<long long>(plan_.ctx));
+        model.c_str(), static_cast<long long>(params_->numel()), static_cast<long long>(config.d_model),
+        static_cast<long long>(config.num_layers), static_cast<long long>(config.num_heads),
+        static_cast<long long>(config.d_ff), static_cast<long long>(config.vocab_size),
+        static_cast<long long>(plan_.ctx));
     std::printf("device %s (%s), precision %s%s, attention %s; data %s: %lld train / %lld val tokens\n",
                 device_.str().c_str(), device_name(device_).c_str(), nn::precision_name(config.precision),
                 plan_.grads_bf16 ? " (bf16 gradients)" : "", nn::attention_name(config.attention),
