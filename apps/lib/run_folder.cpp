@@ -149,11 +149,11 @@ std::string RunFolder::checkpoint_path(int64_t step) const {
 }
 
 void RunFolder::discard_new_run() {
-  if (kept_step_ >= 0) return;
+  if (kept_step_ >= 0 || !committed_) return;
   std::error_code ec;
-  if (committed_ || start_point_written_) fs::remove(checkpoint_path(0), ec);
-  if (committed_) fs::remove(metrics_path(), ec);
-  committed_ = start_point_written_ = false;
+  fs::remove(checkpoint_path(0), ec);
+  fs::remove(metrics_path(), ec);
+  committed_ = false;
 }
 
 bool RunFolder::holds_trained_run() const {
@@ -170,20 +170,21 @@ bool RunFolder::holds_trained_run() const {
 
 void RunFolder::start(int64_t kept_step, const std::string& keep_file) {
   kept_step_ = kept_step;
+  replaces_another_run_ = false;
   kept_metrics_.clear();
   replaced_checkpoints_.clear();
   std::error_code ec;
   for (const auto& [step, path] : list_checkpoints(checkpoints_dir())) {
     if (step <= kept_step) continue;
     if (!keep_file.empty() && fs::equivalent(path, keep_file, ec)) continue;
-    if (kept_step < 0 && step == 0) continue;  // a new run writes its own start point over it
     replaced_checkpoints_.push_back(path);
+    // A start point alone (step 0, a run that ended in its first step) is overwritten by this run's own.
+    replaces_another_run_ = replaces_another_run_ || (kept_step < 0 && step > 0);
   }
   if (kept_step < 0) {
     std::ifstream in(metrics_path());
     std::string line;
-    replaces_metrics_ = false;
-    while (!replaces_metrics_ && std::getline(in, line)) replaces_metrics_ = !line.empty();
+    while (!replaces_another_run_ && std::getline(in, line)) replaces_another_run_ = !line.empty();
     return;
   }
   std::ifstream in(metrics_path());
@@ -217,12 +218,6 @@ void RunFolder::append_metrics(const std::string& line) {
 }
 
 void RunFolder::commit(int64_t step, int64_t keep) {
-  if (!committed_ && step == 0 && (!replaced_checkpoints_.empty() || replaces_metrics_)) {
-    // An untrained start point replaces nothing: until a checkpoint of trained steps, the run it replaces
-    // stays whole beside it.
-    start_point_written_ = true;
-    return;
-  }
   if (!committed_) {
     std::string text;
     for (const std::string& l : kept_metrics_) text += l + "\n";

@@ -1,8 +1,8 @@
 // A training run's folder (--out), owned by rank 0: the lock that keeps a second run out, the checkpoints in
 // it, and metrics.jsonl. The rule that keeps users' work: nothing saved is deleted until a newer checkpoint
-// of trained steps has been written and verified (a new run's step 0 does not count: it holds only the
-// initial weights). A resumed run's replaced future (later checkpoints, later metrics) and an overwritten
-// run's files are removed only then; older checkpoints are pruned only then.
+// of trained steps has been written and verified (a run replacing another writes no step 0: it would hold
+// only the initial weights). A resumed run's replaced future (later checkpoints, later metrics) and an
+// overwritten run's files are removed only then; older checkpoints are pruned only then.
 #pragma once
 
 #include <cstdint>
@@ -54,13 +54,16 @@ class RunFolder {
   const std::vector<std::string>& kept_metrics() const { return kept_metrics_; }
   // What this run replaces once it has written a checkpoint of trained steps (start() computes it).
   const std::vector<std::string>& replaced_checkpoints() const { return replaced_checkpoints_; }
+  // A new run over another run's checkpoints or metrics (--overwrite). It writes no start point (step 0)
+  // beside them: its first checkpoint is one of trained steps, and until then the folder holds the other
+  // run alone, whole.
+  bool replaces_another_run() const { return replaces_another_run_; }
   // Appends one metrics line. Until the first commit() lines wait in memory; afterwards they are appended
   // and flushed at once. A failed write is undone (no torn line) and throws.
   void append_metrics(const std::string& line);
   // Called after a checkpoint at `step` was written and verified: on the first call, metrics.jsonl becomes
   // the kept lines plus the new ones (written whole, then renamed) and the replaced checkpoints are deleted;
-  // then all but the newest `keep` checkpoints (0: all) are pruned. A new run's step 0 over a run it
-  // replaces waits for the next call. step -1: a run that writes no
+  // then all but the newest `keep` checkpoints (0: all) are pruned. step -1: a run that writes no
   // checkpoints takes the folder over at once.
   void commit(int64_t step, int64_t keep);
   // A new run (start(-1)) that failed before its first step completed: removes what it wrote (step_0,
@@ -71,8 +74,7 @@ class RunFolder {
   std::string out_;
   int lock_fd_ = -1;
   bool created_out_ = false, created_checkpoints_ = false, committed_ = false;
-  bool replaces_metrics_ = false;     // a new run over a folder whose metrics.jsonl has lines
-  bool start_point_written_ = false;  // step 0 written, the run it replaces not yet removed
+  bool replaces_another_run_ = false;
   int64_t kept_step_ = -1;
   std::vector<std::string> kept_metrics_, pending_metrics_, replaced_checkpoints_;
 };

@@ -539,14 +539,15 @@ class TrainingRun {
   // older checkpoint of the folder: its later ones; --overwrite: the other run's).
   void announce_replacements() const {
     const std::vector<std::string>& replaced = folder_->replaced_checkpoints();
-    if (replaced.empty()) return;
+    // A new run's lone start point of a run that ended in its first step: check_may_replace_folder said so.
+    if (replaced.empty() || (resume_.empty() && !folder_->replaces_another_run())) return;
     std::string names;
     for (size_t i = 0; i < replaced.size() && i < 3; ++i)
       names += (i > 0 ? ", " : "") + fs::path(replaced[i]).filename().string();
     if (replaced.size() > 3) names += " and " + std::to_string(replaced.size() - 3) + " more";
     std::printf(
         "note: %s in %s %s replaced, with %s metrics lines, once this run writes a checkpoint of "
-        "trained steps\n",
+        "trained steps (until then the folder keeps them whole)\n",
         names.c_str(), folder_->checkpoints_dir().c_str(), replaced.size() == 1 ? "is" : "are",
         resume_.empty() || !resumes_own_folder() ? "the other run's" : "their");
   }
@@ -640,6 +641,10 @@ class TrainingRun {
       folder_->start(-1);
       announce_replacements();
     }
+    // Rank 0's folder decides whether the collective save of the start point happens on every rank.
+    if (resume_.empty())
+      replaces_another_run_ =
+          !rank0_string(root_ && folder_->replaces_another_run() ? "1" : "", runtime_).empty();
   }
 
   bool complete() const { return complete_; }
@@ -743,7 +748,7 @@ class TrainingRun {
     last_checkpoint_step_ = state_.step;
     const bool checkpoints = ckpt_every >= 0;
     if (!checkpoints && root_) folder_->commit(-1, flags_.integer("keep-ckpts"));  // the folder is this run's
-    if (resume_.empty() && checkpoints) save(0);
+    if (resume_.empty() && checkpoints && !replaces_another_run_) save(0);
 
     std::vector<LossPoint> train_curve, val_curve;
     if (root_)
@@ -932,7 +937,8 @@ class TrainingRun {
   const Flags& flags_;
   const Device device_;
   const std::string data_dir_;
-  bool complete_ = false;  // --resume latest found the run ended: nothing to do
+  bool complete_ = false;              // --resume latest found the run ended: nothing to do
+  bool replaces_another_run_ = false;  // RunFolder::replaces_another_run: no step 0 is written
   dist::DistRuntime* const runtime_;
   RunPlan plan_;
   bool root_ = true;
