@@ -4,6 +4,7 @@
 // tokenizer.model with a tokenizer_config.json.
 #include <unistd.h>
 
+#include <cerrno>
 #include <csignal>
 #include <cstdio>
 #include <filesystem>
@@ -76,6 +77,7 @@ class StagedFolder {
       : out_(out),
         tmp_(out.string() + ".tmp-" + std::to_string(::getpid())),
         old_(out.string() + ".old-" + std::to_string(::getpid())) {
+    remove_interrupted_exports();
     for (const fs::path& path : {tmp_, old_})
       TT_CHECK(!fs::exists(path), path.string() + " is in the way of the export; move it away");
     fs::create_directories(tmp_);
@@ -87,6 +89,23 @@ class StagedFolder {
   StagedFolder(const StagedFolder&) = delete;
   StagedFolder& operator=(const StagedFolder&) = delete;
   std::string file(const std::string& name) const { return (tmp_ / name).string(); }
+  // OUT.tmp-PID folders of exports killed mid-way (their process is gone) that hold only export's files.
+  void remove_interrupted_exports() const {
+    const fs::path parent = out_.has_parent_path() ? out_.parent_path() : fs::path(".");
+    const std::string prefix = out_.filename().string() + ".tmp-";
+    std::error_code ec;
+    for (const auto& entry : fs::directory_iterator(parent, ec)) {
+      const std::string name = entry.path().filename().string();
+      if (!entry.is_directory() || name.rfind(prefix, 0) != 0) continue;
+      const std::string digits = name.substr(prefix.size());
+      if (digits.empty() || digits.size() > 9 || digits.find_first_not_of("0123456789") != std::string::npos)
+        continue;
+      const pid_t pid = static_cast<pid_t>(std::stoll(digits));
+      if ((::kill(pid, 0) == 0 || errno != ESRCH) || !foreign_entry(entry.path()).empty()) continue;
+      std::printf("removing %s, left by an interrupted export\n", entry.path().c_str());
+      fs::remove_all(entry.path(), ec);
+    }
+  }
   void commit() {
     if (fs::exists(out_)) fs::rename(out_, old_);
     fs::rename(tmp_, out_);

@@ -87,16 +87,18 @@ int run_eval_only(const Flags& flags, Device device) {
   // The built-in corpus is byte tokens: only a byte-level model can be measured on it.
   TT_CHECK(found || flags.given("data") || config.vocab_size == kByteVocab,
            "pass --data with the data to evaluate on: " + ckpt +
-               (trained_on.empty() ? " records no data folder"
-                                   : " was trained on " + trained_on + ", which is gone") +
+               (trained_on.empty()       ? " records no data folder"
+                : fs::exists(trained_on) ? " was trained on " + trained_on + ", which has no meta.json"
+                                         : " was trained on " + trained_on + ", which is gone") +
                ", and its " + std::to_string(config.vocab_size) + " ids are not the built-in corpus's bytes");
   const std::string data = found ? trained_on : data_dir_or_default(flags);
   check_training_tokenizer(ckpt, data, "pass --data with the data it was trained on");
   const int64_t data_vocab = read_vocab_size(data);
-  TT_CHECK(data_vocab == 0 || data_vocab == config.vocab_size,
-           "the checkpoint " + ckpt + " holds a model of " + std::to_string(config.vocab_size) +
-               " ids, but " + data + "/meta.json gives " + std::to_string(data_vocab) +
-               ": pass --data with data prepared by the model's tokenizer");
+  // A model may have more ids than its data (a vocabulary padded for speed), never fewer.
+  TT_CHECK(data_vocab <= config.vocab_size, "the checkpoint " + ckpt + " holds a model of " +
+                                                std::to_string(config.vocab_size) + " ids, but " + data +
+                                                "/meta.json gives " + std::to_string(data_vocab) +
+                                                ": pass --data with data prepared by the model's tokenizer");
   const TokenFile val(data + "/val.bin", config.vocab_size);
   check_token_count(data, val);
   nn::TransformerLM model(config);

@@ -182,6 +182,13 @@ expect_error "export over an export holding the user's file" "holds notes.txt, w
   "$export_app" --checkpoint "$ckpt" --out "$work/hf_notes" --overwrite
 [ -e "$work/hf_notes/notes.txt" ] && [ -d "$work/hf_notes.tmp" ] && [ -d "$work/hf_notes.old" ] ||
   fail "export removed the user's files or the folders beside --out"
+# An export killed mid-way leaves OUT.tmp-PID: the next export removes it when its process is gone and it
+# holds only export's files, and leaves any other.
+mkdir -p "$work/hf_int.tmp-999999" "$work/hf_int.tmp-999998"
+touch "$work/hf_int.tmp-999999/config.json" "$work/hf_int.tmp-999998/notes.txt"
+expect_ok "export beside interrupted ones" "$export_app" --checkpoint "$ckpt" --out "$work/hf_int"
+[ ! -e "$work/hf_int.tmp-999999" ] && [ -e "$work/hf_int.tmp-999998/notes.txt" ] ||
+  fail "interrupted exports: $(ls -d "$work"/hf_int.tmp-*)"
 sums_before=$(cd "$work/hf" && md5sum ./*)
 output=$(bash -c "ulimit -f 200; exec \"$export_app\" --checkpoint \"$ckpt\" --out \"$work/hf\" --overwrite" 2>&1)
 status=$?

@@ -103,9 +103,6 @@ run_expect "plot cannot be written" 1 "cannot write $work/plot/loss.svg" \
   "$train" "${common[@]}" --out "$work/plot" --steps 4 --eval-every 2 --resume latest
 rmdir "$work/plot/loss.svg.tmp"
 
-# Job control on: a script's background jobs would otherwise start with SIGINT ignored, which train keeps
-# (as it keeps nohup's SIGHUP; checked at the end).
-set -m
 # 6. Signals: SIGTERM, SIGINT, SIGUSR1 and SIGHUP finish the step, write a checkpoint and exit 75; --resume
 # latest then gives the losses of an uninterrupted run, bit for bit. Logs reach a redirected file at once.
 # During start-up a stop ends the process at once.

@@ -89,9 +89,9 @@ grep -q '"loss"' "$work/bf16grads/metrics.jsonl" || { echo "FAIL: no metrics fro
 printf 'Once there was a tiny model.\nIt read the same lines again and again.\n%.0s' $(seq 1 200) >"$work/one.txt"
 expect_ok "prepare_data on one file" "$prepare" --input "$work/one.txt" --out "$work/one"
 # Quotes around a value are taken off; '#' starts a comment only at a line's start or after a space.
-printf 'steps = 2  # two\nprompt = "Once a C# tale"\nsample-tokens = 5\n' >"$work/run.cfg"
+printf 'steps = 2  # two\nprompt = "A C# #1 tale"\nsample-tokens = 5\n' >"$work/run.cfg"
 expect_ok "config file" "$train" --config "$work/run.cfg" --data "$work/one" --ctx 16 --batch 2 --eval-batches 1 --out "$work/cfg"
-grep -q "^Once a C# tale" "$work/cfg/sample.txt" || { echo "FAIL: config prompt with spaces was cut"; failures=$((failures + 1)); }
+grep -q "^A C# #1 tale" "$work/cfg/sample.txt" || { echo "FAIL: config prompt with spaces was cut"; failures=$((failures + 1)); }
 # Resumes that must leave --out as it is: nothing left to do, and another folder's checkpoint.
 expect_ok "train 6 steps" "$train" "${common[@]}" --out "$work/keep" --steps 6 --ckpt-every 2 --keep-ckpts 0
 metrics_before=$(md5sum "$work/keep/metrics.jsonl" | cut -d' ' -f1)

@@ -278,15 +278,28 @@ std::unique_ptr<OptimizerState> optimizer_state(optim::ShardedOptimizer& sharded
 }
 
 void save_checkpoint(const std::string& path, const nn::ModelConfig& config, nn::FlatParameters& params,
-                     OptimizerState* optimizer, const TrainState& state, bool writer) {
+                     OptimizerState* optimizer, const TrainState& state, bool writer,
+                     const std::function<void(const std::string&)>& check) {
   if (!writer) {
     write_contents(nullptr, config, params, optimizer, state);
     return;
   }
+  // The check's own error is not a write error: it is passed on as it was thrown.
+  std::exception_ptr check_error;
+  const auto checked = [&](const std::string& tmp) {
+    try {
+      check(tmp);
+    } catch (...) {
+      check_error = std::current_exception();
+      throw;
+    }
+  };
   try {
-    io::atomic_write(path,
-                     [&](io::H5File& file) { write_contents(&file, config, params, optimizer, state); });
+    io::atomic_write(
+        path, [&](io::H5File& file) { write_contents(&file, config, params, optimizer, state); },
+        check ? std::function<void(const std::string&)>(checked) : std::function<void(const std::string&)>());
   } catch (const Error& e) {
+    if (check_error) std::rethrow_exception(check_error);
     // A folder this process may not write to is the other common cause besides a full disk.
     const std::string folder = std::filesystem::path(path).parent_path().string();
     const bool writable = access(folder.empty() ? "." : folder.c_str(), W_OK) == 0;

@@ -62,9 +62,12 @@ std::unique_ptr<OptimizerState> optimizer_state(optim::ShardedOptimizer& sharded
 std::unique_ptr<OptimizerState> optimizer_state(optim::ZeroOptimizer& zero);
 
 // Every rank calls it (sharded parameters and state are gathered parameter by parameter, never whole on
-// one rank); only the rank with `writer` set writes the file.
+// one rank); only the rank with `writer` set writes the file. `check` (optional, the writer's): run on the
+// written temporary file before it takes `path`'s name (train verifies it there, so a step_N.h5 in a run
+// folder is always a verified one); what it throws propagates as thrown.
 void save_checkpoint(const std::string& path, const nn::ModelConfig& config, nn::FlatParameters& params,
-                     OptimizerState* optimizer, const TrainState& state, bool writer = true);
+                     OptimizerState* optimizer, const TrainState& state, bool writer = true,
+                     const std::function<void(const std::string&)>& check = {});
 
 // The model configuration stored in a checkpoint (precision and attention are not part of the file's
 // identity and keep their defaults), once it is known to describe the file's /model datasets (f32, their

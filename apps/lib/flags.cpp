@@ -114,10 +114,17 @@ void Flags::read_config(const std::string& path) {
   std::map<std::string, int> line_of;  // each name's line: a name given twice is an error
   while (std::getline(in, line)) {
     ++number;
-    // A comment: '#' at the start of the line or after a space or tab (so "C#" stays in a value).
-    for (size_t hash = line.find('#'); hash != std::string::npos; hash = line.find('#', hash + 1)) {
-      if (hash == 0 || line[hash - 1] == ' ' || line[hash - 1] == '\t') {
-        line.resize(hash);
+    // A comment: '#' at the start of the line or after a space or tab, outside quotes (so "C#" and
+    // "issue #5" stay in a value).
+    char quote = 0;
+    for (size_t i = 0; i < line.size(); ++i) {
+      const char c = line[i];
+      if (quote != 0) {
+        if (c == quote) quote = 0;
+      } else if (c == '"' || c == '\'') {
+        quote = c;
+      } else if (c == '#' && (i == 0 || line[i - 1] == ' ' || line[i - 1] == '\t')) {
+        line.resize(i);
         break;
       }
     }

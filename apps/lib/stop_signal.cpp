@@ -78,10 +78,11 @@ void install_stop_handlers() {
   sigemptyset(&action.sa_mask);
   action.sa_flags = SA_RESTART;  // file writes and waits in progress carry on
   for (int signal : {SIGINT, SIGTERM, SIGHUP, SIGUSR1}) {
-    // A signal the process was started ignoring stays ignored: `nohup` (SIGHUP), a shell's background job
-    // (SIGINT). The user detached the run from it.
+    // Started under `nohup`, SIGHUP stays ignored: the user detached the run from the terminal. (A script's
+    // background job also starts with SIGINT ignored; there `kill -INT` is still meant as a stop.)
     struct sigaction inherited;
-    if (sigaction(signal, nullptr, &inherited) == 0 && inherited.sa_handler == SIG_IGN) continue;
+    if (signal == SIGHUP && sigaction(signal, nullptr, &inherited) == 0 && inherited.sa_handler == SIG_IGN)
+      continue;
     sigaction(signal, &action, nullptr);
   }
 }

@@ -3,7 +3,7 @@
 // training loop reads it after each step, writes a checkpoint and exits with kExitStopped. The same SIGINT or
 // SIGTERM again ends the process at once (another of the two within 2 s is the same request passed on).
 // During a StartUp there is nothing to save: a stop request ends the process at once, by the signal.
-// A signal the process was started ignoring (nohup's SIGHUP, a background job's SIGINT) stays ignored.
+// SIGHUP, when the process was started ignoring it (nohup), stays ignored.
 #pragma once
 
 namespace tt::app {

@@ -519,7 +519,7 @@ class TrainingRun {
   // Rank 0, for a run that does not continue --out's own checkpoints: whether it may replace them.
   void check_may_replace_folder() const {
     if (!folder_->has_checkpoints() || flags_.boolean("overwrite")) return;
-    if (!folder_->holds_trained_run()) {
+    if (!folder_->holds_trained_run() && start_point_is_recreatable()) {
       // A run that ended in its first step without removing its start point (a rank of an mpirun job
       // failing, a kill): nothing the seed cannot recreate, and refusing would only stop the corrected rerun.
       std::printf("replacing %s: the start point of a run that ended before its first step\n",
@@ -540,7 +540,9 @@ class TrainingRun {
   void announce_replacements() const {
     const std::vector<std::string>& replaced = folder_->replaced_checkpoints();
     // A new run's lone start point of a run that ended in its first step: check_may_replace_folder said so.
-    if (replaced.empty() || (resume_.empty() && !folder_->replaces_another_run())) return;
+    if (replaced.empty() || (resume_.empty() && !folder_->replaces_another_run()) ||
+        flags_.integer("ckpt-every") < 0)  // refused below
+      return;
     std::string names;
     for (size_t i = 0; i < replaced.size() && i < 3; ++i)
       names += (i > 0 ? ", " : "") + fs::path(replaced[i]).filename().string();
@@ -550,6 +552,17 @@ class TrainingRun {
         "trained steps (until then the folder keeps them whole)\n",
         names.c_str(), folder_->checkpoints_dir().c_str(), replaced.size() == 1 ? "is" : "are",
         resume_.empty() || !resumes_own_folder() ? "the other run's" : "their");
+  }
+
+  // Whether the folder's step_0 holds what its seed recreates: written by train, not from --init-from's
+  // weights (nor imported, nor a file the user put there).
+  bool start_point_is_recreatable() const {
+    try {
+      const std::string args = read_checkpoint_args(folder_->checkpoint_path(0));
+      return !args.empty() && flag_value(args, "init-from").empty();
+    } catch (const std::exception&) {
+      return true;  // a start point that does not load holds nothing to keep
+    }
   }
 
   // Whether the checkpoint resumed from lies in --out's own checkpoints folder (links resolved).
@@ -641,6 +654,13 @@ class TrainingRun {
       folder_->start(-1);
       announce_replacements();
     }
+    // Without checkpoints nothing would ever replace what the folder's later or other checkpoints hold.
+    check_on_every_rank(runtime_, [&] {
+      if (!root_ || flags_.integer("ckpt-every") >= 0 || folder_->replaced_checkpoints().empty()) return;
+      throw Error("--ckpt-every -1 writes no checkpoint, so this run would remove " +
+                  std::to_string(folder_->replaced_checkpoints().size()) + " checkpoint(s) of " +
+                  folder_->checkpoints_dir() + " for nothing; pass a new --out, or a --ckpt-every");
+    });
     // Rank 0's folder decides whether the collective save of the start point happens on every rank.
     if (resume_.empty())
       replaces_another_run_ =
@@ -912,19 +932,24 @@ class TrainingRun {
       std::fflush(stdout);
     }
     const double t0 = now_seconds();
-    save_checkpoint(path, plan_.config, *params_, &step_->optimizer_state(), state_, root_);
+    double verify_s = 0;
+    // Verified before it takes its name: a kill during the read-back leaves no step_N.h5 beside the
+    // checkpoints commit() would have replaced. Nothing older goes before this one is known to load.
+    save_checkpoint(path, plan_.config, *params_, &step_->optimizer_state(), state_, root_,
+                    [&](const std::string& written) {
+                      const double v0 = now_seconds();
+                      verify_checkpoint(written);
+                      verify_s = now_seconds() - v0;
+                    });
     if (root_) {
-      const double written_s = now_seconds() - t0;
-      // Nothing older goes before this one is known to load.
-      verify_checkpoint(path);
+      const double written_s = now_seconds() - t0 - verify_s;
       folder_->commit(step, flags_.integer("keep-ckpts"));
       if (step > 0 || large) {
         const double bytes = static_cast<double>(fs::file_size(path));
         end_progress_line();
         std::printf("checkpoint %s: %s written in %s (%s), verified in %s\n", path.c_str(),
                     format_bytes(bytes).c_str(), format_seconds(written_s).c_str(),
-                    format_rate(bytes, written_s).c_str(),
-                    format_seconds(now_seconds() - t0 - written_s).c_str());
+                    format_rate(bytes, written_s).c_str(), format_seconds(verify_s).c_str());
       }
     }
     // Every rank waits here for rank 0's verification (it re-reads the whole file), under the MPI watchdog,

@@ -424,7 +424,8 @@ std::string H5File::attr_string(const std::string& object, const std::string& na
   return value;
 }
 
-void atomic_write(const std::string& path, const std::function<void(H5File&)>& writer) {
+void atomic_write(const std::string& path, const std::function<void(H5File&)>& writer,
+                  const std::function<void(const std::string&)>& check) {
   const std::string tmp = path + ".tmp";
   try {
     {
@@ -439,6 +440,7 @@ void atomic_write(const std::string& path, const std::function<void(H5File&)>& w
       throw Error("cannot fsync '" + tmp + "'");
     }
     ::close(fd);
+    if (check) check(tmp);
     if (std::rename(tmp.c_str(), path.c_str()) != 0)
       throw Error("cannot rename '" + tmp + "' to '" + path + "'");
   } catch (...) {

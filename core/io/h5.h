@@ -66,7 +66,9 @@ class H5File {
 
 // Writes `path` through `writer` into a temporary file next to it, flushes and fsyncs it, then renames it
 // over `path` (and fsyncs the folder). On any failure the temporary file is removed, `path` is untouched, and
-// the error rethrown.
-void atomic_write(const std::string& path, const std::function<void(H5File&)>& writer);
+// the error rethrown. `check` (optional) reads the closed temporary file (its path is passed) before the
+// rename: a file that fails it never takes `path`'s name.
+void atomic_write(const std::string& path, const std::function<void(H5File&)>& writer,
+                  const std::function<void(const std::string&)>& check = {});
 
 }  // namespace tt::io
