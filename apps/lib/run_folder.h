@@ -58,6 +58,9 @@ class RunFolder {
   // beside them: its first checkpoint is one of trained steps, and until then the folder holds the other
   // run alone, whole.
   bool replaces_another_run() const { return replaces_another_run_; }
+  // Whether what the folder shows (loss.svg) may be this run's: not while it still holds the run this one
+  // replaces.
+  bool holds_this_run() const { return committed_ || !replaces_another_run_; }
   // Appends one metrics line. Until the first commit() lines wait in memory; afterwards they are appended
   // and flushed at once. A failed write is undone (no torn line) and throws.
   void append_metrics(const std::string& line);

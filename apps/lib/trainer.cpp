@@ -770,6 +770,7 @@ class TrainingRun {
     if (!checkpoints && root_) folder_->commit(-1, flags_.integer("keep-ckpts"));  // the folder is this run's
     if (resume_.empty() && checkpoints && !replaces_another_run_) save(0);
 
+    bool plot_due = false;  // an evaluation since loss.svg was last written
     std::vector<LossPoint> train_curve, val_curve;
     if (root_)
       read_metrics(plan_.out + "/metrics.jsonl", resume_.empty() ? -1 : state_.step, train_curve, val_curve);
@@ -833,8 +834,7 @@ class TrainingRun {
         if (step % log_every == 0 || eval_now || step == state_.step + 1) progress_->update(step, line);
         if (eval_now) {
           end_progress_line();  // the validation line stays on the terminal
-          write_loss_svg(plan_.out + "/loss.svg", train_curve, val_curve, plot_title, entropy_,
-                         "unigram entropy " + format_entropy(entropy_));
+          plot_due = true;
         }
       }
       const bool save_now = checkpoints && ((ckpt_every > 0 && step % ckpt_every == 0) || step == steps);
@@ -845,6 +845,13 @@ class TrainingRun {
         std::fflush(stdout);
       }
       if (save_now || result.stop_requested) save(step);
+      // The plot of a run replacing another waits for its first checkpoint: until then loss.svg is the
+      // other run's, which the folder keeps whole.
+      if (root_ && plot_due && folder_->holds_this_run()) {
+        write_loss_svg(plan_.out + "/loss.svg", train_curve, val_curve, plot_title, entropy_,
+                       "unigram entropy " + format_entropy(entropy_));
+        plot_due = false;
+      }
       if (result.stop_requested && step < steps) {
         progress_->finish();
         throw RunEnded(kExitStopped, std::string("got ") + signal_name(stop_signal()) + " after step " +
