@@ -16,6 +16,7 @@
 #include "apps/lib/data.h"
 #include "apps/lib/flags.h"
 #include "apps/lib/hf_llama.h"
+#include "apps/lib/run_folder.h"
 #include "apps/lib/safetensors.h"
 #include "base/error.h"
 
@@ -125,8 +126,9 @@ std::string read_file(const std::string& path) {
 }
 
 int run(const Flags& flags) {
-  const std::string checkpoint = flags.str("checkpoint");
-  TT_CHECK(!checkpoint.empty() && !flags.str("out").empty(), "--checkpoint and --out are required");
+  TT_CHECK(!flags.str("checkpoint").empty() && !flags.str("out").empty(),
+           "--checkpoint and --out are required");
+  const std::string checkpoint = checkpoint_or_newest(flags.str("checkpoint"));
   const std::string dtype_flag = flags.str("dtype");
   TT_CHECK(dtype_flag == "f32" || dtype_flag == "bf16",
            "--dtype must be f32 or bf16, got '" + dtype_flag + "'");
@@ -271,7 +273,7 @@ int main(int argc, char** argv) {
                 "Write a checkpoint as a Hugging Face Llama folder (LlamaForCausalLM): model.safetensors,\n"
                 "config.json and, for SentencePiece data, the tokenizer. The folder is written beside --out\n"
                 "and moved into place once complete.");
-    flags.add("checkpoint", "", "the checkpoint to export (required)");
+    flags.add("checkpoint", "", "the checkpoint to export, or a run folder (its newest) (required)");
     flags.add("out", "", "the folder to write (required)");
     flags.add("dtype", "f32", "f32 | bf16 (rounded to nearest even)");
     flags.add(

@@ -141,15 +141,7 @@ int main(int argc, char** argv) {
     if (!flags.parse(argc, argv)) return 0;
     TT_CHECK(!flags.str("checkpoint").empty(), "--checkpoint is required");
     // A run folder, as --resume takes one: its newest checkpoint whose weights load.
-    std::string checkpoint = flags.str("checkpoint");
-    if (fs::is_directory(checkpoint)) {
-      const std::string dir =
-          fs::is_directory(checkpoint + "/checkpoints") ? checkpoint + "/checkpoints" : checkpoint;
-      checkpoint = newest_loadable_checkpoint(dir, /*weights_only=*/true);
-      TT_CHECK(!checkpoint.empty(), "--checkpoint " + flags.str("checkpoint") + ": no checkpoint in " + dir +
-                                        " loads (a run folder's checkpoints are step_N.h5)");
-    }
-    if (checkpoint != flags.str("checkpoint")) std::fprintf(stderr, "checkpoint %s\n", checkpoint.c_str());
+    const std::string checkpoint = checkpoint_or_newest(flags.str("checkpoint"));
     SamplingOptions sampling;
     sampling.max_tokens = flags.integer("max-tokens");
     sampling.temperature = flags.number("temperature");

@@ -186,6 +186,8 @@ expect_error "export over an export holding the user's file" "holds notes.txt, w
 # holds only export's files, and leaves any other.
 mkdir -p "$work/hf_int.tmp-999999" "$work/hf_int.tmp-999998"
 touch "$work/hf_int.tmp-999999/config.json" "$work/hf_int.tmp-999998/notes.txt"
+expect_ok "export from a run folder (its newest checkpoint)" "$export_app" --checkpoint "$(dirname "$(dirname "$ckpt")")" \
+  --out "$work/hf_from_run"
 expect_ok "export beside interrupted ones" "$export_app" --checkpoint "$ckpt" --out "$work/hf_int"
 [ ! -e "$work/hf_int.tmp-999999" ] && [ -e "$work/hf_int.tmp-999998/notes.txt" ] ||
   fail "interrupted exports: $(ls -d "$work"/hf_int.tmp-*)"

@@ -89,6 +89,16 @@ std::string resolve_resume(const std::string& resume, const std::string& out, bo
   return newest;
 }
 
+std::string checkpoint_or_newest(const std::string& given) {
+  if (!fs::is_directory(given)) return given;
+  const std::string dir = fs::is_directory(given + "/checkpoints") ? given + "/checkpoints" : given;
+  const std::string newest = newest_loadable_checkpoint(dir, /*weights_only=*/true);
+  TT_CHECK(!newest.empty(), "--checkpoint " + given + ": no checkpoint in " + dir +
+                                " loads (a run folder's checkpoints are step_N.h5)");
+  std::fprintf(stderr, "checkpoint %s\n", newest.c_str());
+  return newest;
+}
+
 RunFolder::RunFolder(const std::string& out) : out_(out) {
   std::error_code ec;
   created_out_ = !fs::exists(out_, ec);
