@@ -540,9 +540,13 @@ class TrainingRun {
   void announce_replacements() const {
     const std::vector<std::string>& replaced = folder_->replaced_checkpoints();
     // A new run's lone start point of a run that ended in its first step: check_may_replace_folder said so.
-    if (replaced.empty() || (resume_.empty() && !folder_->replaces_another_run()) ||
-        flags_.integer("ckpt-every") < 0)  // refused below
-      return;
+    if (replaced.empty() || (resume_.empty() && !folder_->replaces_another_run())) return;
+    if (flags_.integer("ckpt-every") < 0) {
+      if (flags_.boolean("overwrite"))
+        std::printf("note: --overwrite with --ckpt-every -1: the checkpoints in %s are removed now\n",
+                    folder_->checkpoints_dir().c_str());
+      return;  // without --overwrite, refused below
+    }
     std::string names;
     for (size_t i = 0; i < replaced.size() && i < 3; ++i)
       names += (i > 0 ? ", " : "") + fs::path(replaced[i]).filename().string();
@@ -654,12 +658,16 @@ class TrainingRun {
       folder_->start(-1);
       announce_replacements();
     }
-    // Without checkpoints nothing would ever replace what the folder's later or other checkpoints hold.
+    // Without checkpoints nothing would ever replace what the folder's later or other checkpoints hold:
+    // removing them at once takes --overwrite.
     check_on_every_rank(runtime_, [&] {
-      if (!root_ || flags_.integer("ckpt-every") >= 0 || folder_->replaced_checkpoints().empty()) return;
+      if (!root_ || flags_.integer("ckpt-every") >= 0 || folder_->replaced_checkpoints().empty() ||
+          flags_.boolean("overwrite"))
+        return;
       throw Error("--ckpt-every -1 writes no checkpoint, so this run would remove " +
                   std::to_string(folder_->replaced_checkpoints().size()) + " checkpoint(s) of " +
-                  folder_->checkpoints_dir() + " for nothing; pass a new --out, or a --ckpt-every");
+                  folder_->checkpoints_dir() +
+                  " for nothing; pass a new --out, a --ckpt-every, or --overwrite to remove them");
     });
     // Rank 0's folder decides whether the collective save of the start point happens on every rank.
     if (resume_.empty())
