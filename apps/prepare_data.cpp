@@ -46,8 +46,10 @@ int main(int argc, char** argv) {
     const tt::app::PrepareStats s =
         tt::app::prepare_text(flags.str("input"), out, flags.str("separator"), options);
     if (s.skipped_files > 0)
-      std::printf("read %lld files; skipped %lld as not text (*.dat, *.u8, *.bin, or NUL bytes)\n",
-                  static_cast<long long>(s.files), static_cast<long long>(s.skipped_files));
+      std::printf(
+          "read %lld files; skipped %lld: not text (*.dat, *.u8, *.bin, NUL bytes), hidden (.git, ...), "
+          "earlier datasets, links to folders and other non-files\n",
+          static_cast<long long>(s.files), static_cast<long long>(s.skipped_files));
     if (s.tokenizer_seconds > 0)
       std::printf("trained a SentencePiece BPE model of %lld pieces in %.1f s\n",
                   static_cast<long long>(s.vocab_size), s.tokenizer_seconds);

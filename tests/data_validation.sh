@@ -76,7 +76,7 @@ mkdir -p "$work/mixed"
 cp "$work/text/a.txt" "$work/mixed/"
 { printf 'text\000more'; head -c 20000 /dev/urandom; } >"$work/mixed/noise.txt"
 output=$("$prepare" --input "$work/mixed" --out "$work/mixed_data" --separator % 2>&1)
-grep -q "skipped 1 as not text" <<<"$output" && echo "ok   a file with NUL bytes in a folder is skipped" ||
+grep -q "skipped 1: not text" <<<"$output" && echo "ok   a file with NUL bytes in a folder is skipped" ||
   { fail "a binary file in a folder:"; echo "$output" | tail -3; }
 expect_error "a binary file named alone" "is not text (it holds NUL bytes)" \
   "$prepare" --input "$work/mixed/noise.txt" --out "$work/noise_data"
@@ -134,6 +134,17 @@ expect_ok "eval windows that fit" "$train" --data "$work/shortval" "${common[@]}
 expect_error "eval-only windows beyond val.bin" "needs 4 windows of 17 tokens; $work/shortval/val.bin has room for 3" \
   "$train" --eval-only --resume "$work/run_shortval_ok/checkpoints/step_2.h5" --data "$work/shortval" --ctx 16 \
   --batch 2 --eval-batches 2
+
+# A corpus folder's .git, an earlier dataset inside it and a link to a folder are not text of the corpus:
+# only its three documents are read, and the rest is counted as skipped.
+mkdir -p "$work/tree/.git" "$work/tree/docs"
+for i in 1 2 3; do echo "Document $i of the tree." >"$work/tree/docs/d$i.txt"; done
+echo "a hook script" >"$work/tree/.git/hook"
+ln -s "$work/tree/docs" "$work/tree/link"
+expect_ok "prepare a tree" "$prepare" --input "$work/tree" --out "$work/tree/earlier"
+expect_ok "prepare it again beside the earlier dataset" "$prepare" --input "$work/tree" --out "$work/tree_data"
+grep -q "^3 documents" "$work/last.log" && grep -q "read 3 files; skipped 3" "$work/last.log" ||
+  fail "a tree with .git, a dataset and a link: $(cat "$work/last.log")"
 
 # A train.bin or val.bin cut short after prepare_data (a copy that ran out of room): meta.json's counts
 # say so, in training and in --eval-only.

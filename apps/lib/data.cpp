@@ -471,7 +471,20 @@ std::vector<fs::path> text_files(const std::string& input, const std::string& ou
         it.disable_recursion_pending();
         continue;
       }
-      if (!entry.is_regular_file()) continue;
+      // Not the user's text: hidden files and folders (.git, editor state), and datasets prepared before.
+      const bool hidden = entry.path().filename().string().rfind('.', 0) == 0;
+      const bool dataset = entry.is_directory() && fs::exists(entry.path() / "meta.json", entry_error) &&
+                           fs::exists(entry.path() / "train.bin", entry_error);
+      if (hidden || dataset) {
+        if (entry.is_directory()) it.disable_recursion_pending();
+        ++skipped;
+        continue;
+      }
+      // Links to folders are not followed (a link may loop); they and other non-files are counted.
+      if (!entry.is_regular_file()) {
+        if (!entry.is_directory() || entry.is_symlink()) ++skipped;  // real folders are walked into
+        continue;
+      }
       const std::string ext = entry.path().extension().string();
       // Token files (ours: .bin) and other binary data are not text (fortune's .dat indexes, .u8 copies).
       if (ext == ".dat" || ext == ".u8" || ext == ".bin" || looks_binary(entry.path())) {

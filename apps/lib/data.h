@@ -184,9 +184,10 @@ struct PrepareStats {
   double encode_seconds = 0;     // encoding alone (reading, training a tokenizer and writing excluded)
   double tokenizer_seconds = 0;  // training the SentencePiece model
   int threads = 1;
-  int64_t files = 0, skipped_files = 0;  // files read; files under the folder skipped as not text
-  int64_t separator_lines = 0;           // lines that matched the separator
-  bool validation_from_tail = false;     // fewer than ten documents: validation is the last 10-20% of tokens
+  // Files read; entries under the folder skipped (not text, hidden, earlier datasets, links to folders).
+  int64_t files = 0, skipped_files = 0;
+  int64_t separator_lines = 0;        // lines that matched the separator
+  bool validation_from_tail = false;  // fewer than ten documents: validation is the last 10-20% of tokens
 };
 // Tokenises a text file or every regular file under a folder (sorted; *.dat, *.u8, *.bin and files with NUL
 // bytes skipped; a single file with NUL bytes refused) into DIR/train.bin and DIR/val.bin (every tenth
