@@ -154,13 +154,16 @@ status=$?
 if [ $status -ne 130 ] || ! grep -q "stopping at once: nothing since the last complete checkpoint is saved" "$work/sigtwice_now.log"; then
   fail "SIGINT twice: exit $status, expected 130 and the message:"; tail -3 "$work/sigtwice_now.log"
 else echo "ok   SIGINT twice within a step (exit 130)"; fi
-# A stop after training has ended (during the text sample): the sample finishes and the run exits 0.
+# A stop after training has ended (during the text sample, here one of hours): the sample is cut short,
+# written, and the run exits 0 at once.
 out="$work/sigend"
-"$train" "${common[@]}" --out "$out" --steps 2 --sample-tokens 60000 >"$out.log" 2>&1 &
+"$train" "${common[@]}" --out "$out" --steps 2 --sample-tokens 100000000 >"$out.log" 2>&1 &
 pid=$!
 for _ in $(seq 1 600); do grep -q '^done' "$out.log" 2>/dev/null && break; sleep 0.02; done
 sleep 0.2
 kill -s TERM $pid
+for _ in $(seq 1 100); do kill -0 $pid 2>/dev/null || break; sleep 0.1; done
+kill -0 $pid 2>/dev/null && { fail "SIGTERM during the sample: still sampling 10 s later"; kill -9 $pid; }
 wait $pid
 status=$?
 if [ $status -ne 0 ] || ! grep -q "stop requested: training has ended" "$out.log" || [ ! -s "$out/sample.txt" ]; then

@@ -127,7 +127,7 @@ GenerationResult generate_tokens(const nn::TransformerLM& model,
   result.prefill_seconds = seconds_since(prefill_start);
 
   const auto decode_start = std::chrono::steady_clock::now();
-  while (!active.empty()) {
+  while (!active.empty() && !(options.stop && options.stop())) {
     std::vector<int32_t> next;
     for (int64_t r : active) {
       std::vector<int32_t>& seen = history[static_cast<size_t>(r)];

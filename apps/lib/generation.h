@@ -27,6 +27,9 @@ struct SamplingOptions {
   bool stop_at_end_of_text = true;
   int32_t end_of_text = -1;  // the id that ends a row (-1: none)
   int64_t vocab_limit = 0;   // choose only ids below this (a tokenizer smaller than the model's vocabulary)
+  // Asked before each decoding step (optional): true ends every row there, keeping what it has (train's
+  // final sample ends early on a stop request).
+  std::function<bool()> stop;
 };
 // Throws one line naming the flag (--max-tokens, --temperature, --top-k, --top-p) for a value out of range.
 void check_sampling_options(const SamplingOptions& options);

@@ -64,7 +64,7 @@ void on_stop_signal(int signal) {
   g_stop_signal = signal;
   if (g_quiet_stop != 0 && g_finishing == 0) return;
   const char step[] = "\nstop requested: finishing this step and writing a checkpoint\n";
-  const char outputs[] = "\nstop requested: training has ended, finishing its last outputs\n";
+  const char outputs[] = "\nstop requested: training has ended; cutting the text sample short\n";
   [[maybe_unused]] const ssize_t n = g_finishing ? ::write(STDERR_FILENO, outputs, sizeof(outputs) - 1)
                                                  : ::write(STDERR_FILENO, step, sizeof(step) - 1);
 }

@@ -29,8 +29,8 @@ class StartUp {
 // Under mpirun: a stop request is announced by rank 0 once the step it ends has finished, not when the signal
 // comes. mpirun ends a job whose rank has failed with the same SIGTERM, and then no step finishes.
 void report_stops_after_the_step();
-// Training has ended and its checkpoint is written: a stop request now lets the last outputs (the text
-// sample) finish and the run exit 0, as it would have; a second request still ends it at once.
+// Training has ended and its checkpoint is written: a stop request now ends the text sample early (what it
+// has is written) and the run exits 0, as it would have; a second request still ends it at once.
 void finishing_outputs();
 // The signal that asked for a stop, or 0.
 int stop_signal();

@@ -871,7 +871,7 @@ class TrainingRun {
 
   // Final outputs: the summary line and a text sample (rank 0).
   int final_outputs() {
-    finishing_outputs();  // the last checkpoint is written: a signal now waits for the sample, exit 0
+    finishing_outputs();  // the last checkpoint is written: a signal now cuts the sample short, exit 0
     // Collective under ZeRO-2 (the last update's gathers): every rank, before rank 0 samples alone.
     step_->settle();
     if (!root_) return 0;
@@ -903,6 +903,7 @@ class TrainingRun {
         sampling.top_k = flags_.integer("top-k");
         sampling.seed = plan_.seed;
         sampling.stop_at_end_of_text = false;  // a sample may run across documents
+        sampling.stop = [] { return stop_signal() != 0; };
         step_->settle();
         const std::string text = generate_text(*model_, *tokenizer, flags_.str("prompt"), sampling, device_);
         write_file_atomically(plan_.out + "/sample.txt", text + "\n");
