@@ -51,6 +51,7 @@ struct Memory {
 
 struct Result {
   bool oom = false;
+  bool wait_measured = false;  // only DDP strategies measure what backward did not hide
   Summary step_ms, wait_ms;
   Memory memory;
 };
@@ -111,6 +112,7 @@ Result measure(const RowSetup& setup, dist::DistRuntime& runtime, const Config& 
     result.memory.peak = memory_stats(device).peak_bytes;
     result.step_ms = summarize(t.step_ms);
     result.wait_ms = summarize(waits);
+    result.wait_measured = step.measures_communication_wait();
   } catch (const OutOfMemory&) {
     result.oom = true;
   }
@@ -351,35 +353,37 @@ int main(int argc, char** argv) {
           cells.insert(cells.end(), {"OOM", "-", "-", "-", "-"});
         } else {
           cells.insert(cells.end(), {format_fixed(r.step_ms.mean, 2) + " ± " + format_fixed(r.step_ms.std, 2),
-                                     format_fixed(r.wait_ms.mean, 2), format_fixed(share * 100, 1) + "%",
+                                     r.wait_measured ? format_fixed(r.wait_ms.mean, 2) : "-",
+                                     r.wait_measured ? format_fixed(share * 100, 1) + "%" : "-",
                                      format_fixed(tokens_per_s, 0),
                                      efficiency > 0 ? format_fixed(efficiency * 100, 1) + "%" : "-"});
         }
         rows.push_back(cells);
         if (json) {
-          json->write({{"preset", JsonlWriter::quote(preset)},
-                       {"strategy", JsonlWriter::quote(c.label)},
-                       {"bucket_mb", bucketed ? JsonlWriter::number(c.bucket_mb) : "null"},
-                       {"gemm_sm_margin", std::to_string(c.sm_margin)},
-                       {"all_reduce", JsonlWriter::quote(dist::all_reduce_transport_name(c.transport))},
-                       {"ranks", std::to_string(world)},
-                       {"batch_per_rank", std::to_string(batch)},
-                       {"ctx", std::to_string(ctx)},
-                       {"precision", JsonlWriter::quote(flags.str("precision"))},
-                       {"grad_dtype", JsonlWriter::quote(grad_dtype)},
-                       {"oom", r.oom ? "true" : "false"},
-                       {"step_ms", r.oom ? "null" : JsonlWriter::number(r.step_ms.mean)},
-                       {"step_std_ms", r.oom ? "null" : JsonlWriter::number(r.step_ms.std)},
-                       {"comm_wait_ms", r.oom ? "null" : JsonlWriter::number(r.wait_ms.mean)},
-                       {"comm_share", r.oom ? "null" : JsonlWriter::number(share)},
-                       {"tokens_per_s", r.oom ? "null" : JsonlWriter::number(tokens_per_s)},
-                       {"scaling_efficiency", efficiency > 0 ? JsonlWriter::number(efficiency) : "null"},
-                       {"zero_stage", std::to_string(c.zero)},
-                       {"param_bytes", std::to_string(r.memory.state.parameters)},
-                       {"grad_bytes", std::to_string(r.memory.state.gradients)},
-                       {"optimizer_state_bytes", std::to_string(r.memory.state.optimizer)},
-                       {"bytes_between_steps", std::to_string(r.memory.between_steps)},
-                       {"peak_bytes", std::to_string(r.memory.peak)}});
+          json->write(
+              {{"preset", JsonlWriter::quote(preset)},
+               {"strategy", JsonlWriter::quote(c.label)},
+               {"bucket_mb", bucketed ? JsonlWriter::number(c.bucket_mb) : "null"},
+               {"gemm_sm_margin", std::to_string(c.sm_margin)},
+               {"all_reduce", JsonlWriter::quote(dist::all_reduce_transport_name(c.transport))},
+               {"ranks", std::to_string(world)},
+               {"batch_per_rank", std::to_string(batch)},
+               {"ctx", std::to_string(ctx)},
+               {"precision", JsonlWriter::quote(flags.str("precision"))},
+               {"grad_dtype", JsonlWriter::quote(grad_dtype)},
+               {"oom", r.oom ? "true" : "false"},
+               {"step_ms", r.oom ? "null" : JsonlWriter::number(r.step_ms.mean)},
+               {"step_std_ms", r.oom ? "null" : JsonlWriter::number(r.step_ms.std)},
+               {"comm_wait_ms", r.oom || !r.wait_measured ? "null" : JsonlWriter::number(r.wait_ms.mean)},
+               {"comm_share", r.oom || !r.wait_measured ? "null" : JsonlWriter::number(share)},
+               {"tokens_per_s", r.oom ? "null" : JsonlWriter::number(tokens_per_s)},
+               {"scaling_efficiency", efficiency > 0 ? JsonlWriter::number(efficiency) : "null"},
+               {"zero_stage", std::to_string(c.zero)},
+               {"param_bytes", std::to_string(r.memory.state.parameters)},
+               {"grad_bytes", std::to_string(r.memory.state.gradients)},
+               {"optimizer_state_bytes", std::to_string(r.memory.state.optimizer)},
+               {"bytes_between_steps", std::to_string(r.memory.between_steps)},
+               {"peak_bytes", std::to_string(r.memory.peak)}});
         }
         if (root)
           std::fprintf(stderr, "  measured %s %s in %.1f s\n", preset.c_str(), shown.c_str(), row_seconds);

@@ -58,9 +58,11 @@ nn::ModelConfig bench_config(const Flags& flags, Device device, const std::strin
 // mirror (bf16 only): the matmuls read a bf16 copy of the weights that AdamW writes with each update,
 // instead of casting every weight in every forward.
 Row measure(const Flags& flags, Device device, Bundle* bundle, const nn::ModelConfig& config,
-            const std::string& size, int64_t ctx, const std::string& mode, bool graph, int64_t warmup,
+            const std::string& size, int64_t ctx, const std::string& mode, bool graph, int64_t warmup_asked,
             bool mirror, bool grads_bf16) {
   const int64_t batch = flags.integer("batch"), steps = flags.integer("steps");
+  // train's step captures its graph in its second run, which stays untimed: at least 2 untimed runs.
+  const int64_t warmup = mode == "train" ? std::max<int64_t>(warmup_asked, 2) : warmup_asked;
   const bool bf16 = config.precision == nn::Precision::bf16;
   const std::string precision = std::string(nn::precision_name(config.precision)) +
                                 (bf16 && !mirror ? " (cast)" : "") + (grads_bf16 ? ", bf16 grads" : ""),
@@ -222,7 +224,7 @@ Row measure(const Flags& flags, Device device, Bundle* bundle, const nn::ModelCo
     const bool profile = flags.boolean("profile-steps");
     int64_t iteration = 0;
     // train's step captures its graph in its second run: that run stays out of the timing.
-    const int64_t untimed = graph ? 1 : mode == "train" ? std::max<int64_t>(warmup, 2) : warmup;
+    const int64_t untimed = graph ? 1 : warmup;
     if (profile && !phases.empty()) {
       auto first = phases.front().run;
       phases.front().run = [first, &iteration, untimed] {

@@ -56,7 +56,10 @@ void check_writable(const std::string& path, const std::string& what) {
   const bool existed = std::filesystem::exists(link);
   {
     std::ofstream probe(path, std::ios::app);  // creates the file if need be, changes nothing in it
-    if (!probe) throw Error("cannot write " + what + " '" + path + "' (does its folder exist?)");
+    if (!probe)
+      throw Error("cannot write " + what + " '" + path + "'" +
+                  (std::filesystem::is_directory(path) ? " (it is a folder: name a file)"
+                                                       : " (does its folder exist?)"));
   }
   if (!existed) std::filesystem::remove(path);
 }

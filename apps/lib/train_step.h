@@ -93,6 +93,8 @@ class TrainStep {
   // The communication of the last step that backward did not hide (DDP strategies; 0 otherwise); on CUDA
   // reading it waits for that step's communication.
   double communication_wait_ms();
+  // Whether communication_wait_ms measures anything: a DDP strategy averages the gradients.
+  bool measures_communication_wait() const { return ddp_ != nullptr; }
   // One line for the banner: how and when the optimizer update runs, and whether the step is a CUDA graph.
   std::string update_path() const;
   // Whether steps after the first are replays of one CUDA graph (TrainStepOptions::cuda_graph, where it
