@@ -126,26 +126,39 @@ int run(const Flags& flags) {
     state.args = "--data " + (absolute.find_first_of(" \t") == std::string::npos ? absolute : data) + " ";
     if (meta) state.data_tokenizer = data_tokenizer_id(*meta);
   }
+  // The folders --out needs, the first of them remembered: a failed import takes back what it made.
+  fs::path made;
+  for (fs::path p = fs::path(out).parent_path(); !p.empty() && !fs::exists(p); p = p.parent_path()) made = p;
   if (!fs::path(out).parent_path().empty()) fs::create_directories(fs::path(out).parent_path());
-  write_initial_checkpoint(
-      out, config,
-      [&](const std::string& ours, const Shape& shape) {
-        const Located& at = weights.tensors().at(llama_name(ours));
-        std::vector<float> values = at.file->read_floats(*at.tensor);
-        for (size_t i = 0; i < values.size(); ++i) {
-          TT_CHECK(std::isfinite(values[i]), at.file->path() + ": tensor " + at.tensor->name +
-                                                 " holds a non-finite value (element " + std::to_string(i) +
-                                                 ")");
-        }
-        if (rope_rows(ours)) values = rows_to_pairs(values, shape[0], shape[1], config.d_head());
-        return Tensor::from_floats(values, shape);
-      },
-      state);
+  const auto take_back_folders = [&] {
+    std::error_code ignored;
+    if (!made.empty()) fs::remove_all(made, ignored);  // only folders this run created, empty but for out
+  };
+  try {
+    write_initial_checkpoint(
+        out, config,
+        [&](const std::string& ours, const Shape& shape) {
+          const Located& at = weights.tensors().at(llama_name(ours));
+          std::vector<float> values = at.file->read_floats(*at.tensor);
+          for (size_t i = 0; i < values.size(); ++i) {
+            TT_CHECK(std::isfinite(values[i]), at.file->path() + ": tensor " + at.tensor->name +
+                                                   " holds a non-finite value (element " + std::to_string(i) +
+                                                   ")");
+          }
+          if (rope_rows(ours)) values = rows_to_pairs(values, shape[0], shape[1], config.d_head());
+          return Tensor::from_floats(values, shape);
+        },
+        state);
+  } catch (...) {
+    take_back_folders();
+    throw;
+  }
   try {
     verify_checkpoint(out);
   } catch (...) {
     std::error_code ignored;
     fs::remove(out, ignored);
+    take_back_folders();
     throw;
   }
   std::string stored;

@@ -160,6 +160,11 @@ for entry in "shard_missing|which does not exist" "shard_wrong_file|which does n
   expect_error "import $case_name" "$expected" "$import_app" --from "$work/bad" --out "$work/bad.h5"
   ls "$work"/bad.h5* >/dev/null 2>&1 && fail "import $case_name: left $(ls "$work"/bad.h5*)"
 done
+# A failed import into folders that do not exist yet leaves none of them (a NaN is found while writing).
+$py "$check" break "$work/hf" "$work/bad" non_finite || fail "break non_finite"
+"$import_app" --from "$work/bad" --out "$work/new_folder/sub/x.h5" >/dev/null 2>&1 &&
+  fail "import of a broken folder succeeded"
+[ -e "$work/new_folder" ] && fail "a failed import left $work/new_folder"
 expect_error "import over a checkpoint" "already exists; pass another --out, or --overwrite" \
   "$import_app" --from "$work/hf" --out "$work/imported.h5"
 expect_error "import without a folder" "--from $work/none is not a folder" \

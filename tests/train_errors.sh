@@ -193,6 +193,9 @@ expect_error "dataset write on a full disk" "write failed for" \
   bash -c "ulimit -f 1; exec \"$prepare\" --input \"$work/text\" --out \"$work/data\" --separator % --overwrite"
 [ "$(cat "$work/data/"* | md5sum | cut -d' ' -f1)" = "$data_sum" ] || { echo "FAIL prepare_data: the dataset changed"; failures=$((failures + 1)); }
 ls "$work/data/"*.tmp >/dev/null 2>&1 && { echo "FAIL prepare_data: a temporary file was left"; failures=$((failures + 1)); }
+expect_error "a new dataset on a full disk" "write failed for" \
+  bash -c "ulimit -f 1; exec \"$prepare\" --input \"$work/text\" --out \"$work/data_new\" --separator %"
+[ -e "$work/data_new" ] && { echo "FAIL prepare_data: the new, empty folder was left"; failures=$((failures + 1)); }
 # The last file of the dataset fails (a folder in the way of meta.json.tmp): the first ones stay old too.
 mkdir "$work/data/meta.json.tmp"
 expect_error "dataset's last file fails" "cannot write" \

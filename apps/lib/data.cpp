@@ -675,19 +675,27 @@ PrepareStats prepare_text(const std::string& input, const std::string& out_dir, 
     stats.validation_from_tail = true;
   }
   if (train.empty() || val.empty()) throw Error("input '" + input + "' has too little text to split");
+  const bool created = !fs::exists(out_dir);
   fs::create_directories(out_dir);
-  DatasetWriter writer(out_dir);
-  writer.add("train.bin", reinterpret_cast<const char*>(train.data()), train.size() * 2);
-  writer.add("val.bin", reinterpret_cast<const char*>(val.data()), val.size() * 2);
   const std::string& model = tokenizer->model_bytes();
-  if (!model.empty()) writer.add("tokenizer.model", model.data(), model.size());
-  const DataMeta meta{tokenizer->name(), tokenizer->vocab_size(), tokenizer->end_of_text(),
-                      tokenizer->checksum()};
-  const std::string meta_text = meta_json(meta, {{"documents", stats.documents},
-                                                 {"train_tokens", static_cast<int64_t>(train.size())},
-                                                 {"val_tokens", static_cast<int64_t>(val.size())}});
-  writer.add("meta.json", meta_text.data(), meta_text.size());
-  writer.commit();
+  try {
+    DatasetWriter writer(out_dir);
+    writer.add("train.bin", reinterpret_cast<const char*>(train.data()), train.size() * 2);
+    writer.add("val.bin", reinterpret_cast<const char*>(val.data()), val.size() * 2);
+    if (!model.empty()) writer.add("tokenizer.model", model.data(), model.size());
+    const DataMeta meta{tokenizer->name(), tokenizer->vocab_size(), tokenizer->end_of_text(),
+                        tokenizer->checksum()};
+    const std::string meta_text = meta_json(meta, {{"documents", stats.documents},
+                                                   {"train_tokens", static_cast<int64_t>(train.size())},
+                                                   {"val_tokens", static_cast<int64_t>(val.size())}});
+    writer.add("meta.json", meta_text.data(), meta_text.size());
+    writer.commit();
+  } catch (...) {
+    // A failed write (a full disk) leaves no empty folder that it made.
+    std::error_code ec;
+    if (created && fs::is_empty(out_dir, ec)) fs::remove(out_dir, ec);
+    throw;
+  }
   // A tokenizer.model left by an earlier SentencePiece dataset would contradict the new meta.json.
   if (model.empty()) fs::remove(out_dir + "/tokenizer.model");
   stats.train_tokens = static_cast<int64_t>(train.size());
