@@ -66,6 +66,11 @@ int main(int argc, char** argv) {
     if (!flags.str("separator").empty() && s.separator_lines == 0)
       std::printf("note: no line is --separator '%s': each file is one document\n",
                   flags.str("separator").c_str());
+    if (s.invalid_utf8_bytes > 0)
+      std::printf(
+          "note: %lld bytes of the text are not UTF-8; SentencePiece reads them as U+FFFD, so they do not "
+          "come back from its tokens (convert the text to UTF-8, or use the byte tokenizer)\n",
+          static_cast<long long>(s.invalid_utf8_bytes));
     if (s.validation_from_tail)
       std::printf(
           "fewer than 10 documents: val.bin is the last 10 to 20%% of the tokens (cut after a line break), "

@@ -156,6 +156,16 @@ expect_error "no prompts" "no prompts" "$generate" --checkpoint "$ckpt"
 expect_error "stdout on a full disk" "cannot write the text to standard output" \
   bash -c '"$0" --checkpoint "$1" --prompt the --max-tokens 5 --device cpu >/dev/full' "$generate" "$ckpt"
 
+# Text that is not UTF-8 (Latin-1) loses its bytes to U+FFFD in SentencePiece: prepare_data counts them.
+mkdir -p "$work/latin1"
+for i in $(seq 1 200); do printf 'caf\xe9 %s and more words\n%%\n' "$i"; done >"$work/latin1/a.txt"
+output=$("$prepare" --input "$work/latin1" --out "$work/latin1_data" --separator % --tokenizer sentencepiece \
+  --vocab 300 2>&1)
+grep -q "note: 200 bytes of the text are not UTF-8" <<<"$output" && echo "ok   non-UTF-8 bytes counted" ||
+  fail "non-UTF-8 text: $(tail -2 <<<"$output")"
+"$prepare" --input "$work/text" --out "$work/utf8_data" --separator % --tokenizer sentencepiece --vocab 320 2>&1 |
+  grep -q "not UTF-8" && fail "a UTF-8 corpus (café, 日本) was said not to be"
+
 # Tokenizers that do not fit the checkpoint.
 expect_error "bytes tokenizer for a SentencePiece checkpoint" "not the tokenizer the checkpoint was trained with" \
   "$generate" --checkpoint "$ckpt" --tokenizer bytes --prompt x

@@ -639,6 +639,33 @@ std::unique_ptr<Tokenizer> make_tokenizer(const PrepareOptions& options,
 
 }  // namespace
 
+namespace {
+// The bytes of `text` outside well-formed UTF-8 sequences (RFC 3629: no overlongs, surrogates or values
+// above U+10FFFF).
+int64_t invalid_utf8_bytes(std::string_view text) {
+  int64_t invalid = 0;
+  size_t i = 0;
+  const auto byte = [&](size_t k) { return static_cast<unsigned char>(text[k]); };
+  while (i < text.size()) {
+    const unsigned char c = byte(i);
+    size_t length = c < 0x80 ? 1 : (c >> 5) == 0x6 ? 2 : (c >> 4) == 0xE ? 3 : (c >> 3) == 0x1E ? 4 : 0;
+    bool ok = length > 0 && i + length <= text.size();
+    for (size_t k = 1; ok && k < length; ++k) ok = (byte(i + k) & 0xC0) == 0x80;
+    if (ok && length == 2) ok = c >= 0xC2;
+    if (ok && length == 3) ok = !(c == 0xE0 && byte(i + 1) < 0xA0) && !(c == 0xED && byte(i + 1) >= 0xA0);
+    if (ok && length == 4)
+      ok = c <= 0xF4 && !(c == 0xF0 && byte(i + 1) < 0x90) && !(c == 0xF4 && byte(i + 1) >= 0x90);
+    if (ok) {
+      i += length;
+    } else {
+      ++invalid;
+      ++i;
+    }
+  }
+  return invalid;
+}
+}  // namespace
+
 PrepareStats prepare_text(const std::string& input, const std::string& out_dir, const std::string& separator,
                           const PrepareOptions& options) {
   PrepareStats stats;
@@ -649,7 +676,10 @@ PrepareStats prepare_text(const std::string& input, const std::string& out_dir, 
   const std::unique_ptr<Tokenizer> tokenizer = make_tokenizer(options, documents, stats);
   stats.documents = static_cast<int64_t>(documents.size());
   stats.vocab_size = tokenizer->vocab_size();
-  for (const std::string& d : documents) stats.text_bytes += static_cast<int64_t>(d.size());
+  for (const std::string& d : documents) {
+    stats.text_bytes += static_cast<int64_t>(d.size());
+    if (options.tokenizer == "sentencepiece") stats.invalid_utf8_bytes += invalid_utf8_bytes(d);
+  }
   stats.threads = options.threads > 0 ? options.threads
                                       : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   std::vector<uint16_t> train, val;

@@ -188,6 +188,9 @@ struct PrepareStats {
   int64_t files = 0, skipped_files = 0;
   int64_t separator_lines = 0;        // lines that matched the separator
   bool validation_from_tail = false;  // fewer than ten documents: validation is the last 10-20% of tokens
+  // Bytes that are not UTF-8 (a Latin-1 file, say): SentencePiece reads text as Unicode and turns each into
+  // U+FFFD, so they do not survive its tokens; the byte tokenizer keeps them. Counted for sentencepiece only.
+  int64_t invalid_utf8_bytes = 0;
 };
 // Tokenises a text file or every regular file under a folder (sorted; *.dat, *.u8, *.bin and files with NUL
 // bytes skipped; a single file with NUL bytes refused) into DIR/train.bin and DIR/val.bin (every tenth
