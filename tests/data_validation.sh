@@ -135,6 +135,11 @@ expect_error "eval-only windows beyond val.bin" "needs 4 windows of 17 tokens; $
   "$train" --eval-only --resume "$work/run_shortval_ok/checkpoints/step_2.h5" --data "$work/shortval" --ctx 16 \
   --batch 2 --eval-batches 2
 
+# A corpus too small for train's default context is prepared, with a note saying so.
+printf 'abc' >"$work/tiny.txt"
+"$prepare" --input "$work/tiny.txt" --out "$work/tiny_data" 2>&1 | grep -q "note: val.bin holds only 1 tokens" &&
+  echo "ok   a corpus too small for the default context is noted" || fail "no note for a tiny corpus"
+
 # A corpus folder's .git, an earlier dataset inside it and a link to a folder are not text of the corpus:
 # only its three documents are read, and the rest is counted as skipped.
 mkdir -p "$work/tree/.git" "$work/tree/docs"
