@@ -643,8 +643,6 @@ std::string read_checkpoint_data_tokenizer(const std::string& path) {
   });
 }
 
-namespace {
-// The value of `--name` in recorded flags ("--a 1 --b x ..."), or "".
 std::string recorded_flag(const std::string& args, const std::string& name) {
   std::istringstream in(args);
   std::string token, value;
@@ -653,7 +651,6 @@ std::string recorded_flag(const std::string& args, const std::string& name) {
   }
   return "";
 }
-}  // namespace
 
 std::string training_data_folder(const std::string& checkpoint) {
   const std::string args = read_checkpoint_args(checkpoint);

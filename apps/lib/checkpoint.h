@@ -109,6 +109,8 @@ void read_checkpoint_parameters(const std::string& path, const ParameterVisitor&
 
 // /train's args (the flags of the run that wrote it); "" when the file has no /train.
 std::string read_checkpoint_args(const std::string& path);
+// The value of `--name` in such recorded flags ("--a 1 --b x ..."), or "" when absent or empty.
+std::string recorded_flag(const std::string& args, const std::string& name);
 // /train's data_tokenizer; "" when the file has none.
 std::string read_checkpoint_data_tokenizer(const std::string& path);
 

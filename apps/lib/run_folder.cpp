@@ -166,16 +166,25 @@ void RunFolder::discard_new_run() {
   committed_ = false;
 }
 
-bool RunFolder::holds_trained_run() const {
-  const auto found = list_checkpoints(checkpoints_dir());
-  if (found.empty()) return false;
-  if (found.size() > 1 || found[0].first != 0) return true;
+bool RunFolder::has_metrics_lines() const {
   std::ifstream in(metrics_path());
   std::string line;
   while (std::getline(in, line)) {
     if (!line.empty()) return true;
   }
   return false;
+}
+
+bool RunFolder::holds_trained_run() const {
+  const auto found = list_checkpoints(checkpoints_dir());
+  if (found.empty()) return false;
+  if (found.size() > 1 || found[0].first != 0 || has_metrics_lines()) return true;
+  try {
+    const std::string args = read_checkpoint_args(found[0].second);
+    return args.empty() || !recorded_flag(args, "init-from").empty();
+  } catch (const std::exception&) {
+    return false;  // a start point that does not load holds nothing to keep
+  }
 }
 
 void RunFolder::start(int64_t kept_step, const std::string& keep_file) {
@@ -192,9 +201,7 @@ void RunFolder::start(int64_t kept_step, const std::string& keep_file) {
     replaces_another_run_ = replaces_another_run_ || (kept_step < 0 && step > 0);
   }
   if (kept_step < 0) {
-    std::ifstream in(metrics_path());
-    std::string line;
-    while (!replaces_another_run_ && std::getline(in, line)) replaces_another_run_ = !line.empty();
+    replaces_another_run_ = replaces_another_run_ || has_metrics_lines();
     return;
   }
   std::ifstream in(metrics_path());

@@ -47,7 +47,8 @@ class RunFolder {
   std::string checkpoint_path(int64_t step) const;
   std::string metrics_path() const { return out_ + "/metrics.jsonl"; }
   bool has_checkpoints() const { return !list_checkpoints(checkpoints_dir()).empty(); }
-  // False when all the folder holds is a start point: step_0 alone and no metrics line. That is what a new
+  // False when all the folder holds is a start point its seed recreates: step_0 alone, written by train
+  // without --init-from (not imported, not another run's weights), and no metrics line. That is what a new
   // run leaves when it is killed in its first step.
   bool holds_trained_run() const;
 
@@ -79,6 +80,7 @@ class RunFolder {
   void discard_new_run();
 
  private:
+  bool has_metrics_lines() const;
   std::string out_;
   int lock_fd_ = -1;
   bool created_out_ = false, created_checkpoints_ = false, committed_ = false;

@@ -6,7 +6,6 @@
 #include <filesystem>
 #include <fstream>
 #include <optional>
-#include <sstream>
 
 #include <mpi.h>
 
@@ -144,30 +143,16 @@ double evaluate(const nn::TransformerLM& model, const TokenFile& val, int64_t ba
 
 namespace {
 
-// The value of `--name` in a flags summary line ("--a 1 --b x ..."), or "" when absent.
-std::string flag_value(const std::string& summary, const std::string& name) {
-  std::istringstream in(summary);
-  std::string token;
-  while (in >> token) {
-    if (token == "--" + name) {
-      std::string value;
-      in >> value;
-      return value.rfind("--", 0) == 0 ? "" : value;
-    }
-  }
-  return "";
-}
-
 // A resumed run reproduces the uninterrupted one only with the same learning-rate schedule and optimizer,
 // sampling and precision settings; say which differ.
 void warn_if_settings_differ(const std::string& written_by, const Flags& flags) {
   // Checkpoints written by `import` record no schedule.
-  if (written_by.empty() || flag_value(written_by, "steps").empty()) return;
+  if (written_by.empty() || recorded_flag(written_by, "steps").empty()) return;
   auto effective_cosine = [](const std::string& cosine, const std::string& steps) {
     return cosine.empty() || cosine == "0" ? steps : cosine;
   };
   const std::string old_end =
-      effective_cosine(flag_value(written_by, "cosine-steps"), flag_value(written_by, "steps"));
+      effective_cosine(recorded_flag(written_by, "cosine-steps"), recorded_flag(written_by, "steps"));
   const std::string new_end = effective_cosine(flags.str("cosine-steps"), flags.str("steps"));
   std::string differs, keep;  // what changed, and the flags that would keep the old schedule
   auto add = [&](const std::string& change, const std::string& flag) {
@@ -176,7 +161,7 @@ void warn_if_settings_differ(const std::string& written_by, const Flags& flags) 
   };
   if (old_end != new_end) add("cosine end " + old_end + " -> " + new_end, "--cosine-steps " + old_end);
   for (const char* name : {"warmup", "lr-max", "lr-min"}) {
-    const std::string before = flag_value(written_by, name);
+    const std::string before = recorded_flag(written_by, name);
     if (!before.empty() && before != flags.str(name))
       add(std::string("--") + name + " " + before + " -> " + flags.str(name),
           std::string("--") + name + " " + before);
@@ -191,7 +176,7 @@ void warn_if_settings_differ(const std::string& written_by, const Flags& flags) 
   std::string others;
   for (const char* name :
        {"seed", "sampling", "clip", "weight-decay", "beta1", "beta2", "precision", "grad-dtype"}) {
-    const std::string before = flag_value(written_by, name);
+    const std::string before = recorded_flag(written_by, name);
     if (!before.empty() && before != flags.str(name))
       others +=
           (others.empty() ? "" : ", ") + std::string("--") + name + " " + before + " -> " + flags.str(name);
@@ -206,8 +191,8 @@ void warn_if_settings_differ(const std::string& written_by, const Flags& flags) 
 // The same for the step's global batch (sequences over all ranks and micro-batches), from the flags and the
 // rank count the writer recorded (checkpoints before that was recorded say nothing of it).
 void warn_if_global_batch_differs(const std::string& written_by, int64_t global_batch) {
-  const std::string ranks = flag_value(written_by, "ranks"), batch = flag_value(written_by, "batch"),
-                    accum = flag_value(written_by, "grad-accum");
+  const std::string ranks = recorded_flag(written_by, "ranks"), batch = recorded_flag(written_by, "batch"),
+                    accum = recorded_flag(written_by, "grad-accum");
   if (ranks.empty() || batch.empty() || accum.empty()) return;
   const int64_t before = std::stoll(ranks) * std::stoll(batch) * std::stoll(accum);
   if (before == global_batch) return;
@@ -519,7 +504,7 @@ class TrainingRun {
   // Rank 0, for a run that does not continue --out's own checkpoints: whether it may replace them.
   void check_may_replace_folder() const {
     if (!folder_->has_checkpoints() || flags_.boolean("overwrite")) return;
-    if (!folder_->holds_trained_run() && start_point_is_recreatable()) {
+    if (!folder_->holds_trained_run()) {
       // A run that ended in its first step without removing its start point (a rank of an mpirun job
       // failing, a kill): nothing the seed cannot recreate, and refusing would only stop the corrected rerun.
       std::printf("replacing %s: the start point of a run that ended before its first step\n",
@@ -556,17 +541,6 @@ class TrainingRun {
         "trained steps (until then the folder keeps them whole)\n",
         names.c_str(), folder_->checkpoints_dir().c_str(), replaced.size() == 1 ? "is" : "are",
         resume_.empty() || !resumes_own_folder() ? "the other run's" : "their");
-  }
-
-  // Whether the folder's step_0 holds what its seed recreates: written by train, not from --init-from's
-  // weights (nor imported, nor a file the user put there).
-  bool start_point_is_recreatable() const {
-    try {
-      const std::string args = read_checkpoint_args(folder_->checkpoint_path(0));
-      return !args.empty() && flag_value(args, "init-from").empty();
-    } catch (const std::exception&) {
-      return true;  // a start point that does not load holds nothing to keep
-    }
   }
 
   // Whether the checkpoint resumed from lies in --out's own checkpoints folder (links resolved).
