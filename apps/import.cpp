@@ -130,10 +130,7 @@ int run(const Flags& flags) {
   fs::path made;
   for (fs::path p = fs::path(out).parent_path(); !p.empty() && !fs::exists(p); p = p.parent_path()) made = p;
   if (!fs::path(out).parent_path().empty()) fs::create_directories(fs::path(out).parent_path());
-  const auto take_back_folders = [&] {
-    std::error_code ignored;
-    if (!made.empty()) fs::remove_all(made, ignored);  // only folders this run created, empty but for out
-  };
+  bool written = false;
   try {
     write_initial_checkpoint(
         out, config,
@@ -149,16 +146,13 @@ int run(const Flags& flags) {
           return Tensor::from_floats(values, shape);
         },
         state);
-  } catch (...) {
-    take_back_folders();
-    throw;
-  }
-  try {
+    written = true;  // a failed write left --out as it was (an earlier file under --overwrite)
     verify_checkpoint(out);
   } catch (...) {
+    // Nothing of a failed import stays: the file it wrote, and the folders only this run created.
     std::error_code ignored;
-    fs::remove(out, ignored);
-    take_back_folders();
+    if (written) fs::remove(out, ignored);
+    if (!made.empty()) fs::remove_all(made, ignored);
     throw;
   }
   std::string stored;
