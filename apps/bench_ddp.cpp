@@ -52,6 +52,7 @@ struct Memory {
 struct Result {
   bool oom = false;
   bool wait_measured = false;  // only DDP strategies measure what backward did not hide
+  bool graph = false;          // steps after the first replayed train's CUDA graph
   Summary step_ms, wait_ms;
   Memory memory;
 };
@@ -62,6 +63,7 @@ struct RowSetup {
   bool grads_bf16 = false;
   int64_t batch = 1, warmup = 0, steps = 1;
   double clip = 1.0;
+  GraphUse cuda_graph = GraphUse::automatic;
 };
 
 // A fresh model per row: ZeRO-2 and 3 move the parameters and gradients out of the flat buffers into shards.
@@ -92,8 +94,8 @@ Result measure(const RowSetup& setup, dist::DistRuntime& runtime, const Config& 
     options.grad_comm_bf16 = config.bf16_communication;
     options.all_reduce = dist::all_reduce_transport_name(config.transport);
     options.zero1_gather_chunk_mb = config.zero_chunk_mb;
-    // Scaling compares like with like: the distributed steps launch kernel by kernel, so the single one too.
-    options.cuda_graph = false;
+    // As train runs it (where the step can be captured: not with the copy-engine all-reduce).
+    options.cuda_graph = setup.cuda_graph;
     TrainStep step(model, params, device, config.label == "single" ? nullptr : &runtime, options);
     std::vector<double> waits;
     int64_t count = 0;
@@ -113,6 +115,7 @@ Result measure(const RowSetup& setup, dist::DistRuntime& runtime, const Config& 
     result.step_ms = summarize(t.step_ms);
     result.wait_ms = summarize(waits);
     result.wait_measured = step.measures_communication_wait();
+    result.graph = step.cuda_graph();
   } catch (const OutOfMemory&) {
     result.oom = true;
   }
@@ -177,7 +180,10 @@ int main(int argc, char** argv) {
   flags.add("ctx", "512", "context length");
   flags.add("batch", "4", "sequences per rank");
   flags.add("vocab", "10000", "vocabulary size");
-  flags.add("warmup-iters", "3", "untimed steps per row, before the timed ones");
+  flags.add(
+      "warmup-iters", "3",
+      "untimed steps per row, before the timed ones (at least 2 on CUDA unless --cuda-graph off: the second "
+      "captures the graph)");
   flags.alias("warmup", "warmup-iters");
   flags.add("steps", "10", "timed steps per row");
   declare_device_flag(flags, true);
@@ -190,6 +196,11 @@ int main(int argc, char** argv) {
             "the bucketed all-reduce during backward, 'zero1+bucketed'), 2 (gradients sharded too), 3 "
             "(parameters too)");
   flags.add("clip", "1.0", "global gradient-norm clip, as train's --clip (0: off)");
+  flags.add(
+      "cuda-graph", "auto",
+      "as train's --cuda-graph: each row's step replayed as a CUDA graph after the first where it can be "
+      "captured (the 'graph' column says where)",
+      {"auto", "on", "off"});
   flags.add("gemm-sm-margin", "0",
             "comma-separated SM counts to keep free of matmuls in the communicating rows (cuBLASLt plans "
             "for fewer SMs), so NCCL's kernels overlap backward without waiting for SMs; 0: all SMs");
@@ -214,10 +225,12 @@ int main(int argc, char** argv) {
     if (!flags.parse(argc, argv)) return 0;
     runtime = std::make_unique<dist::DistRuntime>(&argc, &argv);
     const Device device = pick_device(flags.str("device"), runtime->gpu_index());
-    const int64_t batch = flags.integer("batch"), ctx = flags.integer("ctx"),
-                  warmup = flags.integer("warmup-iters"), steps = flags.integer("steps");
+    const int64_t batch = flags.integer("batch"), ctx = flags.integer("ctx"), steps = flags.integer("steps");
+    int64_t warmup = flags.integer("warmup-iters");
     TT_CHECK(batch > 0 && ctx > 0 && steps > 0 && warmup >= 0,
              "--batch, --ctx and --steps must be positive and --warmup-iters >= 0");
+    const GraphUse cuda_graph = parse_graph_use(flags.str("cuda-graph"));
+    if (cuda_graph != GraphUse::off && device.is_cuda()) warmup = std::max<int64_t>(warmup, 2);
     TT_CHECK(flags.integer("vocab") > 0, "--vocab must be positive");
     const bool single = flags.boolean("single-gpu-baseline");
     std::vector<int64_t> zero_stages = flags.int_list("zero");
@@ -303,10 +316,11 @@ int main(int argc, char** argv) {
     if (root) {
       std::printf(
           "%d ranks (%s), batch %lld x ctx %lld per rank, %s, %s gradients, clip %g, warm-up %lld, timed "
-          "%lld\n\n",
+          "%lld, --cuda-graph %s\n\n",
           world, device.is_cuda() ? "NCCL" : "MPI", static_cast<long long>(batch),
           static_cast<long long>(ctx), flags.str("precision").c_str(), grad_dtype.c_str(),
-          flags.number("clip"), static_cast<long long>(warmup), static_cast<long long>(steps));
+          flags.number("clip"), static_cast<long long>(warmup), static_cast<long long>(steps),
+          flags.str("cuda-graph").c_str());
     }
     std::vector<std::vector<std::string>> rows, memory_rows;
     for (const std::string& preset : flags.list("preset")) {
@@ -319,6 +333,7 @@ int main(int argc, char** argv) {
       setup.grads_bf16 = grads_bf16;
       setup.batch = batch;
       setup.warmup = warmup;
+      setup.cuda_graph = cuda_graph;
       setup.steps = steps;
       setup.clip = flags.number("clip");
       double single_ms = 0;
@@ -350,13 +365,14 @@ int main(int argc, char** argv) {
                                           bucketed ? format_fixed(c.bucket_mb, c.bucket_mb < 1 ? 3 : 0) : "-",
                                           std::to_string(world)};
         if (r.oom) {
-          cells.insert(cells.end(), {"OOM", "-", "-", "-", "-"});
+          cells.insert(cells.end(), {"OOM", "-", "-", "-", "-", "-"});
         } else {
-          cells.insert(cells.end(), {format_fixed(r.step_ms.mean, 2) + " ± " + format_fixed(r.step_ms.std, 2),
-                                     r.wait_measured ? format_fixed(r.wait_ms.mean, 2) : "-",
-                                     r.wait_measured ? format_fixed(share * 100, 1) + "%" : "-",
-                                     format_fixed(tokens_per_s, 0),
-                                     efficiency > 0 ? format_fixed(efficiency * 100, 1) + "%" : "-"});
+          cells.insert(
+              cells.end(),
+              {format_fixed(r.step_ms.mean, 2) + " ± " + format_fixed(r.step_ms.std, 2),
+               r.wait_measured ? format_fixed(r.wait_ms.mean, 2) : "-",
+               r.wait_measured ? format_fixed(share * 100, 1) + "%" : "-", format_fixed(tokens_per_s, 0),
+               efficiency > 0 ? format_fixed(efficiency * 100, 1) + "%" : "-", r.graph ? "on" : "off"});
         }
         rows.push_back(cells);
         if (json) {
@@ -372,6 +388,7 @@ int main(int argc, char** argv) {
                {"precision", JsonlWriter::quote(flags.str("precision"))},
                {"grad_dtype", JsonlWriter::quote(grad_dtype)},
                {"oom", r.oom ? "true" : "false"},
+               {"cuda_graph", r.graph ? "true" : "false"},
                {"step_ms", r.oom ? "null" : JsonlWriter::number(r.step_ms.mean)},
                {"step_std_ms", r.oom ? "null" : JsonlWriter::number(r.step_ms.std)},
                {"comm_wait_ms", r.oom || !r.wait_measured ? "null" : JsonlWriter::number(r.wait_ms.mean)},
@@ -391,7 +408,7 @@ int main(int argc, char** argv) {
     }
     if (root) {
       std::printf("%s", markdown_table({"preset", "strategy", "bucket MB", "ranks", "step ms", "comm wait ms",
-                                        "comm share", "tokens/s (all ranks)", "scaling efficiency"},
+                                        "comm share", "tokens/s (all ranks)", "scaling efficiency", "graph"},
                                        rows)
                             .c_str());
       std::printf(

@@ -70,6 +70,9 @@ class StreamTimer {
   virtual ~StreamTimer() = default;
   virtual void stop() = 0;
   virtual double elapsed_ms() = 0;  // on CUDA waits until the stop mark has been reached
+  // Started and stopped inside a CUDA-graph capture: every replay marks both again, and elapsed_ms() gives
+  // the last replay's time.
+  virtual bool captured() const { return false; }
 };
 
 class Communicator {
@@ -124,6 +127,11 @@ class Communicator {
   // Blocks the host until every collective issued so far has completed.
   virtual void synchronize() = 0;
   virtual std::unique_ptr<StreamTimer> start_timer() = 0;
+  // Collectives issued while the compute stream is being captured into a CUDA graph run only in its
+  // replays, where the backend's watchdog (NCCL) cannot see them one by one. Called after each replay is
+  // launched: the watchdog waits for the work queued on the compute stream so far as for one collective
+  // named `what`, within the collective timeout.
+  virtual void watch_replay(const char* what) {}
 
  protected:
   Communicator(Device device, int rank, int world_size)

@@ -270,7 +270,8 @@ double DataParallel::communication_wait_ms() {
   State& s = *state_;
   if (s.wait_timer) {
     s.wait_ms = s.wait_timer->elapsed_ms();
-    s.wait_timer.reset();
+    // A timer of a captured backward times every replay of it.
+    if (!s.wait_timer->captured()) s.wait_timer.reset();
   }
   return s.wait_ms;
 }

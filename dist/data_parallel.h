@@ -67,7 +67,8 @@ class DataParallel {
   DdpStrategy strategy() const;
   bool bf16_communication() const;
   // Time the last finish_backward held up the host (CPU) or the compute stream (CUDA): the communication
-  // not hidden behind backward. On CUDA, reading it waits for that step's communication.
+  // not hidden behind backward. On CUDA, reading it waits for that step's communication; after a pass
+  // captured in a CUDA graph, it is the last replay's.
   double communication_wait_ms();
   // Collectives issued by the last begin_backward/finish_backward pair.
   int64_t collectives_last_pass() const;

@@ -199,10 +199,22 @@ class Watchdog {
   std::thread thread_;  // last: starts once everything it reads is initialised
 };
 
+bool capturing(cudaStream_t stream) {
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  TT_CUDA_CHECK(cudaStreamIsCapturing(stream, &capture));
+  return capture != cudaStreamCaptureStatusNone;
+}
+
+// A mark on `stream`; inside a capture, one that every replay of the graph makes again.
+void record(const Event& event, cudaStream_t stream, bool captured) {
+  TT_CUDA_CHECK(cudaEventRecordWithFlags(event.get(), stream, captured ? cudaEventRecordExternal : 0));
+}
+
 class NcclWork : public Work {
  public:
-  NcclWork(std::shared_ptr<Event> done, cudaStream_t compute, std::vector<Tensor> keep_alive)
-      : done_(std::move(done)), compute_(compute), keep_alive_(std::move(keep_alive)) {}
+  // `captured`: issued inside a CUDA-graph capture, where `done` can only be waited on by the graph.
+  NcclWork(std::shared_ptr<Event> done, cudaStream_t compute, std::vector<Tensor> keep_alive, bool captured)
+      : done_(std::move(done)), compute_(compute), keep_alive_(std::move(keep_alive)), captured_(captured) {}
   ~NcclWork() override {
     if (waited_) return;
     try {
@@ -219,6 +231,7 @@ class NcclWork : public Work {
     keep_alive_.clear();
   }
   bool poll() override {
+    if (captured_) return false;  // runs only in replays; the graph orders it
     const cudaError_t state = cudaEventQuery(done_->get());
     if (state == cudaErrorNotReady) return false;
     TT_CUDA_CHECK(state);
@@ -229,18 +242,21 @@ class NcclWork : public Work {
   std::shared_ptr<Event> done_;
   cudaStream_t compute_;
   std::vector<Tensor> keep_alive_;
+  bool captured_;
   bool waited_ = false;
 };
 
 class CudaTimer : public StreamTimer {
  public:
-  explicit CudaTimer(cudaStream_t stream) : start_(true), stop_(true), stream_(stream) {
-    TT_CUDA_CHECK(cudaEventRecord(start_.get(), stream_));
+  explicit CudaTimer(cudaStream_t stream)
+      : start_(true), stop_(true), stream_(stream), captured_(capturing(stream)) {
+    record(start_, stream_, captured_);
   }
   void stop() override {
-    TT_CUDA_CHECK(cudaEventRecord(stop_.get(), stream_));
+    record(stop_, stream_, captured_);
     stopped_ = true;
   }
+  bool captured() const override { return captured_; }
   double elapsed_ms() override {
     TT_ASSERT(stopped_, "StreamTimer::elapsed_ms before stop()");
     TT_CUDA_CHECK(cudaEventSynchronize(stop_.get()));
@@ -252,6 +268,7 @@ class CudaTimer : public StreamTimer {
  private:
   Event start_, stop_;
   cudaStream_t stream_;
+  bool captured_;
   bool stopped_ = false;
 };
 
@@ -378,6 +395,12 @@ class NcclCommunicator : public Communicator {
     set_current_device(device().index);
     return std::make_unique<CudaTimer>(compute_);
   }
+  void watch_replay(const char* what) override {
+    set_current_device(device().index);
+    auto done = std::make_shared<Event>(false);
+    TT_CUDA_CHECK(cudaEventRecord(done->get(), compute_));
+    watchdog_.track(done, what);
+  }
 
  protected:
   bool supports(DType dtype, bool reduces) const override { return true; }
@@ -407,12 +430,7 @@ class NcclCommunicator : public Communicator {
   // The copy-engine transport takes tensors inside its registered buffers, outside CUDA graph capture (its
   // signals carry sequence numbers fixed when issued, which a replay would repeat): NCCL carries a captured
   // all-reduce (every rank captures the same collectives).
-  bool by_copy_engine(const Tensor& t) const {
-    if (!peer_ || !peer_->covers(t)) return false;
-    cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
-    TT_CUDA_CHECK(cudaStreamIsCapturing(compute_, &capture));
-    return capture == cudaStreamCaptureStatusNone;
-  }
+  bool by_copy_engine(const Tensor& t) const { return peer_ && peer_->covers(t) && !capturing(compute_); }
   static const char* all_reduce_name(bool peer) { return peer ? "all_reduce (copy engine)" : "all_reduce"; }
 
   // On the communication stream `s`: by the copy-engine transport (peer; averaging N ranks is * (1/N)), or
@@ -434,8 +452,10 @@ class NcclCommunicator : public Communicator {
     issue(comm_stream_.get());
     auto done = std::make_shared<Event>(false);
     TT_CUDA_CHECK(cudaEventRecord(done->get(), comm_stream_.get()));
-    watchdog_.track(done, what);
-    return std::make_unique<NcclWork>(std::move(done), compute_, std::move(keep_alive));
+    // A captured collective runs only in replays, which watch_replay() watches as a whole.
+    const bool captured = capturing(compute_);
+    if (!captured) watchdog_.track(done, what);
+    return std::make_unique<NcclWork>(std::move(done), compute_, std::move(keep_alive), captured);
   }
 
   cudaStream_t compute_;

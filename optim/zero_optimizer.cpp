@@ -464,7 +464,7 @@ double ZeroOptimizer::step(double max_norm, bool measure_norm) {
   if (stage_ == 3) return norm;
   for (Unit& unit : units_) unit.stale = true;
   stale_units_ = units_.size();
-  issue_refresh(0);
+  if (!gathers_in_forward_) issue_refresh(0);
   return norm;
 }
 
@@ -538,6 +538,22 @@ void ZeroOptimizer::complete_refresh(size_t u) {
 void ZeroOptimizer::refresh_in_order(size_t u) {
   if (u + 1 < units_.size()) issue_refresh(u + 1);  // on the wire while unit u is copied and cast
   complete_refresh(u);
+}
+
+void ZeroOptimizer::prepare_capture() {
+  if (stage_ != 2) return;
+  settle();
+  gathers_in_forward_ = true;
+  for (Unit& unit : units_) unit.stale = true;
+  stale_units_ = units_.size();
+}
+
+void ZeroOptimizer::replayed() {
+  // What the captured backward passes did to the host's state, which a replay leaves as it was.
+  overwrite_shard_grads_ = false;
+  if (stage_ != 2) return;
+  for (Unit& unit : units_) unit.stale = false;
+  stale_units_ = 0;
 }
 
 void ZeroOptimizer::settle() {

@@ -86,6 +86,15 @@ class ZeroOptimizer : public nn::ParameterUnits {
   // its bf16 forward: the matmul weights' f32 values exist only in the shards).
   void settle();
 
+  // Before capturing a forward and backward into a CUDA graph, which can wait only on collectives issued
+  // inside the capture. Stage 2: completes the gathers in flight, marks every unit for gathering (so the
+  // graph gathers them all, and each replay the weights of the update before it), and from now on step()
+  // issues no gather ahead: the next forward issues each unit's itself. Collective.
+  void prepare_capture();
+  // After each replay of that graph is queued: the shard gradient is the replay's (the next backward adds
+  // to it), and stage 2's units count as gathered (the replay gathers them).
+  void replayed();
+
   int stage() const { return stage_; }
   void set_lr(double lr) { adamw_->set_lr(lr); }
   double lr() const { return adamw_->lr(); }
@@ -216,6 +225,7 @@ class ZeroOptimizer : public nn::ParameterUnits {
   Tensor refresh_buffers_[2];            // stage 2: unit u gathers into buffer u % 2 (of its gather's dtype)
   int64_t refresh_owner_[2] = {-1, -1};  // the unit whose gather a buffer holds and has not copied out
   size_t stale_units_ = 0;
+  bool gathers_in_forward_ = false;
   std::unique_ptr<AdamW> adamw_;
   // After an update: the shard's gradients are the last step's, and the next backward pass writes them
   // (units it does not reach are cleared) instead of adding to them.

@@ -53,7 +53,7 @@ void check_train_step(nn::Precision precision, bool graph) {
     options.grad_accum = accum;
     options.clip = clip;
     options.adamw.weight_decay = 0.1;
-    options.cuda_graph = graph;
+    options.cuda_graph = graph ? app::GraphUse::on : app::GraphUse::off;
     app::TrainStep step(model_a, params_a, gpu, nullptr, options);
     CHECK(step.update_path().find("beside the next step's forward") != std::string::npos);
     CHECK((step.update_path().find("CUDA graph") != std::string::npos) == (graph && bf16));

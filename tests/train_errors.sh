@@ -139,7 +139,7 @@ printf 'steps = 2\nsteps = 3\n' >"$work/twice.cfg"
 expect_error "config sets a flag twice" "flag 'steps' is set twice in $work/twice.cfg (lines 1 and 2)" \
   "$train" "${common[@]}" --config "$work/twice.cfg"
 expect_error "switch value" "flag --overwrite expects on/off, got 'maybe'" "$train" "${common[@]}" --overwrite=maybe --steps 1
-expect_error "cuda-graph value" "flag --cuda-graph expects on/off, got 'maybe'" "$train" "${common[@]}" --cuda-graph maybe --steps 1
+expect_error "cuda-graph value" "--cuda-graph takes auto, on or off, got 'maybe'" "$train" "${common[@]}" --cuda-graph maybe --steps 1
 expect_error "recompute-blocks without recompute" "--recompute-blocks 1 needs --recompute selective or block" \
   "$train" "${common[@]}" --recompute-blocks 1 --steps 1
 # Out of memory (here the host's, capped by ulimit): the error says which flags would lower it.

@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # On two GPUs of one host: `train` under mpirun with the gradient all-reduce carried by NCCL and by the copy
 # engines gives the same losses bit for bit (both add the two ranks' gradients once, a + b, then halve), with
-# f32 and with bf16 gradient buffers, and --all-reduce auto chooses the copy engines there. ZeRO-3 and ZeRO-1
-# runs resumed from a checkpoint the ranks read together repeat the uninterrupted ones.
+# f32 and with bf16 gradient buffers, and --all-reduce auto chooses the copy engines there. The step replayed
+# as a CUDA graph (DDP over NCCL; ZeRO-1, 2 and 3, with evaluations and checkpoints between steps, and with
+# gradient accumulation) gives the losses and gradient norms of the step launched kernel by kernel, bit for
+# bit. ZeRO-3 and ZeRO-1 runs resumed from a checkpoint the ranks read together repeat the uninterrupted ones.
 # Skipped (77) with fewer than two GPUs. Usage: train_transports_gpu.sh mpiexec train prepare_data
 set -euo pipefail
 mpiexec=$1 train=$2 prepare=$3
@@ -40,6 +42,28 @@ assert len(runs[0]) > 0 and runs[0] == runs[1], runs
 assert runs[0] != runs[2], "bf16 gradients trained exactly like f32 ones: the rounding did not happen"
 print("with bf16 gradients, NCCL and copy-engine all-reduce train identically:", [x[1] for x in runs[0]])
 PY
+# The CUDA-graph step against the same step launched kernel by kernel (--cuda-graph off), bit for bit. The
+# copy-engine all-reduce cannot be replayed: that run says its step is not a graph.
+same_steps() {  # same_steps A B: equal losses, validation losses and gradient norms, and at least 8 steps
+  python3 - "$work/$1/metrics.jsonl" "$work/$2/metrics.jsonl" <<'PY'
+import json, sys
+runs = [[(r["step"], r["loss"], r.get("val_loss"), r.get("grad_norm")) for r in map(json.loads, open(p))]
+        for p in sys.argv[1:]]
+assert len(runs[0]) >= 8 and runs[0] == runs[1], runs
+print(sys.argv[1].split("/")[-2], "and", sys.argv[2].split("/")[-2], "train identically:", [x[1] for x in runs[0]])
+PY
+}
+grep -q "one CUDA graph" "$work/library-bf16.log" || { grep "^update" "$work/library-bf16.log"; exit 1; }
+! grep -q "one CUDA graph" "$work/copy-engine-bf16.log" || { grep "^update" "$work/copy-engine-bf16.log"; exit 1; }
+run library-bf16-eager library --grad-dtype bf16 --cuda-graph off
+same_steps library-bf16 library-bf16-eager
+for zero in 1 2 3; do
+  for graph in on off; do run "zero$zero-graph-$graph" library --zero $zero --cuda-graph $graph --ckpt-every 3; done
+  grep -q "one CUDA graph" "$work/zero$zero-graph-on.log" || { grep "^update" "$work/zero$zero-graph-on.log"; exit 1; }
+  same_steps "zero$zero-graph-on" "zero$zero-graph-off"
+done
+for graph in on off; do run "zero2-accum-$graph" library --zero 2 --grad-accum 2 --cuda-graph $graph; done
+same_steps zero2-accum-on zero2-accum-off
 # Ranks load a checkpoint together over NCCL (each reads a share of the file and broadcasts it on the GPU):
 # a ZeRO-3 and a ZeRO-1 run resumed at their step-4 checkpoint repeat the uninterrupted runs' steps 5 to 8.
 for zero in 3 1; do

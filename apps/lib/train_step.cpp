@@ -13,6 +13,13 @@
 
 namespace tt::app {
 
+GraphUse parse_graph_use(const std::string& text) {
+  if (text == "auto") return GraphUse::automatic;
+  if (text == "on") return GraphUse::on;
+  if (text == "off") return GraphUse::off;
+  throw Error("--cuda-graph takes auto, on or off, got '" + text + "'");
+}
+
 TrainStep::TrainStep(nn::TransformerLM& model, nn::FlatParameters& params, Device device,
                      dist::DistRuntime* runtime, const TrainStepOptions& options)
     : model_(model), params_(params), device_(device), options_(options) {
@@ -59,14 +66,20 @@ TrainStep::TrainStep(nn::TransformerLM& model, nn::FlatParameters& params, Devic
   }
   upload_ = std::make_unique<PinnedUpload>(device);
   if (device.is_cuda()) clock_ = std::make_unique<DeviceClock>(device);
-  // One process, the update beside the next forward, clipping inside AdamW on the device: nothing in the
-  // step reads back to the host or talks to another rank, so all of it can be captured.
-  graph_step_ = options.cuda_graph && overlap_ && !comm_ && params.grad_dtype() == DType::bf16;
   // Gradients are averaged by a DDP strategy, unless ZeRO reduce-scatters them itself.
   if (comm_ && (options.zero == 0 || (options.zero == 1 && options.zero_grads_by_ddp))) {
     ddp_ = std::make_unique<dist::DataParallel>(params, *comm_, options.ddp, options.bucket_mb,
                                                 options.grad_comm_bf16);
   }
+  // What a CUDA graph captures (see TrainStepOptions::cuda_graph). The copy-engine all-reduce cannot be
+  // replayed (its signals carry sequence numbers fixed when issued), and beats NCCL where it runs.
+  const bool ddp_by_copy_engine =
+      ddp_ && comm_->all_reduce_transport() == dist::AllReduceTransport::copy_engine;
+  // The update beside the next forward needs the clipping factor on the device (bf16 gradients).
+  const bool capturable = overlap_ ? params.grad_dtype() == DType::bf16 : device.is_cuda();
+  const bool wanted =
+      options.cuda_graph == GraphUse::on || (options.cuda_graph == GraphUse::automatic && options.zero == 0);
+  graph_step_ = wanted && capturable && !ddp_by_copy_engine;
 }
 
 TrainStep::~TrainStep() {
@@ -125,7 +138,8 @@ std::string TrainStep::update_path() const {
         options_.zero == 2   ? "; updated weights gathered as the next forward needs them" + in_bf16
         : options_.zero == 3 ? "; weights gathered per unit before its forward and backward" + in_bf16
                              : "";
-    return "AdamW after backward, sharded (ZeRO-" + std::to_string(options_.zero) + "), " + clip + gathers;
+    return "AdamW after backward, sharded (ZeRO-" + std::to_string(options_.zero) + "), " + clip + gathers +
+           (graph_step_ ? "; from step 2 on forward and backward are one CUDA graph" : "");
   }
   if (overlap_) {
     return "AdamW after backward (" + clip + "), beside the next step's forward" +
@@ -200,28 +214,33 @@ std::vector<Tensor> TrainStep::replay_step(const std::function<Batch(int64_t mic
     upload_->ints_into(b.inputs, graph_inputs_[static_cast<size_t>(micro)]);
     upload_->ints_into(b.targets, graph_targets_[static_cast<size_t>(micro)]);
   }
-  // The last step's update runs at the start of the replay (unless something ran it eagerly since).
-  const bool was_deferred = overlap_->deferred();
-  overlap_->hand_to_replay();
+  // Without ZeRO the last step's update runs at the start of the replay (unless something ran it eagerly
+  // since); with ZeRO the update runs eagerly after the replay, once the host has read the gradient norm.
+  const bool was_deferred = overlap_ && overlap_->deferred();
+  if (overlap_) overlap_->hand_to_replay();
   if (!graph_) {
     // The eager first step's blocks go back to the driver: the graph allocates from its own pool, which
     // keeps the step's activations for every replay.
     synchronize(device_);
     empty_cache(device_);
+    if (zero_) zero_->prepare_capture();
     auto graph = std::make_unique<CudaGraph>(device_);
     // A capture that fails leaves no graph, and the last update deferred as it was (its events, recorded
     // in the abandoned capture, are never waited on).
-    const auto restore = [&] { was_deferred ? overlap_->defer() : overlap_->hand_to_replay(); };
+    const auto restore = [&] {
+      if (overlap_) was_deferred ? overlap_->defer() : overlap_->hand_to_replay();
+    };
     try {
       graph->capture([this] {
-        overlap_->launch();
+        if (overlap_) overlap_->launch();
         try {
           graph_losses_ = forward_backward([this](int64_t micro) {
             return std::make_pair(graph_inputs_[static_cast<size_t>(micro)],
                                   graph_targets_[static_cast<size_t>(micro)]);
           });
         } catch (...) {
-          overlap_->settle();  // the side stream joins the capture again, so that it can end cleanly
+          // The side stream joins the capture again, so that it can end cleanly.
+          if (overlap_) overlap_->settle();
           throw;
         }
       });
@@ -234,10 +253,13 @@ std::vector<Tensor> TrainStep::replay_step(const std::function<Batch(int64_t mic
                   "); --cuda-graph off runs it without one");
     }
     graph_ = std::move(graph);
-    overlap_->hand_to_replay();  // the capture's launch() left events only the graph can wait on
+    if (overlap_)
+      overlap_->hand_to_replay();  // the capture's launch() left events only the graph can wait on
   }
   if (clock_) clock_->mark();  // after the batches' uploads: the replay alone
   graph_->replay();
+  if (comm_) comm_->watch_replay("the collectives of the step's CUDA graph");
+  if (zero_) zero_->replayed();
   return graph_losses_;
 }
 

@@ -27,6 +27,18 @@
 
 namespace tt::app {
 
+// Whether steps after the first are replays of one CUDA graph (the same kernels and collectives on the same
+// values, without the host launching each of them). Where it can be captured, on CUDA: without ZeRO (one
+// process or DDP) the whole step, with bf16 gradients (clipped on the device) and DDP's all-reduce by NCCL;
+// with ZeRO forward and backward, the update then running after the host has read the norm.
+enum class GraphUse {
+  off,
+  on,         // wherever the step can be captured
+  automatic,  // on, except under ZeRO: the graph's memory pool costs about 2 GiB a rank at 7b, for <0.5%
+};
+// "auto", "on" or "off" (the --cuda-graph flag); throws tt::Error otherwise.
+GraphUse parse_graph_use(const std::string& text);
+
 struct TrainStepOptions {
   int64_t batch = 1, ctx = 1, grad_accum = 1;
   double clip = 1.0;               // global gradient-norm clip (0: off)
@@ -38,10 +50,7 @@ struct TrainStepOptions {
   std::string all_reduce = "auto";  // library | copy-engine | auto
   optim::AdamWOptions adamw;
   double zero1_gather_chunk_mb = 0;  // ZeRO-1's pipelined update + all-gather chunk (0: its default)
-  // From the second step on, replay the whole step as one CUDA graph where it can be captured (one CUDA
-  // process, bf16 gradients, no ZeRO): the same kernels on the same values, without the host launching
-  // each of them.
-  bool cuda_graph = true;
+  GraphUse cuda_graph = GraphUse::automatic;
 };
 
 // A run ends on every rank at once, with an exit code (divergence, a stop signal): not an error to abort on.
@@ -67,9 +76,9 @@ struct StepResult {
   double loss = 0, grad_norm = 0;
   bool stop_requested = false;  // some rank got a stop signal (the same answer on every rank)
   // CUDA: the compute stream's time for the step's forward and backward: with the CUDA graph step, the
-  // replay (the last update included), from its launch; otherwise from the step's start, so launch gaps
-  // count. With the graph, a step's wall time minus this is the time the GPU waited for the host (batch
-  // uploads, launch, read-back, logging). NaN on the CPU.
+  // replay (without ZeRO the last update included), from its launch; otherwise from the step's start, so
+  // launch gaps count. With the graph, a step's wall time minus this is the time the GPU waited for the host
+  // (batch uploads, launch, read-back, logging). NaN on the CPU.
   double gpu_ms = NAN;
 };
 

@@ -50,10 +50,12 @@ void declare_train_flags(Flags& f) {
   f.add("beta1", "0.9", "AdamW beta1");
   f.add("beta2", "0.95", "AdamW beta2");
   f.add("clip", "1.0", "global gradient-norm clip (0: off)");
-  f.add("cuda-graph", "on",
-        "on: from step 2, one CUDA process with bf16 gradients replays its whole step as one CUDA graph (the "
-        "same kernels, launched at once); off: launch each kernel from the host every step",
-        {"on", "off"});
+  f.add("cuda-graph", "auto",
+        "on: from step 2 the step is replayed as one CUDA graph (the same kernels and collectives, launched "
+        "at once) where it can be captured: the whole step with bf16 gradients (one process, or DDP over "
+        "NCCL), forward and backward under ZeRO; auto: on, except under ZeRO (the graph's own memory pool "
+        "costs about 2 GiB a GPU at 7b); off: launch each kernel from the host every step",
+        {"auto", "on", "off"});
   f.group("data");
   f.add("seed", "1", "seed for initialisation and data sampling");
   f.add("sampling", "random", "order of the training batches", {"random", "sequential"});
@@ -357,7 +359,7 @@ RunPlan plan_run(const Flags& flags, Device device, const std::string& data_dir,
   s.ctx = p.ctx;
   s.grad_accum = p.accum;
   s.clip = flags.number("clip");
-  s.cuda_graph = flags.boolean("cuda-graph");
+  s.cuda_graph = parse_graph_use(flags.str("cuda-graph"));
   s.zero = static_cast<int>(zero);
   s.zero_grads_by_ddp = zero_grads == "ddp";
   // Checked in a single process too, so that a launch script's flags fail on one machine before many.
