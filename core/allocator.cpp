@@ -50,6 +50,10 @@ struct CudaCache {
   std::unordered_map<void*, size_t> block_size;    // every live or cached block
   std::unordered_map<void*, bool> in_graph_pool;   // blocks reserved for captured graphs
   bool capturing = false;
+  // After a capture, until release_graph_pool: the graph holds its pool, and its free blocks' bytes count in
+  // stats.current_bytes.
+  bool graph_held = false;
+  int64_t graph_free_bytes = 0;
   MemoryStats stats;
 };
 CudaCache g_cuda[kMaxDevices];
@@ -79,7 +83,12 @@ void* cuda_allocate(int device, size_t bytes) {
   if (it != pool.end() && it->first <= rounded + slack) {
     void* ptr = it->second;
     pool.erase(it);
-    count_alloc(cache.stats, static_cast<int64_t>(cache.block_size[ptr]));
+    const auto size = static_cast<int64_t>(cache.block_size[ptr]);
+    if (cache.capturing && cache.graph_held) {
+      cache.graph_free_bytes -= size;  // counted already, as a held graph's
+    } else {
+      count_alloc(cache.stats, size);
+    }
     return ptr;
   }
   set_current_device(device);
@@ -108,8 +117,13 @@ void* cuda_allocate(int device, size_t bytes) {
 void cuda_free(int device, void* ptr) {
   CudaCache& cache = g_cuda[device];
   const size_t size = cache.block_size.at(ptr);
-  cache.stats.current_bytes -= static_cast<int64_t>(size);
-  (cache.in_graph_pool.count(ptr) ? cache.graph_free_blocks : cache.free_blocks).emplace(size, ptr);
+  const bool pool = cache.in_graph_pool.count(ptr) > 0;
+  if (pool && cache.graph_held) {
+    cache.graph_free_bytes += static_cast<int64_t>(size);  // still the graph's: stays counted
+  } else {
+    cache.stats.current_bytes -= static_cast<int64_t>(size);
+  }
+  (pool ? cache.graph_free_blocks : cache.free_blocks).emplace(size, ptr);
 }
 #endif
 
@@ -188,7 +202,15 @@ void begin_graph_pool(Device device) {
 void end_graph_pool(Device device) {
 #ifdef TT_WITH_CUDA
   std::lock_guard<std::mutex> lock(g_mutex);
-  if (device.is_cuda()) g_cuda[device.index].capturing = false;
+  if (!device.is_cuda()) return;
+  CudaCache& cache = g_cuda[device.index];
+  cache.capturing = false;
+  if (cache.graph_held) return;  // a second graph beside the first: the pool's free bytes count already
+  cache.graph_held = true;
+  cache.graph_free_bytes = 0;
+  for (const auto& [size, ptr] : cache.graph_free_blocks)
+    cache.graph_free_bytes += static_cast<int64_t>(size);
+  count_alloc(cache.stats, cache.graph_free_bytes);
 #endif
 }
 
@@ -197,6 +219,9 @@ void release_graph_pool(Device device) {
   std::lock_guard<std::mutex> lock(g_mutex);
   if (!device.is_cuda()) return;
   CudaCache& cache = g_cuda[device.index];
+  if (cache.graph_held) cache.stats.current_bytes -= cache.graph_free_bytes;
+  cache.graph_held = false;
+  cache.graph_free_bytes = 0;
   cache.free_blocks.insert(cache.graph_free_blocks.begin(), cache.graph_free_blocks.end());
   cache.graph_free_blocks.clear();
   cache.in_graph_pool.clear();

@@ -12,7 +12,8 @@
 namespace tt {
 
 struct MemoryStats {
-  int64_t current_bytes = 0;   // bytes handed out to tensors now
+  // Bytes handed out to tensors now, and the free blocks of a captured graph's pool: its replays use them.
+  int64_t current_bytes = 0;
   int64_t peak_bytes = 0;      // maximum of current_bytes since the last reset_peak
   int64_t reserved_bytes = 0;  // bytes obtained from the driver (in use + cached)
   int64_t device_allocs = 0;   // calls to cudaMalloc (stays flat in a warm loop)
@@ -38,6 +39,7 @@ void empty_cache(Device device);
 
 // While a CUDA graph is captured, allocations on `device` come from (and frees return to) a private pool
 // that stays reserved afterwards, so the addresses baked into the graph are never handed to anyone else.
+// From the capture's end the whole pool counts as in use (MemoryStats::current_bytes): the graph holds it.
 void begin_graph_pool(Device device);
 void end_graph_pool(Device device);
 // When the graph is gone: its free pool blocks return to the general cache, and blocks still held by

@@ -3,8 +3,8 @@
 // before each collective, comm -> compute in Work::wait()), so the host never waits in the training loop.
 //
 // Failures that NCCL reports asynchronously, and collectives that never finish (a peer died or diverged),
-// are caught by a watchdog thread that aborts the communicator and ends the job, instead of every rank
-// hanging until the scheduler's limit.
+// are caught by a watchdog thread that ends the job (MPI_Abort), instead of every rank hanging until the
+// scheduler's limit.
 //
 // NVLink multicast (NVLS) stays off: NCCL_NVLS_ENABLE is set to 0 unless the user set it. On shared
 // machines it must stay 0, because a process using multicast can take the host's GPUs out of service for
@@ -14,9 +14,11 @@
 
 #include <chrono>
 #include <condition_variable>
+#include <cstdio>
 #include <cstdlib>
 #include <deque>
 #include <mutex>
+#include <optional>
 #include <thread>
 #include <vector>
 
@@ -119,7 +121,10 @@ class NcclComm {
   ncclComm_t comm_ = nullptr;
 };
 
-// Polls the communicator's asynchronous error state and the completion of every issued collective.
+// Polls the communicator's asynchronous error state and the completion of every issued collective. Such
+// queries (ncclCommGetAsyncError, cudaEventQuery) are known to block at times while a collective hangs, and
+// a blocked watchdog ends nothing, so a second thread, which makes no CUDA or NCCL call, ends the job when
+// one query has not returned within the timeout.
 class Watchdog {
  public:
   Watchdog(ncclComm_t comm, int device, CollectiveTimeout timeout, std::string who)
@@ -128,7 +133,8 @@ class Watchdog {
         timeout_(timeout.seconds),
         timeout_source_(std::move(timeout.source)),
         who_(std::move(who)),
-        thread_([this] { run(); }) {}
+        thread_([this] { run(); }),
+        monitor_([this] { monitor(); }) {}
   ~Watchdog() {
     {
       std::lock_guard<std::mutex> lock(mutex_);
@@ -136,6 +142,12 @@ class Watchdog {
     }
     wake_.notify_all();
     thread_.join();
+    {
+      std::lock_guard<std::mutex> lock(query_mutex_);
+      monitor_stop_ = true;
+    }
+    monitor_wake_.notify_all();
+    monitor_.join();
   }
   Watchdog(const Watchdog&) = delete;
   Watchdog& operator=(const Watchdog&) = delete;
@@ -146,16 +158,19 @@ class Watchdog {
   }
 
  private:
+  using Clock = std::chrono::steady_clock;
   struct InFlight {
     std::shared_ptr<Event> done;
     std::string what;
-    std::chrono::steady_clock::time_point issued;
+    Clock::time_point issued;
   };
 
   void run() {
     if (cudaSetDevice(device_) != cudaSuccess) fail("the watchdog cannot select its GPU");
     std::unique_lock<std::mutex> lock(mutex_);
     while (!wake_.wait_for(lock, kWatchdogPeriod, [this] { return stop_; })) {
+      // What the queries below wait on, for the monitor: the oldest collective, else NCCL's error state.
+      begin_query(in_flight_.empty() ? "the query of NCCL's error state" : in_flight_.front().what);
       ncclResult_t async_state = ncclSuccess;
       const ncclResult_t rc = ncclCommGetAsyncError(comm_, &async_state);
       if (rc != ncclSuccess) fail(std::string("ncclCommGetAsyncError failed: ") + ncclGetErrorString(rc));
@@ -171,21 +186,42 @@ class Watchdog {
         }
         if (state != cudaErrorNotReady)
           fail("CUDA error while waiting for " + oldest.what + ": " + cudaGetErrorString(state));
-        const std::chrono::duration<double> age = std::chrono::steady_clock::now() - oldest.issued;
-        if (age > timeout_) {
-          fail("NCCL " + oldest.what + " did not complete within " + std::to_string(timeout_.count()) +
-               " s (" + timeout_source_ +
-               "); a peer rank has probably failed or is in a different collective");
-        }
+        if (Clock::now() - oldest.issued > timeout_) fail(late(oldest.what));
         break;
       }
+      end_query();
     }
   }
 
-  [[noreturn]] void fail(const std::string& why) {
-    ncclCommAbort(comm_);
-    abort_job(why + " [" + who_ + "]");
+  // The monitor: no CUDA or NCCL call, only the clock. A query blocked for the timeout was waiting on a
+  // collective at least that old.
+  void monitor() {
+    std::unique_lock<std::mutex> lock(query_mutex_);
+    while (!monitor_wake_.wait_for(lock, std::chrono::seconds(1), [this] { return monitor_stop_; })) {
+      if (query_since_ && Clock::now() - *query_since_ > timeout_)
+        fail(late(query_what_) + " (the watchdog's query of it blocked)");
+    }
   }
+  void begin_query(const std::string& what) {
+    std::lock_guard<std::mutex> lock(query_mutex_);
+    query_what_ = what;
+    query_since_ = Clock::now();
+  }
+  void end_query() {
+    std::lock_guard<std::mutex> lock(query_mutex_);
+    query_since_.reset();
+  }
+
+  std::string late(const std::string& what) const {
+    char seconds[32];
+    std::snprintf(seconds, sizeof(seconds), "%g", timeout_.count());
+    return "NCCL " + what + " did not complete within " + seconds + " s (" + timeout_source_ +
+           "); a peer rank has probably failed or is in a different collective";
+  }
+
+  // MPI_Abort ends every rank. ncclCommAbort first is no help: with a peer stopped in a collective it can
+  // block for good, before the line is printed.
+  [[noreturn]] void fail(const std::string& why) { abort_job(why + " [" + who_ + "]"); }
 
   ncclComm_t comm_;
   int device_;
@@ -196,7 +232,15 @@ class Watchdog {
   std::condition_variable wake_;
   bool stop_ = false;
   std::deque<InFlight> in_flight_;
-  std::thread thread_;  // last: starts once everything it reads is initialised
+  // The query in progress, for the monitor (query_mutex_ also guards monitor_stop_).
+  std::mutex query_mutex_;
+  std::condition_variable monitor_wake_;
+  bool monitor_stop_ = false;
+  std::optional<Clock::time_point> query_since_;
+  std::string query_what_;
+  // Last: they start once everything they read is initialised.
+  std::thread thread_;
+  std::thread monitor_;
 };
 
 bool capturing(cudaStream_t stream) {
@@ -226,6 +270,12 @@ class NcclWork : public Work {
   void wait() override {
     if (waited_) return;
     waited_ = true;
+    // Issued in a capture that was abandoned (its error is on its way up): it never ran, and its event
+    // cannot be waited on outside the capture.
+    if (captured_ && !capturing(compute_)) {
+      keep_alive_.clear();
+      return;
+    }
     TT_CUDA_CHECK(cudaStreamWaitEvent(compute_, done_->get(), 0));
     // The caching allocator orders reuse on the compute stream, which now runs after the collective.
     keep_alive_.clear();

@@ -700,6 +700,32 @@ TEST_CASE("CUDA allocator caches blocks and tracks peak bytes") {
   CHECK(after.peak_bytes >= before.current_bytes + (4 << 20));
 }
 
+TEST_CASE("CUDA allocator counts a captured graph's pool as in use until the graph is gone") {
+  const Device gpu = Device::cuda(0);
+  Tensor out = Tensor::zeros({16}, DType::f32, gpu);
+  synchronize(gpu);
+  const int64_t before = memory_stats(gpu).current_bytes;
+  constexpr int64_t kTemporary = 8 << 20;  // a multiple of the large-block rounding
+  {
+    CudaGraph graph(gpu);
+    graph.capture([&] {
+      Tensor temporary = Tensor::zeros({kTemporary / 4}, DType::f32, gpu);  // freed inside the capture
+      out.copy_(temporary.narrow_view(0, 0, 16));
+    });
+    // The temporary's block is free but the graph's: its replays write it.
+    CHECK(memory_stats(gpu).current_bytes == before + kTemporary);
+    CHECK(memory_stats(gpu).peak_bytes >= before + kTemporary);
+    graph.replay();
+    synchronize(gpu);
+    {
+      // An eager allocation of the same size cannot take the graph's block: it counts on top.
+      const Tensor eager = Tensor::empty({kTemporary / 4}, DType::f32, gpu);
+      CHECK(memory_stats(gpu).current_bytes >= before + 2 * kTemporary);
+    }
+  }
+  CHECK(memory_stats(gpu).current_bytes == before);
+}
+
 TEST_CASE("tiny model forward+backward on CUDA equals the CPU (f32 and bf16)") {
   for (const char* precision : {"f32", "bf16"}) {
     for (const char* attention : {"naive", "flash"}) {

@@ -221,9 +221,9 @@ std::vector<Tensor> TrainStep::replay_step(const std::function<Batch(int64_t mic
   if (!graph_) {
     // The eager first step's blocks go back to the driver: the graph allocates from its own pool, which
     // keeps the step's activations for every replay.
+    if (zero_) zero_->prepare_capture();  // its eager gathers' buffers go back too
     synchronize(device_);
     empty_cache(device_);
-    if (zero_) zero_->prepare_capture();
     auto graph = std::make_unique<CudaGraph>(device_);
     // A capture that fails leaves no graph, and the last update deferred as it was (its events, recorded
     // in the abandoned capture, are never waited on).
