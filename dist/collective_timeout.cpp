@@ -152,6 +152,42 @@ struct CollectiveWatchdog::Thread {
 
 CollectiveWatchdog::CollectiveWatchdog(std::string who) : thread_(std::make_unique<Thread>(std::move(who))) {}
 
+StuckQueryMonitor::StuckQueryMonitor(double timeout_s, std::function<void(const std::string&)> fail,
+                                     double period_s)
+    : timeout_(timeout_s), period_(period_s), fail_(std::move(fail)), thread_([this] { run(); }) {}
+
+StuckQueryMonitor::~StuckQueryMonitor() {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    stop_ = true;
+  }
+  wake_.notify_all();
+  thread_.join();
+}
+
+void StuckQueryMonitor::begin(const std::string& what) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  what_ = what;
+  since_ = Clock::now();
+}
+
+void StuckQueryMonitor::end() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  since_.reset();
+}
+
+void StuckQueryMonitor::run() {
+  std::unique_lock<std::mutex> lock(mutex_);
+  while (!wake_.wait_for(lock, period_, [this] { return stop_; })) {
+    if (!since_ || !(Clock::now() - *since_ > timeout_)) continue;  // an infinite timeout never passes
+    since_.reset();                                                 // once per query
+    const std::string what = what_;
+    lock.unlock();
+    fail_(what);
+    lock.lock();
+  }
+}
+
 CollectiveWatchdog::~CollectiveWatchdog() = default;
 
 }  // namespace tt::dist

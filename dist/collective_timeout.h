@@ -17,10 +17,15 @@
 // models on slower disks. Waits that rank 0 may make long on purpose before training starts (preparing the
 // data set, choosing the checkpoint to resume) are plain MPI calls in apps/, not watched.
 #pragma once
-#pragma once
 
+#include <chrono>
+#include <condition_variable>
+#include <functional>
 #include <memory>
+#include <mutex>
+#include <optional>
 #include <string>
+#include <thread>
 
 namespace tt::dist {
 
@@ -67,6 +72,35 @@ class CollectiveWatchdog {
  private:
   struct Thread;
   std::unique_ptr<Thread> thread_;
+};
+
+// For a watchdog whose own queries (CUDA, NCCL) can block while a collective hangs, which would leave the job
+// hanging with it: a query runs between begin(what) and end(). When one has lasted longer than `timeout_s`,
+// this object's thread, which makes no CUDA, NCCL or MPI call, calls fail(what) once (fail normally ends
+// the job). Checked every `period_s`.
+class StuckQueryMonitor {
+ public:
+  StuckQueryMonitor(double timeout_s, std::function<void(const std::string& what)> fail,
+                    double period_s = 1.0);
+  ~StuckQueryMonitor();
+  StuckQueryMonitor(const StuckQueryMonitor&) = delete;
+  StuckQueryMonitor& operator=(const StuckQueryMonitor&) = delete;
+
+  void begin(const std::string& what);
+  void end();
+
+ private:
+  using Clock = std::chrono::steady_clock;
+  void run();
+
+  std::chrono::duration<double> timeout_, period_;
+  std::function<void(const std::string&)> fail_;
+  std::mutex mutex_;
+  std::condition_variable wake_;
+  bool stop_ = false;
+  std::optional<Clock::time_point> since_;  // the query in progress
+  std::string what_;
+  std::thread thread_;  // last: starts once everything it reads is initialised
 };
 
 }  // namespace tt::dist

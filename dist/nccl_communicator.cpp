@@ -18,7 +18,6 @@
 #include <cstdlib>
 #include <deque>
 #include <mutex>
-#include <optional>
 #include <thread>
 #include <vector>
 
@@ -123,8 +122,8 @@ class NcclComm {
 
 // Polls the communicator's asynchronous error state and the completion of every issued collective. Such
 // queries (ncclCommGetAsyncError, cudaEventQuery) are known to block at times while a collective hangs, and
-// a blocked watchdog ends nothing, so a second thread, which makes no CUDA or NCCL call, ends the job when
-// one query has not returned within the timeout.
+// a blocked watchdog ends nothing: a StuckQueryMonitor ends the job when one has not returned within the
+// timeout.
 class Watchdog {
  public:
   Watchdog(ncclComm_t comm, int device, CollectiveTimeout timeout, std::string who)
@@ -133,8 +132,10 @@ class Watchdog {
         timeout_(timeout.seconds),
         timeout_source_(std::move(timeout.source)),
         who_(std::move(who)),
-        thread_([this] { run(); }),
-        monitor_([this] { monitor(); }) {}
+        monitor_(
+            timeout.seconds,
+            [this](const std::string& what) { fail(late(what) + " (the watchdog's query of it blocked)"); }),
+        thread_([this] { run(); }) {}
   ~Watchdog() {
     {
       std::lock_guard<std::mutex> lock(mutex_);
@@ -142,12 +143,6 @@ class Watchdog {
     }
     wake_.notify_all();
     thread_.join();
-    {
-      std::lock_guard<std::mutex> lock(query_mutex_);
-      monitor_stop_ = true;
-    }
-    monitor_wake_.notify_all();
-    monitor_.join();
   }
   Watchdog(const Watchdog&) = delete;
   Watchdog& operator=(const Watchdog&) = delete;
@@ -170,7 +165,7 @@ class Watchdog {
     std::unique_lock<std::mutex> lock(mutex_);
     while (!wake_.wait_for(lock, kWatchdogPeriod, [this] { return stop_; })) {
       // What the queries below wait on, for the monitor: the oldest collective, else NCCL's error state.
-      begin_query(in_flight_.empty() ? "the query of NCCL's error state" : in_flight_.front().what);
+      monitor_.begin(in_flight_.empty() ? "the query of NCCL's error state" : in_flight_.front().what);
       ncclResult_t async_state = ncclSuccess;
       const ncclResult_t rc = ncclCommGetAsyncError(comm_, &async_state);
       if (rc != ncclSuccess) fail(std::string("ncclCommGetAsyncError failed: ") + ncclGetErrorString(rc));
@@ -189,27 +184,8 @@ class Watchdog {
         if (Clock::now() - oldest.issued > timeout_) fail(late(oldest.what));
         break;
       }
-      end_query();
+      monitor_.end();
     }
-  }
-
-  // The monitor: no CUDA or NCCL call, only the clock. A query blocked for the timeout was waiting on a
-  // collective at least that old.
-  void monitor() {
-    std::unique_lock<std::mutex> lock(query_mutex_);
-    while (!monitor_wake_.wait_for(lock, std::chrono::seconds(1), [this] { return monitor_stop_; })) {
-      if (query_since_ && Clock::now() - *query_since_ > timeout_)
-        fail(late(query_what_) + " (the watchdog's query of it blocked)");
-    }
-  }
-  void begin_query(const std::string& what) {
-    std::lock_guard<std::mutex> lock(query_mutex_);
-    query_what_ = what;
-    query_since_ = Clock::now();
-  }
-  void end_query() {
-    std::lock_guard<std::mutex> lock(query_mutex_);
-    query_since_.reset();
   }
 
   std::string late(const std::string& what) const {
@@ -219,8 +195,8 @@ class Watchdog {
            "); a peer rank has probably failed or is in a different collective";
   }
 
-  // MPI_Abort ends every rank. ncclCommAbort first is no help: with a peer stopped in a collective it can
-  // block for good, before the line is printed.
+  // MPI_Abort ends every rank; ncclCommAbort first is not needed, and with a peer stopped in a collective
+  // it could block before the line is printed.
   [[noreturn]] void fail(const std::string& why) { abort_job(why + " [" + who_ + "]"); }
 
   ncclComm_t comm_;
@@ -232,15 +208,8 @@ class Watchdog {
   std::condition_variable wake_;
   bool stop_ = false;
   std::deque<InFlight> in_flight_;
-  // The query in progress, for the monitor (query_mutex_ also guards monitor_stop_).
-  std::mutex query_mutex_;
-  std::condition_variable monitor_wake_;
-  bool monitor_stop_ = false;
-  std::optional<Clock::time_point> query_since_;
-  std::string query_what_;
-  // Last: they start once everything they read is initialised.
-  std::thread thread_;
-  std::thread monitor_;
+  StuckQueryMonitor monitor_;
+  std::thread thread_;  // last: starts once everything it reads is initialised
 };
 
 bool capturing(cudaStream_t stream) {

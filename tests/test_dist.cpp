@@ -3,9 +3,13 @@
 #include <doctest/doctest.h>
 
 #include <chrono>
+#include <limits>
+#include <mutex>
 #include <numeric>
+#include <string>
 #include <thread>
 #include <tuple>
+#include <vector>
 
 #include "core/ops.h"
 #include "dist/agreement.h"
@@ -29,6 +33,36 @@ std::vector<float> rank_floats(int rank, int64_t n) {
 }
 
 }  // namespace
+
+TEST_CASE("a watchdog query stuck past the timeout calls fail once, naming what it waited for") {
+  std::mutex mutex;
+  std::vector<std::string> failed;
+  const auto record = [&](const std::string& what) {
+    std::lock_guard<std::mutex> lock(mutex);
+    failed.push_back(what);
+  };
+  const auto failures = [&] {
+    std::lock_guard<std::mutex> lock(mutex);
+    return failed;
+  };
+  {
+    dist::StuckQueryMonitor monitor(0.2, record, 0.02);
+    for (int i = 0; i < 20; ++i) {  // queries that return in time, for longer than the timeout in all
+      monitor.begin("all_reduce");
+      std::this_thread::sleep_for(std::chrono::milliseconds(15));
+      monitor.end();
+    }
+    CHECK(failures().empty());
+    monitor.begin("the collectives of the step's CUDA graph");
+    std::this_thread::sleep_for(std::chrono::milliseconds(500));
+    CHECK(failures() == std::vector<std::string>{"the collectives of the step's CUDA graph"});  // once
+    monitor.end();
+  }
+  dist::StuckQueryMonitor unbounded(std::numeric_limits<double>::infinity(), record, 0.02);
+  unbounded.begin("broadcast");
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  CHECK(failures().size() == 1);
+}
 
 TEST_CASE("strategy names parse and print") {
   for (const char* name : {"naive", "flat", "overlap", "bucketed"}) {

@@ -72,7 +72,7 @@ TrainStep::TrainStep(nn::TransformerLM& model, nn::FlatParameters& params, Devic
                                                 options.grad_comm_bf16);
   }
   // What a CUDA graph captures (see TrainStepOptions::cuda_graph). The copy-engine all-reduce cannot be
-  // replayed (its signals carry sequence numbers fixed when issued), and beats NCCL where it runs.
+  // replayed (its signals carry sequence numbers fixed when issued): a step using it runs kernel by kernel.
   const bool ddp_by_copy_engine =
       ddp_ && comm_->all_reduce_transport() == dist::AllReduceTransport::copy_engine;
   // The update beside the next forward needs the clipping factor on the device (bf16 gradients).
