@@ -205,10 +205,10 @@ int main(int argc, char** argv) {
             "comma-separated SM counts to keep free of matmuls in the communicating rows (cuBLASLt plans "
             "for fewer SMs), so NCCL's kernels overlap backward without waiting for SMs; 0: all SMs");
   flags.add(
-      "grad-dtype", "f32",
-      "dtype of every row's gradient buffer: f32 | bf16 (with --precision bf16: weight gradients rounded "
-      "to bf16 once, as PyTorch's autocast rounds them, and all-reduced (or reduce-scattered) in bf16; not "
-      "with --grad-comm-dtype bf16)");
+      "grad-dtype", "auto",
+      "dtype of every row's gradient buffer, as train's: auto (bf16 with --precision bf16, unless "
+      "--grad-comm-dtype has bf16) | f32 | bf16 (with --precision bf16: weight gradients rounded to bf16 "
+      "once, as PyTorch's autocast rounds them, and all-reduced (or reduce-scattered) in bf16)");
   flags.add("grad-comm-dtype", "f32",
             "comma-separated dtypes the DDP strategies' gradients travel in: f32 | bf16 (half the bytes, "
             "gradients rounded to bf16); each communicating row once per dtype");
@@ -315,12 +315,13 @@ int main(int argc, char** argv) {
     if (root && !flags.str("json").empty()) json = std::make_unique<JsonlWriter>(flags.str("json"), false);
     if (root) {
       std::printf(
-          "%d ranks (%s), batch %lld x ctx %lld per rank, %s, %s gradients, clip %g, warm-up %lld, timed "
-          "%lld, --cuda-graph %s\n\n",
-          world, device.is_cuda() ? "NCCL" : "MPI", static_cast<long long>(batch),
-          static_cast<long long>(ctx), flags.str("precision").c_str(), grad_dtype.c_str(),
-          flags.number("clip"), static_cast<long long>(warmup), static_cast<long long>(steps),
-          flags.str("cuda-graph").c_str());
+          "%d ranks (%s on %s), batch %lld x ctx %lld per rank, %s, %s gradients, clip %g, warm-up %lld, "
+          "timed %lld, --cuda-graph %s%s\n\n",
+          world, device.is_cuda() ? "NCCL" : "MPI", device.is_cuda() ? "GPUs" : "CPUs",
+          static_cast<long long>(batch), static_cast<long long>(ctx), flags.str("precision").c_str(),
+          grad_dtype.c_str(), flags.number("clip"), static_cast<long long>(warmup),
+          static_cast<long long>(steps), flags.str("cuda-graph").c_str(),
+          device.is_cuda() ? "" : " (no CUDA graphs on CPUs)");
     }
     std::vector<std::vector<std::string>> rows, memory_rows;
     for (const std::string& preset : flags.list("preset")) {

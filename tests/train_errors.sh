@@ -140,6 +140,14 @@ expect_error "config sets a flag twice" "flag 'steps' is set twice in $work/twic
   "$train" "${common[@]}" --config "$work/twice.cfg"
 expect_error "switch value" "flag --overwrite expects on/off, got 'maybe'" "$train" "${common[@]}" --overwrite=maybe --steps 1
 expect_error "cuda-graph value" "--cuda-graph takes auto, on or off, got 'maybe'" "$train" "${common[@]}" --cuda-graph maybe --steps 1
+expect_error "a flag for a value" "flag --cuda-graph needs a value (next on the command line is --steps)" \
+  "$train" "${common[@]}" --cuda-graph --steps 1
+expect_error "--no- of a flag with a value" "--cuda-graph takes a value (--cuda-graph off)" "$train" --no-cuda-graph
+# Asked for and not possible: said so, and the run goes on.
+expect_ok "cuda-graph on, on the CPU" "$train" "${common[@]}" --device cpu --cuda-graph on --steps 1 --ckpt-every -1 \
+  --out "$work/graph_cpu"
+grep -q "note: --cuda-graph on: CUDA graphs need a CUDA device; the step runs kernel by kernel" "$work/last.log" ||
+  { echo "FAIL cuda-graph on, on the CPU: no note"; failures=$((failures + 1)); }
 expect_error "recompute-blocks without recompute" "--recompute-blocks 1 needs --recompute selective or block" \
   "$train" "${common[@]}" --recompute-blocks 1 --steps 1
 # Out of memory (here the host's, capped by ulimit): the error says which flags would lower it.

@@ -215,6 +215,12 @@ bool Flags::parse(int argc, char** argv) {
         set(positive, "false", "");
         continue;
       }
+      if (specs_.count(positive)) {
+        const std::vector<std::string>& choices = specs_[positive].choices;
+        const bool has_off = std::find(choices.begin(), choices.end(), "off") != choices.end();
+        throw Error("unknown flag --" + given_name + ": --" + arg.substr(3) + " takes a value" +
+                    (has_off ? " (--" + arg.substr(3) + " off)" : "") + " (see --help)");
+      }
     }
     if (!specs_.count(arg)) throw Error("unknown flag --" + given_name + " (see --help)");
     if (specs_[arg].is_switch) {
@@ -230,6 +236,10 @@ bool Flags::parse(int argc, char** argv) {
     }
     if (!has_inline) {
       if (i + 1 >= argc) throw Error("flag --" + given_name + " needs a value");
+      // No value starts with "--": the next word is a flag, and this one was given none.
+      if (std::string(argv[i + 1]).rfind("--", 0) == 0)
+        throw Error("flag --" + given_name + " needs a value (next on the command line is " + argv[i + 1] +
+                    ")");
       value = argv[++i];
     }
     set(arg, value, "");

@@ -76,10 +76,17 @@ TrainStep::TrainStep(nn::TransformerLM& model, nn::FlatParameters& params, Devic
   const bool ddp_by_copy_engine =
       ddp_ && comm_->all_reduce_transport() == dist::AllReduceTransport::copy_engine;
   // The update beside the next forward needs the clipping factor on the device (bf16 gradients).
-  const bool capturable = overlap_ ? params.grad_dtype() == DType::bf16 : device.is_cuda();
+  if (!device.is_cuda()) {
+    graph_declined_ = "CUDA graphs need a CUDA device";
+  } else if (overlap_ && params.grad_dtype() != DType::bf16) {
+    graph_declined_ = "with f32 gradients the step clips them on the host (--grad-dtype bf16 captures it)";
+  } else if (ddp_by_copy_engine) {
+    graph_declined_ = "the copy-engine all-reduce cannot be replayed (--all-reduce library can)";
+  }
   const bool wanted =
       options.cuda_graph == GraphUse::on || (options.cuda_graph == GraphUse::automatic && options.zero == 0);
-  graph_step_ = wanted && capturable && !ddp_by_copy_engine;
+  graph_step_ = wanted && graph_declined_.empty();
+  if (options.cuda_graph != GraphUse::on) graph_declined_.clear();
 }
 
 TrainStep::~TrainStep() {

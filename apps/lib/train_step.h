@@ -109,6 +109,8 @@ class TrainStep {
   // Whether steps after the first are replays of one CUDA graph (TrainStepOptions::cuda_graph, where it
   // applies).
   bool cuda_graph() const { return graph_step_; }
+  // With --cuda-graph on, why the step is not a graph anyway (empty when it is, or when not asked for).
+  const std::string& graph_declined() const { return graph_declined_; }
 
   // One optimizer step at learning rate `lr`; `next_batch(micro)` gives micro-batch 0..grad_accum-1.
   // `stop_here` says this rank got a stop signal. Throws RunEnded (kExitDiverged, on every rank) when the
@@ -153,6 +155,7 @@ class TrainStep {
   // The CUDA graph step (TrainStepOptions::cuda_graph): whether it applies, the graph, its static inputs
   // and losses (one per micro-batch), and the number of steps run so far.
   bool graph_step_ = false;
+  std::string graph_declined_;
   std::unique_ptr<CudaGraph> graph_;
   std::vector<Tensor> graph_inputs_, graph_targets_, graph_losses_;
   int64_t runs_ = 0;

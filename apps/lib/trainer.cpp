@@ -735,6 +735,9 @@ class TrainingRun {
           plan_.step.zero);
     }
     std::printf("update: %s\n", step_->update_path().c_str());
+    if (!step_->graph_declined().empty())
+      std::printf("note: --cuda-graph on: %s; the step runs kernel by kernel\n",
+                  step_->graph_declined().c_str());
     std::printf("unigram entropy of the training data: %.4f nats/token (a model must beat this)\n", entropy_);
     std::printf("MFU peak: %s\n", peak_.flops_per_s > 0 ? peak_.description.c_str()
                                                         : "unknown for this device (MFU not shown)");
