@@ -7,14 +7,7 @@
 set -uo pipefail
 mpiexec=$1 train=$2 prepare=$3
 timeout_s=5
-work=$(mktemp -d)
-victim=
-# A stopped process outlives everything unless continued or killed.
-trap '[ -n "$victim" ] && kill -9 "$victim" 2>/dev/null; rm -rf "$work"' EXIT
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
-mkdir -p "$work/text"
-for i in $(seq 1 300); do echo "Sentence $i: how vexingly quick daft zebras jump."; echo "%"; done >"$work/text/a.txt"
-"$prepare" --input "$work/text" --out "$work/data" --separator % >/dev/null || exit 1
+source "$(dirname "$0")/stall_common.sh"
 
 # stall RANK: one job, RANK stopped once step_100.h5 exists.
 stall() {
@@ -27,10 +20,7 @@ stall() {
     [ -e "$run/checkpoints/step_100.h5" ] && break
     sleep 0.1
   done
-  victim=
-  for pid in $(pgrep -P "$launcher" -f "$train"); do
-    if tr '\0' '\n' <"/proc/$pid/environ" | grep -qx "OMPI_COMM_WORLD_RANK=$victim_rank"; then victim=$pid; fi
-  done
+  victim=$(rank_pid "$launcher" "$train" "$victim_rank")
   [ -n "$victim" ] || { echo "FAIL: no process of rank $victim_rank found"; cat "$log"; return 1; }
   local start status elapsed
   start=$(date +%s)

@@ -11,14 +11,7 @@ mpiexec=$1 train=$2 prepare=$3
 gpus=$(nvidia-smi -L 2>/dev/null | wc -l || true)
 [ "${gpus:-0}" -ge 2 ] || { echo "needs 2 GPUs: skipped"; exit 77; }
 timeout_s=5
-work=$(mktemp -d)
-victim=
-# A stopped process outlives everything unless continued or killed.
-trap '[ -n "$victim" ] && kill -9 "$victim" 2>/dev/null; rm -rf "$work"' EXIT
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
-mkdir -p "$work/text"
-for i in $(seq 1 300); do echo "Sentence $i: how vexingly quick daft zebras jump."; echo "%"; done >"$work/text/a.txt"
-"$prepare" --input "$work/text" --out "$work/data" --separator % >/dev/null || exit 1
+source "$(dirname "$0")/stall_common.sh"
 
 stall() {  # stall on|off: --cuda-graph
   local graph=$1 run="$work/run-$1" log="$work/log-$1"
@@ -38,10 +31,7 @@ stall() {  # stall on|off: --cuda-graph
   local says=off
   grep -q "one CUDA graph" "$log" && says=on
   [ "$says" = "$graph" ] || { echo "FAIL: CUDA graph $says, expected $graph"; cat "$log"; return 1; }
-  victim=
-  for pid in $(pgrep -P "$launcher" -f "$train"); do
-    if tr '\0' '\n' <"/proc/$pid/environ" | grep -qx "OMPI_COMM_WORLD_RANK=1"; then victim=$pid; fi
-  done
+  victim=$(rank_pid "$launcher" "$train" 1)
   [ -n "$victim" ] || { echo "FAIL: no process of rank 1 found"; cat "$log"; return 1; }
   local start status elapsed
   start=$(date +%s)
