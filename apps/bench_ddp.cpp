@@ -21,6 +21,7 @@
 #include "core/allocator.h"
 #include "core/cuda_context.h"
 #include "core/rng.h"
+#include "dist/agreement.h"
 #include "dist/data_parallel.h"
 #include "dist/mpi_check.h"
 #include "dist/runtime.h"
@@ -221,6 +222,9 @@ int main(int argc, char** argv) {
             "each chunk's gather overlapping the next chunk's update");
   flags.add("json", "", "also write one JSON object per row to this file (rank 0)");
   std::unique_ptr<dist::DistRuntime> runtime;
+  // Until every rank has checked the flags, an error is every rank's (the same flags): it ends the job with
+  // one line from rank 0 instead of an abort per rank.
+  bool checked = false;
   try {
     if (!flags.parse(argc, argv)) return 0;
     runtime = std::make_unique<dist::DistRuntime>(&argc, &argv);
@@ -323,6 +327,8 @@ int main(int argc, char** argv) {
           static_cast<long long>(steps), flags.str("cuda-graph").c_str(),
           device.is_cuda() ? "" : " (no CUDA graphs on CPUs)");
     }
+    dist::raise_if_any_rank_failed(*runtime, "");
+    checked = true;
     std::vector<std::vector<std::string>> rows, memory_rows;
     for (const std::string& preset : flags.list("preset")) {
       RowSetup setup;
@@ -422,7 +428,18 @@ int main(int argc, char** argv) {
               .c_str());
     }
     return 0;
+  } catch (const dist::SameOnEveryRank& e) {
+    if (runtime->is_root()) std::fprintf(stderr, "error: %s\n", e.what());
+    return 1;
   } catch (const std::exception& e) {
+    if (runtime && runtime->world_size() > 1 && !checked) {
+      try {
+        dist::raise_if_any_rank_failed(*runtime, e.what());
+      } catch (const dist::SameOnEveryRank& same) {
+        if (runtime->is_root()) std::fprintf(stderr, "error: %s\n", same.what());
+        return 1;
+      }
+    }
     if (runtime && runtime->world_size() > 1) dist::abort_job(e.what());
     std::fprintf(stderr, "%s\n", tt::error_line(e).c_str());
     return 1;

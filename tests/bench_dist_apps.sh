@@ -3,7 +3,8 @@
 # result was correct and bus bandwidth = algorithm bandwidth * 2(N-1)/N; bench_ddp has the 'single' row
 # plus one row per strategy (bucketed once per cap) and per ZeRO stage, none OOM, communication share within
 # [0, 1], and each ZeRO stage holds its share of the state: optimizer state (1), gradients (2) and
-# parameters (3) at most 60% of the single row's with 2 ranks.
+# parameters (3) at most 60% of the single row's with 2 ranks. A bad bench_ddp flag ends the job with one
+# line from rank 0.
 set -euo pipefail
 mpiexec=$1
 allreduce=$2
@@ -17,6 +18,10 @@ grep -q "| 1 | f32 | mpi | 2 |" "$work/allreduce.md"
 run "$ddp" --device cpu --preset tiny --ctx 16 --batch 2 --precision f32 --bucket-mb 0.01,1000 \
   --zero 1,2,3 --warmup-iters 1 --steps 2 --json "$work/ddp.jsonl" >"$work/ddp.md"
 grep -q "| tiny | single | - | 2 |" "$work/ddp.md"
+# A bad flag: one line from rank 0 and a non-zero exit, not an abort per rank.
+if run "$ddp" --device cpu --preset tiny --zero 7 >"$work/bad.log" 2>&1; then echo "bad flag: exit 0"; exit 1; fi
+[ "$(grep -c "^error: --zero takes stages 0 to 3$" "$work/bad.log")" = 1 ] && ! grep -q "^rank [0-9]" "$work/bad.log" ||
+  { echo "bad flag:"; cat "$work/bad.log"; exit 1; }
 python3 - "$work/allreduce.jsonl" "$work/ddp.jsonl" <<'PY'
 import json, sys
 rows = [json.loads(line) for line in open(sys.argv[1])]
