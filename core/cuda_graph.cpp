@@ -46,7 +46,13 @@ void CudaGraph::capture(const std::function<void()>& body) {
   }
   end_graph_pool(device_);
   cudaGraph_t graph = nullptr;
-  TT_CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
+  const cudaError_t ended = cudaStreamEndCapture(stream, &graph);
+  if (ended != cudaSuccess) {
+    if (graph) cudaGraphDestroy(graph);
+    cudaGetLastError();
+    release_graph_pool(device_);  // no graph holds it
+    TT_CUDA_CHECK(ended);
+  }
   graph_ = graph;
   cudaGraphExec_t exec = nullptr;
   TT_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));

@@ -132,9 +132,12 @@ class Watchdog {
         timeout_(timeout.seconds),
         timeout_source_(std::move(timeout.source)),
         who_(std::move(who)),
-        monitor_(
-            timeout.seconds,
-            [this](const std::string& what) { fail(late(what) + " (the watchdog's query of it blocked)"); }),
+        monitor_(timeout.seconds,
+                 [this](const std::string& what) {
+                   fail("the NCCL watchdog's query of " + what + " did not return within " + seconds() +
+                        " s (" + timeout_source_ +
+                        "); a peer rank has probably failed or is in a different collective");
+                 }),
         thread_([this] { run(); }) {}
   ~Watchdog() {
     {
@@ -164,8 +167,7 @@ class Watchdog {
     if (cudaSetDevice(device_) != cudaSuccess) fail("the watchdog cannot select its GPU");
     std::unique_lock<std::mutex> lock(mutex_);
     while (!wake_.wait_for(lock, kWatchdogPeriod, [this] { return stop_; })) {
-      // What the queries below wait on, for the monitor: the oldest collective, else NCCL's error state.
-      monitor_.begin(in_flight_.empty() ? "the query of NCCL's error state" : in_flight_.front().what);
+      monitor_.begin("NCCL's error state");
       ncclResult_t async_state = ncclSuccess;
       const ncclResult_t rc = ncclCommGetAsyncError(comm_, &async_state);
       if (rc != ncclSuccess) fail(std::string("ncclCommGetAsyncError failed: ") + ncclGetErrorString(rc));
@@ -174,6 +176,7 @@ class Watchdog {
       // Collectives complete in issue order on the one communication stream: only the oldest can be late.
       while (!in_flight_.empty()) {
         const InFlight& oldest = in_flight_.front();
+        monitor_.begin(oldest.what);
         const cudaError_t state = cudaEventQuery(oldest.done->get());
         if (state == cudaSuccess) {
           in_flight_.pop_front();
@@ -188,10 +191,13 @@ class Watchdog {
     }
   }
 
+  std::string seconds() const {
+    char text[32];
+    std::snprintf(text, sizeof(text), "%g", timeout_.count());
+    return text;
+  }
   std::string late(const std::string& what) const {
-    char seconds[32];
-    std::snprintf(seconds, sizeof(seconds), "%g", timeout_.count());
-    return "NCCL " + what + " did not complete within " + seconds + " s (" + timeout_source_ +
+    return "NCCL " + what + " did not complete within " + seconds() + " s (" + timeout_source_ +
            "); a peer rank has probably failed or is in a different collective";
   }
 

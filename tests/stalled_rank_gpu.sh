@@ -46,7 +46,7 @@ stall() {  # stall on|off: --cuda-graph
   [ $elapsed -lt 60 ] || { echo "FAIL: the job did not end by itself"; cat "$log"; return 1; }
   [ $status -ne 0 ] || { echo "FAIL: exit status 0"; cat "$log"; return 1; }
   [ $elapsed -ge $timeout_s ] || { echo "FAIL: ended before the bound"; cat "$log"; return 1; }
-  local pattern="(NCCL [a-z_ ()'-]+ did not complete within $timeout_s s \(TT_NCCL_TIMEOUT_S\))|(MPI [a-z_ -]+ did not complete within 20 s \(TT_MPI_TIMEOUT_S\))"
+  local pattern="(NCCL [^;]+ did not (complete|return) within $timeout_s s \(TT_NCCL_TIMEOUT_S\))|(MPI [a-z_ -]+ did not complete within 20 s \(TT_MPI_TIMEOUT_S\))"
   grep -qE "$pattern" "$log" || { echo "FAIL: no line matches '$pattern'"; cat "$log"; return 1; }
   grep -oE "$pattern.*" "$log" | head -1
   local last

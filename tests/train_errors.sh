@@ -140,7 +140,7 @@ expect_error "config sets a flag twice" "flag 'steps' is set twice in $work/twic
   "$train" "${common[@]}" --config "$work/twice.cfg"
 expect_error "switch value" "flag --overwrite expects on/off, got 'maybe'" "$train" "${common[@]}" --overwrite=maybe --steps 1
 expect_error "cuda-graph value" "--cuda-graph takes auto, on or off, got 'maybe'" "$train" "${common[@]}" --cuda-graph maybe --steps 1
-expect_error "a flag for a value" "flag --cuda-graph needs a value (next on the command line is --steps)" \
+expect_error "a flag for a value" "flag --cuda-graph needs a value (next on the command line is --steps;" \
   "$train" "${common[@]}" --cuda-graph --steps 1
 expect_error "--no- of a flag with a value" "--cuda-graph takes a value (--cuda-graph off)" "$train" --no-cuda-graph
 # Asked for and not possible: said so, and the run goes on.

@@ -236,10 +236,10 @@ bool Flags::parse(int argc, char** argv) {
     }
     if (!has_inline) {
       if (i + 1 >= argc) throw Error("flag --" + given_name + " needs a value");
-      // No value starts with "--": the next word is a flag, and this one was given none.
+      // A value starting with "--" is given inline: the next word is a flag, and this one was given none.
       if (std::string(argv[i + 1]).rfind("--", 0) == 0)
         throw Error("flag --" + given_name + " needs a value (next on the command line is " + argv[i + 1] +
-                    ")");
+                    "; a value starting with -- goes as --" + given_name + "=VALUE)");
       value = argv[++i];
     }
     set(arg, value, "");

@@ -78,10 +78,16 @@ TrainStep::TrainStep(nn::TransformerLM& model, nn::FlatParameters& params, Devic
   // The update beside the next forward needs the clipping factor on the device (bf16 gradients).
   if (!device.is_cuda()) {
     graph_declined_ = "CUDA graphs need a CUDA device";
-  } else if (overlap_ && params.grad_dtype() != DType::bf16) {
-    graph_declined_ = "with f32 gradients the step clips them on the host (--grad-dtype bf16 captures it)";
-  } else if (ddp_by_copy_engine) {
-    graph_declined_ = "the copy-engine all-reduce cannot be replayed (--all-reduce library can)";
+  } else {
+    std::vector<std::string> reasons;
+    if (overlap_ && params.grad_dtype() != DType::bf16)
+      reasons.push_back(
+          "with f32 gradients the step clips them on the host (bf16 gradients, with --precision "
+          "bf16, are clipped on the GPU)");
+    if (ddp_by_copy_engine)
+      reasons.push_back("the copy-engine all-reduce cannot be replayed (--all-reduce library can)");
+    for (const std::string& reason : reasons)
+      graph_declined_ += (graph_declined_.empty() ? "" : "; ") + reason;
   }
   const bool wanted =
       options.cuda_graph == GraphUse::on || (options.cuda_graph == GraphUse::automatic && options.zero == 0);
