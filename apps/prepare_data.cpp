@@ -71,13 +71,15 @@ int main(int argc, char** argv) {
           "note: %lld bytes of the text are not UTF-8; SentencePiece reads them as U+FFFD, so they do not "
           "come back from its tokens (convert the text to UTF-8, or use the byte tokenizer)\n",
           static_cast<long long>(s.invalid_utf8_bytes));
-    // train's default --ctx is 128, which needs 130 tokens in each split (check_context_fits).
-    if (std::min(s.train_tokens, s.val_tokens) < 130)
+    // What train checks of each split (check_context_fits) at its default --ctx.
+    const int64_t needed = tt::app::tokens_for_context(tt::app::kDefaultContext);
+    if (std::min(s.train_tokens, s.val_tokens) < needed)
       std::printf(
-          "note: %s holds only %lld tokens; train's default context of 128 needs 130 in each split: pass a "
+          "note: %s holds only %lld tokens; train's default context of %lld needs %lld in each split: pass a "
           "smaller --ctx to train, or give prepare_data more text\n",
           s.val_tokens < s.train_tokens ? "val.bin" : "train.bin",
-          static_cast<long long>(std::min(s.train_tokens, s.val_tokens)));
+          static_cast<long long>(std::min(s.train_tokens, s.val_tokens)),
+          static_cast<long long>(tt::app::kDefaultContext), static_cast<long long>(needed));
     if (s.validation_from_tail)
       std::printf(
           "fewer than 10 documents: val.bin is the last 10 to 20%% of the tokens (cut after a line break), "

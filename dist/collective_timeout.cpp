@@ -77,6 +77,10 @@ CollectiveTimeout mpi_timeout() {
   return timeout("TT_MPI_TIMEOUT_S", kDefaultMpiTimeoutS);
 }
 
+std::string describe(const CollectiveTimeout& timeout) {
+  return format_seconds(timeout.seconds) + " s (" + timeout.source + ")";
+}
+
 CollectiveTimeout nccl_timeout() {
   return timeout("TT_NCCL_TIMEOUT_S", kDefaultNcclTimeoutS);
 }
@@ -136,9 +140,8 @@ struct CollectiveWatchdog::Thread {
       if (chosen_timeout_s.load() > 0) limit = mpi_timeout();
       if (!(waited_s > limit.seconds)) continue;  // an infinite limit never passes
       abort_job("MPI " + std::string(what ? what : "collective") + " did not complete within " +
-                format_seconds(limit.seconds) + " s (" + limit.source +
-                "); another rank is stopped, hung or in a different collective; ending the job [" + who +
-                "]");
+                describe(limit) +
+                "; another rank is stopped, hung or in a different collective; ending the job [" + who + "]");
     }
   }
 

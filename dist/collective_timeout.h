@@ -46,6 +46,8 @@ struct CollectiveTimeout {
 };
 CollectiveTimeout mpi_timeout();
 CollectiveTimeout nccl_timeout();
+// "5 s (TT_NCCL_TIMEOUT_S)": the bound and what set it, as the watchdogs' messages give it.
+std::string describe(const CollectiveTimeout& timeout);
 
 // Marks the calling thread as blocked in the collective `what` (a string literal: "all_reduce") until
 // destroyed. Collectives are issued by one thread; a mark inside another keeps the outer one.

@@ -14,7 +14,6 @@
 
 #include <chrono>
 #include <condition_variable>
-#include <cstdio>
 #include <cstdlib>
 #include <deque>
 #include <mutex>
@@ -130,13 +129,11 @@ class Watchdog {
       : comm_(comm),
         device_(device),
         timeout_(timeout.seconds),
-        timeout_source_(std::move(timeout.source)),
+        bound_(describe(timeout)),
         who_(std::move(who)),
         monitor_(timeout.seconds,
                  [this](const std::string& what) {
-                   fail("the NCCL watchdog's query of " + what + " did not return within " + seconds() +
-                        " s (" + timeout_source_ +
-                        "); a peer rank has probably failed or is in a different collective");
+                   fail("the NCCL watchdog's query of " + what + " did not return within " + bound_ + kBlame);
                  }),
         thread_([this] { run(); }) {}
   ~Watchdog() {
@@ -184,22 +181,15 @@ class Watchdog {
         }
         if (state != cudaErrorNotReady)
           fail("CUDA error while waiting for " + oldest.what + ": " + cudaGetErrorString(state));
-        if (Clock::now() - oldest.issued > timeout_) fail(late(oldest.what));
+        if (Clock::now() - oldest.issued > timeout_)
+          fail("NCCL " + oldest.what + " did not complete within " + bound_ + kBlame);
         break;
       }
       monitor_.end();
     }
   }
 
-  std::string seconds() const {
-    char text[32];
-    std::snprintf(text, sizeof(text), "%g", timeout_.count());
-    return text;
-  }
-  std::string late(const std::string& what) const {
-    return "NCCL " + what + " did not complete within " + seconds() + " s (" + timeout_source_ +
-           "); a peer rank has probably failed or is in a different collective";
-  }
+  static constexpr const char* kBlame = "; a peer rank has probably failed or is in a different collective";
 
   // MPI_Abort ends every rank; ncclCommAbort first is not needed, and with a peer stopped in a collective
   // it could block before the line is printed.
@@ -208,7 +198,7 @@ class Watchdog {
   ncclComm_t comm_;
   int device_;
   std::chrono::duration<double> timeout_;
-  std::string timeout_source_;
+  std::string bound_;  // the timeout and its source, for messages
   std::string who_;
   std::mutex mutex_;
   std::condition_variable wake_;
@@ -217,12 +207,6 @@ class Watchdog {
   StuckQueryMonitor monitor_;
   std::thread thread_;  // last: starts once everything it reads is initialised
 };
-
-bool capturing(cudaStream_t stream) {
-  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
-  TT_CUDA_CHECK(cudaStreamIsCapturing(stream, &capture));
-  return capture != cudaStreamCaptureStatusNone;
-}
 
 // A mark on `stream`; inside a capture, one that every replay of the graph makes again.
 void record(const Event& event, cudaStream_t stream, bool captured) {
@@ -247,7 +231,7 @@ class NcclWork : public Work {
     waited_ = true;
     // Issued in a capture that was abandoned (its error is on its way up): it never ran, and its event
     // cannot be waited on outside the capture.
-    if (captured_ && !capturing(compute_)) {
+    if (captured_ && !cuda::capturing(compute_)) {
       keep_alive_.clear();
       return;
     }
@@ -274,7 +258,7 @@ class NcclWork : public Work {
 class CudaTimer : public StreamTimer {
  public:
   explicit CudaTimer(cudaStream_t stream)
-      : start_(true), stop_(true), stream_(stream), captured_(capturing(stream)) {
+      : start_(true), stop_(true), stream_(stream), captured_(cuda::capturing(stream)) {
     record(start_, stream_, captured_);
   }
   void stop() override {
@@ -455,7 +439,9 @@ class NcclCommunicator : public Communicator {
   // The copy-engine transport takes tensors inside its registered buffers, outside CUDA graph capture (its
   // signals carry sequence numbers fixed when issued, which a replay would repeat): NCCL carries a captured
   // all-reduce (every rank captures the same collectives).
-  bool by_copy_engine(const Tensor& t) const { return peer_ && peer_->covers(t) && !capturing(compute_); }
+  bool by_copy_engine(const Tensor& t) const {
+    return peer_ && peer_->covers(t) && !cuda::capturing(compute_);
+  }
   static const char* all_reduce_name(bool peer) { return peer ? "all_reduce (copy engine)" : "all_reduce"; }
 
   // On the communication stream `s`: by the copy-engine transport (peer; averaging N ranks is * (1/N)), or
@@ -478,7 +464,7 @@ class NcclCommunicator : public Communicator {
     auto done = std::make_shared<Event>(false);
     TT_CUDA_CHECK(cudaEventRecord(done->get(), comm_stream_.get()));
     // A captured collective runs only in replays, which watch_replay() watches as a whole.
-    const bool captured = capturing(compute_);
+    const bool captured = cuda::capturing(compute_);
     if (!captured) watchdog_.track(done, what);
     return std::make_unique<NcclWork>(std::move(done), compute_, std::move(keep_alive), captured);
   }

@@ -115,9 +115,9 @@ Sampling parse_sampling(const std::string& text) {
 }
 
 void check_context_fits(const TokenFile& file, int64_t context) {
-  if (file.size() < context + 2) {
+  if (file.size() < tokens_for_context(context)) {
     throw Error("context length " + std::to_string(context) + " needs at least " +
-                std::to_string(context + 2) + " tokens, but '" + file.path() + "' has " +
+                std::to_string(tokens_for_context(context)) + " tokens, but '" + file.path() + "' has " +
                 std::to_string(file.size()));
   }
 }

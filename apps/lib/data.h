@@ -55,7 +55,13 @@ class TokenFile {
   int64_t tokens_ = 0;
 };
 
-// Throws tt::Error unless `file` holds at least one window of `context` tokens and its target.
+// train's --ctx unless given.
+constexpr int64_t kDefaultContext = 128;
+// Tokens a file needs for one window of `context` tokens and its target.
+constexpr int64_t tokens_for_context(int64_t context) {
+  return context + 2;
+}
+// Throws tt::Error unless `file` holds tokens_for_context(context).
 void check_context_fits(const TokenFile& file, int64_t context);
 
 enum class Sampling { random, sequential };

@@ -2,6 +2,7 @@
 
 #include <filesystem>
 
+#include "apps/lib/data.h"
 #include "core/cuda_context.h"
 #ifdef TT_WITH_CUDA
 #include "kernels/cuda/cuda_kernels.h"
@@ -28,7 +29,7 @@ void declare_model_flags(Flags& f) {
   f.add("layers", "0", "override the preset's number of layers");
   f.add("heads", "0", "override the preset's number of heads");
   f.add("d-ff", "0", "override the preset's feed-forward size");
-  f.add("ctx", "128", "context length in tokens");
+  f.add("ctx", std::to_string(kDefaultContext), "context length in tokens");
   f.add("precision", "f32", "bf16: bf16 matmul/attention inputs, f32 master weights and reductions",
         {"f32", "bf16"});
   f.add("attention", "auto", "auto: flash on CUDA, naive on CPU", {"naive", "flash", "auto"});

@@ -75,24 +75,19 @@ TrainStep::TrainStep(nn::TransformerLM& model, nn::FlatParameters& params, Devic
   // replayed (its signals carry sequence numbers fixed when issued): a step using it runs kernel by kernel.
   const bool ddp_by_copy_engine =
       ddp_ && comm_->all_reduce_transport() == dist::AllReduceTransport::copy_engine;
-  // The update beside the next forward needs the clipping factor on the device (bf16 gradients).
-  if (!device.is_cuda()) {
-    graph_declined_ = "CUDA graphs need a CUDA device";
-  } else {
-    std::vector<std::string> reasons;
-    if (overlap_ && params.grad_dtype() != DType::bf16)
-      reasons.push_back(
-          "with f32 gradients the step clips them on the host (bf16 gradients, with --precision "
-          "bf16, are clipped on the GPU)");
-    if (ddp_by_copy_engine)
-      reasons.push_back("the copy-engine all-reduce cannot be replayed (--all-reduce library can)");
-    for (const std::string& reason : reasons)
-      graph_declined_ += (graph_declined_.empty() ? "" : "; ") + reason;
-  }
+  // Why the step cannot be captured here (none: it can). The update beside the next forward needs the
+  // clipping factor on the device (bf16 gradients).
+  std::string cannot;
+  const auto add = [&](const std::string& reason) { cannot += (cannot.empty() ? "" : "; ") + reason; };
+  if (!device.is_cuda()) add("CUDA graphs need a CUDA device");
+  if (overlap_ && params.grad_dtype() != DType::bf16)
+    add("with f32 gradients the step clips them on the host (bf16 gradients, with --precision bf16, are "
+        "clipped on the GPU)");
+  if (ddp_by_copy_engine) add("the copy-engine all-reduce cannot be replayed (--all-reduce library can)");
   const bool wanted =
       options.cuda_graph == GraphUse::on || (options.cuda_graph == GraphUse::automatic && options.zero == 0);
-  graph_step_ = wanted && graph_declined_.empty();
-  if (options.cuda_graph != GraphUse::on) graph_declined_.clear();
+  graph_step_ = wanted && cannot.empty();
+  if (options.cuda_graph == GraphUse::on) graph_declined_ = cannot;
 }
 
 TrainStep::~TrainStep() {

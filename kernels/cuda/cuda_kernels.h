@@ -35,6 +35,8 @@ std::string device_name(int device);
 bool can_access_peer(int device, int peer);
 // Compute capability major of the current device (9 for Hopper), looked up once per device.
 int current_device_major();
+// Whether work queued on `stream` now is being captured into a CUDA graph instead of run.
+bool capturing(cudaStream_t stream);
 
 // Batched row-major GEMM through cuBLASLt, c = alpha op(a) op(b) + beta c, same contract as cpu::gemm.
 // a_type = b_type in {f32, bf16}; f32 accumulation; c is f32, or bf16 for bf16 inputs (rounded once at the

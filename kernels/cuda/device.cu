@@ -30,6 +30,12 @@ bool can_access_peer(int device, int peer) {
   return can != 0;
 }
 
+bool capturing(cudaStream_t stream) {
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  TT_CUDA_CHECK(cudaStreamIsCapturing(stream, &capture));
+  return capture != cudaStreamCaptureStatusNone;
+}
+
 int current_device_major() {
   static std::atomic<int> majors[64];
   int device = 0;

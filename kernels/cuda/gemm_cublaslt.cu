@@ -139,9 +139,7 @@ struct TrialOutput {
 int fastest_candidate(const DeviceState& state, const Plan& plan, const std::vector<Algo>& algos,
                       const float* alpha, const void* a, const void* b, const float* beta, const void* c,
                       void* d, size_t d_bytes, cudaStream_t stream) {
-  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
-  TT_CUDA_CHECK(cudaStreamIsCapturing(stream, &capture));
-  if (capture != cudaStreamCaptureStatusNone) return -1;
+  if (capturing(stream)) return -1;
   const bool reads_d = *beta != 0.0f && c == d;
   const TrialOutput scratch(reads_d ? d_bytes : 0, stream);
   if (reads_d && scratch.ptr == nullptr) return -1;
