@@ -9,6 +9,8 @@
 #include <cstdlib>
 #include <filesystem>
 #include <memory>
+#include <set>
+#include <string>
 
 #include "apps/lib/checkpoint.h"
 #include "apps/lib/data.h"
@@ -57,10 +59,26 @@ std::string data_dir_or_default(const Flags& flags) {
   return dir;
 }
 
+// The flags an evaluation reads; the model's shape comes from the checkpoint.
+const std::set<std::string> kEvalOnlyFlags = {
+    "--eval-only",    "--resume", "--out",           "--data",      "--batch",
+    "--eval-batches", "--ctx",    "--json",          "--logits",    "--precision",
+    "--attention",    "--device", "--deterministic", "--recompute", "--recompute-blocks",
+    "--config"};
+
 int run_eval_only(const Flags& flags, Device device) {
   if (flags.str("resume").empty()) throw Error("--eval-only needs --resume CHECKPOINT");
   TT_CHECK(flags.str("init-from").empty(),
            "--eval-only evaluates --resume CHECKPOINT; --init-from is for training");
+  // Training flags left in a command line (or a --config file) change nothing here; say so rather than
+  // let a user believe they did.
+  std::string ignored;
+  for (const auto& [name, value] : flags.values())
+    if (!kEvalOnlyFlags.count(name) && flags.given(name.substr(2)))
+      ignored += (ignored.empty() ? "" : ", ") + name;
+  if (!ignored.empty())
+    std::printf("note: --eval-only ignores %s: it evaluates the checkpoint's model as saved\n",
+                ignored.c_str());
   // A run folder (or latest: --out's) means its newest checkpoint whose weights load (damaged optimizer
   // state does not matter here, as when the file is named directly).
   const std::string ckpt = resolve_resume(flags.str("resume"), flags.str("out"), /*weights_only=*/true);

@@ -179,6 +179,11 @@ train_abs=$(realpath "$train")
 (cd "$work/elsewhere" && "$train_abs" --eval-only --resume "$ckpt" --ctx 16 --batch 2 --eval-batches 2) 2>&1 |
   tee "$work/eo.log" | grep -q "from $work/data/val.bin" && echo "ok   eval-only without --data: the checkpoint's data" ||
   { echo "FAIL eval-only without --data did not use the checkpoint's data:"; tail -2 "$work/eo.log"; failures=$((failures + 1)); }
+# Training flags left on an --eval-only command line change nothing, and a note says so.
+expect_ok "eval-only with training flags" "$train" --eval-only --resume "$ckpt" --data "$work/data" --ctx 16 \
+  --batch 2 --eval-batches 1 --steps 50 --lr-max 1 --preset small
+grep -q "note: --eval-only ignores --preset, --steps, --lr-max: it evaluates the checkpoint's model as saved" \
+  "$work/last.log" || { echo "FAIL eval-only with training flags: no note"; tail -2 "$work/last.log"; failures=$((failures + 1)); }
 expect_error "eval-only with init-from" "--init-from is for training" \
   "$train" --eval-only --resume "$ckpt" --init-from "$ckpt" --data "$work/data" --ctx 16
 expect_error "prepare_data into /proc" "cannot create directories /proc/tinytrain-test" \

@@ -40,10 +40,8 @@ class Flags {
   std::vector<std::string> list(const std::string& name) const;  // comma-separated
   std::vector<int64_t> int_list(const std::string& name) const;
   std::vector<double> number_list(const std::string& name) const;
-  bool given(const std::string& name) const;
-  bool declared(const std::string& name) const {
-    return specs_.count(name) > 0;
-  }                          // set on the command line or in the config file
+  bool given(const std::string& name) const;  // set on the command line or in the config file
+  bool declared(const std::string& name) const { return specs_.count(name) > 0; }
   std::string help() const;  // lines of at most 100 columns
   // Every declared flag as ("--name", value), in declaration order.
   std::vector<std::pair<std::string, std::string>> values() const;
