@@ -121,8 +121,9 @@ int main(int argc, char** argv) {
         "bench_attention",
         "Naive attention vs FlashAttention-2: --suite course (batch 8, 1 head, d x T grid, naive and "
         "flash),\n"
-        "sweep (batch 1, causal, T 128..65536, d 16..128, bf16 and f32), leaderboard (1x16x16384x64 bf16).");
-    flags.add("suite", "leaderboard", "course | sweep | leaderboard (comma-separated for several)");
+        "sweep (batch 1, causal, T 128..65536, d 16..128, bf16 and f32), leaderboard (1x16x16384x64 bf16), "
+        "models (GPT-2 small..xl's heads at T 1024, bf16, causal).");
+    flags.add("suite", "leaderboard", "course | sweep | leaderboard | models (comma-separated for several)");
     flags.add("warmup-iters", "10", "untimed iterations before the timed ones");
     flags.alias("warmup", "warmup-iters");
     flags.add("steps", "100", "timed iterations (forward, backward, forward+backward each)");
@@ -142,8 +143,8 @@ int main(int argc, char** argv) {
     TT_CHECK(flags.str("precision") == "f32" || flags.str("precision") == "bf16",
              "--precision must be f32 or bf16, got '" + flags.str("precision") + "'");
     for (const std::string& suite : flags.list("suite")) {
-      TT_CHECK(suite == "course" || suite == "sweep" || suite == "leaderboard",
-               "unknown --suite '" + suite + "' (expected course, sweep or leaderboard)");
+      TT_CHECK(suite == "course" || suite == "sweep" || suite == "leaderboard" || suite == "models",
+               "unknown --suite '" + suite + "' (expected course, sweep, leaderboard or models)");
     }
     const std::string device_label = device_name(device);
     std::printf("device: %s; %lld warm-up and %lld timed iterations per row\n\n", device_label.c_str(),
@@ -168,6 +169,10 @@ int main(int argc, char** argv) {
       } else if (suite == "leaderboard") {
         configs.push_back({"flash", 1, 16, 16384, 64, DType::bf16, true});
         ones = true;
+      } else if (suite == "models") {
+        // The attention of GPT-2 small, medium, large and xl at context 1024 and docs/speed.md's batches.
+        for (const auto& [batch, heads] : {std::pair<int64_t, int64_t>{32, 12}, {16, 16}, {12, 20}, {8, 25}})
+          configs.push_back({"flash", batch, heads, 1024, 64, DType::bf16, true});
       } else {
         throw Error("unknown --suite '" + suite + "' (expected course, sweep or leaderboard)");
       }

@@ -297,6 +297,16 @@ TEST_SUITE("gpu") {
     }
   }
 
+  TEST_CASE("cuda flash attention over more (batch, head) pairs than one chunk of its launch order") {
+    if (!have_gpu()) return;
+    // At T 1024 and d 64 the blocks take the pairs in chunks of 32 (forward) and 15 (backward): 39 pairs
+    // end in a partial chunk either way.
+    for (const bool causal : {false, true}) {
+      for (const AttentionKernels kernels : {AttentionKernels::automatic, AttentionKernels::mma_sync})
+        run_case({3, 13, 1024, 64, causal}, DType::bf16, kernels);
+    }
+  }
+
   TEST_CASE("cuda flash attention rejects unsupported head dims") {
     if (!have_gpu()) return;
     AttentionProblem p;

@@ -16,6 +16,8 @@ BACKENDS = {"torch-flash": SDPBackend.FLASH_ATTENTION, "torch-cudnn": SDPBackend
 def configs(suite, max_seq):
     if suite == "leaderboard":
         return [(1, 16, 16384, 64, torch.bfloat16)], True
+    if suite == "models":
+        return [(b, h, 1024, 64, torch.bfloat16) for b, h in ((32, 12), (16, 16), (12, 20), (8, 25))], False
     if suite == "course":
         return [(8, 1, t, d, torch.bfloat16) for d in (16, 32, 64, 128) for t in (256, 1024, 4096, 8192, 16384)], False
     if suite == "sweep":

@@ -77,8 +77,10 @@ __global__ void __launch_bounds__(BackwardTile<D>::kThreads, 1) flash_backward_b
   float* s_lse = reinterpret_cast<float*>(s_ds + 2 * kBlockK * kStrideS);  // two stages, L * log2(e)
   float* s_delta = s_lse + 2 * kBlockQ;                                    // two stages
 
-  const int k0 = blockIdx.y * kBlockK;
-  const int64_t bh = blockIdx.x;
+  int64_t bh;
+  int rank;
+  block_tile(backward_bytes_per_pair(p.seq, D), bh, rank);
+  const int k0 = rank * kBlockK;
   const int seq = static_cast<int>(p.seq);
   const bf16* q = static_cast<const bf16*>(p.q) + head_offset(p.sq, bh, p.heads);
   const bf16* k = static_cast<const bf16*>(p.k) + head_offset(p.sk, bh, p.heads) + k0 * p.sk.seq;

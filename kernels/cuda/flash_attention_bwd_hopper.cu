@@ -87,8 +87,10 @@ __global__ void __launch_bounds__(kConsumerThreads + 128, 1)
   uint64_t* empty = full + kStages;
   uint64_t* kv_full = empty + kStages;
 
-  const int k0 = blockIdx.y * kBlockK;
-  const int64_t bh = blockIdx.x;
+  int64_t bh;
+  int rank;
+  block_tile(backward_bytes_per_pair(p.seq, kD), bh, rank);
+  const int k0 = rank * kBlockK;
   const int batch = static_cast<int>(bh / p.heads), head = static_cast<int>(bh % p.heads);
   const int seq = static_cast<int>(p.seq);
   const int q_begin = p.causal ? k0 / kBlockQ : 0;  // earlier queries see none of these keys

@@ -64,6 +64,29 @@ __host__ __device__ constexpr int ceil_div(int64_t a, int64_t b) {
   return static_cast<int>((a + b - 1) / b);
 }
 
+// The (batch*head) pair and tile rank a block of a (pairs, tiles) grid works on; rank 0 is the tile with
+// the most work (a causal kernel maps ranks to tiles). Blocks start roughly in launch order, x fastest.
+// One rank over every pair before the next (the longest causal tiles first) would scatter a pair's tiles
+// over the whole launch, each reading the pair's K and V (or Q and dO) from DRAM again (docs/attention.md:
+// at T 1024 that kept DRAM 65-72% busy). So pairs go in chunks whose shared data (`bytes_per_pair` each)
+// fits in 8 MiB of L2, every rank of a chunk before the next chunk, longest first.
+__device__ inline void block_tile(int64_t bytes_per_pair, int64_t& pair, int& rank) {
+  constexpr int64_t kChunkBytes = int64_t{8} << 20;
+  const int64_t pairs = gridDim.x, tiles = gridDim.y;
+  const int64_t chunk = max(int64_t{1}, kChunkBytes / max(int64_t{1}, bytes_per_pair));
+  const int64_t linear = blockIdx.x + pairs * blockIdx.y;
+  const int64_t first = linear / (chunk * tiles) * chunk;  // the chunk's first pair
+  const int64_t in_chunk = min(chunk, pairs - first);
+  const int64_t within = linear - first * tiles;
+  pair = first + within % in_chunk;
+  rank = static_cast<int>(within / in_chunk);
+}
+
+// What every key tile of a pair reads in the backward: Q and dO (bf16), the f32 dQ accumulator, L and D.
+__host__ __device__ constexpr int64_t backward_bytes_per_pair(int64_t seq, int64_t d_head) {
+  return seq * (8 * d_head + 8);
+}
+
 // ---- Host-side dispatch ----------------------------------------------------------------------------------
 
 // Calls fn(std::integral_constant<int, D>{}) for the supported head dims; anything else is a user error.

@@ -53,9 +53,11 @@ __global__ void __launch_bounds__(ForwardTile<D>::kThreads, ForwardTile<D>::kMin
   bf16* s_k = s_q + kBlockQ * kStride;
   bf16* s_v = s_k + 2 * kBlockK * kStride;
 
-  const int q_tile = p.causal ? gridDim.y - 1 - blockIdx.y : blockIdx.y;
+  int64_t bh;
+  int rank;
+  block_tile(4 * p.seq * D, bh, rank);  // every query tile of a pair reads its K and V
+  const int q_tile = p.causal ? gridDim.y - 1 - rank : rank;
   const int q0 = q_tile * kBlockQ;
-  const int64_t bh = blockIdx.x;
   const int seq = static_cast<int>(p.seq);
   const bf16* q = static_cast<const bf16*>(p.q) + head_offset(p.sq, bh, p.heads) + q0 * p.sq.seq;
   const bf16* k = static_cast<const bf16*>(p.k) + head_offset(p.sk, bh, p.heads);

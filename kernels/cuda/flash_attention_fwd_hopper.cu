@@ -245,9 +245,11 @@ __global__ void __launch_bounds__(kConsumerThreads + 32, 1)
   uint64_t* empty = full + kStages;
   uint64_t* q_full = empty + kStages;
 
-  const int q_tile = p.causal ? gridDim.y - 1 - blockIdx.y : blockIdx.y;
+  int64_t bh;
+  int rank;
+  block_tile(4 * p.seq * D, bh, rank);  // every query tile of a pair reads its K and V
+  const int q_tile = p.causal ? gridDim.y - 1 - rank : rank;
   const int q0 = q_tile * kBlockQ;
-  const int64_t bh = blockIdx.x;
   const int batch = static_cast<int>(bh / p.heads), head = static_cast<int>(bh % p.heads);
   const int seq = static_cast<int>(p.seq);
   const int num_k_tiles = ceil_div(p.causal ? min(seq, q0 + kBlockQ) : seq, kBlockK);
@@ -341,9 +343,11 @@ __global__ void __launch_bounds__(kConsumerThreads, 1) flash_forward_hopper_kern
   unsigned char* s_k = s_q + Tile::kQBytes;  // kStages K tiles, then kStages V tiles
   unsigned char* s_v = s_k + kStages * Tile::kKVBytes;
 
-  const int q_tile = p.causal ? gridDim.y - 1 - blockIdx.y : blockIdx.y;
+  int64_t bh;
+  int rank;
+  block_tile(4 * p.seq * D, bh, rank);  // every query tile of a pair reads its K and V
+  const int q_tile = p.causal ? gridDim.y - 1 - rank : rank;
   const int q0 = q_tile * kBlockQ;
-  const int64_t bh = blockIdx.x;
   const int seq = static_cast<int>(p.seq);
   const bf16* q = static_cast<const bf16*>(p.q) + head_offset(p.sq, bh, p.heads) + q0 * p.sq.seq;
   const bf16* k = static_cast<const bf16*>(p.k) + head_offset(p.sk, bh, p.heads);
