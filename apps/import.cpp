@@ -14,6 +14,7 @@
 #include "apps/lib/flags.h"
 #include "apps/lib/hf_llama.h"
 #include "apps/lib/safetensors.h"
+#include "apps/lib/tokenizer.h"
 #include "base/error.h"
 
 namespace fs = std::filesystem;
@@ -111,9 +112,28 @@ int run(const Flags& flags) {
   }
 
   TrainState state;
+  // The folder's own SentencePiece tokenizer, when it has one we can read: the ids the weights mean. A
+  // model handed ids of another tokenizer trains and generates without an error, and wrongly.
+  const std::string own_tokenizer_path = from + "/tokenizer.model";
+  std::string own_tokenizer;  // data_tokenizer_id form
+  if (fs::is_regular_file(own_tokenizer_path)) {
+    try {
+      const std::unique_ptr<Tokenizer> own = load_sentencepiece(own_tokenizer_path);
+      own_tokenizer =
+          data_tokenizer_id({own->name(), own->vocab_size(), own->end_of_text(), own->checksum()});
+    } catch (const Error&) {
+      // Not a SentencePiece model this build reads (a tiktoken file, say): nothing to compare with.
+    }
+  }
+  if (!own_tokenizer.empty()) state.data_tokenizer = own_tokenizer;  // train --init-from checks it
   // export finds the tokenizer and special ids of the data again through the recorded flag.
   if (!data.empty()) {
     const std::optional<DataMeta> meta = read_meta(data);
+    TT_CHECK(!meta || own_tokenizer.empty() || same_data_tokenizer(data_tokenizer_id(*meta), own_tokenizer),
+             data + " holds tokens of " + (meta ? data_tokenizer_id(*meta) : "") + ", not of " +
+                 own_tokenizer_path + " (" + own_tokenizer +
+                 "): pass data prepared with it (prepare_data --tokenizer sentencepiece --tokenizer-model " +
+                 own_tokenizer_path + ")");
     // A model may have more ids than its data uses (train --vocab, padded vocabularies), never fewer.
     TT_CHECK(!meta || meta->vocab_size <= config.vocab_size,
              from + " holds a model of " + std::to_string(config.vocab_size) + " ids, but " + data +

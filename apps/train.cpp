@@ -152,6 +152,9 @@ int run_eval_only(const Flags& flags, Device device) {
 
 int main(int argc, char** argv) {
   std::signal(SIGXFSZ, SIG_IGN);  // a full disk (or file-size limit) is reported as a write error
+  // A reader of the log that goes away (`train | head`, a killed tee) must not end the run: it trains on
+  // and writes its checkpoints, its log lines lost.
+  std::signal(SIGPIPE, SIG_IGN);
   // Logs redirected to a file (mpirun, Slurm, nohup) appear line by line, and survive a kill.
   std::setvbuf(stdout, nullptr, _IOLBF, 0);
   install_stop_handlers();

@@ -237,6 +237,22 @@ PY
     16 3 2 "$work/speval.json"
   expect_ok "import (SentencePiece)" "$import_app" --from "$work/sphf" --out "$work/sp.h5" --data "$work/spdata"
   expect_ok "export the import (SentencePiece)" "$export_app" --checkpoint "$work/sp.h5" --out "$work/sphf2"
+  # The folder's tokenizer.model decides which data import takes, and what --init-from trains on after an
+  # import without --data.
+  for i in $(seq 1 400); do echo "Entry $i: how vexingly quick daft zebras jump $((i * 31 % 97))."; echo "%"; done \
+    >"$work/sp_other.txt"
+  expect_ok "prepare other SentencePiece data" "$prepare" --input "$work/sp_other.txt" --out "$work/spdata_other" \
+    --separator % --tokenizer sentencepiece --vocab 300
+  expect_error "import with another tokenizer's data" "$work/spdata_other holds tokens of sentencepiece 300" \
+    "$import_app" --from "$work/sphf" --out "$work/sp_bad.h5" --data "$work/spdata_other"
+  expect_error "import with byte data" "$work/data holds tokens of bytes 257, not of $work/sphf/tokenizer.model" \
+    "$import_app" --from "$work/sphf" --out "$work/sp_bad.h5" --data "$work/data"
+  expect_ok "import without --data" "$import_app" --from "$work/sphf" --out "$work/sp_nodata.h5"
+  sp_run=(--ctx 16 --batch 2 --eval-batches 1 --sample-tokens 0 --device cpu --steps 1)
+  expect_error "init-from it on another tokenizer's data" "was trained on tokens of sentencepiece 300" \
+    "$train" --data "$work/spdata_other" "${sp_run[@]}" --out "$work/sp_wrong" --init-from "$work/sp_nodata.h5"
+  expect_ok "init-from it on its data" "$train" --data "$work/spdata" "${sp_run[@]}" --out "$work/sp_right" \
+    --init-from "$work/sp_nodata.h5"
   expect_error "import with data of another tokenizer" "holds a model of 257 ids, but $work/spdata/meta.json gives" \
     "$import_app" --from "$work/hf" --out "$work/mismatch.h5" --data "$work/spdata"
   [ ! -e "$work/mismatch.h5" ] || fail "import with data of another tokenizer wrote $work/mismatch.h5"

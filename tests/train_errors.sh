@@ -179,6 +179,11 @@ train_abs=$(realpath "$train")
 (cd "$work/elsewhere" && "$train_abs" --eval-only --resume "$ckpt" --ctx 16 --batch 2 --eval-batches 2) 2>&1 |
   tee "$work/eo.log" | grep -q "from $work/data/val.bin" && echo "ok   eval-only without --data: the checkpoint's data" ||
   { echo "FAIL eval-only without --data did not use the checkpoint's data:"; tail -2 "$work/eo.log"; failures=$((failures + 1)); }
+# A log reader that goes away (`| head`) does not end the run: it trains on and writes its checkpoints.
+"$train" "${common[@]}" --out "$work/piped" --steps 12 --ckpt-every 6 --log-every 1 | head -1 >/dev/null
+status=${PIPESTATUS[0]}
+[ "$status" -eq 0 ] && [ -f "$work/piped/checkpoints/step_12.h5" ] && echo "ok   train | head: the run finished" ||
+  { echo "FAIL train | head: exit $status, checkpoints: $(ls "$work/piped/checkpoints" 2>&1)"; failures=$((failures + 1)); }
 # Training flags left on an --eval-only command line change nothing, and a note says so.
 expect_ok "eval-only with training flags" "$train" --eval-only --resume "$ckpt" --data "$work/data" --ctx 16 \
   --batch 2 --eval-batches 1 --steps 50 --lr-max 1 --preset small
