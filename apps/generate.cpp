@@ -140,8 +140,6 @@ int main(int argc, char** argv) {
     flags.add_switch("no-stop", "go on past the end-of-text token");
     if (!flags.parse(argc, argv)) return 0;
     TT_CHECK(!flags.str("checkpoint").empty(), "--checkpoint is required");
-    // A run folder, as --resume takes one: its newest checkpoint whose weights load.
-    const std::string checkpoint = checkpoint_or_newest(flags.str("checkpoint"));
     SamplingOptions sampling;
     sampling.max_tokens = flags.integer("max-tokens");
     sampling.temperature = flags.number("temperature");
@@ -152,6 +150,8 @@ int main(int argc, char** argv) {
     check_sampling_options(sampling);
     const int64_t batch = flags.integer("batch");
     TT_CHECK(batch >= 1, "--batch must be at least 1, got " + flags.str("batch"));
+    // A run folder, as --resume takes one: its newest checkpoint whose weights load.
+    const std::string checkpoint = checkpoint_or_newest(flags.str("checkpoint"));
     nn::ModelConfig config = read_checkpoint_config(checkpoint);
     config.precision = nn::parse_precision(flags.str("precision"));
     const Device device = pick_device(flags.str("device"));

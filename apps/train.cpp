@@ -67,9 +67,9 @@ const std::set<std::string> kEvalOnlyFlags = {
     "--config"};
 
 int run_eval_only(const Flags& flags, Device device) {
-  if (flags.str("resume").empty()) throw Error("--eval-only needs --resume CHECKPOINT");
   TT_CHECK(flags.str("init-from").empty(),
            "--eval-only evaluates --resume CHECKPOINT; --init-from is for training");
+  if (flags.str("resume").empty()) throw Error("--eval-only needs --resume CHECKPOINT");
   // Training flags left in a command line (or a --config file) change nothing here; say so rather than
   // let a user believe they did.
   std::string ignored;

@@ -191,6 +191,20 @@ grep -q "note: --eval-only ignores --preset, --steps, --lr-max: it evaluates the
   "$work/last.log" || { echo "FAIL eval-only with training flags: no note"; tail -2 "$work/last.log"; failures=$((failures + 1)); }
 expect_error "eval-only with init-from" "--init-from is for training" \
   "$train" --eval-only --resume "$ckpt" --init-from "$ckpt" --data "$work/data" --ctx 16
+expect_error "eval-only with init-from and no resume" "--init-from is for training" \
+  "$train" --eval-only --init-from "$ckpt" --data "$work/data" --ctx 16
+# --init-from takes a run folder (its newest checkpoint), and names import for a Hugging Face folder.
+expect_ok "init-from a run folder" "$train" "${common[@]}" --out "$work/from_folder" --steps 1 \
+  --init-from "$(dirname "$(dirname "$ckpt")")"
+grep -q "new run from the weights of .*/checkpoints/step_[0-9]*.h5" "$work/last.log" ||
+  { echo "FAIL init-from a run folder: no checkpoint named"; tail -2 "$work/last.log"; failures=$((failures + 1)); }
+mkdir -p "$work/hf" && echo '{}' >"$work/hf/config.json" && : >"$work/hf/model.safetensors"
+expect_error "init-from a Hugging Face folder" "is a Hugging Face model; make a checkpoint of it first: import --from" \
+  "$train" "${common[@]}" --out "$work/from_hf" --steps 1 --init-from "$work/hf"
+# A warm-up as long as the run: a note says the learning rate never reaches --lr-max.
+expect_ok "warm-up past the end" "$train" "${common[@]}" --out "$work/warm" --steps 2 --warmup 5 --ckpt-every -1
+grep -q "note: --warmup 5 is not below --steps 2" "$work/last.log" ||
+  { echo "FAIL warm-up past the end: no note"; failures=$((failures + 1)); }
 expect_error "prepare_data into /proc" "cannot create directories /proc/tinytrain-test" \
   "$prepare" --input "$work/text" --out /proc/tinytrain-test
 expect_error "eval-only logits folder" "--logits $work/nodir/x.npy: cannot write in $work/nodir" \

@@ -89,11 +89,20 @@ std::string resolve_resume(const std::string& resume, const std::string& out, bo
   return newest;
 }
 
-std::string checkpoint_or_newest(const std::string& given) {
+std::string checkpoint_or_newest(const std::string& given, const std::string& flag) {
+  // A Hugging Face folder, or its weights file, is what `import` reads, not a checkpoint.
+  const fs::path hf_folder = fs::is_directory(given) ? fs::path(given) : fs::path(given).parent_path();
+  const bool hf_weights = fs::path(given).extension() == ".safetensors" ||
+                          (fs::is_directory(given) && fs::exists(hf_folder / "config.json") &&
+                           (fs::exists(hf_folder / "model.safetensors") ||
+                            fs::exists(hf_folder / "model.safetensors.index.json")));
+  TT_CHECK(!hf_weights, flag + " " + given +
+                            " is a Hugging Face model; make a checkpoint of it first: import --from " +
+                            (hf_folder.empty() ? std::string(".") : hf_folder.string()) + " --out MODEL.h5");
   if (!fs::is_directory(given)) return given;
   const std::string dir = fs::is_directory(given + "/checkpoints") ? given + "/checkpoints" : given;
   const std::string newest = newest_loadable_checkpoint(dir, /*weights_only=*/true);
-  TT_CHECK(!newest.empty(), "--checkpoint " + given + ": no checkpoint in " + dir +
+  TT_CHECK(!newest.empty(), flag + " " + given + ": no checkpoint in " + dir +
                                 " loads (a run folder's checkpoints are step_N.h5)");
   std::fprintf(stderr, "checkpoint %s\n", newest.c_str());
   return newest;

@@ -27,10 +27,11 @@ std::string newest_loadable_checkpoint(const std::string& dir, bool weights_only
 // first start of a job that always passes --resume latest); a folder without one is an error.
 std::string resolve_resume(const std::string& resume, const std::string& out, bool weights_only = false);
 
-// What --checkpoint names in generate and export: a checkpoint file as given, or for a run folder (or its
-// checkpoints/ folder) the newest checkpoint whose weights load (said on stderr). Throws when a folder has
-// none.
-std::string checkpoint_or_newest(const std::string& given);
+// What --checkpoint names in generate and export (and train's --init-from): a checkpoint file as given, or
+// for a run folder (or its checkpoints/ folder) the newest checkpoint whose weights load (said on stderr).
+// Throws, naming `flag`, when a folder has none, or for a Hugging Face folder or weights file (naming
+// `import`).
+std::string checkpoint_or_newest(const std::string& given, const std::string& flag = "--checkpoint");
 
 class RunFolder {
  public:

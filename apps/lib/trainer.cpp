@@ -105,7 +105,7 @@ void declare_train_flags(Flags& f) {
         "there is none); a run folder: its newest. With --eval-only: the checkpoint to evaluate");
   f.add("init-from", "",
         "checkpoint whose weights a new run starts from (its optimizer state and step are not used), e.g. "
-        "one written by `import` from a Hugging Face folder");
+        "one written by `import` from a Hugging Face folder; a run folder: its newest");
   f.group("evaluation");
   f.add_switch("eval-only", "evaluate --resume on val.bin and exit (prints and writes the mean loss)");
   f.add("json", "", "with --eval-only: write the result as JSON to this file");
@@ -468,7 +468,13 @@ class TrainingRun {
     // --init-from: the weights only; the optimizer and the step start fresh. With --resume latest a job
     // script passes both every time: the first start takes the weights, a restart continues its own
     // checkpoints.
-    init_from_ = resume_.empty() ? flags_.str("init-from") : "";
+    if (resume_.empty() && !flags_.str("init-from").empty()) {
+      // A run folder means its newest checkpoint, as for --resume: rank 0 looks, the others take its answer.
+      check_on_every_rank(runtime_, [&] {
+        if (root_) init_from_ = checkpoint_or_newest(flags_.str("init-from"), "--init-from");
+      });
+      init_from_ = rank0_string(init_from_, runtime_);
+    }
     const std::string start = resume_.empty() ? init_from_ : resume_;
     if (!start.empty()) {
       check_on_every_rank(runtime_, [&] {
@@ -751,6 +757,11 @@ class TrainingRun {
     const double lr_max = flags_.number("lr-max"), lr_min = flags_.number("lr-min");
     const int64_t warmup = flags_.integer("warmup");
     const int64_t cosine_steps = flags_.integer("cosine-steps") > 0 ? flags_.integer("cosine-steps") : steps;
+    if (root_ && warmup >= steps)
+      std::printf(
+          "note: --warmup %lld is not below --steps %lld: the learning rate rises all run, never reaching "
+          "--lr-max or decaying; pass a shorter --warmup\n",
+          static_cast<long long>(warmup), static_cast<long long>(steps));
     last_checkpoint_ = resume_;
     last_checkpoint_step_ = state_.step;
     const bool checkpoints = ckpt_every >= 0;
