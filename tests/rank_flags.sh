@@ -41,6 +41,15 @@ differ "steps" "ranks disagree on --steps: rank 0 has 6, rank 1 has 8" "" "--ste
 differ "batch" "ranks disagree on --batch: rank 0 has 2, rank 1 has 3" "" "--batch 3"
 differ "lr-max" "ranks disagree on --lr-max" "--lr-max 1e-3" "--lr-max 2e-3"
 differ "ckpt-every with ZeRO-1" "ranks disagree on --ckpt-every" "--zero 1 --ckpt-every 2" "--zero 1 --ckpt-every 3"
+# A value bad on one rank only (which the comparison below would let pass): one line naming the rank.
+differ "integer on one rank" "rank 1: flag --steps expects an integer, got '6.0'" "" "--steps 6.0"
+# The same values spelled differently agree: a number's forms, a folder with ./ and a trailing slash.
+output=$(cd "$work" && timeout 60 "$mpiexec" --oversubscribe --allow-run-as-root -np 1 "$train" "${common[@]}" \
+  --out spelled --lr-max 3e-3 --steps 2 : -np 1 "$train" "${common[@]}" --data ./data/ --out ./spelled/ \
+  --lr-max 0.003 --steps 2 2>&1)
+status=$?
+[ $status -eq 0 ] && echo "ok   the same values spelled differently" ||
+  { echo "FAIL the same values spelled differently: exit $status:"; echo "$output" | tail -3; failures=$((failures + 1)); }
 
 # A bad value given to every rank alike: one line, from rank 0, and a clean end (no MPI_Abort per rank).
 same_bad() {

@@ -22,6 +22,10 @@ ckpt="$work/first/checkpoints/step_3.h5"
 "${mpi[@]}" -np 3 "$train" "${common[@]}" --zero 1 --zero-grads ddp --bucket-mb 0.001 --steps 6 --resume "$ckpt" \
   --out "$work/sharded_ddp" >/dev/null
 "$train" "${common[@]}" --steps 4 --resume "$ckpt" --out "$work/single" >/dev/null
+# The same global batch at another rank count draws other random batches: a note says so.
+"$train" "${common[@]}" --batch 4 --steps 4 --resume "$ckpt" --out "$work/single_b4" >"$work/single_b4.log"
+grep -q "note: at 1 rank the random batches differ from those of the run that wrote the checkpoint (2 ranks)" \
+  "$work/single_b4.log" || { echo "FAIL no note on the random batches at another rank count"; exit 1; }
 # ZeRO-2 and 3 from the ZeRO-1 checkpoint, with gradient accumulation and recomputation in one of them.
 "${mpi[@]}" -np 3 "$train" "${common[@]}" --zero 2 --steps 6 --resume "$ckpt" --out "$work/zero2" >/dev/null
 "${mpi[@]}" -np 3 "$train" "${common[@]}" --zero 3 --recompute block --steps 6 --resume "$ckpt" \

@@ -1,11 +1,13 @@
 #include "apps/lib/trainer.h"
 
 #include <algorithm>
+#include <charconv>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <optional>
+#include <set>
 
 #include <mpi.h>
 
@@ -145,6 +147,28 @@ double evaluate(const nn::TransformerLM& model, const TokenFile& val, int64_t ba
 
 namespace {
 
+// A flag's value as it means rather than as it is spelled, for comparing settings: a number in its shortest
+// form (1e-2 and 0.01 agree), a file or folder as an absolute path (data/f and ./data/f/ agree).
+std::string comparable_value(const std::string& name, const std::string& value) {
+  static const std::set<std::string> paths = {"data",   "out",  "resume", "init-from",
+                                              "config", "json", "logits"};
+  if (value.empty()) return value;
+  if (paths.count(name)) {
+    if (name == "resume" && value == "latest") return value;
+    std::error_code ec;
+    const fs::path absolute = fs::absolute(value, ec).lexically_normal();
+    if (ec) return value;
+    const std::string text = absolute.string();
+    return text.size() > 1 && text.back() == '/' ? text.substr(0, text.size() - 1) : text;
+  }
+  char* end = nullptr;
+  const double number = std::strtod(value.c_str(), &end);
+  if (end != value.c_str() + value.size() || !std::isfinite(number)) return value;
+  char shortest[32];
+  const auto [last, error] = std::to_chars(shortest, shortest + sizeof(shortest), number);
+  return error == std::errc() ? std::string(shortest, last) : value;
+}
+
 // A resumed run reproduces the uninterrupted one only with the same learning-rate schedule and optimizer,
 // sampling and precision settings; say which differ.
 void warn_if_settings_differ(const std::string& written_by, const Flags& flags) {
@@ -161,10 +185,11 @@ void warn_if_settings_differ(const std::string& written_by, const Flags& flags) 
     differs += (differs.empty() ? "" : "; ") + change;
     keep += (keep.empty() ? "" : " ") + flag;
   };
-  if (old_end != new_end) add("cosine end " + old_end + " -> " + new_end, "--cosine-steps " + old_end);
+  if (comparable_value("steps", old_end) != comparable_value("steps", new_end))
+    add("cosine end " + old_end + " -> " + new_end, "--cosine-steps " + old_end);
   for (const char* name : {"warmup", "lr-max", "lr-min"}) {
     const std::string before = recorded_flag(written_by, name);
-    if (!before.empty() && before != flags.str(name))
+    if (!before.empty() && comparable_value(name, before) != comparable_value(name, flags.str(name)))
       add(std::string("--") + name + " " + before + " -> " + flags.str(name),
           std::string("--") + name + " " + before);
   }
@@ -179,7 +204,7 @@ void warn_if_settings_differ(const std::string& written_by, const Flags& flags) 
   for (const char* name :
        {"seed", "sampling", "clip", "weight-decay", "beta1", "beta2", "precision", "grad-dtype"}) {
     const std::string before = recorded_flag(written_by, name);
-    if (!before.empty() && before != flags.str(name))
+    if (!before.empty() && comparable_value(name, before) != comparable_value(name, flags.str(name)))
       others +=
           (others.empty() ? "" : ", ") + std::string("--") + name + " " + before + " -> " + flags.str(name);
   }
@@ -192,12 +217,23 @@ void warn_if_settings_differ(const std::string& written_by, const Flags& flags) 
 
 // The same for the step's global batch (sequences over all ranks and micro-batches), from the flags and the
 // rank count the writer recorded (checkpoints before that was recorded say nothing of it).
-void warn_if_global_batch_differs(const std::string& written_by, int64_t global_batch) {
+// Random batches are drawn per rank (seeded by --seed and the rank), so at another rank count the same global
+// batch holds other sequences.
+void warn_if_global_batch_differs(const std::string& written_by, int64_t global_batch, int world,
+                                  const std::string& sampling) {
   const std::string ranks = recorded_flag(written_by, "ranks"), batch = recorded_flag(written_by, "batch"),
                     accum = recorded_flag(written_by, "grad-accum");
   if (ranks.empty() || batch.empty() || accum.empty()) return;
   const int64_t before = std::stoll(ranks) * std::stoll(batch) * std::stoll(accum);
-  if (before == global_batch) return;
+  if (before == global_batch) {
+    if (sampling == "random" && std::stoll(ranks) != world)
+      std::printf(
+          "note: at %d rank%s the random batches differ from those of the run that wrote the checkpoint (%s "
+          "rank%s), so the losses will not match an uninterrupted run (--sampling sequential draws the same "
+          "ones at any rank count)\n",
+          world, world == 1 ? "" : "s", ranks.c_str(), ranks == "1" ? "" : "s");
+    return;
+  }
   std::printf(
       "note: the step's global batch is %lld sequences, against %lld in the run that wrote the checkpoint "
       "(%s rank%s x --batch %s x --grad-accum %s), so the losses will not match an uninterrupted run\n",
@@ -289,12 +325,19 @@ void check_train_flag_values(const Flags& flags) {
 
 void check_train_flags(const Flags& flags, dist::DistRuntime* runtime) {
   if (!runtime || runtime->world_size() == 1) return check_train_flag_values(flags);
-  dist::check_ranks_agree(*runtime, flags.values());
+  // Each rank checks its own values first (one can hold 2.0 where an integer is due and another 2, which
+  // agree below), and every rank ends with the first bad one's line.
+  std::string problem;
   try {
     check_train_flag_values(flags);
   } catch (const Error& e) {
-    throw dist::SameOnEveryRank(e.what());
+    problem = e.what();
   }
+  dist::raise_if_any_rank_failed(*runtime, problem);
+  // Compared as they mean: ranks started with 3e-3 and 0.003, or data/f and ./data/f/, agree.
+  std::vector<std::pair<std::string, std::string>> settings = flags.values();
+  for (auto& [name, value] : settings) value = comparable_value(name.substr(2), value);
+  dist::check_ranks_agree(*runtime, settings);
 }
 
 namespace {
@@ -628,7 +671,8 @@ class TrainingRun {
                     static_cast<long long>(state_.step), format_bytes(bytes).c_str(),
                     format_seconds(load_s).c_str(), format_rate(bytes, load_s).c_str());
         warn_if_settings_differ(written_by, flags_);
-        warn_if_global_batch_differs(written_by, plan_.batch * plan_.accum * plan_.world);
+        warn_if_global_batch_differs(written_by, plan_.batch * plan_.accum * plan_.world, plan_.world,
+                                     flags_.str("sampling"));
         // What came after the checkpoint in its own folder belongs to a future this run replaces; another
         // folder's run is replaced whole. Either way only once this run has written a checkpoint.
         const bool own = resumes_own_folder();
