@@ -9,10 +9,10 @@ set -euo pipefail
 
 usage() {
   cat <<'USAGE'
-usage: launch/run_local.sh [--np N] [--app PATH] [--dry-run] [--] APP_ARGS...
+usage: launch/run_local.sh [--np N] [--app APP] [--dry-run] [--] APP_ARGS...
   --np N      number of ranks (default: the GPUs that nvidia-smi -L lists, restricted to
               CUDA_VISIBLE_DEVICES when set; 1 without GPUs)
-  --app PATH  program to start (default: build/apps/train next to this script's repository)
+  --app APP   program to start: a path, or the name of an app in build/apps (default: train)
   --dry-run   print the mpirun command instead of running it
 USAGE
 }
@@ -21,10 +21,18 @@ root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 app="$root/build/apps/train"
 np=""
 dry_run=0
+# The value of option $1 (the next argument, $2), or a one-line error.
+value_of() {
+  [[ $# -ge 2 && "$2" != --* ]] || { echo "run_local.sh: $1 needs a value (see --launcher-help)" >&2; exit 2; }
+  printf '%s' "$2"
+}
 while [[ $# -gt 0 ]]; do
   case "$1" in
-    --np) np=$2; shift 2 ;;
-    --app) app=$2; shift 2 ;;
+    --np) np=$(value_of "$@"); shift 2
+      [[ "$np" =~ ^[1-9][0-9]*$ ]] || { echo "run_local.sh: --np takes a positive number of ranks, got '$np'" >&2; exit 2; } ;;
+    --app) app=$(value_of "$@"); shift 2
+      # A bare name is one of the built apps (--app bench_ddp).
+      [[ "$app" == */* ]] || app="$root/build/apps/$app" ;;
     --dry-run) dry_run=1; shift ;;
     -h|--launcher-help) usage; exit 0 ;;
     --) shift; break ;;

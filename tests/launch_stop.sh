@@ -55,3 +55,13 @@ start_job orphan
 disown $pid; kill -9 $pid
 gone 20 || { echo "FAIL the job outlived its killed run_local.sh"; pkill -9 -P "$mpirun"; kill -9 "$mpirun"; exit 1; }
 echo "ok   the job ends with a killed run_local.sh"
+
+# The launcher's own bad options: one line each, exit 2, nothing started.
+for bad in "--np" "--np abc" "--np 0" "--app"; do
+  # shellcheck disable=SC2086
+  output=$("$root/launch/run_local.sh" $bad 2>&1)
+  status=$?
+  [ $status -eq 2 ] && [ "$(wc -l <<<"$output")" -eq 1 ] && grep -q "^run_local.sh: " <<<"$output" ||
+    { echo "FAIL run_local.sh $bad: exit $status: $output"; exit 1; }
+done
+echo "ok   bad launcher options: one line each"
