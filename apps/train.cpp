@@ -159,6 +159,7 @@ int main(int argc, char** argv) {
   std::setvbuf(stdout, nullptr, _IOLBF, 0);
   install_stop_handlers();
   std::unique_ptr<dist::DistRuntime> runtime;
+  bool flags_checked = false;  // from then on the ranks part ways; before, they fail alike (a bad flag)
   try {
     // One rank per GPU under mpirun/srun; a plain start is a single process and does not touch MPI (a
     // singleton MPI start needs resources a simple run should not depend on).
@@ -177,6 +178,7 @@ int main(int argc, char** argv) {
     const Device device = pick_device(flags.str("device"), runtime ? runtime->gpu_index() : 0);
     if (flags.boolean("eval-only")) return rank == 0 ? run_eval_only(flags, device) : 0;
     check_train_flags(flags, runtime.get());  // before the built-in corpus is prepared
+    flags_checked = true;
     // Rank 0 prepares the built-in corpus (if needed) while the others wait.
     std::string data;
     if (rank == 0) data = data_dir_or_default(flags);
@@ -208,6 +210,16 @@ int main(int argc, char** argv) {
   } catch (const std::exception& e) {
     accept_stop_requests(false);  // mpirun's SIGTERM after the abort is not a stop request
     std::fflush(stdout);
+    if (runtime && runtime->world_size() > 1 && !flags_checked) {
+      // A bad command line fails every rank (or meets the others in check_train_flags' own exchange): one
+      // line, from the lowest failing rank, through rank 0.
+      try {
+        dist::raise_if_any_rank_failed(*runtime, e.what());
+      } catch (const dist::SameOnEveryRank& same) {
+        if (runtime->rank() == 0) std::fprintf(stderr, "error: %s\n", same.what());
+        return 1;
+      }
+    }
     if (runtime && runtime->world_size() > 1) dist::abort_job(e.what());
     end_progress_line();
     std::fprintf(stderr, "%s\n", tt::error_line(e).c_str());

@@ -52,6 +52,7 @@ status=$?
   { echo "FAIL the same values spelled differently: exit $status:"; echo "$output" | tail -3; failures=$((failures + 1)); }
 
 # A bad value given to every rank alike: one line, from rank 0, and a clean end (no MPI_Abort per rank).
+"$train" "${common[@]}" --steps 2 --ckpt-every 2 --out "$work/shaped" >/dev/null 2>&1 || echo "FAIL a 2-step run"
 same_bad() {
   local name=$1 expected=$2 output status
   shift 2
@@ -67,6 +68,9 @@ same_bad() {
   echo "ok   $name: exit $status: $(grep -m1 -- "$expected" <<<"$output")"
 }
 same_bad "bad steps" "error: --steps must be positive" --steps 0
+same_bad "unknown flag" "error: unknown flag --frobnicate" --frobnicate
+same_bad "checkpoint of another shape" "error: --layers 3 (the preset's or given) differs from the checkpoint" \
+  --resume "$work/shaped/checkpoints/step_2.h5" --layers 3
 same_bad "recompute-blocks beyond the layers" "error: --recompute-blocks must be between 0" \
   --recompute block --recompute-blocks 5
 same_bad "--ddp with ZeRO-3" "error: --ddp chooses how DDP and --zero 1 average gradients" --zero 3 --ddp naive

@@ -528,11 +528,14 @@ class TrainingRun {
       // The model the file holds: its RoPE theta and RMSNorm epsilon (not flags) come from it.
       check_on_every_rank(runtime_, [&] { check_data_vocabulary(start, data_dir_, flags_, root_); });
     }
-    if (!resume_.empty()) {
-      plan_.config = config_for_checkpoint(resume_, plan_.config, true);
-    } else if (!init_from_.empty()) {
-      plan_.config = config_for_checkpoint(init_from_, plan_.config, false);
-    }
+    // A checkpoint of another shape is refused by every rank alike: rank 0's line alone.
+    check_on_every_rank(runtime_, [&] {
+      if (!resume_.empty()) {
+        plan_.config = config_for_checkpoint(resume_, plan_.config, true);
+      } else if (!init_from_.empty()) {
+        plan_.config = config_for_checkpoint(init_from_, plan_.config, false);
+      }
+    });
   }
 
   // Rank 0: the lock of --out, the checkpoint --resume names, and whether this run may replace what --out
