@@ -77,8 +77,8 @@ expect_ok "last good checkpoint still loads" "$train" --eval-only --resume "$ckp
 # bf16 gradient buffers: only for bf16 training, not with a second bf16 rounding; they train, with ZeRO-1 too.
 expect_error "bf16 gradients in f32" "--grad-dtype bf16 needs --precision bf16" "$train" "${common[@]}" --grad-dtype bf16 --steps 1
 expect_ok "bf16 gradients with ZeRO-1" "$train" "${common[@]}" --precision bf16 --grad-dtype bf16 --zero 1 --steps 2 --out "$work/bf16zero"
-expect_error "bad gradient dtype" "--grad-dtype must be auto, f32 or bf16, got 'f16'" "$train" "${common[@]}" --grad-dtype f16 --steps 1
-expect_error "bad recompute" "unknown recompute 'blocks' (expected none, selective or block)" "$train" "${common[@]}" --recompute blocks --steps 1
+expect_error "bad gradient dtype" "--grad-dtype takes auto, f32 or bf16, got 'f16'" "$train" "${common[@]}" --grad-dtype f16 --steps 1
+expect_error "bad recompute" "--recompute takes none, selective or block, got 'blocks'" "$train" "${common[@]}" --recompute blocks --steps 1
 expect_ok "recompute block trains" "$train" "${common[@]}" --recompute block --steps 2 --out "$work/recompute"
 expect_ok "recompute selective trains" "$train" "${common[@]}" --recompute selective --recompute-blocks 1 --steps 2 \
   --out "$work/recompute_selective"
@@ -169,6 +169,12 @@ expect_error "negative top-k" "--top-k must be >= 0" "$train" "${common[@]}" --s
 expect_error "zero-grads without zero 1" "--zero-grads ddp chooses how --zero 1 averages gradients" \
   "$train" "${common[@]}" --zero-grads ddp --steps 1
 expect_error "unknown DDP strategy" "foo" "$train" "${common[@]}" --ddp foo --steps 1
+# A bad choice is refused before the built-in corpus is prepared: nothing is written.
+mkdir -p "$work/empty_cwd"
+(cd "$work/empty_cwd" && "$(realpath "$train")" --zero 9 --device cpu --steps 1 >"$work/zero9.log" 2>&1)
+grep -q "error: --zero takes 0, 1, 2 or 3, got '9'" "$work/zero9.log" && [ -z "$(ls -A "$work/empty_cwd")" ] &&
+  echo "ok   a bad choice: refused before anything is written" ||
+  { echo "FAIL a bad choice: $(cat "$work/zero9.log"); $(ls -A "$work/empty_cwd")"; failures=$((failures + 1)); }
 expect_error "bucket of 0 MiB" "--bucket-mb must be positive" "$train" "${common[@]}" --bucket-mb 0 --steps 1
 expect_error "negative model size" "--d-model must be >= 0" "$train" "${common[@]}" --d-model -30 --steps 1
 # --eval-only takes a run folder (its newest checkpoint) like training does.

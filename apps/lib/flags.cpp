@@ -28,6 +28,12 @@ void Flags::add(const std::string& name, const std::string& default_value, const
   specs_[name] = {default_value, help, false, choices, group_, {}};
 }
 
+const std::vector<std::string>& Flags::choices(const std::string& name) const {
+  const auto found = specs_.find(canonical(name));
+  TT_ASSERT(found != specs_.end(), "choices of undeclared flag --" + name);
+  return found->second.choices;
+}
+
 void Flags::add_switch(const std::string& name, const std::string& help, bool on_by_default) {
   order_.push_back(name);
   specs_[name] = {on_by_default ? "true" : "false", help, true, {}, group_, {}};

@@ -42,6 +42,8 @@ class Flags {
   std::vector<double> number_list(const std::string& name) const;
   bool given(const std::string& name) const;  // set on the command line or in the config file
   bool declared(const std::string& name) const { return specs_.count(name) > 0; }
+  // The values `add` listed for the flag (empty: any); "cuda:N" stands for a pattern.
+  const std::vector<std::string>& choices(const std::string& name) const;
   std::string help() const;  // lines of at most 100 columns
   // Every declared flag as ("--name", value), in declaration order.
   std::vector<std::pair<std::string, std::string>> values() const;

@@ -312,6 +312,15 @@ void check_train_flag_values(const Flags& flags) {
   TT_CHECK(
       flags.str("init-from").empty() || flags.str("resume").empty() || flags.str("resume") == "latest",
       "--init-from starts a new run from a checkpoint's weights; --resume continues one: pass one of them");
+  // Each one-of-a-list flag before anything is written (the built-in corpus); its reader would say so later.
+  for (const auto& [name, value] : flags.values()) {
+    const std::vector<std::string>& allowed = flags.choices(name.substr(2));
+    if (allowed.empty() || name == "--device" || std::count(allowed.begin(), allowed.end(), value)) continue;
+    std::string list;
+    for (size_t i = 0; i < allowed.size(); ++i)
+      list += (i == 0 ? "" : i + 1 == allowed.size() ? " or " : ", ") + allowed[i];
+    throw Error(name + " takes " + list + ", got '" + value + "'");
+  }
   TT_CHECK(flags.integer("zero") < 2 || !flags.given("ddp"),
            "--ddp chooses how DDP and --zero 1 average gradients; --zero " + flags.str("zero") +
                " reduce-scatters them itself (drop --ddp)");
