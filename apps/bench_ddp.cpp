@@ -319,9 +319,9 @@ int main(int argc, char** argv) {
     if (root && !flags.str("json").empty()) json = std::make_unique<JsonlWriter>(flags.str("json"), false);
     if (root) {
       std::printf(
-          "%d ranks (%s on %s), batch %lld x ctx %lld per rank, %s, %s gradients, clip %g, warm-up %lld, "
+          "%d rank%s (%s on %s), batch %lld x ctx %lld per rank, %s, %s gradients, clip %g, warm-up %lld, "
           "timed %lld, --cuda-graph %s%s\n\n",
-          world, device.is_cuda() ? "NCCL" : "MPI", device.is_cuda() ? "GPUs" : "CPUs",
+          world, world == 1 ? "" : "s", device.is_cuda() ? "NCCL" : "MPI", device.is_cuda() ? "GPUs" : "CPUs",
           static_cast<long long>(batch), static_cast<long long>(ctx), flags.str("precision").c_str(),
           grad_dtype.c_str(), flags.number("clip"), static_cast<long long>(warmup),
           static_cast<long long>(steps), flags.str("cuda-graph").c_str(),
