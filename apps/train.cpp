@@ -164,7 +164,7 @@ int main(int argc, char** argv) {
     // One rank per GPU under mpirun/srun; a plain start is a single process and does not touch MPI (a
     // singleton MPI start needs resources a simple run should not depend on).
     if (launched_by_mpi()) runtime = std::make_unique<dist::DistRuntime>(&argc, &argv);
-    if (runtime && runtime->world_size() > 1) report_stops_after_the_step();
+    if (runtime && runtime->world_size() > 1) report_stops_after_the_step(runtime->rank() == 0);
     Flags flags("train",
                 "Train the Transformer LM; see README.md for the data and checkpoint formats.\n"
                 "Under mpirun (one rank per GPU) it trains data-parallel; rank 0 logs and writes.\n"

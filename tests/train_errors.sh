@@ -49,6 +49,10 @@ expect_error "context longer than data" "context length 100000 needs at least" "
 expect_ok "train 4 steps" "$train" "${common[@]}" --out "$work/run" --steps 4 --ckpt-every 2
 ckpt="$work/run/checkpoints/step_4.h5"
 # --zero in one process trains, and the banner says it shards nothing; the step's batch is in the banner.
+expect_error "a DDP strategy with ZeRO-2" "reduce-scatters them itself (drop --ddp)" "$train" "${common[@]}" \
+  --out "$work/zero2ddp" --steps 1 --zero 2 --ddp overlap
+expect_ok "ZeRO-2 with the default --ddp spelled out" "$train" "${common[@]}" --out "$work/zero2default" --steps 1 \
+  --zero 2 --ddp bucketed --ckpt-every -1
 expect_ok "ZeRO-2 in one process" "$train" "${common[@]}" --out "$work/zero1proc" --steps 1 --zero 2 --grad-accum 2
 grep -q "note: --zero 2 in one process shards nothing" "$work/last.log" &&
   grep -q "batch: 4 sequences of 16 tokens per step (2 micro-batches of 2)" "$work/last.log" ||

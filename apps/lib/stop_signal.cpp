@@ -15,10 +15,11 @@ namespace {
 
 volatile std::sig_atomic_t g_stop_signal = 0;
 volatile std::sig_atomic_t g_accepting = 1;
-volatile std::sig_atomic_t g_start_up = 0;    // nothing written yet: a stop ends the process at once
-volatile std::sig_atomic_t g_finishing = 0;   // training has ended: only its last outputs are left
-volatile std::sig_atomic_t g_quiet_stop = 0;  // report_stops_after_the_step: the loop announces a stop
-std::atomic<int64_t> g_first_request_ms{0};   // lock-free: safe in a signal handler
+volatile std::sig_atomic_t g_start_up = 0;        // nothing written yet: a stop ends the process at once
+volatile std::sig_atomic_t g_finishing = 0;       // training has ended: only its last outputs are left
+volatile std::sig_atomic_t g_quiet_stop = 0;      // report_stops_after_the_step: the loop announces a stop
+volatile std::sig_atomic_t g_quiet_start_up = 0;  // a rank other than 0: rank 0 announces a start-up stop
+std::atomic<int64_t> g_first_request_ms{0};       // lock-free: safe in a signal handler
 static_assert(std::atomic<int64_t>::is_always_lock_free);
 
 int64_t monotonic_ms() {
@@ -55,7 +56,9 @@ void on_stop_signal(int signal) {
   // model), a step and a checkpoint.
   if (g_start_up != 0) {
     const char early[] = "\nstop requested during start-up: ending now, nothing written yet\n";
-    [[maybe_unused]] const ssize_t n = ::write(STDERR_FILENO, early, sizeof(early) - 1);
+    if (g_quiet_start_up == 0) {
+      [[maybe_unused]] const ssize_t n = ::write(STDERR_FILENO, early, sizeof(early) - 1);
+    }
     std::signal(signal, SIG_DFL);
     std::raise(signal);
     return;
@@ -98,8 +101,9 @@ StartUp::~StartUp() {
   g_start_up = 0;
 }
 
-void report_stops_after_the_step() {
+void report_stops_after_the_step(bool announce_start_up_stops) {
   g_quiet_stop = 1;
+  g_quiet_start_up = announce_start_up_stops ? 0 : 1;
 }
 
 void finishing_outputs() {

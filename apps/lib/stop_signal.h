@@ -28,7 +28,9 @@ class StartUp {
 };
 // Under mpirun: a stop request is announced by rank 0 once the step it ends has finished, not when the signal
 // comes. mpirun ends a job whose rank has failed with the same SIGTERM, and then no step finishes.
-void report_stops_after_the_step();
+// `announce_start_up_stops`: whether this rank says "stop requested during start-up" (rank 0 says it for
+// the job; every rank ends).
+void report_stops_after_the_step(bool announce_start_up_stops);
 // Training has ended and its checkpoint is written: a stop request now ends the text sample early (what it
 // has is written) and the run exits 0, as it would have; a second request still ends it at once.
 void finishing_outputs();

@@ -321,7 +321,9 @@ void check_train_flag_values(const Flags& flags) {
       list += (i == 0 ? "" : i + 1 == allowed.size() ? " or " : ", ") + allowed[i];
     throw Error(name + " takes " + list + ", got '" + value + "'");
   }
-  TT_CHECK(flags.integer("zero") < 2 || !flags.given("ddp"),
+  // A strategy other than the default asks for something ZeRO-2/3 do not do; the default spelled out (a
+  // config file listing every flag) asks for nothing.
+  TT_CHECK(flags.integer("zero") < 2 || !flags.given("ddp") || flags.str("ddp") == "bucketed",
            "--ddp chooses how DDP and --zero 1 average gradients; --zero " + flags.str("zero") +
                " reduce-scatters them itself (drop --ddp)");
   // The model's settings that depend on flags alone (the vocabulary comes with the data, later).
