@@ -159,7 +159,8 @@ int main(int argc, char** argv) {
   std::setvbuf(stdout, nullptr, _IOLBF, 0);
   install_stop_handlers();
   std::unique_ptr<dist::DistRuntime> runtime;
-  bool flags_checked = false;  // from then on the ranks part ways; before, they fail alike (a bad flag)
+  bool exchanged = false;  // until the ranks part ways, a failure goes to every rank (see the catch below)
+  bool alone = false;      // rank 0 evaluating after the others have ended: its failure ends it alone
   try {
     // One rank per GPU under mpirun/srun; a plain start is a single process and does not touch MPI (a
     // singleton MPI start needs resources a simple run should not depend on).
@@ -173,12 +174,23 @@ int main(int argc, char** argv) {
                 "Exit codes: 0 done, 1 error, 3 diverged (non-finite loss or gradient norm; the last\n"
                 "good checkpoint is named), 75 stopped by a signal (continue with --resume latest).");
     declare_train_flags(flags);
-    if (!flags.parse(argc, argv)) return 0;
+    if (!flags.parse(argc, argv)) {
+      // --help or --version: this rank ends, once it has taken part in the exchange below.
+      if (runtime && runtime->world_size() > 1) dist::raise_if_any_rank_failed(*runtime, "");
+      return 0;
+    }
     const int rank = runtime ? runtime->rank() : 0;
     const Device device = pick_device(flags.str("device"), runtime ? runtime->gpu_index() : 0);
-    if (flags.boolean("eval-only")) return rank == 0 ? run_eval_only(flags, device) : 0;
+    // Here the ranks part ways (an evaluation runs on rank 0 alone): a rank that failed so far (a bad flag,
+    // no device) meets the others in this exchange from its catch below, and every rank ends with its line.
+    if (runtime && runtime->world_size() > 1) dist::raise_if_any_rank_failed(*runtime, "");
+    exchanged = true;
+    if (flags.boolean("eval-only")) {
+      if (rank != 0) return 0;
+      alone = true;
+      return run_eval_only(flags, device);
+    }
     check_train_flags(flags, runtime.get());  // before the built-in corpus is prepared
-    flags_checked = true;
     // Rank 0 prepares the built-in corpus (if needed) while the others wait.
     std::string data;
     if (rank == 0) data = data_dir_or_default(flags);
@@ -203,16 +215,15 @@ int main(int argc, char** argv) {
     accept_stop_requests(false);  // mpirun's SIGTERM after the abort is not a stop request
     std::fflush(stdout);
     const std::string why = "out of host memory (std::bad_alloc); lower --batch, --ctx or the model size";
-    if (runtime && runtime->world_size() > 1) dist::abort_job(why);
+    if (runtime && runtime->world_size() > 1 && !alone) dist::abort_job(why);
     end_progress_line();
     std::fprintf(stderr, "error: %s\n", why.c_str());
     return 1;
   } catch (const std::exception& e) {
     accept_stop_requests(false);  // mpirun's SIGTERM after the abort is not a stop request
     std::fflush(stdout);
-    if (runtime && runtime->world_size() > 1 && !flags_checked) {
-      // A bad command line fails every rank (or meets the others in check_train_flags' own exchange): one
-      // line, from the lowest failing rank, through rank 0.
+    if (runtime && runtime->world_size() > 1 && !exchanged) {
+      // A bad command line: one line, the lowest failing rank's, through rank 0.
       try {
         dist::raise_if_any_rank_failed(*runtime, e.what());
       } catch (const dist::SameOnEveryRank& same) {
@@ -220,7 +231,7 @@ int main(int argc, char** argv) {
         return 1;
       }
     }
-    if (runtime && runtime->world_size() > 1) dist::abort_job(e.what());
+    if (runtime && runtime->world_size() > 1 && !alone) dist::abort_job(e.what());
     end_progress_line();
     std::fprintf(stderr, "%s\n", tt::error_line(e).c_str());
     return 1;

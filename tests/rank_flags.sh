@@ -52,7 +52,8 @@ status=$?
   { echo "FAIL the same values spelled differently: exit $status:"; echo "$output" | tail -3; failures=$((failures + 1)); }
 
 # A bad value given to every rank alike: one line, from rank 0, and a clean end (no MPI_Abort per rank).
-"$train" "${common[@]}" --steps 2 --ckpt-every 2 --out "$work/shaped" >/dev/null 2>&1 || echo "FAIL a 2-step run"
+"$train" "${common[@]}" --steps 2 --ckpt-every 2 --out "$work/shaped" >/dev/null 2>&1 ||
+  { echo "FAIL a 2-step run"; failures=$((failures + 1)); }
 same_bad() {
   local name=$1 expected=$2 output status
   shift 2
@@ -69,6 +70,9 @@ same_bad() {
 }
 same_bad "bad steps" "error: --steps must be positive" --steps 0
 same_bad "unknown flag" "error: unknown flag --frobnicate" --frobnicate
+# --eval-only runs on rank 0 alone, the others having ended: its failure is its own line, at once.
+same_bad "eval-only of a missing checkpoint" "error: checkpoint '$work/missing.h5' does not exist" \
+  --eval-only --resume "$work/missing.h5"
 same_bad "checkpoint of another shape" "error: --layers 3 (the preset's or given) differs from the checkpoint" \
   --resume "$work/shaped/checkpoints/step_2.h5" --layers 3
 same_bad "recompute-blocks beyond the layers" "error: --recompute-blocks must be between 0" \

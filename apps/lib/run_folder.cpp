@@ -90,12 +90,20 @@ std::string resolve_resume(const std::string& resume, const std::string& out, bo
 }
 
 std::string checkpoint_or_newest(const std::string& given, const std::string& flag) {
-  // A Hugging Face folder, or its weights file, is what `import` reads, not a checkpoint.
+  // A Hugging Face folder, or its weights file, is what `import` reads, not a checkpoint: a folder with
+  // config.json and safetensors weights but no checkpoints, or a .safetensors file that is not HDF5.
   const fs::path hf_folder = fs::is_directory(given) ? fs::path(given) : fs::path(given).parent_path();
-  const bool hf_weights = fs::path(given).extension() == ".safetensors" ||
-                          (fs::is_directory(given) && fs::exists(hf_folder / "config.json") &&
-                           (fs::exists(hf_folder / "model.safetensors") ||
-                            fs::exists(hf_folder / "model.safetensors.index.json")));
+  const auto is_hdf5 = [](const fs::path& file) {
+    std::ifstream in(file, std::ios::binary);
+    char signature[8] = {};
+    return in.read(signature, sizeof(signature)) && std::memcmp(signature, "\x89HDF\r\n\x1a\n", 8) == 0;
+  };
+  const bool hf_weights =
+      fs::is_directory(given)
+          ? !fs::is_directory(hf_folder / "checkpoints") && fs::exists(hf_folder / "config.json") &&
+                (fs::exists(hf_folder / "model.safetensors") ||
+                 fs::exists(hf_folder / "model.safetensors.index.json"))
+          : fs::path(given).extension() == ".safetensors" && fs::is_regular_file(given) && !is_hdf5(given);
   TT_CHECK(!hf_weights, flag + " " + given +
                             " is a Hugging Face model; make a checkpoint of it first: import --from " +
                             (hf_folder.empty() ? std::string(".") : hf_folder.string()) + " --out MODEL.h5");

@@ -1,6 +1,7 @@
 #include "apps/lib/trainer.h"
 
 #include <algorithm>
+#include <cerrno>
 #include <charconv>
 #include <cmath>
 #include <cstdio>
@@ -161,7 +162,11 @@ std::string comparable_value(const std::string& name, const std::string& value) 
     const std::string text = absolute.string();
     return text.size() > 1 && text.back() == '/' ? text.substr(0, text.size() - 1) : text;
   }
+  // Integers as integers (a double would merge seeds past 2^53), anything else numeric in its shortest form.
   char* end = nullptr;
+  errno = 0;
+  const long long integer = std::strtoll(value.c_str(), &end, 10);
+  if (end == value.c_str() + value.size() && errno == 0) return std::to_string(integer);
   const double number = std::strtod(value.c_str(), &end);
   if (end != value.c_str() + value.size() || !std::isfinite(number)) return value;
   char shortest[32];
