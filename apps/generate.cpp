@@ -15,6 +15,8 @@
 #include <optional>
 #include <sstream>
 
+#include <nlohmann/json.hpp>
+
 #include "apps/lib/checkpoint.h"
 #include "apps/lib/data.h"
 #include "apps/lib/flags.h"
@@ -138,6 +140,10 @@ int main(int argc, char** argv) {
     declare_device_flag(flags);
     flags.add("precision", "f32", "dtype of the matmuls", {"f32", "bf16"});
     flags.add_switch("no-stop", "go on past the end-of-text token");
+    flags.add_switch(
+        "jsonl",
+        "one JSON object per prompt, in order: {\"prompt\": ..., \"completion\": ...} (bytes that are "
+        "not UTF-8 become U+FFFD), for programs that read the outputs of several prompts");
     if (!flags.parse(argc, argv)) return 0;
     TT_CHECK(!flags.str("checkpoint").empty(), "--checkpoint is required");
     SamplingOptions sampling;
@@ -184,7 +190,8 @@ int main(int argc, char** argv) {
         streams.emplace_back(*tokenizer, ids[i]);
         texts.push_back(prompts[i]);
       }
-      const bool stream_now = group.size() == 1;
+      const bool jsonl = flags.boolean("jsonl");
+      const bool stream_now = group.size() == 1 && !jsonl;
       if (stream_now) write_out(texts[0]);
       auto on_token = [&](int64_t row, int32_t token) {
         if (token == sampling.end_of_text && sampling.stop_at_end_of_text) return;
@@ -198,10 +205,16 @@ int main(int argc, char** argv) {
       const GenerationResult result = generate_tokens(model, group, sampling, device, on_token);
       for (size_t r = 0; r < group.size(); ++r) {
         const std::string rest = streams[r].finish();
-        if (stream_now)
+        if (jsonl) {
+          const std::string& prompt = prompts[first + r];
+          const std::string completion = texts[r].substr(prompt.size()) + rest;
+          const nlohmann::ordered_json line = {{"prompt", prompt}, {"completion", completion}};
+          write_out(line.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace) + "\n");
+        } else if (stream_now) {
           write_out(rest + "\n");
-        else
+        } else {
           write_out(texts[r] + rest + "\n");
+        }
       }
       total.prompt_tokens += result.prompt_tokens;
       total.new_tokens += result.new_tokens;

@@ -109,6 +109,17 @@ else
   fail "batch differs from single prompts:"; diff "$work/batch.txt" "$work/alone.txt" | head -10
 fi
 grep -q "tokens/s" "$work/batch.err" && echo "ok   speed: $(cat "$work/batch.err")" || fail "no tokens/s in: $(cat "$work/batch.err")"
+# --jsonl: one object per prompt, in order, each the prompt and its continuation as printed alone.
+printf '%s\n' "${prompts[@]}" | "$generate" "${greedy[@]}" --jsonl 2>/dev/null >"$work/batch.jsonl" &&
+  python3 - "$work/batch.jsonl" "$work" "${prompts[@]}" <<'PY' && echo "ok   --jsonl: a line per prompt" || fail "--jsonl"
+import json, sys
+path, work, prompts = sys.argv[1], sys.argv[2], sys.argv[3:]
+lines = [json.loads(line) for line in open(path, encoding="utf-8")]
+assert [l["prompt"] for l in lines] == prompts, lines
+for i, l in enumerate(lines):
+    alone = open(f"{work}/alone_{i}.txt", encoding="utf-8", errors="replace").read()
+    assert l["prompt"] + l["completion"] + "\n" == alone, (l, alone)
+PY
 # --batch 2 splits the prompts into batches: the same text.
 printf '%s\n' "${prompts[@]}" | "$generate" "${greedy[@]}" --batch 2 2>/dev/null | cmp -s - "$work/alone.txt" &&
   echo "ok   --batch 2: the same text" || fail "--batch 2 changed the text"
