@@ -120,7 +120,7 @@ void declare_train_flags(Flags& f) {
   f.add("log-every", "10", "print a progress line every N steps");
   f.add("sample-tokens", "300", "tokens of text to generate at the end (0: none)");
   f.add("top-k", "10", "sample from the k most likely tokens (1: greedy; 0: all)");
-  f.add("prompt", "The ", "text the final sample starts from");
+  f.add("prompt", "The", "text the final sample starts from");
 }
 
 double unigram_entropy(const TokenFile& file, int64_t vocab) {
