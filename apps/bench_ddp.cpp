@@ -432,14 +432,8 @@ int main(int argc, char** argv) {
     if (runtime->is_root()) std::fprintf(stderr, "error: %s\n", e.what());
     return 1;
   } catch (const std::exception& e) {
-    if (runtime && runtime->world_size() > 1 && !checked) {
-      try {
-        dist::raise_if_any_rank_failed(*runtime, e.what());
-      } catch (const dist::SameOnEveryRank& same) {
-        if (runtime->is_root()) std::fprintf(stderr, "error: %s\n", same.what());
-        return 1;
-      }
-    }
+    if (runtime && runtime->world_size() > 1 && !checked)
+      return dist::end_start_up_failure(*runtime, e.what());
     if (runtime && runtime->world_size() > 1) dist::abort_job(e.what());
     std::fprintf(stderr, "%s\n", tt::error_line(e).c_str());
     return 1;

@@ -180,6 +180,7 @@ int main(int argc, char** argv) {
     load_checkpoint(checkpoint, params, nullptr, nullptr);
     if (config.precision == nn::Precision::bf16) params.enable_bf16_mirror();  // no weight casts per token
 
+    const bool jsonl = flags.boolean("jsonl");
     GenerationResult total;
     for (size_t first = 0; first < ids.size(); first += static_cast<size_t>(batch)) {
       const size_t end = std::min(ids.size(), first + static_cast<size_t>(batch));
@@ -190,7 +191,6 @@ int main(int argc, char** argv) {
         streams.emplace_back(*tokenizer, ids[i]);
         texts.push_back(prompts[i]);
       }
-      const bool jsonl = flags.boolean("jsonl");
       const bool stream_now = group.size() == 1 && !jsonl;
       if (stream_now) write_out(texts[0]);
       auto on_token = [&](int64_t row, int32_t token) {

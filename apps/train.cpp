@@ -222,15 +222,9 @@ int main(int argc, char** argv) {
   } catch (const std::exception& e) {
     accept_stop_requests(false);  // mpirun's SIGTERM after the abort is not a stop request
     std::fflush(stdout);
-    if (runtime && runtime->world_size() > 1 && !exchanged) {
-      // A bad command line: one line, the lowest failing rank's, through rank 0.
-      try {
-        dist::raise_if_any_rank_failed(*runtime, e.what());
-      } catch (const dist::SameOnEveryRank& same) {
-        if (runtime->rank() == 0) std::fprintf(stderr, "error: %s\n", same.what());
-        return 1;
-      }
-    }
+    // A bad command line: one line, the lowest failing rank's, through rank 0.
+    if (runtime && runtime->world_size() > 1 && !exchanged)
+      return dist::end_start_up_failure(*runtime, e.what());
     if (runtime && runtime->world_size() > 1 && !alone) dist::abort_job(e.what());
     end_progress_line();
     std::fprintf(stderr, "%s\n", tt::error_line(e).c_str());

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <climits>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
 
 #include "dist/collective_timeout.h"
@@ -205,6 +206,15 @@ void check_ranks_agree(const DistRuntime& runtime, const Settings& settings) {
   // Equal lists cannot hash differently; kept so that every rank still throws the same error.
   if (why.empty()) why = "ranks disagree on their settings";
   throw RanksDisagree(why);
+}
+
+int end_start_up_failure(const DistRuntime& runtime, const std::string& problem) {
+  try {
+    raise_if_any_rank_failed(runtime, problem);
+  } catch (const SameOnEveryRank& same) {
+    if (runtime.rank() == 0) std::fprintf(stderr, "error: %s\n", same.what());
+  }
+  return 1;
 }
 
 void raise_if_any_rank_failed(const DistRuntime& runtime, const std::string& problem) {

@@ -45,6 +45,11 @@ void check_ranks_agree(const DistRuntime& runtime,
 // find the same problem, so the job ends with rank 0's one line instead of an abort per rank.
 void raise_if_any_rank_failed(const DistRuntime& runtime, const std::string& problem);
 
+// A rank's failure while the ranks still run alike (start-up: a bad flag fails every rank), from its catch:
+// meets the others in their raise_if_any_rank_failed, prints the lowest failing rank's problem on rank 0
+// ("error: ..."), and returns 1, the exit code.
+int end_start_up_failure(const DistRuntime& runtime, const std::string& problem);
+
 // The comparison itself, for any set of lists (lists[r] is rank r's): the message check_ranks_agree throws,
 // or an empty string when every list equals lists[0].
 std::string describe_disagreement(const std::vector<std::vector<std::pair<std::string, std::string>>>& lists);
