@@ -70,6 +70,15 @@ Tensor rope(const Tensor& x, int64_t d_head, double theta);
 Tensor rope(const Tensor& x, int64_t d_head, double theta, DType out);
 // silu(a) * b, computed in f32; a and b f32 (or f64), or bf16 with a bf16 result and bf16 gradients.
 Tensor swiglu(const Tensor& a, const Tensor& b);
+// The gate of a SwiGLU feed-forward layer, silu(x W1^T) * (x W3^T), as one op: both projections are one
+// matmul each way over the two weights stacked (a view when they, or their bf16 mirrors, lie one after the
+// other, as FlatParameters places them; else a copy). x (..., in), each weight (n, in); returns (..., n) in
+// `compute` (the weights' dtype, or bf16: the projections rounded to bf16 as autocast's matmuls return
+// them, the gate computed in f32 and rounded once). x's gradient is one product over all 2n columns, wide
+// (f32), or with narrow_x_grad for a bf16 x rounded once to bf16 by the GEMM (as in ops::linear); each
+// weight's gradient is offered in factored form (its n columns of the gate's gradient, and x).
+Tensor swiglu_projection(const Tensor& x, const Tensor& w1, const Tensor& w3, DType compute,
+                         bool narrow_x_grad = false);
 // softmax(scale * s) over the last dim of (batch, T, T), causal mask optional.
 Tensor softmax(const Tensor& s, double scale, bool causal);
 // Mean cross-entropy of logits (N, V) against i32 targets (N); returns shape {1}.
@@ -100,9 +109,11 @@ Tensor flash_attention(const Tensor& q, const Tensor& k, const Tensor& v, bool c
 // merged output (batch, seq, n) in `compute` (the weights' dtype, or bf16: the projections rounded to bf16,
 // q and k rotated in f32 and rounded again). One matmul each way instead of three: its backward computes
 // x's gradient with one product over all 3n columns and offers each weight its gradient in factored form
-// (that projection's columns of the fused gradient, and x), as ops::linear does. x's gradient is wide (f32).
+// (that projection's columns of the fused gradient, and x), as ops::linear does. x's gradient is wide (f32),
+// or with narrow_x_grad for a bf16 x rounded once to bf16 by the GEMM (as in ops::linear).
 Tensor attention_qkv(const Tensor& x, const Tensor& wq, const Tensor& wk, const Tensor& wv, int64_t heads,
-                     double rope_theta, DType compute, bool deterministic = false);
+                     double rope_theta, DType compute, bool deterministic = false,
+                     bool narrow_x_grad = false);
 // The textbook path: S = QK^T, masked softmax, O = PV (materialises T x T); same contract as above.
 Tensor naive_attention(const Tensor& q, const Tensor& k, const Tensor& v, bool causal);
 

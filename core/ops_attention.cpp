@@ -145,23 +145,6 @@ namespace {
 // Layout: the fused product qkv is (rows, 3n), rows = batch * seq; q, k and v are its column blocks, seen as
 // (batch, heads, seq, d) with strides (seq * 3n, d, 3n). The heads' output is dense (batch, seq, heads, d).
 
-// The three weights in `compute` as one (3n, in) matrix.
-Tensor stacked_weights(const Tensor& wq, const Tensor& wk, const Tensor& wv, DType compute) {
-  const Tensor a = detail::in_dtype(wq, compute), b = detail::in_dtype(wk, compute);
-  const Tensor c = detail::in_dtype(wv, compute);
-  const int64_t n = a.size(0), in = a.size(1);
-  const bool adjacent = a.is_contiguous() && b.is_contiguous() && c.is_contiguous() &&
-                        a.storage() == b.storage() && a.storage() == c.storage() &&
-                        b.offset() == a.offset() + a.numel() && c.offset() == b.offset() + b.numel();
-  if (adjacent) return a.as_strided_view({3 * n, in}, {in, 1}, a.offset());
-  Tensor w = Tensor::empty({3 * n, in}, compute, a.device());
-  for (int64_t i = 0; i < 3; ++i) {
-    Tensor block = w.narrow_view(0, i * n, n);
-    block.copy_((i == 0 ? a : i == 1 ? b : c));
-  }
-  return w;
-}
-
 // Column block i (n wide) of a (rows, 3n) buffer: where q, k or v (or their gradients) start.
 [[maybe_unused]] void* column_block(const Tensor& t, int64_t i, int64_t n) {
   return static_cast<char*>(t.raw_data()) + static_cast<size_t>(i * n) * dtype_size(t.dtype());
@@ -271,7 +254,7 @@ struct AttentionQkvNode : Node {
     // One input-gradient product over all 3n columns; each weight's gradient is its n columns of dqkv (rows
     // 3n apart) against x.
     if (next[0]) {
-      const Tensor w = stacked_weights(wq, wk, wv, qkv.dtype());
+      const Tensor w = detail::stacked_weights({wq, wk, wv}, qkv.dtype());
       out[0] = detail::linear_input_grad(*this, 0, dqkv, w, dx_dtype, x_shape);
     }
     for (size_t i = 0; i < 3; ++i) {
@@ -288,7 +271,7 @@ struct AttentionQkvNode : Node {
 }  // namespace
 
 Tensor attention_qkv(const Tensor& x, const Tensor& wq, const Tensor& wk, const Tensor& wv, int64_t heads,
-                     double rope_theta, DType compute, bool deterministic) {
+                     double rope_theta, DType compute, bool deterministic, bool narrow_x_grad) {
   TT_CHECK(x.dim() == 3, "attention_qkv: x must be (batch, seq, in), got " + x.describe());
   TT_CHECK(wq.dim() == 2 && wq.shape() == wk.shape() && wq.shape() == wv.shape() && wq.size(1) == x.size(2),
            "attention_qkv: weights " + wq.describe() + ", " + wk.describe() + ", " + wv.describe() +
@@ -317,7 +300,7 @@ Tensor attention_qkv(const Tensor& x, const Tensor& wq, const Tensor& wk, const 
       o = kept[1];
       lse = kept[2];
     } else {
-      w = stacked_weights(wq_c, wk_c, wv_c, compute);
+      w = detail::stacked_weights({wq_c, wk_c, wv_c}, compute);
       qkv = Tensor::empty({rows, 3 * n}, compute, x.device());
       detail::gemm_into(x2, w, false, true, 1.0, 0.0, qkv);
       rope_qk_in_place(qkv, batch, seq, n, n / heads, rope_theta, false);
@@ -339,7 +322,8 @@ Tensor attention_qkv(const Tensor& x, const Tensor& wq, const Tensor& wk, const 
     node->x_shape = x.shape();
     node->p = p;
     node->theta = rope_theta;
-    node->dx_dtype = detail::wide_dtype(x.dtype());
+    const bool narrow = narrow_x_grad && x.dtype() == DType::bf16 && compute == DType::bf16;
+    node->dx_dtype = narrow ? DType::bf16 : detail::wide_dtype(x.dtype());
     node->dw_dtype = wq.dtype();
     attach_node(out, node, {&x, &wq, &wk, &wv});
   }

@@ -64,6 +64,10 @@ DType wide_dtype(DType in);
 // asked for, or else a cast.
 Tensor in_dtype(const Tensor& t, DType dtype);
 
+// Weights of one shape (n, in), in `compute`, as one (count * n, in) matrix: a view when they (or their bf16
+// mirrors) lie one after another in one storage, as FlatParameters places a module's parameters, else a copy.
+Tensor stacked_weights(const std::vector<Tensor>& weights, DType compute);
+
 // The backward of y = x W^T (core/ops_matmul.cpp), shared by the ops built on it. g: y's gradient (rows, out)
 // in the compute dtype (2-D, rows may be further apart than out); w (out, in) and x2 (rows, in): the operands
 // as the forward used them.

@@ -309,6 +309,22 @@ Tensor linear_input_grad(Node& node, size_t input, const Tensor& g, const Tensor
   return ops::reshape(dx, x_shape);
 }
 
+Tensor stacked_weights(const std::vector<Tensor>& weights, DType compute) {
+  TT_ASSERT(!weights.empty(), "stacked_weights: no weights");
+  std::vector<Tensor> w;
+  for (const Tensor& t : weights) w.push_back(in_dtype(t, compute));
+  const int64_t n = w[0].size(0), in = w[0].size(1), count = static_cast<int64_t>(w.size());
+  bool adjacent = true;
+  for (size_t i = 0; i < w.size() && adjacent; ++i) {
+    adjacent = w[i].is_contiguous() && w[i].storage() == w[0].storage() &&
+               w[i].offset() == w[0].offset() + static_cast<int64_t>(i) * w[0].numel();
+  }
+  if (adjacent) return w[0].as_strided_view({count * n, in}, {in, 1}, w[0].offset());
+  Tensor stacked = Tensor::empty({count * n, in}, compute, w[0].device());
+  for (int64_t i = 0; i < count; ++i) stacked.narrow_view(0, i * n, n).copy_(w[static_cast<size_t>(i)]);
+  return stacked;
+}
+
 Tensor linear_weight_grad(Node& node, size_t input, const Tensor& g, const Tensor& x2, DType dw_dtype) {
   const Shape w_shape{g.size(1), x2.size(1)};
   // A bf16 .grad of an f32 weight computed in bf16 (FlatParameters::set_grad_dtype) takes the product rounded

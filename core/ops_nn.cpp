@@ -2,6 +2,7 @@
 #include <cmath>
 
 #include "core/ops_internal.h"
+#include "core/recompute.h"
 
 namespace tt::ops {
 
@@ -42,7 +43,11 @@ struct RmsNormNode : Node {
   bool bf16_dx_copy = false;
   const char* name() const override { return "RMSNorm"; }
   std::vector<Tensor> apply(const Tensor& grad) override {
-    const Tensor g = detail::dense(grad.dtype() == x.dtype() ? grad : cast(grad, x.dtype()));
+    // A bf16 gradient (from bf16 consumers that round theirs, as autocast's matmuls do) is read as it is by
+    // the CUDA kernel and widened exactly; the CPU widens it first, which gives the same values.
+    const bool bf16_grad_on_cuda = x.device().is_cuda() && grad.dtype() == DType::bf16;
+    const Tensor g =
+        detail::dense(grad.dtype() == x.dtype() || bf16_grad_on_cuda ? grad : cast(grad, x.dtype()));
     const int64_t dim = x.size(-1), rows = x.numel() / dim;
     // x's gradient added into the one already collected for x (the residual stream's), when there is one.
     GradientRoute dx_route;
@@ -64,7 +69,7 @@ struct RmsNormNode : Node {
     Tensor copy;
     if (x.device().is_cuda()) {
       if (bf16_dx_copy) copy = Tensor::empty(x.shape(), DType::bf16, x.device());
-      TT_CUDA_ONLY(cuda::rms_norm_backward(g.data<float>(), x.data<float>(), weight.data<float>(),
+      TT_CUDA_ONLY(cuda::rms_norm_backward(g.raw_data(), g.dtype(), x.data<float>(), weight.data<float>(),
                                            inv_rms.data<float>(), dx.data<float>(), dw.raw_data(), rows, dim,
                                            detail::stream_of(x), into_pending, dw.dtype(),
                                            copy.defined() ? copy.raw_data() : nullptr));
@@ -158,6 +163,82 @@ struct SwiGluNode : Node {
     return {da, db};
   }
   void release_saved() override { a = b = Tensor(); }
+};
+
+// ---------------------------------------------------------------- SwiGLU over one matmul's two blocks
+// ab (rows, 2n) holds a | b, the two projections side by side as one matmul over stacked weights wrote them.
+
+// out (rows, n) = silu(a) * b.
+void swiglu_rows_forward(const Tensor& ab, Tensor& out) {
+  const int64_t rows = out.size(0), n = out.size(1);
+  if (ab.device().is_cuda()) {
+    TT_CUDA_ONLY(
+        cuda::swiglu_forward_rows(ab.raw_data(), out.raw_data(), ab.dtype(), rows, n, detail::stream_of(ab)));
+    return;
+  }
+  // A bf16 side: widened exactly, computed in f32 and rounded once, as the GPU does.
+  const bool bf16 = ab.dtype() == DType::bf16;
+  const Tensor wide = bf16 ? cast(ab, DType::f32) : ab;
+  Tensor wide_out = bf16 ? Tensor::empty(out.shape(), DType::f32, out.device()) : out;
+  dispatch_float(wide.dtype(), "swiglu_projection", [&](auto t) {
+    using T = decltype(t);
+    for (int64_t r = 0; r < rows; ++r) {
+      const T* a = wide.data<T>() + r * 2 * n;
+      cpu::swiglu_forward(a, a + n, wide_out.data<T>() + r * n, n);
+    }
+  });
+  if (bf16) cpu::cast(wide_out.raw_data(), DType::f32, out.raw_data(), DType::bf16, out.numel());
+}
+
+// dab (rows, 2n) = da | db from g (rows, n: ab's dtype, or f32).
+void swiglu_rows_backward(const Tensor& g, const Tensor& ab, Tensor& dab) {
+  const int64_t rows = g.size(0), n = g.size(1);
+  if (ab.device().is_cuda()) {
+    TT_CUDA_ONLY(cuda::swiglu_backward_rows(g.raw_data(), g.dtype(), ab.raw_data(), dab.raw_data(),
+                                            ab.dtype(), rows, n, detail::stream_of(ab)));
+    return;
+  }
+  const bool bf16 = ab.dtype() == DType::bf16;
+  const Tensor wide = bf16 ? cast(ab, DType::f32) : ab;
+  const Tensor gw = g.dtype() == wide.dtype() ? g : cast(g, wide.dtype());
+  Tensor wide_out = bf16 ? Tensor::empty(dab.shape(), DType::f32, dab.device()) : dab;
+  dispatch_float(wide.dtype(), "swiglu_projection", [&](auto t) {
+    using T = decltype(t);
+    for (int64_t r = 0; r < rows; ++r) {
+      const T* a = wide.data<T>() + r * 2 * n;
+      T* da = wide_out.data<T>() + r * 2 * n;
+      cpu::swiglu_backward(gw.data<T>() + r * n, a, a + n, da, da + n, n);
+    }
+  });
+  if (bf16) cpu::cast(wide_out.raw_data(), DType::f32, dab.raw_data(), DType::bf16, dab.numel());
+}
+
+struct SwigluProjectionNode : Node {
+  Tensor x2, ab, w1, w3;  // x2 (rows, in), ab (rows, 2n) and the weights, all in the compute dtype
+  Shape x_shape;
+  DType dx_dtype = DType::f32, dw_dtype = DType::f32;
+  const char* name() const override { return "SwigluProjection"; }
+  std::vector<Tensor> apply(const Tensor& grad) override {
+    const int64_t rows = ab.size(0), n = ab.size(1) / 2;
+    const Tensor g = reshape(detail::dense(grad), {rows, n});
+    Tensor dab = Tensor::empty(ab.shape(), ab.dtype(), ab.device());
+    swiglu_rows_backward(g, ab, dab);
+    std::vector<Tensor> out(3);
+    // One input-gradient product over both weights' 2n columns; each weight's gradient is its n columns of
+    // dab (rows 2n apart) against x.
+    if (next[0]) {
+      out[0] = detail::linear_input_grad(*this, 0, dab, detail::stacked_weights({w1, w3}, ab.dtype()),
+                                         dx_dtype, x_shape);
+    }
+    for (size_t i = 0; i < 2; ++i) {
+      if (next[i + 1]) {
+        out[i + 1] = detail::linear_weight_grad(
+            *this, i + 1, dab.narrow_view(1, static_cast<int64_t>(i) * n, n), x2, dw_dtype);
+      }
+    }
+    return out;
+  }
+  void release_saved() override { x2 = ab = w1 = w3 = Tensor(); }
 };
 
 // ------------------------------------------------------------------------------------------------ softmax
@@ -337,6 +418,53 @@ Tensor swiglu(const Tensor& a_in, const Tensor& b_in) {
     node->a = a;
     node->b = b;
     attach_node(out, node, {&a_in, &b_in});
+  }
+  return out;
+}
+
+Tensor swiglu_projection(const Tensor& x, const Tensor& w1, const Tensor& w3, DType compute,
+                         bool narrow_x_grad) {
+  TT_CHECK(x.dim() >= 1 && w1.dim() == 2 && w1.shape() == w3.shape() && w1.size(1) == x.size(-1),
+           "swiglu_projection: weights " + w1.describe() + " and " + w3.describe() + " do not fit x " +
+               x.describe());
+  TT_CHECK(w1.dtype() == w3.dtype(), "swiglu_projection: the weights' dtypes differ");
+  TT_CHECK(
+      compute == w1.dtype() || compute == DType::bf16,
+      std::string("swiglu_projection: computes in the weights' dtype or bf16, not ") + dtype_name(compute));
+  detail::require_same_device(x, w1, "swiglu_projection");
+  detail::require_same_device(w1, w3, "swiglu_projection");
+  const int64_t in = w1.size(1), n = w1.size(0), rows = x.numel() / std::max<int64_t>(1, in);
+  Tensor x2, ab, out, w1_c, w3_c;
+  {
+    NoGradGuard no_grad;
+    x2 = reshape(detail::dense(x.dtype() == compute ? x : cast(x, compute)), {rows, in});
+    w1_c = detail::in_dtype(w1, compute);
+    w3_c = detail::in_dtype(w3, compute);
+    std::vector<Tensor> kept;
+    if (detail::kept_results("swiglu_projection", w1, kept)) {
+      ab = kept[0];  // a selective recomputation's second run (core/recompute.h)
+    } else {
+      ab = Tensor::empty({rows, 2 * n}, compute, x.device());
+      detail::gemm_into(x2, detail::stacked_weights({w1_c, w3_c}, compute), false, true, 1.0, 0.0, ab);
+      detail::keep_results("swiglu_projection", w1, ab);
+    }
+    out = Tensor::empty({rows, n}, compute, x.device());
+    swiglu_rows_forward(ab, out);
+  }
+  Shape out_shape(x.shape().begin(), x.shape().end() - 1);
+  out_shape.push_back(n);
+  out = out.view(out_shape);
+  if (needs_grad({&x, &w1, &w3})) {
+    auto node = std::make_shared<SwigluProjectionNode>();
+    node->x2 = x2;
+    node->ab = ab;
+    node->w1 = w1_c;
+    node->w3 = w3_c;
+    node->x_shape = x.shape();
+    const bool narrow = narrow_x_grad && x.dtype() == DType::bf16 && compute == DType::bf16;
+    node->dx_dtype = narrow ? DType::bf16 : detail::wide_dtype(x.dtype());
+    node->dw_dtype = w1.dtype();
+    attach_node(out, node, {&x, &w1, &w3});
   }
   return out;
 }

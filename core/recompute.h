@@ -13,9 +13,10 @@ namespace tt {
 
 // What the first run keeps besides the input. nothing: the whole function runs again in backward.
 // matmuls: the results of its linear layers and of flash attention too (ops::linear, ops::linear_residual,
-// ops::attention_qkv); the second run takes them instead of computing them again, so only the ops between
-// them run twice and only their outputs are not kept: in a Transformer block with flash attention, the
-// norms, the SwiGLU gate and casts (with naive attention, its score and value products and softmax too).
+// ops::attention_qkv, and ops::swiglu_projection's two projections); the second run takes them instead of
+// computing them again, so only the ops between them run twice and only their outputs are not kept: in a
+// Transformer block with flash attention, the norms, the SwiGLU gate and casts (with naive attention, its
+// score and value products and softmax too).
 enum class RecomputeKeep { nothing, matmuls };
 
 // fn(x), recomputed in backward. `parameters` are the leaves fn reads (a module's parameters): they get their

@@ -176,7 +176,8 @@ Tensor CausalSelfAttention::forward(const Tensor& x, const Tensor& residual, con
     const NvtxRange core("flash_attention");
     merged =
         ops::attention_qkv(x, q_proj_.weight(), k_proj_.weight(), v_proj_.weight(), heads, config_.rope_theta,
-                           bf16 ? DType::bf16 : q_proj_.weight().dtype(), config_.deterministic);
+                           bf16 ? DType::bf16 : q_proj_.weight().dtype(), config_.deterministic,
+                           /*narrow_x_grad=*/bf16);  // x (the norm's output) feeds only this op
   } else {
     const Tensor q = ops::rope(q_proj_.forward(x, precision, bf16), d_head, config_.rope_theta);
     const Tensor k = ops::rope(k_proj_.forward(x, precision, bf16), d_head, config_.rope_theta);
@@ -196,16 +197,21 @@ Tensor CausalSelfAttention::forward(const Tensor& x, const Tensor& residual, con
                             : output_proj_.forward(merged, precision);
 }
 
+// w3 is registered right after w1 so that the two lie side by side in the flat parameters: the gate's two
+// projections are then one matmul over a view of both (ops::swiglu_projection), with no copy.
 SwiGLU::SwiGLU(int64_t d_model, int64_t d_ff)
     : w1_(register_module("w1", std::make_unique<Linear>(d_model, d_ff))),
-      w2_(register_module("w2", std::make_unique<Linear>(d_ff, d_model, true))),  // the gate feeds only w2
-      w3_(register_module("w3", std::make_unique<Linear>(d_model, d_ff))) {}
+      w3_(register_module("w3", std::make_unique<Linear>(d_model, d_ff))),
+      w2_(register_module("w2", std::make_unique<Linear>(d_ff, d_model, true))) {}  // the gate feeds only w2
 
 Tensor SwiGLU::forward(const Tensor& x, Precision precision, const Tensor& residual,
                        const Tensor& sum_into) const {
   const NvtxRange range("ffn");
   // In bf16 the gate runs on bf16 matmul outputs and hands w2 a bf16 input: no casts of d_ff-wide tensors.
-  const Tensor gate = ops::swiglu(w1_.forward(x, precision, true), w3_.forward(x, precision, true));
+  // x (the norm's bf16 output) feeds only this op, so its gradient comes back in bf16, as under autocast.
+  const bool bf16 = precision == Precision::bf16;
+  const Tensor gate = ops::swiglu_projection(
+      x, w1_.weight(), w3_.weight(), bf16 ? DType::bf16 : w1_.weight().dtype(), /*narrow_x_grad=*/bf16);
   return residual.defined() ? w2_.forward_add(gate, residual, precision, sum_into)
                             : w2_.forward(gate, precision);
 }

@@ -145,7 +145,7 @@ class SwiGLU : public Module {
                  const Tensor& sum_into = Tensor()) const;
 
  private:
-  Linear &w1_, &w2_, &w3_;
+  Linear &w1_, &w3_, &w2_;  // in this order: w1 and w3 lie side by side (transformer.cpp)
 };
 
 class TransformerBlock : public Module {

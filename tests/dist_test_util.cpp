@@ -370,10 +370,11 @@ void check_bf16_gradients(ModelKind model, Device device) {
     CAPTURE(config.label);
     const std::vector<double> ddp = train(spec, &config);
     // AdamW with eps = lr moves a parameter by at most lr = 1e-3 per step. Each rank rounds its own gradient
-    // to bf16 (2^-9 of its size) and the average is rounded again; where the ranks' gradients nearly cancel,
-    // that is a larger share of the sum (measured: parameters 1.8e-4 apart after 3 steps with 3 ranks on the
-    // bf16 LM, 6% of the 3e-3 they can move). Bound: 10% of that movement, 3e-4.
-    CHECK_MESSAGE(allclose(ddp, reference, 1e-3, 3e-4, &why), why);
+    // to bf16 (2^-9 of its size) and the average is rounded again; in the bf16 LM each norm's input
+    // gradient is rounded to bf16 as well, per rank (as autocast rounds it). Where the ranks' gradients
+    // nearly cancel, that is a larger share of the sum (measured: parameters 3.4e-4 apart after 3 steps with
+    // 3 ranks on the bf16 LM, 11% of the 3e-3 they can move). Bound: 1/6 of that movement, 5e-4.
+    CHECK_MESSAGE(allclose(ddp, reference, 1e-3, 5e-4, &why), why);
     CHECK(same_on_all_ranks(ddp));
   }
 }
@@ -597,18 +598,20 @@ void check_zero_matches_single(ModelKind kind, DType dtype, int stage, int micro
   CAPTURE(bf16_grads);
   const ZeroResult sharded = train_sharded(kind, dtype, stage, micro_batches, device, nullptr, bf16_grads);
   const ZeroResult single = train_single(kind, dtype, micro_batches, device, bf16_grads);
-  double rtol = dtype == DType::f64 ? 1e-7 : 1e-5, atol = dtype == DType::f64 ? 0.0 : 1e-8;
+  double rtol = dtype == DType::f64 ? 1e-7 : 1e-5, atol = dtype == DType::f64 ? 0.0 : 1e-8, norm_rtol = rtol;
   if (kind == ModelKind::transformer_bf16 || bf16_grads) {
     // bf16 matmuls round the loss gradient 1/rows to bf16 before the average over ranks, not after (exact
     // only when the world size is a power of two): with 3 ranks gradients differ by a bf16 unit, which AdamW
-    // carries into the parameters (measured: 5e-4 relative in 10 steps). Bounds as check_bf16_gradients'.
+    // carries into the parameters (measured: 5e-4 relative in 10 steps) and the gradient norms (1.1e-3
+    // relative, each norm's input gradient being rounded to bf16 too). Bounds as check_bf16_gradients'.
     // bf16 gradients likewise: each rank's are rounded before the average, the single process's once.
     rtol = 1e-3;
-    atol = 3e-4;
+    atol = 5e-4;
+    norm_rtol = 2e-3;
   }
   std::string why;
   CHECK_MESSAGE(allclose(sharded.parameters, single.parameters, rtol, atol, &why), why);
-  CHECK_MESSAGE(allclose(sharded.norms, single.norms, rtol, 0.0, &why), "gradient norms: " << why);
+  CHECK_MESSAGE(allclose(sharded.norms, single.norms, norm_rtol, 0.0, &why), "gradient norms: " << why);
   CHECK(same_on_all_ranks(sharded.parameters));
   // Clipping was engaged.
   CHECK(*std::max_element(single.norms.begin(), single.norms.end()) > kZeroClip);

@@ -555,6 +555,32 @@ TEST_CASE("CUDA fused-precision ops equal their CPU twins: bf16 outputs of matmu
                  randn({n, 96}, 76, 0.1)}) < (compute == DType::f32 ? 1e-4 : 2e-2));
     }
   }
+  // SwiGLU's two projections as one matmul, the gate read from its two column blocks (rows of n = 100: four
+  // elements at a time; 90: one at a time; 70000 rows of 4: more rows than one grid dimension holds).
+  for (const auto& [rows, in, n] :
+       {std::tuple<int64_t, int64_t, int64_t>{140, 96, 100}, {140, 96, 90}, {70000, 8, 4}}) {
+    for (DType compute : {DType::f32, DType::bf16}) {
+      CAPTURE(n);
+      CAPTURE(static_cast<int>(compute));
+      const Tensor x = randn({rows, in}, 77);
+      CHECK(cuda_vs_cpu(
+                [&](const auto& t) { return ops::swiglu_projection(t[0], t[1], t[2], compute, true); },
+                {compute == DType::bf16 ? bf(x) : x, randn({n, in}, 78, 0.1), randn({n, in}, 79, 0.1)}) <
+            (compute == DType::f32 ? 1e-4 : 2e-2));
+    }
+  }
+  // The model's bf16 path into a norm: its output feeds one op whose x gradient comes back in bf16, which
+  // the norm's kernel reads as it is (rows of 96: four at a time; 90: one at a time).
+  for (const int64_t d : {96, 90}) {
+    CAPTURE(d);
+    CHECK(cuda_vs_cpu(
+              [&](const auto& t) {
+                const Tensor y = ops::rms_norm(t[0], t[1], 1e-5, DType::bf16);
+                return ops::swiglu_projection(y, t[2], t[3], DType::bf16, /*narrow_x_grad=*/true);
+              },
+              {randn({2, 70, d}, 80), randn({d}, 81), randn({64, d}, 82, 0.1), randn({64, d}, 83, 0.1)}) <
+          2e-2);
+  }
   // A sole consumer's bf16 input gradient, rounded by cuBLASLt's epilogue (narrow_x_grad).
   CHECK(cuda_vs_cpu(
             [&](const auto& in) {
@@ -624,8 +650,9 @@ TEST_CASE(
     const cudaStream_t s = static_cast<cudaStream_t>(compute_stream(0));
     cuda::rms_norm_forward(x.data<float>(), w.data<float>(), y.raw_data(), DType::bf16, inv_rms.data<float>(),
                            40, d, 1e-5, s);
-    cuda::rms_norm_backward(dy.data<float>(), x.data<float>(), w.data<float>(), inv_rms.data<float>(),
-                            dx.data<float>(), dw.raw_data(), 40, d, s, true, DType::f32, copy.raw_data());
+    cuda::rms_norm_backward(dy.raw_data(), DType::f32, x.data<float>(), w.data<float>(),
+                            inv_rms.data<float>(), dx.data<float>(), dw.raw_data(), 40, d, s, true,
+                            DType::f32, copy.raw_data());
     CHECK(copy.to_floats() == ops::cast(dx, DType::bf16).to_floats());
   }
 #endif

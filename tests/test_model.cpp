@@ -40,8 +40,8 @@ TEST_CASE("parameter names follow the PyTorch state_dict") {
   const std::vector<std::string> expected = {
       "token_embeddings.weight",     "layers.0.attn.q_proj.weight",      "layers.0.attn.k_proj.weight",
       "layers.0.attn.v_proj.weight", "layers.0.attn.output_proj.weight", "layers.0.ln1.weight",
-      "layers.0.ln2.weight",         "layers.0.ffn.w1.weight",           "layers.0.ffn.w2.weight",
-      "layers.0.ffn.w3.weight"};
+      "layers.0.ln2.weight",         "layers.0.ffn.w1.weight",           "layers.0.ffn.w3.weight",
+      "layers.0.ffn.w2.weight"};
   for (size_t i = 0; i < expected.size(); ++i) CHECK(names[i] == expected[i]);
   CHECK(names[names.size() - 2] == "ln_final.weight");
   CHECK(names.back() == "lm_head.weight");

@@ -245,6 +245,75 @@ TEST_CASE(
       doctest::Contains("heads"), Error);
 }
 
+TEST_CASE("swiglu_projection: one matmul over w1 and w3, the values and gradients of the unfused ops") {
+  // Finite differences through the whole op (x and both weights).
+  CHECK(
+      gradient_error([](const Inputs& in) { return ops::swiglu_projection(in[0], in[1], in[2], DType::f64); },
+                     {leaf({2, 3, 6}, 360), leaf({5, 6}, 361), leaf({5, 6}, 362)}) < kTol);
+  // Against linear + linear + swiglu, with the weights apart (a copy is stacked) and adjacent (a view).
+  const Tensor x = testing::random_tensor({2, 7, 12}, 363);
+  const Tensor flat = testing::random_tensor({2 * 20 * 12}, 364);
+  for (const bool adjacent : {false, true}) {
+    CAPTURE(adjacent);
+    std::vector<Tensor> fused_in, plain_in;
+    const Tensor w1 = testing::random_tensor({20, 12}, 365), w3 = testing::random_tensor({20, 12}, 366);
+    for (const Tensor& t : {x, w1, w3}) {
+      fused_in.push_back(t.clone().set_requires_grad(true));
+      plain_in.push_back(t.clone().set_requires_grad(true));
+    }
+    if (adjacent) {  // one buffer, as FlatParameters lays a module's parameters out
+      Tensor buffer = flat.clone();
+      for (int64_t i = 0; i < 2; ++i) {
+        fused_in[static_cast<size_t>(i) + 1] =
+            buffer.narrow_view(0, i * 240, 240).view({20, 12}).set_requires_grad(true);
+        plain_in[static_cast<size_t>(i) + 1] =
+            flat.narrow_view(0, i * 240, 240).view({20, 12}).clone().set_requires_grad(true);
+      }
+    }
+    const Tensor fused = ops::swiglu_projection(fused_in[0], fused_in[1], fused_in[2], DType::f64);
+    const Tensor plain =
+        ops::swiglu(ops::linear(plain_in[0], plain_in[1]), ops::linear(plain_in[0], plain_in[2]));
+    REQUIRE(fused.shape() == Shape{2, 7, 20});
+    const std::vector<double> a = fused.to_doubles(), b = plain.to_doubles();
+    REQUIRE(a.size() == b.size());
+    for (size_t i = 0; i < a.size(); ++i) CHECK(a[i] == doctest::Approx(b[i]).epsilon(1e-12));
+    const Tensor weights = testing::random_tensor(fused.shape(), 367);
+    fused.backward(weights);
+    plain.backward(weights);
+    for (size_t i = 0; i < 3; ++i) {
+      CAPTURE(i);
+      const std::vector<double> ga = fused_in[i].grad().to_doubles(), gb = plain_in[i].grad().to_doubles();
+      REQUIRE(ga.size() == gb.size());
+      for (size_t j = 0; j < ga.size(); ++j) CHECK(ga[j] == doctest::Approx(gb[j]).epsilon(1e-10));
+    }
+  }
+  // bf16: the projections rounded to bf16, the gate computed in f32 and rounded once, as the unfused ops do;
+  // with narrow_x_grad, x's gradient is one f32 product rounded to bf16 (the unfused ops round the sum of
+  // two).
+  Tensor xb = ops::cast(testing::random_tensor({2, 7, 12}, 368, DType::f32), DType::bf16);
+  const Tensor w1 = testing::random_tensor({20, 12}, 369, DType::f32),
+               w3 = testing::random_tensor({20, 12}, 370, DType::f32);
+  Tensor xf = xb.clone(), xp = xb.clone();
+  xf.set_requires_grad(true);
+  xp.set_requires_grad(true);
+  const Tensor fb = ops::swiglu_projection(xf, w1, w3, DType::bf16, /*narrow_x_grad=*/true);
+  const Tensor pb = ops::swiglu(ops::linear(xp, w1, DType::bf16, DType::bf16),
+                                ops::linear(xp, w3, DType::bf16, DType::bf16));
+  CHECK(fb.dtype() == DType::bf16);
+  CHECK(fb.to_floats() == pb.to_floats());
+  const Tensor g = ops::cast(testing::random_tensor({2, 7, 20}, 371, DType::f32), DType::bf16);
+  fb.backward(g);
+  pb.backward(g);
+  CHECK(xf.grad().dtype() == DType::bf16);
+  const std::vector<double> gf = xf.grad().to_doubles(), gp = xp.grad().to_doubles();
+  for (size_t i = 0; i < gf.size(); ++i)
+    CHECK(gf[i] == doctest::Approx(gp[i]).epsilon(1.0 / 256).scale(1e-6));
+  // Refused: weights of different shapes.
+  CHECK_THROWS_WITH_AS(ops::swiglu_projection(x, testing::random_tensor({20, 12}, 372),
+                                              testing::random_tensor({10, 12}, 373), DType::f64),
+                       doctest::Contains("do not fit"), Error);
+}
+
 TEST_CASE("flash attention equals naive attention on head-interleaved views") {
   // q/k/v as (batch, heads, seq, d) views of (batch, seq, heads*d) buffers, the model's layout.
   const int64_t b = 2, h = 3, t = 70, d = 8;

@@ -226,11 +226,15 @@ TEST_CASE("TrainStep equals forward, cross_entropy, clip_grad_norm and AdamW wri
     CHECK(a.grad_norm == doctest::Approx(norm).epsilon(1e-5));
   }
   CHECK(clipped == 20);
+  // The parameters after 20 updates: the two losses round differently (chunked and fused against whole
+  // logits), and AdamW's division by sqrt(v) lets a parameter with a tiny gradient carry that difference
+  // into a relative change of up to about 2e-5 (3e-6 to 2e-5 over initialisation seeds 5, 6 and 7); a wrong
+  // gradient or update would differ by orders of magnitude more.
   const std::vector<float> pa = params_a.flat_params().to_floats(), pb = params_b.flat_params().to_floats();
   double worst = 0;
   for (size_t i = 0; i < pa.size(); ++i)
     worst = std::max(worst, std::abs(static_cast<double>(pa[i]) - pb[i]) / (std::abs(pb[i]) + 1e-3));
-  CHECK(worst < 1e-5);
+  CHECK(worst < 5e-5);
 }
 
 // With gradient accumulation TrainStep must not keep a micro-batch's graph into the next one's backward:

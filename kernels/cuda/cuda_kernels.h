@@ -67,12 +67,13 @@ void embedding_backward(const float* grad_out, const int32_t* ids, float* grad_w
 // its sum in, in place).
 void rms_norm_forward(const float* x, const float* w, void* y, DType y_type, float* inv_rms, int64_t rows,
                       int64_t dim, double eps, cudaStream_t stream, float* x_copy = nullptr);
-// accumulate_dx: dx += the gradient (a separate addition's rounding) instead of dx = the gradient. dw is f32,
-// or bf16 (dw_type; a bf16 gradient buffer takes the f32 sum rounded once). dx_bf16 (nullable): also the
-// final dx rounded to bf16, for bf16 consumers.
-void rms_norm_backward(const float* dy, const float* x, const float* w, const float* inv_rms, float* dx,
-                       void* dw, int64_t rows, int64_t dim, cudaStream_t stream, bool accumulate_dx = false,
-                       DType dw_type = DType::f32, void* dx_bf16 = nullptr);
+// dy is f32 or bf16 (dy_type; a bf16 consumer's gradient, widened exactly). accumulate_dx: dx += the gradient
+// (a separate addition's rounding) instead of dx = the gradient. dw is f32, or bf16 (dw_type; a bf16 gradient
+// buffer takes the f32 sum rounded once). dx_bf16 (nullable): also the final dx rounded to bf16, for bf16
+// consumers.
+void rms_norm_backward(const void* dy, DType dy_type, const float* x, const float* w, const float* inv_rms,
+                       float* dx, void* dw, int64_t rows, int64_t dim, cudaStream_t stream,
+                       bool accumulate_dx = false, DType dw_type = DType::f32, void* dx_bf16 = nullptr);
 
 // x and y each f32 or bf16 (x_type, y_type): computed in f32, a bf16 y rounded once. ld_x, ld_y: the rows'
 // strides in elements (0: dim), as in cpu::rope.
@@ -84,6 +85,12 @@ void rope(const void* x, DType x_type, void* y, DType y_type, int64_t batch, int
 void swiglu_forward(const void* a, const void* b, void* out, DType type, int64_t n, cudaStream_t stream);
 void swiglu_backward(const void* dout, DType dout_type, const void* a, const void* b, void* da, void* db,
                      DType type, int64_t n, cudaStream_t stream);
+// The same over one matmul's output holding both inputs: ab (rows, 2 cols) is a | b, out (rows, cols); dab
+// (rows, 2 cols) receives da | db, dout (rows, cols).
+void swiglu_forward_rows(const void* ab, void* out, DType type, int64_t rows, int64_t cols,
+                         cudaStream_t stream);
+void swiglu_backward_rows(const void* dout, DType dout_type, const void* ab, void* dab, DType type,
+                          int64_t rows, int64_t cols, cudaStream_t stream);
 
 void softmax_forward(const float* s, float* p, int64_t batch, int64_t rows, int64_t cols, double scale,
                      bool causal, cudaStream_t stream);

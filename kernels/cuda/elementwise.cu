@@ -336,6 +336,61 @@ struct SwigluBackwardOp {
   }
 };
 
+// An elementwise op over the rows of a matrix whose operands are column blocks of wider rows (SwiGLU's a
+// and b, side by side in one matmul's output): op.row(r) is the flat op on row r's `cols` elements. Blocks
+// take rows along y and a row's groups along x, so no element index is ever divided by the row length.
+template <int W, class RowOp>
+__global__ void rows_kernel(RowOp op, int64_t rows, int64_t cols, bool vectorised) {
+  const int64_t first = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  const int64_t step = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t r = blockIdx.y; r < rows; r += gridDim.y) {
+    const auto row = op.row(r);
+    int64_t done = 0;
+    if (vectorised) {
+      const int64_t groups = cols / W;
+      for (int64_t k = first; k < groups; k += step) row.template apply<W>(k);
+      done = groups * W;
+    }
+    for (int64_t i = done + first; i < cols; i += step) row.template apply<1>(i);
+  }
+}
+
+template <int W, class RowOp>
+void launch_rows(const RowOp& op, int64_t rows, int64_t cols, bool vectorised, cudaStream_t stream) {
+  if (rows == 0 || cols == 0) return;
+  const int64_t per_row = vectorised ? std::max<int64_t>(1, cols / W) : cols;
+  const dim3 grid(static_cast<unsigned int>(std::min<int64_t>((per_row + kThreads - 1) / kThreads, 65535)),
+                  static_cast<unsigned int>(std::min<int64_t>(rows, 65535)));
+  rows_kernel<W><<<grid, kThreads, 0, stream>>>(op, rows, cols, vectorised);
+  TT_CUDA_LAUNCH_CHECK();
+}
+
+// ab (rows, 2 cols): a | b; out (rows, cols).
+template <class T>
+struct SwigluRows {
+  const T* ab;
+  T* out;
+  int64_t cols;
+  __device__ BinaryOp<T, Swiglu> row(int64_t r) const {
+    const T* a = ab + r * 2 * cols;
+    return {a, a + cols, out + r * cols, {}};
+  }
+};
+
+// dout (rows, cols); ab and dab (rows, 2 cols): a | b and da | db.
+template <class T, class G>
+struct SwigluBackwardRows {
+  const G* dout;
+  const T* ab;
+  T* dab;
+  int64_t cols;
+  __device__ SwigluBackwardOp<T, G> row(int64_t r) const {
+    const T* a = ab + r * 2 * cols;
+    T* da = dab + r * 2 * cols;
+    return {dout + r * cols, a, a + cols, da, da + cols};
+  }
+};
+
 }  // namespace
 
 void add(const float* a, const float* b, float* out, int64_t n, double alpha, cudaStream_t stream) {
@@ -550,6 +605,56 @@ void swiglu_backward(const void* dout, DType dout_type, const void* a, const voi
     TT_CHECK(type == DType::f32, "cuda::swiglu_backward: f32 or bf16 inputs");
     launch_swiglu_backward(dout, dout_type, static_cast<const float*>(a), static_cast<const float*>(b),
                            static_cast<float*>(da), static_cast<float*>(db), n, stream);
+  }
+}
+
+namespace {
+template <class T>
+void launch_swiglu_rows(const T* ab, T* out, int64_t rows, int64_t cols, cudaStream_t stream) {
+  const bool vectorised = cols % 4 == 0 && aligned4(ab) && aligned4(out);
+  launch_rows<4>(SwigluRows<T>{ab, out, cols}, rows, cols, vectorised, stream);
+}
+
+template <class T, class G>
+void launch_swiglu_backward_rows(const G* dout, const T* ab, T* dab, int64_t rows, int64_t cols,
+                                 cudaStream_t stream) {
+  const bool vectorised = cols % 4 == 0 && aligned4(dout) && aligned4(ab) && aligned4(dab);
+  launch_rows<4>(SwigluBackwardRows<T, G>{dout, ab, dab, cols}, rows, cols, vectorised, stream);
+}
+
+template <class T>
+void swiglu_backward_rows_as(const void* dout, DType dout_type, const T* ab, T* dab, int64_t rows,
+                             int64_t cols, cudaStream_t stream) {
+  if (dout_type == DType::bf16) {
+    launch_swiglu_backward_rows(static_cast<const __nv_bfloat16*>(dout), ab, dab, rows, cols, stream);
+  } else {
+    TT_CHECK(dout_type == DType::f32, "cuda::swiglu_backward_rows: f32 or bf16 gradient");
+    launch_swiglu_backward_rows(static_cast<const float*>(dout), ab, dab, rows, cols, stream);
+  }
+}
+}  // namespace
+
+void swiglu_forward_rows(const void* ab, void* out, DType type, int64_t rows, int64_t cols,
+                         cudaStream_t stream) {
+  if (type == DType::bf16) {
+    using B = __nv_bfloat16;
+    launch_swiglu_rows(static_cast<const B*>(ab), static_cast<B*>(out), rows, cols, stream);
+  } else {
+    TT_CHECK(type == DType::f32, "cuda::swiglu_forward_rows: f32 or bf16 inputs");
+    launch_swiglu_rows(static_cast<const float*>(ab), static_cast<float*>(out), rows, cols, stream);
+  }
+}
+
+void swiglu_backward_rows(const void* dout, DType dout_type, const void* ab, void* dab, DType type,
+                          int64_t rows, int64_t cols, cudaStream_t stream) {
+  if (type == DType::bf16) {
+    using B = __nv_bfloat16;
+    swiglu_backward_rows_as(dout, dout_type, static_cast<const B*>(ab), static_cast<B*>(dab), rows, cols,
+                            stream);
+  } else {
+    TT_CHECK(type == DType::f32, "cuda::swiglu_backward_rows: f32 or bf16 inputs");
+    swiglu_backward_rows_as(dout, dout_type, static_cast<const float*>(ab), static_cast<float*>(dab), rows,
+                            cols, stream);
   }
 }
 

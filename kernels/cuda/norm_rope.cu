@@ -396,8 +396,9 @@ __global__ void rms_norm_forward_kernel(const float* x, const float* w, Y* y, fl
 __device__ inline float rms_dx(float inv, float w, float dy, float coef, float x) {
   return inv * w * dy - coef * x;
 }
+template <class G>
 __global__ void __launch_bounds__(1024)
-    rms_norm_backward_kernel(const float* dy, const float* x, const float* w, const float* inv_rms, float* dx,
+    rms_norm_backward_kernel(const G* dy, const float* x, const float* w, const float* inv_rms, float* dx,
                              __nv_bfloat16* dx_bf16, float* partials, int64_t rows, int64_t dim,
                              int64_t rows_per_block, bool accumulate, bool vec, bool in_shared) {
   extern __shared__ float4 shared4[];  // declared as float4 for 16-byte alignment
@@ -461,7 +462,7 @@ __global__ void __launch_bounds__(1024)
   __syncthreads();
   for (int64_t row = first_row; row < end_row; ++row) {
     const float* xr = x + row * dim;
-    const float* dyr = dy + row * dim;
+    const G* dyr = dy + row * dim;
     float* dxr = dx + row * dim;
     __nv_bfloat16* dxr_bf16 = dx_bf16 != nullptr ? dx_bf16 + row * dim : nullptr;
     const float inv = inv_rms[row];
@@ -482,8 +483,9 @@ __global__ void __launch_bounds__(1024)
       }
     } else {
       for (int64_t j = threadIdx.x; j < dim; j += blockDim.x) {
-        dot += w[j] * dyr[j] * xr[j];
-        acc[j] += dyr[j] * xr[j] * inv;
+        const float g = to_float(dyr[j]);
+        dot += w[j] * g * xr[j];
+        acc[j] += g * xr[j] * inv;
       }
     }
     const float coef = inv * inv * inv * block_sum(dot) / static_cast<float>(dim);
@@ -503,7 +505,7 @@ __global__ void __launch_bounds__(1024)
       }
     } else {
       for (int64_t j = threadIdx.x; j < dim; j += blockDim.x) {
-        const float v = rms_dx(inv, w[j], dyr[j], coef, xr[j]);
+        const float v = rms_dx(inv, w[j], to_float(dyr[j]), coef, xr[j]);
         const float out = accumulate ? __fadd_rn(dxr[j], v) : v;
         dxr[j] = out;
         if (dxr_bf16 != nullptr) dxr_bf16[j] = __float2bfloat16_rn(out);
@@ -736,16 +738,17 @@ void rms_norm_forward(const float* x, const float* w, void* y, DType y_type, flo
   TT_CUDA_LAUNCH_CHECK();
 }
 
-void rms_norm_backward(const float* dy, const float* x, const float* w, const float* inv_rms, float* dx,
-                       void* dw, int64_t rows, int64_t dim, cudaStream_t stream, bool accumulate_dx,
-                       DType dw_type, void* dx_bf16) {
+void rms_norm_backward(const void* dy, DType dy_type, const float* x, const float* w, const float* inv_rms,
+                       float* dx, void* dw, int64_t rows, int64_t dim, cudaStream_t stream,
+                       bool accumulate_dx, DType dw_type, void* dx_bf16) {
   TT_ASSERT(dw_type == DType::f32 || dw_type == DType::bf16, "cuda::rms_norm_backward: dw is f32 or bf16");
+  TT_ASSERT(dy_type == DType::f32 || dy_type == DType::bf16, "cuda::rms_norm_backward: dy is f32 or bf16");
   if (dim == 0) return;
   if (rows == 0) {
     TT_CUDA_CHECK(cudaMemsetAsync(dw, 0, static_cast<size_t>(dim) * dtype_size(dw_type), stream));
     return;
   }
-  const bool vec = rms_vec(dim, {{dy, 4}, {x, 4}, {w, 4}, {dx, 4}, {dx_bf16, 2}});
+  const bool vec = rms_vec(dim, {{dy, dtype_size(dy_type)}, {x, 4}, {w, 4}, {dx, 4}, {dx_bf16, 2}});
   // A thread per four-element group (or element) of a row, in whole warps, 128 to 1024: with only 256
   // blocks, fewer threads would leave HBM bandwidth unused.
   const int64_t units = vec ? dim / 4 : dim;
@@ -762,8 +765,11 @@ void rms_norm_backward(const float* dy, const float* x, const float* w, const fl
   if (!in_shared) {
     shared = 0;
   } else if (shared > 48 * 1024) {
-    TT_CUDA_CHECK(cudaFuncSetAttribute(rms_norm_backward_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                       static_cast<int>(shared)));
+    const void* kernel = dy_type == DType::bf16
+                             ? reinterpret_cast<const void*>(rms_norm_backward_kernel<__nv_bfloat16>)
+                             : reinterpret_cast<const void*>(rms_norm_backward_kernel<float>);
+    TT_CUDA_CHECK(
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(shared)));
   }
   const int64_t rows_per_block = (rows + kDwMaxPartials - 1) / kDwMaxPartials;
   const int64_t blocks = (rows + rows_per_block - 1) / rows_per_block;
@@ -771,9 +777,16 @@ void rms_norm_backward(const float* dy, const float* x, const float* w, const fl
   float* partials = nullptr;
   TT_CUDA_CHECK(cudaMallocAsync(reinterpret_cast<void**>(&partials),
                                 static_cast<size_t>(blocks * dim) * sizeof(float), stream));
-  rms_norm_backward_kernel<<<static_cast<unsigned int>(blocks), threads, shared, stream>>>(
-      dy, x, w, inv_rms, dx, static_cast<__nv_bfloat16*>(dx_bf16), partials, rows, dim, rows_per_block,
-      accumulate_dx, vec, in_shared);
+  const auto launch = [&](const auto* g) {
+    rms_norm_backward_kernel<<<static_cast<unsigned int>(blocks), threads, shared, stream>>>(
+        g, x, w, inv_rms, dx, static_cast<__nv_bfloat16*>(dx_bf16), partials, rows, dim, rows_per_block,
+        accumulate_dx, vec, in_shared);
+  };
+  if (dy_type == DType::bf16) {
+    launch(static_cast<const __nv_bfloat16*>(dy));
+  } else {
+    launch(static_cast<const float*>(dy));
+  }
   TT_CUDA_LAUNCH_CHECK();
   const dim3 grid(static_cast<unsigned int>((dim + kSumTileColumns - 1) / kSumTileColumns));
   const dim3 block(kSumTileColumns, kSumRowLanes);
