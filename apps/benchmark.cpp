@@ -82,7 +82,7 @@ Row measure(const Flags& flags, Device device, Bundle* bundle, const nn::ModelCo
            ", \"grad_dtype\": " + JsonlWriter::quote(grads_bf16 ? "bf16" : "f32") +
            ", \"recompute\": " + JsonlWriter::quote(nn::recompute_name(config.recompute)) +
            ", \"recompute_blocks\": " + std::to_string(config.recompute_blocks) +
-           ", \"gemm_autotune\": " + std::to_string(flags.integer("gemm-autotune")) +
+           ", \"gemm_autotune\": " + std::to_string(gemm_autotune_from_flags(flags, false)) +
            ", \"device\": " + JsonlWriter::quote(device_name(device));
   };
   try {
@@ -340,9 +340,7 @@ int main(int argc, char** argv) {
         true);
     flags.add("gemm-sm-margin", "0",
               "SMs to keep free of matmuls (cuBLASLt plans for the rest), e.g. for step-fused's side stream");
-    flags.add("gemm-autotune", "0",
-              "time this many cuBLASLt candidates per new matmul shape and keep the fastest (0: the "
-              "heuristic's first); tuning happens in the first iteration, so give rows a warm-up");
+    declare_gemm_autotune_flag(flags);  // as train's; tuning happens in a row's first iteration (warm-up)
     flags.add(
         "warmup-iters", "5",
         "comma-separated counts of untimed iterations before the timed ones (e.g. 0,1,2,5); one row each");
@@ -373,9 +371,7 @@ int main(int argc, char** argv) {
     const int64_t sm_margin = flags.integer("gemm-sm-margin");
     TT_CHECK(sm_margin >= 0, "--gemm-sm-margin must be >= 0");
     set_matmul_sm_margin(static_cast<int>(sm_margin));
-    const int64_t autotune = flags.integer("gemm-autotune");
-    TT_CHECK(autotune >= 0 && autotune <= 32, "--gemm-autotune takes 0..32 candidates");
-    set_matmul_autotune(static_cast<int>(autotune));
+    apply_gemm_autotune_flag(flags, /*deterministic=*/false);
     std::vector<Row> rows;
     std::unique_ptr<JsonlWriter> json;
     if (!flags.str("json").empty()) json = std::make_unique<JsonlWriter>(flags.str("json"), false);

@@ -48,6 +48,26 @@ void declare_model_flags(Flags& f) {
       "bit-identical CUDA runs (exact resume on GPU): deterministic attention backward, a little slower");
 }
 
+void declare_gemm_autotune_flag(Flags& f) {
+  f.add("gemm-autotune", "auto",
+        "cuBLASLt kernels timed per new matmul shape in the first step, the fastest kept: 1-2% faster steps "
+        "at GPT-2 shapes on an H100 (docs/speed.md); auto: 8, or 0 with --deterministic; 0: the "
+        "heuristic's first (the same kernel every run)");
+}
+
+int gemm_autotune_from_flags(const Flags& flags, bool deterministic) {
+  constexpr int kAutoCandidates = 8;
+  const std::string text = flags.str("gemm-autotune");
+  if (text == "auto") return deterministic ? 0 : kAutoCandidates;
+  const int64_t given = flags.integer("gemm-autotune");
+  TT_CHECK(given >= 0 && given <= 32, "--gemm-autotune takes auto or 0..32 candidates, got " + text);
+  return static_cast<int>(given);
+}
+
+void apply_gemm_autotune_flag(const Flags& flags, bool deterministic) {
+  set_matmul_autotune(gemm_autotune_from_flags(flags, deterministic));
+}
+
 Device pick_device(const std::string& text, int local_rank) {
   Device device;
   if (text == "auto") {

@@ -27,5 +27,11 @@ nn::AttentionKind resolve_attention(const std::string& text, Device device);
 bool grads_bf16_from_flags(const Flags& flags, bool bf16_precision, bool bf16_communication);
 // Only the settings that may differ between runs of one checkpoint (precision, attention).
 void apply_runtime_model_flags(const Flags& flags, nn::ModelConfig& config, Device device);
+// --gemm-autotune (train, benchmark): how many of cuBLASLt's candidate kernels to time per new matmul shape.
+void declare_gemm_autotune_flag(Flags& flags);
+// Its count: auto is 8, or 0 for a `deterministic` run (timings differ from run to run, so the kernels
+// chosen, and with them the rounding, could too). apply_ sets it for this process.
+int gemm_autotune_from_flags(const Flags& flags, bool deterministic);
+void apply_gemm_autotune_flag(const Flags& flags, bool deterministic);
 
 }  // namespace tt::app

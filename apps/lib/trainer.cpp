@@ -97,6 +97,7 @@ void declare_train_flags(Flags& f) {
   f.add("gemm-sm-margin", "0",
         "SMs to keep free of matmuls (CUDA), so the gradient all-reduce's kernels overlap backward without "
         "waiting for SMs; 0: matmuls use the whole GPU");
+  declare_gemm_autotune_flag(f);
   f.add("zero-grads", "reduce-scatter",
         "with --zero 1, how gradients are averaged: reduce-scatter: after backward, half the bytes of an "
         "all-reduce; ddp: the --ddp strategy's all-reduce, overlapped with backward when bucketed",
@@ -410,6 +411,7 @@ RunPlan plan_run(const Flags& flags, Device device, const std::string& data_dir,
   const int64_t sm_margin = flags.integer("gemm-sm-margin");
   TT_CHECK(sm_margin >= 0, "--gemm-sm-margin must be >= 0");
   set_matmul_sm_margin(static_cast<int>(sm_margin));
+  apply_gemm_autotune_flag(flags, p.config.deterministic);
   p.sampling = parse_sampling(flags.str("sampling"));
   p.seed = static_cast<uint64_t>(flags.integer("seed"));
 
