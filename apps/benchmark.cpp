@@ -340,7 +340,9 @@ int main(int argc, char** argv) {
         true);
     flags.add("gemm-sm-margin", "0",
               "SMs to keep free of matmuls (cuBLASLt plans for the rest), e.g. for step-fused's side stream");
-    declare_gemm_autotune_flag(flags);  // as train's; tuning happens in a row's first iteration (warm-up)
+    declare_gemm_autotune_flag(
+        flags,
+        /*with_deterministic=*/false);  // as train's; tuning happens in a row's first iteration (warm-up)
     flags.add(
         "warmup-iters", "5",
         "comma-separated counts of untimed iterations before the timed ones (e.g. 0,1,2,5); one row each");

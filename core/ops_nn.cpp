@@ -214,7 +214,11 @@ void swiglu_rows_backward(const Tensor& g, const Tensor& ab, Tensor& dab) {
 }
 
 struct SwigluProjectionNode : Node {
-  Tensor x2, ab, w1, w3;  // x2 (rows, in), ab (rows, 2n) and the weights, all in the compute dtype
+  Tensor x2, ab;  // x2 (rows, in) and ab (rows, 2n) in the compute dtype
+  // The two weights in the compute dtype, stacked again in backward: a saved stacked view would hold their
+  // storage, which ZeRO-3 releases after the forward and gathers anew before the backward (re-pointing these
+  // very tensors).
+  Tensor w1, w3;
   Shape x_shape;
   DType dx_dtype = DType::f32, dw_dtype = DType::f32;
   const char* name() const override { return "SwigluProjection"; }
@@ -443,6 +447,8 @@ Tensor swiglu_projection(const Tensor& x, const Tensor& w1, const Tensor& w3, DT
     std::vector<Tensor> kept;
     if (detail::kept_results("swiglu_projection", w1, kept)) {
       ab = kept[0];  // a selective recomputation's second run (core/recompute.h)
+      TT_ASSERT(ab.shape() == Shape({rows, 2 * n}) && ab.dtype() == compute,
+                "swiglu_projection: a kept result of another shape");
     } else {
       ab = Tensor::empty({rows, 2 * n}, compute, x.device());
       detail::gemm_into(x2, detail::stacked_weights({w1_c, w3_c}, compute), false, true, 1.0, 0.0, ab);

@@ -603,10 +603,11 @@ void check_zero_matches_single(ModelKind kind, DType dtype, int stage, int micro
     // bf16 matmuls round the loss gradient 1/rows to bf16 before the average over ranks, not after (exact
     // only when the world size is a power of two): with 3 ranks gradients differ by a bf16 unit, which AdamW
     // carries into the parameters (measured: 5e-4 relative in 10 steps) and the gradient norms (1.1e-3
-    // relative, each norm's input gradient being rounded to bf16 too). Bounds as check_bf16_gradients'.
+    // relative with 3 ranks, each norm's input gradient being rounded to bf16 too). Parameter bounds as
+    // check_bf16_gradients' before that rounding (here within them); norms 2e-3.
     // bf16 gradients likewise: each rank's are rounded before the average, the single process's once.
     rtol = 1e-3;
-    atol = 5e-4;
+    atol = 3e-4;
     norm_rtol = 2e-3;
   }
   std::string why;

@@ -570,8 +570,10 @@ TEST_CASE("CUDA fused-precision ops equal their CPU twins: bf16 outputs of matmu
     }
   }
   // The model's bf16 path into a norm: its output feeds one op whose x gradient comes back in bf16, which
-  // the norm's kernel reads as it is (rows of 96: four at a time; 90: one at a time).
-  for (const int64_t d : {96, 90}) {
+  // the norm's kernel reads as it is: rows of 96 (a four-element group per thread), 90 (one element at a
+  // time), 4104 (more groups than threads: the general four-wide path) and 12304 (partial sums in more
+  // than 48 KiB of shared memory).
+  for (const int64_t d : {96, 90, 4104, 12304}) {
     CAPTURE(d);
     CHECK(cuda_vs_cpu(
               [&](const auto& t) {

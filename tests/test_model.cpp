@@ -31,6 +31,8 @@ TEST_CASE("preset parameter counts equal the reference table") {
   }
 }
 
+// The names are the reference's state_dict keys; the order differs in one place: w3 comes before w2, so that
+// w1 and w3 lie side by side in the flat parameters (ops::swiglu_projection takes them as one matrix).
 TEST_CASE("parameter names follow the PyTorch state_dict") {
   nn::ModelConfig config = nn::preset("tiny");
   config.num_layers = 2;

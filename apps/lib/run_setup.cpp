@@ -48,11 +48,12 @@ void declare_model_flags(Flags& f) {
       "bit-identical CUDA runs (exact resume on GPU): deterministic attention backward, a little slower");
 }
 
-void declare_gemm_autotune_flag(Flags& f) {
+void declare_gemm_autotune_flag(Flags& f, bool with_deterministic) {
   f.add("gemm-autotune", "auto",
-        "cuBLASLt kernels timed per new matmul shape in the first step, the fastest kept: 1-2% faster steps "
-        "at GPT-2 shapes on an H100 (docs/speed.md); auto: 8, or 0 with --deterministic; 0: the "
-        "heuristic's first (the same kernel every run)");
+        std::string("cuBLASLt kernels timed per new matmul shape in the first step, the fastest kept: 1-2% "
+                    "faster steps at GPT-2 shapes on an H100 (docs/speed.md); auto: 8") +
+            (with_deterministic ? ", or 0 with --deterministic" : "") +
+            "; 0: the heuristic's first (the same kernel every run)");
 }
 
 int gemm_autotune_from_flags(const Flags& flags, bool deterministic) {

@@ -28,7 +28,8 @@ bool grads_bf16_from_flags(const Flags& flags, bool bf16_precision, bool bf16_co
 // Only the settings that may differ between runs of one checkpoint (precision, attention).
 void apply_runtime_model_flags(const Flags& flags, nn::ModelConfig& config, Device device);
 // --gemm-autotune (train, benchmark): how many of cuBLASLt's candidate kernels to time per new matmul shape.
-void declare_gemm_autotune_flag(Flags& flags);
+// `with_deterministic`: the app also has --deterministic, which makes auto 0.
+void declare_gemm_autotune_flag(Flags& flags, bool with_deterministic);
 // Its count: auto is 8, or 0 for a `deterministic` run (timings differ from run to run, so the kernels
 // chosen, and with them the rounding, could too). apply_ sets it for this process.
 int gemm_autotune_from_flags(const Flags& flags, bool deterministic);

@@ -97,7 +97,7 @@ void declare_train_flags(Flags& f) {
   f.add("gemm-sm-margin", "0",
         "SMs to keep free of matmuls (CUDA), so the gradient all-reduce's kernels overlap backward without "
         "waiting for SMs; 0: matmuls use the whole GPU");
-  declare_gemm_autotune_flag(f);
+  declare_gemm_autotune_flag(f, /*with_deterministic=*/true);
   f.add("zero-grads", "reduce-scatter",
         "with --zero 1, how gradients are averaged: reduce-scatter: after backward, half the bytes of an "
         "all-reduce; ddp: the --ddp strategy's all-reduce, overlapped with backward when bucketed",
