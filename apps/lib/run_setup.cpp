@@ -65,8 +65,10 @@ int gemm_autotune_from_flags(const Flags& flags, bool deterministic) {
   return static_cast<int>(given);
 }
 
-void apply_gemm_autotune_flag(const Flags& flags, bool deterministic) {
-  set_matmul_autotune(gemm_autotune_from_flags(flags, deterministic));
+int apply_gemm_autotune_flag(const Flags& flags, bool deterministic) {
+  const int candidates = gemm_autotune_from_flags(flags, deterministic);
+  set_matmul_autotune(candidates);
+  return candidates;
 }
 
 Device pick_device(const std::string& text, int local_rank) {

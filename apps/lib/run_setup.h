@@ -31,8 +31,8 @@ void apply_runtime_model_flags(const Flags& flags, nn::ModelConfig& config, Devi
 // `with_deterministic`: the app also has --deterministic, which makes auto 0.
 void declare_gemm_autotune_flag(Flags& flags, bool with_deterministic);
 // Its count: auto is 8, or 0 for a `deterministic` run (timings differ from run to run, so the kernels
-// chosen, and with them the rounding, could too). apply_ sets it for this process.
+// chosen, and with them the rounding, could too). apply_ also sets it for this process.
 int gemm_autotune_from_flags(const Flags& flags, bool deterministic);
-void apply_gemm_autotune_flag(const Flags& flags, bool deterministic);
+int apply_gemm_autotune_flag(const Flags& flags, bool deterministic);
 
 }  // namespace tt::app

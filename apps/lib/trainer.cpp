@@ -366,6 +366,7 @@ struct RunPlan {
   int64_t steps = 0, batch = 0, accum = 1, ctx = 0;
   int rank = 0, world = 1;
   bool root = true, grads_bf16 = false;
+  int gemm_autotune = 0;  // cuBLASLt candidates timed per matmul shape (--gemm-autotune)
   uint64_t seed = 0;
   Sampling sampling = Sampling::random;
   TrainStepOptions step;
@@ -411,7 +412,7 @@ RunPlan plan_run(const Flags& flags, Device device, const std::string& data_dir,
   const int64_t sm_margin = flags.integer("gemm-sm-margin");
   TT_CHECK(sm_margin >= 0, "--gemm-sm-margin must be >= 0");
   set_matmul_sm_margin(static_cast<int>(sm_margin));
-  apply_gemm_autotune_flag(flags, p.config.deterministic);
+  p.gemm_autotune = apply_gemm_autotune_flag(flags, p.config.deterministic);
   p.sampling = parse_sampling(flags.str("sampling"));
   p.seed = static_cast<uint64_t>(flags.integer("seed"));
 
@@ -806,6 +807,14 @@ class TrainingRun {
           plan_.step.zero);
     }
     std::printf("update: %s\n", step_->update_path().c_str());
+    if (device_.is_cuda()) {
+      std::printf("matmuls: cuBLASLt, %s\n",
+                  plan_.gemm_autotune > 1
+                      ? ("the fastest of " + std::to_string(plan_.gemm_autotune) +
+                         " candidate kernels per shape, timed in the first step (--gemm-autotune)")
+                            .c_str()
+                      : "its heuristic's first kernel per shape (--gemm-autotune 0: the same every run)");
+    }
     if (!step_->graph_declined().empty())
       std::printf("note: --cuda-graph on: %s; the step runs kernel by kernel\n",
                   step_->graph_declined().c_str());
