@@ -322,8 +322,7 @@ Tensor attention_qkv(const Tensor& x, const Tensor& wq, const Tensor& wk, const 
     node->x_shape = x.shape();
     node->p = p;
     node->theta = rope_theta;
-    const bool narrow = narrow_x_grad && x.dtype() == DType::bf16 && compute == DType::bf16;
-    node->dx_dtype = narrow ? DType::bf16 : detail::wide_dtype(x.dtype());
+    node->dx_dtype = detail::input_grad_dtype(x.dtype(), compute, narrow_x_grad);
     node->dw_dtype = wq.dtype();
     attach_node(out, node, {&x, &wq, &wk, &wv});
   }

@@ -60,6 +60,9 @@ void gemm_into(const Tensor& a, const Tensor& b, bool trans_a, bool trans_b, dou
                Tensor& out, const Tensor* addend = nullptr);
 // The dtype of a product when the caller does not choose: f32 for bf16 inputs, else the inputs' own.
 DType wide_dtype(DType in);
+// The dtype of x's gradient from a product computed in `compute`: wide_dtype(x's), or with narrow_x_grad bf16
+// where x and the product are bf16 (the GEMM rounds it once; for an x whose only consumer is that product).
+DType input_grad_dtype(DType x, DType compute, bool narrow_x_grad);
 // t in `dtype`: itself, the bf16 copy kept beside it (Tensor::low_precision_copy) when that is the dtype
 // asked for, or else a cast.
 Tensor in_dtype(const Tensor& t, DType dtype);

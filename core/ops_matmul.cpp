@@ -95,6 +95,10 @@ DType wide_dtype(DType in) {
   return in == DType::bf16 ? DType::f32 : in;
 }
 
+DType input_grad_dtype(DType x, DType compute, bool narrow_x_grad) {
+  return narrow_x_grad && x == DType::bf16 && compute == DType::bf16 ? DType::bf16 : wide_dtype(x);
+}
+
 // t in `dtype`: itself, the bf16 copy kept beside it (Tensor::low_precision_copy: a weight's mirror, a
 // residual gradient's copy from RMSNorm) when that is the dtype asked for, or else a cast.
 Tensor in_dtype(const Tensor& t, DType dtype) {
@@ -258,9 +262,7 @@ Tensor linear_impl(const char* op, const Tensor& x, const Tensor& weight, DType 
     node->x2 = x2;
     node->w = w;
     node->x_shape = x.shape();
-    // Narrowed only where the product itself is bf16 (the GEMM rounds it); otherwise wide.
-    const bool narrow = narrow_x_grad && x.dtype() == DType::bf16 && compute == DType::bf16;
-    node->dx_dtype = narrow ? DType::bf16 : wide_dtype(x.dtype());
+    node->dx_dtype = detail::input_grad_dtype(x.dtype(), compute, narrow_x_grad);
     node->dw_dtype = weight.dtype();
     node->residual = residual != nullptr;
     if (residual != nullptr) {

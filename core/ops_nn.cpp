@@ -467,8 +467,7 @@ Tensor swiglu_projection(const Tensor& x, const Tensor& w1, const Tensor& w3, DT
     node->w1 = w1_c;
     node->w3 = w3_c;
     node->x_shape = x.shape();
-    const bool narrow = narrow_x_grad && x.dtype() == DType::bf16 && compute == DType::bf16;
-    node->dx_dtype = narrow ? DType::bf16 : detail::wide_dtype(x.dtype());
+    node->dx_dtype = detail::input_grad_dtype(x.dtype(), compute, narrow_x_grad);
     node->dw_dtype = w1.dtype();
     attach_node(out, node, {&x, &w1, &w3});
   }

@@ -762,15 +762,7 @@ void rms_norm_backward(const void* dy, DType dy_type, const float* x, const floa
   TT_CUDA_CHECK(cudaGetDevice(&device));
   TT_CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
   const bool in_shared = !one_group && shared + 1024 <= static_cast<size_t>(optin);
-  if (!in_shared) {
-    shared = 0;
-  } else if (shared > 48 * 1024) {
-    const void* kernel = dy_type == DType::bf16
-                             ? reinterpret_cast<const void*>(rms_norm_backward_kernel<__nv_bfloat16>)
-                             : reinterpret_cast<const void*>(rms_norm_backward_kernel<float>);
-    TT_CUDA_CHECK(
-        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(shared)));
-  }
+  if (!in_shared) shared = 0;
   const int64_t rows_per_block = (rows + kDwMaxPartials - 1) / kDwMaxPartials;
   const int64_t blocks = (rows + rows_per_block - 1) / rows_per_block;
   // Stream-ordered scratch for the blocks' partial sums (at most 256 rows of dw), freed after the sum.
@@ -778,7 +770,12 @@ void rms_norm_backward(const void* dy, DType dy_type, const float* x, const floa
   TT_CUDA_CHECK(cudaMallocAsync(reinterpret_cast<void**>(&partials),
                                 static_cast<size_t>(blocks * dim) * sizeof(float), stream));
   const auto launch = [&](const auto* g) {
-    rms_norm_backward_kernel<<<static_cast<unsigned int>(blocks), threads, shared, stream>>>(
+    const auto kernel = rms_norm_backward_kernel<std::remove_cv_t<std::remove_pointer_t<decltype(g)>>>;
+    if (shared > 48 * 1024) {
+      TT_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         static_cast<int>(shared)));
+    }
+    kernel<<<static_cast<unsigned int>(blocks), threads, shared, stream>>>(
         g, x, w, inv_rms, dx, static_cast<__nv_bfloat16*>(dx_bf16), partials, rows, dim, rows_per_block,
         accumulate_dx, vec, in_shared);
   };
