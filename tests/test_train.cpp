@@ -5,9 +5,11 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <memory>
 
 #include "apps/lib/checkpoint.h"
 #include "apps/lib/data.h"
+#include "apps/lib/run_setup.h"
 #include "apps/lib/train_step.h"
 #include "apps/lib/trainer.h"
 #include "core/io/h5.h"
@@ -106,6 +108,26 @@ TEST_CASE("checkpoint round trip restores parameters, optimizer state and train 
   CHECK_THROWS_WITH_AS(app::load_checkpoint(path, pc, nullptr, nullptr),
                        doctest::Contains("dataset /model/token_embeddings.weight has shape [40, 64]"), Error);
   CHECK(pc.flat_params().to_floats() == before);
+}
+
+TEST_CASE("--gemm-autotune: auto is 8 candidates, 0 for a deterministic run; a count is taken as given") {
+  auto parsed = [](std::vector<std::string> args) {
+    args.insert(args.begin(), "train");
+    std::vector<char*> argv;
+    for (std::string& a : args) argv.push_back(a.data());
+    auto flags = std::make_unique<app::Flags>("train", "");
+    app::declare_gemm_autotune_flag(*flags, true);
+    REQUIRE(flags->parse(static_cast<int>(argv.size()), argv.data()));
+    return flags;
+  };
+  CHECK(app::gemm_autotune_from_flags(*parsed({}), false) == 8);
+  CHECK(app::gemm_autotune_from_flags(*parsed({}), true) == 0);
+  CHECK(app::gemm_autotune_from_flags(*parsed({"--gemm-autotune", "3"}), true) == 3);
+  CHECK(app::gemm_autotune_from_flags(*parsed({"--gemm-autotune", "0"}), false) == 0);
+  CHECK_THROWS_WITH_AS(app::gemm_autotune_from_flags(*parsed({"--gemm-autotune", "33"}), false),
+                       doctest::Contains("0..32"), Error);
+  CHECK_THROWS_WITH_AS(app::gemm_autotune_from_flags(*parsed({"--gemm-autotune", "-1"}), false),
+                       doctest::Contains("0..32"), Error);
 }
 
 TEST_CASE("data tokenizer ids: name and size must agree, checksums only where both sides have one") {

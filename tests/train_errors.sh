@@ -179,6 +179,10 @@ mkdir -p "$work/empty_cwd"
 grep -q "error: --zero takes 0, 1, 2 or 3, got '9'" "$work/zero9.log" && [ -z "$(ls -A "$work/empty_cwd")" ] &&
   echo "ok   a bad choice: refused before anything is written" ||
   { echo "FAIL a bad choice: $(cat "$work/zero9.log"); $(ls -A "$work/empty_cwd")"; failures=$((failures + 1)); }
+(cd "$work/empty_cwd" && "$(realpath "$train")" --gemm-autotune 33 --device cpu --steps 1 >"$work/at33.log" 2>&1)
+grep -q "error: --gemm-autotune takes auto or 0..32 candidates, got 33" "$work/at33.log" &&
+  [ -z "$(ls -A "$work/empty_cwd")" ] && echo "ok   a bad --gemm-autotune: refused before anything is written" ||
+  { echo "FAIL a bad --gemm-autotune: $(cat "$work/at33.log"); $(ls -A "$work/empty_cwd")"; failures=$((failures + 1)); }
 expect_error "bucket of 0 MiB" "--bucket-mb must be positive" "$train" "${common[@]}" --bucket-mb 0 --steps 1
 expect_error "negative model size" "--d-model must be >= 0" "$train" "${common[@]}" --d-model -30 --steps 1
 # --eval-only takes a run folder (its newest checkpoint) like training does.

@@ -289,6 +289,7 @@ std::string format_entropy(double nats) {
 
 void check_train_flag_values(const Flags& flags) {
   TT_CHECK(flags.integer("steps") > 0, "--steps must be positive");
+  gemm_autotune_from_flags(flags, false);  // refuses a bad count before anything is written
   TT_CHECK(flags.integer("batch") > 0 && flags.integer("grad-accum") > 0,
            "--batch and --grad-accum must be positive");
   auto finite_at_least = [&](const char* name, double low) {
