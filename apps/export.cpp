@@ -244,8 +244,8 @@ int run(const Flags& flags) {
   } else if (tokens.tokenizer == "bytes") {
     write_file_synced(stage.file("README.md"), kByteTokensNote);
     tokenizer_note =
-        "no Hugging Face tokenizer: the data's tokens are bytes (ids 0-255, 256 ends a document); see "
-        "README.md";
+        "no Hugging Face tokenizer: the data's tokens are bytes (ids 0-255, 256 ends a document); " +
+        (out / "README.md").string() + " says how to feed the model";
   } else if (!tokens.tokenizer.empty()) {
     tokenizer_note = "no tokenizer files: " + data + " has tokenizer '" + tokens.tokenizer +
                      "' and no tokenizer.model beside it";

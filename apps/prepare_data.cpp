@@ -20,7 +20,10 @@ int main(int argc, char** argv) {
     flags.add("out", "", "output folder for train.bin, val.bin, meta.json (required)");
     flags.add("separator", "", "a line that separates documents in a file (e.g. % for fortunes)");
     flags.add("tokenizer", "bytes", "bytes | sentencepiece (BPE with byte fallback)");
-    flags.add("vocab", "0", "sentencepiece: vocabulary size to train, 260..65536");
+    flags.add(
+        "vocab", "0",
+        "sentencepiece: vocabulary size to train, 260..65536 (a text of many distinct characters needs more: "
+        "the error says how many)");
     flags.add("tokenizer-model", "", "sentencepiece: reuse this tokenizer.model instead of training one");
     flags.add("threads", "0", "encoding threads (0: every core)");
     flags.add_switch("overwrite", "replace a dataset already in --out (otherwise refused)");

@@ -11,6 +11,7 @@
 #include <memory>
 #include <set>
 #include <string>
+#include <vector>
 
 #include "apps/lib/checkpoint.h"
 #include "apps/lib/data.h"
@@ -57,6 +58,42 @@ std::string data_dir_or_default(const Flags& flags) {
                 static_cast<long long>(s.val_tokens));
   }
   return dir;
+}
+
+// The data a training run reads: --data; without it, what the checkpoint --resume names was trained on (a
+// resumed run goes on with its own data), else the built-in corpus. `announce`: print which (rank 0).
+std::string training_data_dir(const Flags& flags, bool announce) {
+  if (flags.given("data") || flags.str("resume").empty()) return data_dir_or_default(flags);
+  // The data is recorded in each checkpoint of a run: the newest that reads says it (the set-up verifies the
+  // one it resumes, later).
+  const std::string resume = flags.str("resume");
+  std::vector<std::string> candidates;
+  if (resume == "latest" || fs::is_directory(resume)) {
+    std::string dir = resume == "latest" ? flags.str("out") + "/checkpoints" : resume;
+    if (resume != "latest" && fs::is_directory(resume + "/checkpoints")) dir = resume + "/checkpoints";
+    for (const auto& entry : list_checkpoints(dir)) candidates.insert(candidates.begin(), entry.second);
+  } else {
+    candidates.push_back(resume);
+  }
+  std::string checkpoint, trained_on;
+  for (const std::string& candidate : candidates) {
+    try {
+      trained_on = training_data_folder(candidate);
+      checkpoint = candidate;
+      break;
+    } catch (const Error&) {
+      // unreadable: the set-up says why
+    }
+  }
+  if (trained_on.empty() || trained_on == kBuiltinDataDir) return data_dir_or_default(flags);
+  TT_CHECK(fs::exists(trained_on + "/meta.json"),
+           "--resume: " + checkpoint + " was trained on " + trained_on +
+               (fs::exists(trained_on) ? ", which has no meta.json" : ", which is gone") +
+               "; pass --data with the data to go on with");
+  if (announce)
+    std::printf("data: %s (what %s was trained on; --data gives other data)\n", trained_on.c_str(),
+                checkpoint.c_str());
+  return trained_on;
 }
 
 // The flags an evaluation reads; the model's shape comes from the checkpoint.
@@ -122,8 +159,10 @@ int run_eval_only(const Flags& flags, Device device) {
   nn::TransformerLM model(config);
   nn::FlatParameters params(model, device, 0);
   load_checkpoint(ckpt, params, nullptr, nullptr);
-  const int64_t batch = flags.integer("batch"), batches = flags.integer("eval-batches");
-  TT_CHECK(batch > 0 && batches > 0, "--batch and --eval-batches must be positive");
+  const int64_t batch = flags.integer("batch");
+  TT_CHECK(batch > 0 && flags.integer("eval-batches") > 0, "--batch and --eval-batches must be positive");
+  const int64_t batches =
+      eval_batches_to_use(val, batch, ctx, flags.integer("eval-batches"), flags.given("eval-batches"), true);
   check_eval_fits(val, batch, ctx, batches);
   const double loss = evaluate(model, val, batch, ctx, batches, device);
   TT_CHECK(std::isfinite(loss), "the mean loss of " + ckpt + " is not finite (" + std::to_string(loss) + ")");
@@ -193,9 +232,9 @@ int main(int argc, char** argv) {
     check_train_flags(flags, runtime.get());  // before the built-in corpus is prepared
     // Rank 0 prepares the built-in corpus (if needed) while the others wait.
     std::string data;
-    if (rank == 0) data = data_dir_or_default(flags);
+    if (rank == 0) data = training_data_dir(flags, true);
     if (runtime) dist::barrier();
-    if (rank != 0) data = data_dir_or_default(flags);
+    if (rank != 0) data = training_data_dir(flags, false);
     return run_training(flags, device, data, runtime.get());
   } catch (const RunEnded& e) {
     // Reached by every rank at the same step (divergence, a stop signal): a clean end, not an abort. The

@@ -59,6 +59,10 @@ mkdir -p "$work/one_letter"
 python3 -c "print('a' * 300000)" >"$work/one_letter/a.txt"
 expect_error "vocab above what the text holds" "Please set it to a value <= 267; lower --vocab, or give it more text" \
   "$prepare" --input "$work/one_letter" --out "$work/x0" --tokenizer sentencepiece --vocab 300
+mkdir -p "$work/many_letters"
+python3 -c "import string; print((string.ascii_letters + string.digits + ' ') * 5000)" >"$work/many_letters/a.txt"
+expect_error "vocab below the text's characters" "--vocab 270 is too small for this text: its characters and the special pieces need [0-9]* ids; pass --vocab" \
+  "$prepare" --input "$work/many_letters" --out "$work/x4" --tokenizer sentencepiece --vocab 270
 expect_error "vocab without sentencepiece" "--vocab and --tokenizer-model are for --tokenizer sentencepiece" \
   "$prepare" --input "$work/text" --out "$work/x2" --vocab 300
 expect_error "sentencepiece without vocab" "needs --vocab N" \

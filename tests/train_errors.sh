@@ -268,5 +268,37 @@ expect_error "--init-from with --resume" "pass one of them" \
 expect_error "--init-from of another shape" "--d-model 32 (the preset's or given) differs from the checkpoint" \
   "$train" "${common[@]}" --d-model 32 --out "$work/init3" --steps 2 --init-from "$ckpt"
 
+# A text file given as --data; a checkpoint cut short (a full disk, a partial copy) is called damaged.
+expect_error "data is a text file" "is a file, not a data folder: make one of it with prepare_data" \
+  "$train" --data "$work/text/a.txt" --steps 1
+head -c 5000 "$ckpt" >"$work/truncated.h5"
+expect_error "truncated checkpoint" "is damaged (cut short or overwritten?)" \
+  "$train" "${common[@]}" --out "$work/fromtruncated" --steps 6 --resume "$work/truncated.h5"
+# Resuming without --data goes on with the run's own data (not the built-in corpus); with other data a note
+# says so.
+cp -r "$work/run" "$work/run_nodata"
+expect_ok "resume without --data" "$train" --ctx 16 --batch 2 --eval-batches 1 --sample-tokens 0 \
+  --out "$work/run_nodata" --steps 6 --resume latest
+grep -q "data: $work/data (what $work/run_nodata/checkpoints/step_4.h5 was trained on" "$work/last.log" ||
+  { echo "FAIL resume without --data: not on the run's data"; head -3 "$work/last.log"; failures=$((failures + 1)); }
+# ... and its checkpoints record that data: an evaluation of the new one, without --data, finds it.
+expect_ok "eval-only of the resumed run" "$train" --eval-only --resume "$work/run_nodata" --ctx 16 --batch 2 \
+  --eval-batches 1
+grep -q "from $work/data/val.bin" "$work/last.log" ||
+  { echo "FAIL eval-only of the resumed run: $(tail -1 "$work/last.log")"; failures=$((failures + 1)); }
+"$prepare" --input "$work/text" --out "$work/data_other" --separator % >/dev/null
+expect_ok "resume on other data" "$train" --data "$work/data_other" --ctx 16 --batch 2 --eval-batches 1 \
+  --sample-tokens 0 --out "$work/run_other" --steps 6 --resume "$ckpt"
+grep -q "note: $ckpt was trained on $work/data; this run goes on with $work/data_other" "$work/last.log" ||
+  { echo "FAIL resume on other data: no note"; failures=$((failures + 1)); }
+# The default --eval-batches shrinks to what a small val.bin holds (said in a note); an explicit one does not.
+expect_ok "default eval batches on small data" "$train" --data "$work/data" --ctx 64 --batch 16 \
+  --sample-tokens 0 --out "$work/smallval" --steps 1 --ckpt-every -1
+grep -q "note: evaluating on [0-9]* batches, all that $work/data/val.bin holds at --batch 16" "$work/last.log" ||
+  { echo "FAIL default eval batches: no note"; failures=$((failures + 1)); }
+expect_error "explicit eval batches on small data" "--eval-batches 20 x --batch 16 needs 320 windows" \
+  "$train" --data "$work/data" --ctx 64 --batch 16 --eval-batches 20 --sample-tokens 0 --out "$work/smallval2" \
+  --steps 1
+
 echo "$failures failure(s)"
 [ $failures -eq 0 ]

@@ -98,7 +98,7 @@ head -c 5000 "$ckpt3" >"$work/truncated.h5"
 status=0
 output=$(timeout 120 "${mpi[@]}" -np 3 "$train" "${common[@]}" --zero 3 --steps 6 --resume "$work/truncated.h5" \
   --out "$work/truncated_run" 2>&1) || status=$?
-if [ $status -ne 1 ] || [ "$(grep -c "is not a readable HDF5 file" <<<"$output")" -ne 1 ] ||
+if [ $status -ne 1 ] || [ "$(grep -c "is damaged (cut short or overwritten?)" <<<"$output")" -ne 1 ] ||
   grep -q "stop requested" <<<"$output"; then
   echo "FAIL truncated checkpoint at 3 ranks: exit $status, expected 1 and one error line in:"
   echo "$output" | tail -8

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cstdio>
 #include <cstring>
 #include <exception>
 #include <filesystem>
@@ -278,6 +279,18 @@ void check_eval_fits(const TokenFile& val, int64_t batch, int64_t context, int64
               " needs " + (overflow ? "more than 2^63" : std::to_string(needed)) + " windows of " +
               std::to_string(context + 1) + " tokens; " + val.path() + " has room for " +
               std::to_string(room) + "; lower --eval-batches or --batch");
+}
+
+int64_t eval_batches_to_use(const TokenFile& val, int64_t batch, int64_t context, int64_t asked, bool given,
+                            bool announce) {
+  if (given || batch <= 0) return asked;
+  check_context_fits(val, context);
+  const int64_t room = window_room(val, context) / batch;
+  if (room == 0 || room >= asked) return asked;  // not even one batch: check_eval_fits says so
+  if (announce)
+    std::printf("note: evaluating on %lld batches, all that %s holds at --batch %lld (--eval-batches)\n",
+                static_cast<long long>(room), val.path().c_str(), static_cast<long long>(batch));
+  return room;
 }
 
 std::string decode_bytes(const std::vector<int32_t>& ids) {

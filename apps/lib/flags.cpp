@@ -399,10 +399,4 @@ std::vector<std::pair<std::string, std::string>> Flags::values() const {
   return all;
 }
 
-std::string Flags::summary_line() const {
-  std::ostringstream out;
-  for (const std::string& name : order_) out << "--" << name << " " << str(name) << " ";
-  return out.str();
-}
-
 }  // namespace tt::app

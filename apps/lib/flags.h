@@ -47,8 +47,6 @@ class Flags {
   std::string help() const;  // lines of at most 100 columns
   // Every declared flag as ("--name", value), in declaration order.
   std::vector<std::pair<std::string, std::string>> values() const;
-  // All flags as "--name value" pairs (what a checkpoint records).
-  std::string summary_line() const;
 
  private:
   struct Spec {

@@ -54,13 +54,18 @@ void check_writable(const std::string& path, const std::string& what) {
   // A link to nothing: opening it would create its target; the write itself will, if the user meant that.
   if (std::filesystem::is_symlink(link) && !std::filesystem::exists(path)) return;
   const bool existed = std::filesystem::exists(link);
-  {
-    std::ofstream probe(path, std::ios::app);  // creates the file if need be, changes nothing in it
-    if (!probe)
-      throw Error("cannot write " + what + " '" + path + "'" +
-                  (std::filesystem::is_directory(path) ? " (it is a folder: name a file)"
-                                                       : " (does its folder exist?)"));
+  // Opened for appending: creates the file if need be, changes nothing in it.
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+  if (fd < 0) {
+    const int error = errno;
+    const std::filesystem::path parent = std::filesystem::absolute(path).parent_path();
+    throw Error("cannot write " + what + " '" + path + "': " +
+                (std::filesystem::is_directory(path) ? "it is a folder (name a file)"
+                 : !std::filesystem::is_directory(parent)
+                     ? "its folder " + parent.string() + " does not exist"
+                     : std::string(std::strerror(error))));
   }
+  ::close(fd);
   if (!existed) std::filesystem::remove(path);
 }
 

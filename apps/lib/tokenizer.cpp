@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
@@ -238,6 +239,13 @@ std::unique_ptr<Tokenizer> train_sentencepiece(const std::vector<std::string_vie
     if (why.find("Vocabulary size too high") != std::string::npos) {
       if (why.back() == '.') why.pop_back();
       why += "; lower --vocab, or give it more text";
+    }
+    // Every character the text keeps needs an id of its own: SentencePiece says how many ("300 vs 303").
+    const size_t versus = why.find(" vs ");
+    if (why.find("smaller than required_chars") != std::string::npos && versus != std::string::npos) {
+      const std::string needed = std::to_string(std::atoll(why.c_str() + versus + 4));
+      throw Error("--vocab " + std::to_string(vocab_size) + " is too small for this text: its characters " +
+                  "and the special pieces need " + needed + " ids; pass --vocab " + needed + " or more");
     }
     throw Error("SentencePiece training failed: " + why);
   }

@@ -38,7 +38,7 @@ void declare_train_flags(Flags& f) {
   f.group("data");
   f.add("data", "",
         "folder with train.bin, val.bin (and meta.json); default: the built-in corpus, prepared on first use "
-        "(with --eval-only: the data the checkpoint was trained on, when it is found)");
+        "(resuming, and with --eval-only: the data the checkpoint was trained on, when it is found)");
   f.group("schedule");
   f.add("steps", "2000", "optimizer steps to train (total, also when resuming)");
   f.group("data");
@@ -64,7 +64,9 @@ void declare_train_flags(Flags& f) {
   f.add("sampling", "random", "order of the training batches", {"random", "sequential"});
   f.group("evaluation");
   f.add("eval-every", "200", "evaluate on val.bin every N steps (0: only at the end)");
-  f.add("eval-batches", "20", "batches per evaluation (the first eval-batches*batch windows of val.bin)");
+  f.add("eval-batches", "20",
+        "batches per evaluation (the first eval-batches*batch windows of val.bin); unless given, at most "
+        "what val.bin holds");
   f.group("checkpoints");
   f.add("ckpt-every", "500",
         "write a checkpoint every N steps; step 0 is written too (0: step 0 and the end only; -1: none, for "
@@ -219,6 +221,18 @@ void warn_if_settings_differ(const std::string& written_by, const Flags& flags) 
         "note: %s differ%s from the run that wrote the checkpoint, so the losses will not match an "
         "uninterrupted run\n",
         others.c_str(), others.find(',') == std::string::npos ? "s" : "");
+}
+
+// The same for the data: going on with other data (new text to fine-tune on) is a use, but should not pass
+// unsaid.
+void warn_if_data_differs(const std::string& checkpoint, const std::string& data_dir) {
+  const std::string trained_on = training_data_folder(checkpoint);
+  std::error_code before_error, now_error;
+  const fs::path before = fs::weakly_canonical(trained_on, before_error),
+                 now = fs::weakly_canonical(data_dir, now_error);
+  if (trained_on.empty() || before_error || now_error || before == now) return;
+  std::printf("note: %s was trained on %s; this run goes on with %s\n", checkpoint.c_str(),
+              trained_on.c_str(), data_dir.c_str());
 }
 
 // The same for the step's global batch (sequences over all ranks and micro-batches), from the flags and the
@@ -496,7 +510,8 @@ class TrainingRun {
       check_token_count(data_dir_, *train_file_);
       check_token_count(data_dir_, *val_file_);
       check_context_fits(*val_file_, plan_.ctx);  // now, not at the first evaluation
-      eval_batches_ = flags_.integer("eval-batches");
+      eval_batches_ = eval_batches_to_use(*val_file_, plan_.batch, plan_.ctx, flags_.integer("eval-batches"),
+                                          flags_.given("eval-batches"), root_);
       check_eval_fits(*val_file_, plan_.batch, plan_.ctx, eval_batches_);
       check_sample_settings();
     });
@@ -694,6 +709,7 @@ class TrainingRun {
                     static_cast<long long>(state_.step), format_bytes(bytes).c_str(),
                     format_seconds(load_s).c_str(), format_rate(bytes, load_s).c_str());
         warn_if_settings_differ(written_by, flags_);
+        warn_if_data_differs(resume_, data_dir_);
         warn_if_global_batch_differs(written_by, plan_.batch * plan_.accum * plan_.world, plan_.world,
                                      flags_.str("sampling"));
         // What came after the checkpoint in its own folder belongs to a future this run replaces; another
@@ -726,9 +742,13 @@ class TrainingRun {
 
   bool complete() const { return complete_; }
 
-  // What checkpoints record of the run that writes them: its flags, and its rank count as "--ranks N".
+  // What checkpoints record of the run that writes them: its flags, its rank count as "--ranks N", and the
+  // data it reads as "--data" also when it came from the resumed checkpoint (or is the built-in corpus).
   std::string recorded_args() const {
-    return flags_.summary_line() + "--ranks " + std::to_string(plan_.world) + " ";
+    std::string line;
+    for (const auto& [name, value] : flags_.values())
+      line += name + " " + (name == "--data" ? data_dir_ : value) + " ";
+    return line + "--ranks " + std::to_string(plan_.world) + " ";
   }
 
   // What an out-of-memory error adds: the flags that would lower this run's memory, from what it uses now.

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <system_error>
 #include <thread>
@@ -173,7 +174,18 @@ H5File H5File::create(const std::string& path) {
 H5File H5File::open_read(const std::string& path) {
   if (!std::filesystem::exists(path)) throw Error("checkpoint '" + path + "' does not exist");
   const hid_t id = H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT);
-  if (id < 0) throw Error("'" + path + "' is not a readable HDF5 file");
+  if (id < 0) {
+    // HDF5's signature at the start: a file HDF5 wrote, now damaged (cut short by a full disk or a copy,
+    // overwritten); without it, some other file.
+    char signature[8] = {};
+    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    const bool hdf5 = fd >= 0 && ::read(fd, signature, sizeof(signature)) == sizeof(signature) &&
+                      std::memcmp(signature, "\x89HDF\r\n\x1a\n", sizeof(signature)) == 0;
+    if (fd >= 0) ::close(fd);
+    throw Error("'" + path + "' " +
+                (hdf5 ? "is damaged (cut short or overwritten?): HDF5 cannot open it"
+                      : "is not a readable HDF5 file (not a checkpoint?)"));
+  }
   return H5File(id, path);
 }
 
