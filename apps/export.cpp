@@ -38,7 +38,9 @@ const char* kByteTokensNote =
 // The training data's folder: --data, else the one the checkpoint's run trained on (found as generate finds
 // it).
 std::string data_folder(const Flags& flags, const std::string& checkpoint) {
-  return flags.given("data") ? flags.str("data") : training_data_folder(checkpoint);
+  if (!flags.given("data")) return training_data_folder(checkpoint);
+  check_data_folder_path(flags.str("data"));
+  return flags.str("data");
 }
 
 fs::path folder_path(const std::string& text) {

@@ -43,7 +43,10 @@ bool launched_by_mpi() {
 }
 
 std::string data_dir_or_default(const Flags& flags) {
-  if (flags.given("data")) return flags.str("data");
+  if (flags.given("data")) {
+    check_data_folder_path(flags.str("data"));
+    return flags.str("data");
+  }
   const std::string dir = kBuiltinDataDir;
   if (!fs::exists(dir + "/train.bin")) {
     const std::string corpus = "/usr/share/games/fortunes";
@@ -60,32 +63,31 @@ std::string data_dir_or_default(const Flags& flags) {
   return dir;
 }
 
-// The data a training run reads: --data; without it, what the checkpoint --resume names was trained on (a
-// resumed run goes on with its own data), else the built-in corpus. `announce`: print which (rank 0).
-std::string training_data_dir(const Flags& flags, bool announce) {
-  if (flags.given("data") || flags.str("resume").empty()) return data_dir_or_default(flags);
-  // The data is recorded in each checkpoint of a run: the newest that reads says it (the set-up verifies the
-  // one it resumes, later).
+// A resumed run's own data: without --data, what the checkpoint --resume names was trained on, as recorded
+// in it. "" when --data is given, nothing is resumed, or that is the built-in corpus. `announce`: say which.
+std::string resumed_run_data(const Flags& flags, bool announce) {
+  if (flags.given("data") || flags.str("resume").empty()) return "";
   const std::string resume = flags.str("resume");
-  std::vector<std::string> candidates;
+  std::string checkpoint, trained_on;
   if (resume == "latest" || fs::is_directory(resume)) {
+    // The newest checkpoint that reads (the set-up resumes the newest that loads, and refuses it if it was
+    // trained on other data than this).
     std::string dir = resume == "latest" ? flags.str("out") + "/checkpoints" : resume;
     if (resume != "latest" && fs::is_directory(resume + "/checkpoints")) dir = resume + "/checkpoints";
-    for (const auto& entry : list_checkpoints(dir)) candidates.insert(candidates.begin(), entry.second);
-  } else {
-    candidates.push_back(resume);
-  }
-  std::string checkpoint, trained_on;
-  for (const std::string& candidate : candidates) {
-    try {
-      trained_on = training_data_folder(candidate);
-      checkpoint = candidate;
-      break;
-    } catch (const Error&) {
-      // unreadable: the set-up says why
+    const auto found = list_checkpoints(dir);
+    for (auto it = found.rbegin(); it != found.rend() && checkpoint.empty(); ++it) {
+      try {
+        trained_on = training_data_folder(it->second);
+        checkpoint = it->second;
+      } catch (const Error&) {
+        // does not read: the set-up says why
+      }
     }
+  } else {
+    checkpoint = resume;
+    trained_on = training_data_folder(resume);  // a file that does not read: that error, nothing prepared
   }
-  if (trained_on.empty() || trained_on == kBuiltinDataDir) return data_dir_or_default(flags);
+  if (trained_on.empty() || trained_on == kBuiltinDataDir) return "";
   TT_CHECK(fs::exists(trained_on + "/meta.json"),
            "--resume: " + checkpoint + " was trained on " + trained_on +
                (fs::exists(trained_on) ? ", which has no meta.json" : ", which is gone") +
@@ -139,6 +141,10 @@ int run_eval_only(const Flags& flags, Device device) {
   // Without --data: the data the checkpoint was trained on, where it can be found.
   const std::string trained_on = flags.given("data") ? "" : training_data_folder(ckpt);
   const bool found = !trained_on.empty() && fs::exists(trained_on + "/meta.json");
+  // A checkpoint of other data than the built-in corpus is not measured on that corpus instead.
+  TT_CHECK(found || trained_on.empty() || trained_on == kBuiltinDataDir,
+           "pass --data with the data to evaluate on: " + ckpt + " was trained on " + trained_on +
+               (fs::exists(trained_on) ? ", which has no meta.json" : ", which is gone"));
   // The built-in corpus is byte tokens: only a byte-level model can be measured on it.
   TT_CHECK(found || flags.given("data") || config.vocab_size == kByteVocab,
            "pass --data with the data to evaluate on: " + ckpt +
@@ -230,11 +236,19 @@ int main(int argc, char** argv) {
       return run_eval_only(flags, device);
     }
     check_train_flags(flags, runtime.get());  // before the built-in corpus is prepared
-    // Rank 0 prepares the built-in corpus (if needed) while the others wait.
-    std::string data;
-    if (rank == 0) data = training_data_dir(flags, true);
+    // A resumed run's data, checked on every rank: a problem ends the job with one line.
+    std::string data, problem;
+    try {
+      data = resumed_run_data(flags, rank == 0);
+    } catch (const Error& e) {
+      problem = e.what();
+    }
+    if (runtime && runtime->world_size() > 1) dist::raise_if_any_rank_failed(*runtime, problem);
+    if (!problem.empty()) throw Error(problem);
+    // Else --data, or the built-in corpus: rank 0 prepares it (if needed) while the others wait.
+    if (data.empty() && rank == 0) data = data_dir_or_default(flags);
     if (runtime) dist::barrier();
-    if (rank != 0) data = training_data_dir(flags, false);
+    if (data.empty() && rank != 0) data = data_dir_or_default(flags);
     return run_training(flags, device, data, runtime.get());
   } catch (const RunEnded& e) {
     // Reached by every rank at the same step (divergence, a stop signal): a clean end, not an abort. The

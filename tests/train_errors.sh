@@ -291,6 +291,43 @@ expect_ok "resume on other data" "$train" --data "$work/data_other" --ctx 16 --b
   --sample-tokens 0 --out "$work/run_other" --steps 6 --resume "$ckpt"
 grep -q "note: $ckpt was trained on $work/data; this run goes on with $work/data_other" "$work/last.log" ||
   { echo "FAIL resume on other data: no note"; failures=$((failures + 1)); }
+# A relative --data, resumed from another directory: the checkpoint records where the data is; a path with
+# blanks reads back whole.
+mkdir -p "$work/w1" "$work/w2" "$work/sp ace"
+cp -r "$work/data" "$work/w1/mydata" && cp -r "$work/data" "$work/sp ace/my data"
+(cd "$work/w1" && "$train" --data mydata --ctx 16 --batch 2 --eval-batches 1 --sample-tokens 0 \
+  --out "$work/w1/runs/b" --steps 2 >/dev/null 2>&1)
+(cd "$work/w2" && expect_ok "resume from another directory" "$train" --ctx 16 --batch 2 --eval-batches 1 \
+  --sample-tokens 0 --out "$work/w1/runs/b" --steps 4 --resume latest)
+grep -q "data: $work/w1/mydata (what" "$work/last.log" ||
+  { echo "FAIL resume from another directory: $(head -2 "$work/last.log")"; failures=$((failures + 1)); }
+"$train" --data "$work/sp ace/my data" --ctx 16 --batch 2 --eval-batches 1 --sample-tokens 0 \
+  --out "$work/spaced" --steps 2 >/dev/null 2>&1
+expect_ok "resume on data with blanks in its path" "$train" --ctx 16 --batch 2 --eval-batches 1 \
+  --sample-tokens 0 --out "$work/spaced" --steps 4 --resume latest
+grep -q "data: $work/sp ace/my data (what" "$work/last.log" ||
+  { echo "FAIL data with blanks: $(head -2 "$work/last.log")"; failures=$((failures + 1)); }
+# A --resume file that does not read, without --data: its error, and nothing prepared where it ran.
+mkdir -p "$work/empty_cwd2"
+(cd "$work/empty_cwd2" && expect_error "resume a missing file" "checkpoint 'nosuch.h5' does not exist" \
+  "$train" --ctx 16 --batch 2 --out "$work/nosuch_run" --steps 2 --resume nosuch.h5)
+[ -z "$(ls -A "$work/empty_cwd2")" ] || { echo "FAIL resume a missing file: wrote $(ls -A "$work/empty_cwd2")"; failures=$((failures + 1)); }
+# The newest checkpoint (on other data) does not load (its name says step 9, it holds step 6): the one resumed
+# was trained on other data than it records, so the user chooses.
+mkdir -p "$work/run_mixed/checkpoints"
+cp "$ckpt" "$work/run_mixed/checkpoints/step_4.h5"
+cp "$work/run_other/checkpoints/step_6.h5" "$work/run_mixed/checkpoints/step_9.h5"
+expect_error "newest checkpoint damaged, on other data" "pass --data with the data to go on with" \
+  "$train" --ctx 16 --batch 2 --eval-batches 1 --sample-tokens 0 --out "$work/run_mixed" --steps 8 --resume latest
+# An evaluation of a checkpoint whose data is gone is refused, not run on the built-in corpus.
+cp -r "$work/data" "$work/data_gone"
+"$train" --data "$work/data_gone" --ctx 16 --batch 2 --eval-batches 1 --sample-tokens 0 --out "$work/gone_run" \
+  --steps 2 >/dev/null 2>&1
+rm -rf "$work/data_gone"
+expect_error "eval-only, data gone" "was trained on $work/data_gone, which is gone" \
+  "$train" --eval-only --resume "$work/gone_run" --ctx 16 --batch 2 --eval-batches 1
+expect_error "a token file as --data" "is a file of a data folder: pass --data $work/data" \
+  "$train" --data "$work/data/train.bin" --vocab 257 --steps 1
 # The default --eval-batches shrinks to what a small val.bin holds (said in a note); an explicit one does not.
 expect_ok "default eval batches on small data" "$train" --data "$work/data" --ctx 64 --batch 16 \
   --sample-tokens 0 --out "$work/smallval" --steps 1 --ckpt-every -1

@@ -10,6 +10,7 @@
 #include <deque>
 #include <exception>
 #include <filesystem>
+#include <iomanip>
 #include <limits>
 #include <mutex>
 #include <optional>
@@ -645,11 +646,28 @@ std::string read_checkpoint_data_tokenizer(const std::string& path) {
 
 std::string recorded_flag(const std::string& args, const std::string& name) {
   std::istringstream in(args);
-  std::string token, value;
-  while (in >> token) {
-    if (token == "--" + name) return (in >> value) && value.rfind("--", 0) != 0 ? value : "";
+  std::string token;
+  while (in >> std::quoted(token)) {
+    if (token != "--" + name) continue;
+    // An empty value was recorded as nothing: the next token is the next flag.
+    std::string value;
+    const bool quoted = (in >> std::ws).peek() == '"';
+    return (in >> std::quoted(value)) && (quoted || value.rfind("--", 0) != 0) ? value : "";
   }
   return "";
+}
+
+std::string recorded_args_line(const std::vector<std::pair<std::string, std::string>>& flags) {
+  std::ostringstream out;
+  for (const auto& [name, value] : flags) {
+    out << name << ' ';
+    if (value.find_first_of(" \t\n\"\\") == std::string::npos)
+      out << value;
+    else
+      out << std::quoted(value);
+    out << ' ';
+  }
+  return out.str();
 }
 
 std::string training_data_folder(const std::string& checkpoint) {
@@ -659,8 +677,9 @@ std::string training_data_folder(const std::string& checkpoint) {
   if (data.empty()) data = kBuiltinDataDir;
   namespace fs = std::filesystem;
   const fs::path recorded(data), out(recorded_flag(args, "out"));
-  if (fs::exists(recorded / "meta.json") || recorded.is_absolute() || out.empty() || out.is_absolute())
-    return data;
+  // A relative path was relative to where that run started: found from the checkpoint's place in its run
+  // folder (RUN/checkpoints/step_N.h5, RUN as --out gave it) first, then from here.
+  if (recorded.is_absolute() || out.empty() || out.is_absolute()) return data;
   fs::path base = fs::absolute(checkpoint).lexically_normal().parent_path().parent_path();
   fs::path part = out.lexically_normal();
   if (!part.has_filename()) part = part.parent_path();  // "runs/x/"
@@ -668,7 +687,7 @@ std::string training_data_folder(const std::string& checkpoint) {
     if (base.filename() != part.filename()) return data;
     base = base.parent_path();
   }
-  const fs::path there = base / recorded;
+  const fs::path there = (base / recorded).lexically_normal();
   return fs::exists(there / "meta.json") ? there.string() : data;
 }
 

@@ -15,6 +15,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "nn/transformer.h"
@@ -111,6 +112,9 @@ void read_checkpoint_parameters(const std::string& path, const ParameterVisitor&
 std::string read_checkpoint_args(const std::string& path);
 // The value of `--name` in such recorded flags ("--a 1 --b x ..."), or "" when absent or empty.
 std::string recorded_flag(const std::string& args, const std::string& name);
+// Flags as recorded: "--name value " each, a value with a blank or a quote in double quotes (as std::quoted
+// writes it; recorded_flag reads it back whole).
+std::string recorded_args_line(const std::vector<std::pair<std::string, std::string>>& flags);
 // /train's data_tokenizer; "" when the file has none.
 std::string read_checkpoint_data_tokenizer(const std::string& path);
 

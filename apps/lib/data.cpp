@@ -281,6 +281,19 @@ void check_eval_fits(const TokenFile& val, int64_t batch, int64_t context, int64
               std::to_string(room) + "; lower --eval-batches or --batch");
 }
 
+void check_data_folder_path(const std::string& path) {
+  std::error_code error;
+  if (!std::filesystem::is_regular_file(path, error)) return;
+  const std::filesystem::path file(path);
+  const std::string name = file.filename().string();
+  if (name == "train.bin" || name == "val.bin" || name == "meta.json") {
+    throw Error("--data " + path + " is a file of a data folder: pass --data " +
+                (file.parent_path().empty() ? std::string(".") : file.parent_path().string()));
+  }
+  throw Error("--data " + path + " is a file, not a data folder: make one of it with prepare_data --input " +
+              path + " --out FOLDER, then pass --data FOLDER");
+}
+
 int64_t eval_batches_to_use(const TokenFile& val, int64_t batch, int64_t context, int64_t asked, bool given,
                             bool announce) {
   if (given || batch <= 0) return asked;
@@ -288,8 +301,9 @@ int64_t eval_batches_to_use(const TokenFile& val, int64_t batch, int64_t context
   const int64_t room = window_room(val, context) / batch;
   if (room == 0 || room >= asked) return asked;  // not even one batch: check_eval_fits says so
   if (announce)
-    std::printf("note: evaluating on %lld batches, all that %s holds at --batch %lld (--eval-batches)\n",
-                static_cast<long long>(room), val.path().c_str(), static_cast<long long>(batch));
+    std::printf("note: evaluating on %lld batch%s, all that %s holds at --batch %lld (--eval-batches)\n",
+                static_cast<long long>(room), room == 1 ? "" : "es", val.path().c_str(),
+                static_cast<long long>(batch));
   return room;
 }
 

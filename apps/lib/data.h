@@ -136,6 +136,10 @@ Batch eval_batch(const TokenFile& file, int64_t batch, int64_t context, int64_t 
 // Throws tt::Error (one line, naming the flags and the file) unless `val` holds `batches` * `batch`
 // distinct windows of `context` + 1 tokens.
 void check_eval_fits(const TokenFile& val, int64_t batch, int64_t context, int64_t batches);
+// A --data that names a file (a text not yet prepared, or one of a data folder's files) is refused with what
+// to pass instead; anything else is left to the readers.
+void check_data_folder_path(const std::string& path);
+
 // The evaluation batches a run takes: `asked` (--eval-batches); when the flag was not given, at most as many
 // as `val` holds (a small text's), said in a note on stdout when `announce`. check_eval_fits still applies.
 int64_t eval_batches_to_use(const TokenFile& val, int64_t batch, int64_t context, int64_t asked, bool given,

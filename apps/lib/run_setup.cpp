@@ -117,9 +117,7 @@ nn::ModelConfig model_config_from_flags(const Flags& flags, Device device, int64
     // No guess: a wrong vocabulary trains a wrong model, or fails only at the first large id.
     const bool named = flags.declared("data") && flags.given("data");
     const std::string data = flags.str("data");
-    TT_CHECK(!named || !std::filesystem::is_regular_file(data),
-             "--data " + data + " is a file, not a data folder: make one of it with prepare_data --input " +
-                 data + " --out FOLDER, then pass --data FOLDER");
+    if (named) check_data_folder_path(data);
     TT_CHECK(!named || std::filesystem::is_directory(data), "data folder '" + data + "' does not exist");
     const std::string meta = named ? flags.str("data") + "/meta.json" : "the data folder's meta.json";
     throw Error("no vocabulary size: " + meta +

@@ -223,16 +223,27 @@ void warn_if_settings_differ(const std::string& written_by, const Flags& flags) 
         others.c_str(), others.find(',') == std::string::npos ? "s" : "");
 }
 
-// The same for the data: going on with other data (new text to fine-tune on) is a use, but should not pass
-// unsaid.
-void warn_if_data_differs(const std::string& checkpoint, const std::string& data_dir) {
+// Whether two paths name one folder (as the file system resolves them now).
+bool same_folder(const std::string& a, const std::string& b) {
+  std::error_code a_error, b_error;
+  const fs::path ca = fs::weakly_canonical(a, a_error), cb = fs::weakly_canonical(b, b_error);
+  return a_error || b_error ? fs::path(a).lexically_normal() == fs::path(b).lexically_normal() : ca == cb;
+}
+
+// The data of a resumed run against its checkpoint's. With --data, going on with other data (new text to
+// fine-tune on) is a use, but should not pass unsaid: a note (rank 0). Without, train reads what the newest
+// readable checkpoint records; the one resumed, when a newer one does not load, may say otherwise: then the
+// user chooses.
+void check_resumed_data(const std::string& checkpoint, const std::string& data_dir, bool data_given,
+                        bool root) {
   const std::string trained_on = training_data_folder(checkpoint);
-  std::error_code before_error, now_error;
-  const fs::path before = fs::weakly_canonical(trained_on, before_error),
-                 now = fs::weakly_canonical(data_dir, now_error);
-  if (trained_on.empty() || before_error || now_error || before == now) return;
-  std::printf("note: %s was trained on %s; this run goes on with %s\n", checkpoint.c_str(),
-              trained_on.c_str(), data_dir.c_str());
+  if (trained_on.empty() || same_folder(trained_on, data_dir)) return;
+  TT_CHECK(data_given, checkpoint + " was trained on " + trained_on + ", not on " + data_dir +
+                           " (what a newer checkpoint of the run, which does not load, records); pass --data "
+                           "with the data to go on with");
+  if (root)
+    std::printf("note: %s was trained on %s; this run goes on with %s\n", checkpoint.c_str(),
+                trained_on.c_str(), data_dir.c_str());
 }
 
 // The same for the step's global batch (sequences over all ranks and micro-batches), from the flags and the
@@ -560,6 +571,9 @@ class TrainingRun {
         // rank 0's one line, rather than each rank failing on it with its own.
         if (root_ && plan_.world > 1) read_checkpoint_config(start);
       });
+      if (!resume_.empty())
+        check_on_every_rank(runtime_,
+                            [&] { check_resumed_data(resume_, data_dir_, flags_.given("data"), root_); });
       // The model the file holds: its RoPE theta and RMSNorm epsilon (not flags) come from it.
       check_on_every_rank(runtime_, [&] { check_data_vocabulary(start, data_dir_, flags_, root_); });
     }
@@ -709,7 +723,6 @@ class TrainingRun {
                     static_cast<long long>(state_.step), format_bytes(bytes).c_str(),
                     format_seconds(load_s).c_str(), format_rate(bytes, load_s).c_str());
         warn_if_settings_differ(written_by, flags_);
-        warn_if_data_differs(resume_, data_dir_);
         warn_if_global_batch_differs(written_by, plan_.batch * plan_.accum * plan_.world, plan_.world,
                                      flags_.str("sampling"));
         // What came after the checkpoint in its own folder belongs to a future this run replaces; another
@@ -745,10 +758,15 @@ class TrainingRun {
   // What checkpoints record of the run that writes them: its flags, its rank count as "--ranks N", and the
   // data it reads as "--data" also when it came from the resumed checkpoint (or is the built-in corpus).
   std::string recorded_args() const {
-    std::string line;
-    for (const auto& [name, value] : flags_.values())
-      line += name + " " + (name == "--data" ? data_dir_ : value) + " ";
-    return line + "--ranks " + std::to_string(plan_.world) + " ";
+    // The data as an absolute path (a run may be resumed from anywhere), but the built-in corpus by its
+    // name: wherever it is prepared.
+    const std::string data =
+        data_dir_ == kBuiltinDataDir ? data_dir_ : fs::absolute(data_dir_).lexically_normal().string();
+    std::vector<std::pair<std::string, std::string>> args = flags_.values();
+    for (auto& [name, value] : args)
+      if (name == "--data") value = data;
+    args.emplace_back("--ranks", std::to_string(plan_.world));
+    return recorded_args_line(args);
   }
 
   // What an out-of-memory error adds: the flags that would lower this run's memory, from what it uses now.

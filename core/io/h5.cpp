@@ -182,9 +182,12 @@ H5File H5File::open_read(const std::string& path) {
     const bool hdf5 = fd >= 0 && ::read(fd, signature, sizeof(signature)) == sizeof(signature) &&
                       std::memcmp(signature, "\x89HDF\r\n\x1a\n", sizeof(signature)) == 0;
     if (fd >= 0) ::close(fd);
+    std::error_code size_error;
+    const bool empty = std::filesystem::file_size(path, size_error) == 0 && !size_error;
     throw Error("'" + path + "' " +
-                (hdf5 ? "is damaged (cut short or overwritten?): HDF5 cannot open it"
-                      : "is not a readable HDF5 file (not a checkpoint?)"));
+                (hdf5    ? "is damaged (cut short or overwritten?): HDF5 cannot open it"
+                 : empty ? "is empty (a write cut short?)"
+                         : "is not a readable HDF5 file (not a checkpoint?)"));
   }
   return H5File(id, path);
 }
