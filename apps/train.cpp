@@ -63,17 +63,21 @@ std::string data_dir_or_default(const Flags& flags) {
   return dir;
 }
 
+// "FOLDER, which is gone" (or has no meta.json): why a recorded data folder cannot be read.
+std::string unusable_data(const std::string& folder) {
+  return folder + (fs::exists(folder) ? ", which has no meta.json" : ", which is gone");
+}
+
 // A resumed run's own data: without --data, what the checkpoint --resume names was trained on, as recorded
 // in it. "" when --data is given, nothing is resumed, or that is the built-in corpus. `announce`: say which.
 std::string resumed_run_data(const Flags& flags, bool announce) {
   if (flags.given("data") || flags.str("resume").empty()) return "";
   const std::string resume = flags.str("resume");
   std::string checkpoint, trained_on;
-  if (resume == "latest" || fs::is_directory(resume)) {
+  const std::string dir = resume_checkpoints_dir(resume, flags.str("out"));
+  if (!dir.empty()) {
     // The newest checkpoint that reads (the set-up resumes the newest that loads, and refuses it if it was
     // trained on other data than this).
-    std::string dir = resume == "latest" ? flags.str("out") + "/checkpoints" : resume;
-    if (resume != "latest" && fs::is_directory(resume + "/checkpoints")) dir = resume + "/checkpoints";
     const auto found = list_checkpoints(dir);
     for (auto it = found.rbegin(); it != found.rend() && checkpoint.empty(); ++it) {
       try {
@@ -88,10 +92,9 @@ std::string resumed_run_data(const Flags& flags, bool announce) {
     trained_on = training_data_folder(resume);  // a file that does not read: that error, nothing prepared
   }
   if (trained_on.empty() || trained_on == kBuiltinDataDir) return "";
-  TT_CHECK(fs::exists(trained_on + "/meta.json"),
-           "--resume: " + checkpoint + " was trained on " + trained_on +
-               (fs::exists(trained_on) ? ", which has no meta.json" : ", which is gone") +
-               "; pass --data with the data to go on with");
+  TT_CHECK(fs::exists(trained_on + "/meta.json"), "--resume: " + checkpoint + " was trained on " +
+                                                      unusable_data(trained_on) +
+                                                      "; pass --data with the data to go on with");
   if (announce)
     std::printf("data: %s (what %s was trained on; --data gives other data)\n", trained_on.c_str(),
                 checkpoint.c_str());
@@ -142,16 +145,15 @@ int run_eval_only(const Flags& flags, Device device) {
   const std::string trained_on = flags.given("data") ? "" : training_data_folder(ckpt);
   const bool found = !trained_on.empty() && fs::exists(trained_on + "/meta.json");
   // A checkpoint of other data than the built-in corpus is not measured on that corpus instead.
-  TT_CHECK(found || trained_on.empty() || trained_on == kBuiltinDataDir,
-           "pass --data with the data to evaluate on: " + ckpt + " was trained on " + trained_on +
-               (fs::exists(trained_on) ? ", which has no meta.json" : ", which is gone"));
+  TT_CHECK(
+      found || trained_on.empty() || trained_on == kBuiltinDataDir,
+      "pass --data with the data to evaluate on: " + ckpt + " was trained on " + unusable_data(trained_on));
   // The built-in corpus is byte tokens: only a byte-level model can be measured on it.
-  TT_CHECK(found || flags.given("data") || config.vocab_size == kByteVocab,
-           "pass --data with the data to evaluate on: " + ckpt +
-               (trained_on.empty()       ? " records no data folder"
-                : fs::exists(trained_on) ? " was trained on " + trained_on + ", which has no meta.json"
-                                         : " was trained on " + trained_on + ", which is gone") +
-               ", and its " + std::to_string(config.vocab_size) + " ids are not the built-in corpus's bytes");
+  TT_CHECK(
+      found || flags.given("data") || config.vocab_size == kByteVocab,
+      "pass --data with the data to evaluate on: " + ckpt +
+          (trained_on.empty() ? " records no data folder" : " was trained on " + unusable_data(trained_on)) +
+          ", and its " + std::to_string(config.vocab_size) + " ids are not the built-in corpus's bytes");
   const std::string data = found ? trained_on : data_dir_or_default(flags);
   check_training_tokenizer(ckpt, data, "pass --data with the data it was trained on");
   const int64_t data_vocab = read_vocab_size(data);

@@ -297,7 +297,6 @@ void check_data_folder_path(const std::string& path) {
 int64_t eval_batches_to_use(const TokenFile& val, int64_t batch, int64_t context, int64_t asked, bool given,
                             bool announce) {
   if (given || batch <= 0) return asked;
-  check_context_fits(val, context);
   const int64_t room = window_room(val, context) / batch;
   if (room == 0 || room >= asked) return asked;  // not even one batch: check_eval_fits says so
   if (announce)

@@ -141,7 +141,8 @@ void check_eval_fits(const TokenFile& val, int64_t batch, int64_t context, int64
 void check_data_folder_path(const std::string& path);
 
 // The evaluation batches a run takes: `asked` (--eval-batches); when the flag was not given, at most as many
-// as `val` holds (a small text's), said in a note on stdout when `announce`. check_eval_fits still applies.
+// as `val` holds (a small text's), said in a note on stdout when `announce`. check_eval_fits still applies
+// (and check_context_fits, which callers run first).
 int64_t eval_batches_to_use(const TokenFile& val, int64_t batch, int64_t context, int64_t asked, bool given,
                             bool announce);
 

@@ -15,6 +15,7 @@
 #include "apps/lib/checkpoint.h"
 #include "apps/lib/report.h"
 #include "base/error.h"
+#include "core/io/h5.h"
 
 namespace tt::app {
 
@@ -77,12 +78,17 @@ std::string newest_loadable_checkpoint(const std::string& dir, bool weights_only
   return "";
 }
 
+std::string resume_checkpoints_dir(const std::string& resume, const std::string& out) {
+  std::error_code ec;
+  if (resume == "latest") return out + "/checkpoints";
+  if (resume.empty() || !fs::is_directory(resume, ec)) return "";
+  return fs::is_directory(resume + "/checkpoints", ec) ? resume + "/checkpoints" : resume;
+}
+
 std::string resolve_resume(const std::string& resume, const std::string& out, bool weights_only) {
   if (resume.empty()) return "";
-  std::error_code ec;
-  if (resume != "latest" && !fs::is_directory(resume, ec)) return resume;  // a file (checked when loaded)
-  std::string dir = resume == "latest" ? out + "/checkpoints" : resume;
-  if (resume != "latest" && fs::is_directory(resume + "/checkpoints", ec)) dir = resume + "/checkpoints";
+  const std::string dir = resume_checkpoints_dir(resume, out);
+  if (dir.empty()) return resume;  // a file (checked when loaded)
   const std::string newest = newest_loadable_checkpoint(dir, weights_only);
   TT_CHECK(!newest.empty() || resume == "latest",
            "--resume " + resume + ": no loadable checkpoint in " + dir);
@@ -93,17 +99,13 @@ std::string checkpoint_or_newest(const std::string& given, const std::string& fl
   // A Hugging Face folder, or its weights file, is what `import` reads, not a checkpoint: a folder with
   // config.json and safetensors weights but no checkpoints, or a .safetensors file that is not HDF5.
   const fs::path hf_folder = fs::is_directory(given) ? fs::path(given) : fs::path(given).parent_path();
-  const auto is_hdf5 = [](const fs::path& file) {
-    std::ifstream in(file, std::ios::binary);
-    char signature[8] = {};
-    return in.read(signature, sizeof(signature)) && std::memcmp(signature, "\x89HDF\r\n\x1a\n", 8) == 0;
-  };
-  const bool hf_weights =
-      fs::is_directory(given)
-          ? !fs::is_directory(hf_folder / "checkpoints") && fs::exists(hf_folder / "config.json") &&
-                (fs::exists(hf_folder / "model.safetensors") ||
-                 fs::exists(hf_folder / "model.safetensors.index.json"))
-          : fs::path(given).extension() == ".safetensors" && fs::is_regular_file(given) && !is_hdf5(given);
+  const bool hf_weights = fs::is_directory(given)
+                              ? !fs::is_directory(hf_folder / "checkpoints") &&
+                                    fs::exists(hf_folder / "config.json") &&
+                                    (fs::exists(hf_folder / "model.safetensors") ||
+                                     fs::exists(hf_folder / "model.safetensors.index.json"))
+                              : fs::path(given).extension() == ".safetensors" && fs::is_regular_file(given) &&
+                                    !io::has_hdf5_signature(given);
   TT_CHECK(!hf_weights, flag + " " + given +
                             " is a Hugging Face model; make a checkpoint of it first: import --from " +
                             (hf_folder.empty() ? std::string(".") : hf_folder.string()) + " --out MODEL.h5");

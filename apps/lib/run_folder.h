@@ -22,6 +22,10 @@ std::vector<std::pair<int64_t, std::string>> list_checkpoints(const std::string&
 // "" when none does. Each one that does not is reported on stderr with the reason.
 std::string newest_loadable_checkpoint(const std::string& dir, bool weights_only = false);
 
+// The folder whose checkpoints `--resume` means: `out`/checkpoints for "latest", a run folder's checkpoints/
+// (or the folder itself); "" for a file or nothing.
+std::string resume_checkpoints_dir(const std::string& resume, const std::string& out);
+
 // What `--resume` names: a checkpoint file, "latest" (the newest loadable checkpoint of `out`), or a run
 // folder (its newest loadable checkpoint). Returns "" for "latest" when `out` has no checkpoint yet (a
 // first start of a job that always passes --resume latest); a folder without one is an error.

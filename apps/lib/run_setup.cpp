@@ -116,9 +116,8 @@ nn::ModelConfig model_config_from_flags(const Flags& flags, Device device, int64
   if (vocab == 0 && data_vocab == 0) {
     // No guess: a wrong vocabulary trains a wrong model, or fails only at the first large id.
     const bool named = flags.declared("data") && flags.given("data");
-    const std::string data = flags.str("data");
-    if (named) check_data_folder_path(data);
-    TT_CHECK(!named || std::filesystem::is_directory(data), "data folder '" + data + "' does not exist");
+    TT_CHECK(!named || std::filesystem::is_directory(flags.str("data")),
+             "data folder '" + flags.str("data") + "' does not exist");
     const std::string meta = named ? flags.str("data") + "/meta.json" : "the data folder's meta.json";
     throw Error("no vocabulary size: " + meta +
                 " does not exist; pass --vocab N for token files without one (every id must be below N)");

@@ -171,17 +171,22 @@ H5File H5File::create(const std::string& path) {
   return H5File(id, path);
 }
 
+bool has_hdf5_signature(const std::string& path) {
+  char signature[8] = {};
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return false;
+  const bool whole = ::read(fd, signature, sizeof(signature)) == sizeof(signature);
+  ::close(fd);
+  return whole && std::memcmp(signature, "\x89HDF\r\n\x1a\n", sizeof(signature)) == 0;
+}
+
 H5File H5File::open_read(const std::string& path) {
   if (!std::filesystem::exists(path)) throw Error("checkpoint '" + path + "' does not exist");
   const hid_t id = H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT);
   if (id < 0) {
-    // HDF5's signature at the start: a file HDF5 wrote, now damaged (cut short by a full disk or a copy,
+    // With HDF5's signature: a file HDF5 wrote, now damaged (cut short by a full disk or a copy,
     // overwritten); without it, some other file.
-    char signature[8] = {};
-    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-    const bool hdf5 = fd >= 0 && ::read(fd, signature, sizeof(signature)) == sizeof(signature) &&
-                      std::memcmp(signature, "\x89HDF\r\n\x1a\n", sizeof(signature)) == 0;
-    if (fd >= 0) ::close(fd);
+    const bool hdf5 = has_hdf5_signature(path);
     std::error_code size_error;
     const bool empty = std::filesystem::file_size(path, size_error) == 0 && !size_error;
     throw Error("'" + path + "' " +

@@ -71,4 +71,7 @@ class H5File {
 void atomic_write(const std::string& path, const std::function<void(H5File&)>& writer,
                   const std::function<void(const std::string&)>& check = {});
 
+// Whether `path` starts with HDF5's 8-byte signature (a file HDF5 wrote, whole or not).
+bool has_hdf5_signature(const std::string& path);
+
 }  // namespace tt::io
