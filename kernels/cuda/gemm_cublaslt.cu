@@ -3,8 +3,7 @@
 // no data moves. Descriptors, layouts and the heuristic's algorithm choice are built once per distinct
 // problem (shape, transposes, dtype, strides, pointer alignment) and cached; a training step with fixed
 // shapes never calls the heuristic again. With autotuning on (set_gemm_autotune), a new problem times the
-// heuristic's first few candidates on its real operands (output to a scratch buffer), in turns under a
-// sustained load (fastest_candidate says why), and keeps the fastest.
+// heuristic's first few candidates on its real operands (output to a scratch buffer) and keeps the fastest.
 #include <cublasLt.h>
 
 #include <algorithm>
@@ -98,24 +97,22 @@ cublasLtMatrixLayout_t make_layout(cudaDataType_t type, int64_t rows, int64_t co
   return layout;
 }
 
-// Owns the timing events of a tuning run (released on every exit path).
-struct Events {
-  std::vector<cudaEvent_t> list;
-  explicit Events(size_t count) {
-    for (size_t i = 0; i < count; ++i) {
-      cudaEvent_t e = nullptr;
-      if (cudaEventCreate(&e) != cudaSuccess) {
-        cudaGetLastError();
-        throw Error("cuda::gemm: cannot create a timing event for autotuning");
-      }
-      list.push_back(e);
+// Owns two timing events for the length of a tuning run (released on every exit path).
+struct EventPair {
+  cudaEvent_t start = nullptr, stop = nullptr;
+  EventPair() {
+    TT_CUDA_CHECK(cudaEventCreate(&start));
+    if (cudaEventCreate(&stop) != cudaSuccess) {
+      cudaEventDestroy(start);
+      throw Error("cuda::gemm: cannot create a timing event for autotuning");
     }
   }
-  ~Events() {
-    for (cudaEvent_t e : list) cudaEventDestroy(e);
+  ~EventPair() {
+    cudaEventDestroy(start);
+    cudaEventDestroy(stop);
   }
-  Events(const Events&) = delete;
-  Events& operator=(const Events&) = delete;
+  EventPair(const EventPair&) = delete;
+  EventPair& operator=(const EventPair&) = delete;
 };
 
 // Stream-ordered scratch output for trials (no device-wide synchronisation to free it).
@@ -135,53 +132,35 @@ struct TrialOutput {
   TrialOutput& operator=(const TrialOutput&) = delete;
 };
 
-// Times the candidates on the caller's operands and returns the index of the fastest, or -1 when none could
-// be timed: while the stream is being captured into a graph, or when no memory is left for a trial output.
-// The candidates take turns, kRuns runs each per round, for kRounds rounds: a step of large matmuls runs the
-// GPU at its power limit, where the clock drops, and a candidate timed alone on a cool GPU can win by a
-// clock the step never has. In turns, every candidate is timed at the same sustained load. The trials write
-// the output d itself (the real call overwrites it anyway) unless it is also the addend (beta != 0 and
-// c == d): then a scratch buffer of d_bytes.
+// Times each candidate (one untimed run, then three) on the caller's operands and returns the index of the
+// fastest, or -1 when none could be timed: while the stream is being captured into a graph, or when no
+// memory is left for a trial output. The trials write the output d itself (the real call overwrites it
+// anyway) unless it is also the addend (beta != 0 and c == d): then a scratch buffer of d_bytes.
 int fastest_candidate(const DeviceState& state, const Plan& plan, const std::vector<Algo>& algos,
                       const float* alpha, const void* a, const void* b, const float* beta, const void* c,
                       void* d, size_t d_bytes, cudaStream_t stream) {
-  constexpr int kRounds = 8, kRuns = 3;
   if (capturing(stream)) return -1;
   const bool reads_d = *beta != 0.0f && c == d;
   const TrialOutput scratch(reads_d ? d_bytes : 0, stream);
   if (reads_d && scratch.ptr == nullptr) return -1;
   void* out = reads_d ? scratch.ptr : d;
-  const auto run = [&](size_t i) {
-    return cublasLtMatmul(state.handle, plan.desc, alpha, b, plan.layout_a, a, plan.layout_b, beta, c,
-                          plan.layout_c, out, plan.layout_c, &algos[i].algo, state.workspace, kWorkspaceBytes,
-                          stream);
-  };
-  std::vector<size_t> usable;  // a candidate that refuses these operands is skipped
-  for (size_t i = 0; i < algos.size(); ++i) {
-    if (run(i) == CUBLAS_STATUS_SUCCESS) usable.push_back(i);
-  }
-  if (usable.empty()) return -1;
-  const Events events(2 * usable.size() * kRounds);
-  for (int r = 0; r < kRounds; ++r) {
-    for (size_t u = 0; u < usable.size(); ++u) {
-      const size_t e = 2 * (r * usable.size() + u);
-      TT_CUDA_CHECK(cudaEventRecord(events.list[e], stream));
-      for (int k = 0; k < kRuns; ++k) TT_CUBLASLT_CHECK(run(usable[u]));
-      TT_CUDA_CHECK(cudaEventRecord(events.list[e + 1], stream));
-    }
-  }
-  TT_CUDA_CHECK(cudaEventSynchronize(events.list.back()));
+  const EventPair events;
   int best = -1;
   float best_ms = 0.0f;
-  for (size_t u = 0; u < usable.size(); ++u) {
-    float total = 0.0f;
-    for (int r = 0; r < kRounds; ++r) {
-      const size_t e = 2 * (r * usable.size() + u);
-      float ms = 0.0f;
-      TT_CUDA_CHECK(cudaEventElapsedTime(&ms, events.list[e], events.list[e + 1]));
-      total += ms;
-    }
-    if (best < 0 || total < best_ms) best = static_cast<int>(usable[u]), best_ms = total;
+  for (size_t i = 0; i < algos.size(); ++i) {
+    const auto run = [&] {
+      return cublasLtMatmul(state.handle, plan.desc, alpha, b, plan.layout_a, a, plan.layout_b, beta, c,
+                            plan.layout_c, out, plan.layout_c, &algos[i].algo, state.workspace,
+                            kWorkspaceBytes, stream);
+    };
+    if (run() != CUBLAS_STATUS_SUCCESS) continue;  // a candidate that refuses these operands is skipped
+    TT_CUDA_CHECK(cudaEventRecord(events.start, stream));
+    for (int r = 0; r < 3; ++r) TT_CUBLASLT_CHECK(run());
+    TT_CUDA_CHECK(cudaEventRecord(events.stop, stream));
+    TT_CUDA_CHECK(cudaEventSynchronize(events.stop));
+    float ms = 0.0f;
+    TT_CUDA_CHECK(cudaEventElapsedTime(&ms, events.start, events.stop));
+    if (best < 0 || ms < best_ms) best = static_cast<int>(i), best_ms = ms;
   }
   return best;
 }
