@@ -18,6 +18,7 @@
 #include "apps/lib/hf_llama.h"
 #include "apps/lib/run_folder.h"
 #include "apps/lib/safetensors.h"
+#include "apps/lib/run_setup.h"
 #include "base/error.h"
 
 namespace fs = std::filesystem;
@@ -286,6 +287,7 @@ int main(int argc, char** argv) {
               "largest model-NNNNN-of-NNNNN.safetensors shard; above it the weights are sharded");
     flags.add_switch("overwrite", "replace an earlier export in --out");
     if (!flags.parse(argc, argv)) return 0;
+    tt::app::require_one_process("export");
     return run(flags);
   } catch (const std::bad_alloc&) {
     std::fprintf(stderr, "error: out of host memory (std::bad_alloc)\n");

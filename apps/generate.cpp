@@ -145,6 +145,7 @@ int main(int argc, char** argv) {
         "one JSON object per prompt, in order: {\"prompt\": ..., \"completion\": ...} (bytes that are "
         "not UTF-8 become U+FFFD), for programs that read the outputs of several prompts");
     if (!flags.parse(argc, argv)) return 0;
+    tt::app::require_one_process("generate");
     TT_CHECK(!flags.str("checkpoint").empty(), "--checkpoint is required");
     SamplingOptions sampling;
     sampling.max_tokens = flags.integer("max-tokens");

@@ -15,6 +15,7 @@
 #include "apps/lib/hf_llama.h"
 #include "apps/lib/safetensors.h"
 #include "apps/lib/tokenizer.h"
+#include "apps/lib/run_setup.h"
 #include "base/error.h"
 
 namespace fs = std::filesystem;
@@ -203,6 +204,7 @@ int main(int argc, char** argv) {
     flags.add("data", "", "the data folder the model goes with, recorded for export to find its tokenizer");
     flags.add_switch("overwrite", "replace an existing --out");
     if (!flags.parse(argc, argv)) return 0;
+    tt::app::require_one_process("import");
     return run(flags);
   } catch (const std::bad_alloc&) {
     std::fprintf(stderr, "error: out of host memory (std::bad_alloc)\n");

@@ -8,6 +8,7 @@
 
 #include "apps/lib/data.h"
 #include "apps/lib/flags.h"
+#include "apps/lib/run_setup.h"
 #include "base/error.h"
 
 int main(int argc, char** argv) {
@@ -28,6 +29,7 @@ int main(int argc, char** argv) {
     flags.add("threads", "0", "encoding threads (0: every core)");
     flags.add_switch("overwrite", "replace a dataset already in --out (otherwise refused)");
     if (!flags.parse(argc, argv)) return 0;
+    tt::app::require_one_process("prepare_data");
     if (flags.str("input").empty() || flags.str("out").empty())
       throw tt::Error("--input and --out are required");
     tt::app::PrepareOptions options;

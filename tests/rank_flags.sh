@@ -78,10 +78,25 @@ same_bad "checkpoint of another shape" "error: --layers 3 (the preset's or given
 same_bad "recompute-blocks beyond the layers" "error: --recompute-blocks must be between 0" \
   --recompute block --recompute-blocks 5
 same_bad "--ddp with ZeRO-3" "error: --ddp chooses how DDP and --zero 1 average gradients" --zero 3 --ddp naive
+same_bad "copy-engine all-reduce on the CPU" "error: --all-reduce copy-engine copies gradients between GPUs" \
+  --all-reduce copy-engine
+same_bad "fewer steps than the checkpoint" "error: nothing to do: the checkpoint is at step 2 and --steps is 1" \
+  --resume "$work/shaped/checkpoints/step_2.h5" --steps 1
 # Checked by every rank against the same files, or by rank 0 alone against the run folder: one line too.
 same_bad "eval batches beyond val.bin" "error: --eval-batches 100000 x --batch 2 needs" --eval-batches 100000
 "$train" "${common[@]}" --steps 2 --out "$work/trained" >/dev/null 2>&1 || { echo "FAIL: a 2-step run"; exit 1; }
 same_bad "another run's folder" "already holds checkpoints of another run" --out "$work/trained"
+
+# The apps that write one output run as one process: under mpirun -np 2 each copy says so, nothing written.
+output=$(timeout 60 "$mpiexec" --oversubscribe --allow-run-as-root -np 2 "$prepare" --input "$work/text" \
+  --out "$work/twice" --separator % 2>&1)
+status=$?
+if [ $status -ne 0 ] && [ ! -e "$work/twice" ] &&
+  grep -q "error: prepare_data runs as one process, but was started as 2 (by mpirun or srun)" <<<"$output"; then
+  echo "ok   prepare_data under mpirun -np 2: exit $status, nothing written"
+else
+  echo "FAIL prepare_data under mpirun -np 2: exit $status:"; echo "$output" | head -3; failures=$((failures + 1))
+fi
 
 echo "$failures failure(s)"
 [ $failures -eq 0 ]

@@ -1,5 +1,6 @@
 #include "apps/lib/run_setup.h"
 
+#include <cstdlib>
 #include <filesystem>
 
 #include "apps/lib/data.h"
@@ -69,6 +70,18 @@ int apply_gemm_autotune_flag(const Flags& flags, bool deterministic) {
   const int candidates = gemm_autotune_from_flags(flags, deterministic);
   set_matmul_autotune(candidates);
   return candidates;
+}
+
+void require_one_process(const std::string& app) {
+  // Set for each process a launcher starts (Open MPI, PMI as srun and MPICH set it, MVAPICH).
+  for (const char* var : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "MV2_COMM_WORLD_SIZE"}) {
+    const char* value = std::getenv(var);
+    if (value == nullptr) continue;
+    const std::string size = value;
+    TT_CHECK(size == "1" || size.empty(), app + " runs as one process, but was started as " + size +
+                                               " (by mpirun or srun): the copies would write the same files; "
+                                               "start it without a launcher");
+  }
 }
 
 Device pick_device(const std::string& text, int local_rank) {

@@ -35,4 +35,9 @@ void declare_gemm_autotune_flag(Flags& flags, bool with_deterministic);
 int gemm_autotune_from_flags(const Flags& flags, bool deterministic);
 int apply_gemm_autotune_flag(const Flags& flags, bool deterministic);
 
+// Apps that write one output (export, import, prepare_data) or print one text (generate) run as one
+// process: started as several by mpirun or srun, the copies would race to write the same files. An error
+// naming `app` then.
+void require_one_process(const std::string& app);
+
 }  // namespace tt::app

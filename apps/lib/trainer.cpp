@@ -456,6 +456,9 @@ RunPlan plan_run(const Flags& flags, Device device, const std::string& data_dir,
   s.grad_comm_bf16 = grad_comm == "bf16";
   s.all_reduce = flags.str("all-reduce");
   dist::check_all_reduce_flag(s.all_reduce);
+  TT_CHECK(s.all_reduce != "copy-engine" || device.is_cuda(),
+           "--all-reduce copy-engine copies gradients between GPUs; on the CPU use --all-reduce library "
+           "(MPI) or auto");
   s.adamw.lr = flags.number("lr-max");
   s.adamw.beta1 = flags.number("beta1");
   s.adamw.beta2 = flags.number("beta2");
@@ -711,9 +714,12 @@ class TrainingRun {
               static_cast<long long>(plan_.steps));
         return;
       }
-      TT_CHECK(state_.step < plan_.steps, "nothing to do: the checkpoint is at step " +
-                                              std::to_string(state_.step) + " and --steps is " +
-                                              std::to_string(plan_.steps));
+      check_on_every_rank(runtime_, [&] {
+        const std::string at = std::to_string(state_.step);
+        TT_CHECK(state_.step < plan_.steps, "nothing to do: the checkpoint is at step " + at + " and --steps is " +
+                                                std::to_string(plan_.steps) + "; pass --steps above " + at +
+                                                " to train longer");
+      });
       check_on_every_rank(runtime_, [&] {
         if (root_ && !resumes_own_folder()) check_may_replace_folder();
       });
