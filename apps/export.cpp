@@ -17,8 +17,8 @@
 #include "apps/lib/flags.h"
 #include "apps/lib/hf_llama.h"
 #include "apps/lib/run_folder.h"
-#include "apps/lib/safetensors.h"
 #include "apps/lib/run_setup.h"
+#include "apps/lib/safetensors.h"
 #include "base/error.h"
 
 namespace fs = std::filesystem;

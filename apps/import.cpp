@@ -13,9 +13,9 @@
 #include "apps/lib/data.h"
 #include "apps/lib/flags.h"
 #include "apps/lib/hf_llama.h"
+#include "apps/lib/run_setup.h"
 #include "apps/lib/safetensors.h"
 #include "apps/lib/tokenizer.h"
-#include "apps/lib/run_setup.h"
 #include "base/error.h"
 
 namespace fs = std::filesystem;

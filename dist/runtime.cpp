@@ -83,6 +83,15 @@ double max_over_ranks(double value) {
   return result;
 }
 
+double mean_over_ranks(double value) {
+  const CollectiveWait wait("mean_over_ranks");
+  double sum = value;
+  TT_MPI_CHECK(MPI_Allreduce(&value, &sum, 1, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD));
+  int ranks = 1;
+  TT_MPI_CHECK(MPI_Comm_size(MPI_COMM_WORLD, &ranks));
+  return sum / ranks;
+}
+
 void barrier() {
   const CollectiveWait wait("barrier");
   TT_MPI_CHECK(MPI_Barrier(MPI_COMM_WORLD));

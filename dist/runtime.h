@@ -48,6 +48,8 @@ class DistRuntime {
 
 // The largest `value` over all ranks (collective): benchmarks report the slowest rank.
 double max_over_ranks(double value);
+// The mean of `value` over all ranks (collective): a validation loss of which each rank measured its share.
+double mean_over_ranks(double value);
 // Every rank waits until all have arrived, under the collective watchdog (collective_timeout.h).
 void barrier();
 

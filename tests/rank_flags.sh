@@ -83,7 +83,8 @@ same_bad "copy-engine all-reduce on the CPU" "error: --all-reduce copy-engine co
 same_bad "fewer steps than the checkpoint" "error: nothing to do: the checkpoint is at step 2 and --steps is 1" \
   --resume "$work/shaped/checkpoints/step_2.h5" --steps 1
 # Checked by every rank against the same files, or by rank 0 alone against the run folder: one line too.
-same_bad "eval batches beyond val.bin" "error: --eval-batches 100000 x --batch 2 needs" --eval-batches 100000
+same_bad "eval batches beyond val.bin" "error: --eval-batches 100000 x --batch 2 x 2 ranks needs 400000 windows" \
+  --eval-batches 100000
 "$train" "${common[@]}" --steps 2 --out "$work/trained" >/dev/null 2>&1 || { echo "FAIL: a 2-step run"; exit 1; }
 same_bad "another run's folder" "already holds checkpoints of another run" --out "$work/trained"
 

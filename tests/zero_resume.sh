@@ -111,3 +111,21 @@ if /usr/bin/python3 -c "import h5py" 2>/dev/null; then
 else
   echo "SKIP damaged checkpoints at 2 ranks: Debian's python3-h5py is missing"
 fi
+
+# An evaluation shares the global batch's windows among the ranks: 2 ranks at --batch 2 evaluate (and, with
+# sequential batches, train on) what one process at --batch 4 does.
+"${mpi[@]}" -np 2 "$train" "${common[@]}" --sampling sequential --eval-batches 3 --eval-every 2 --steps 4 \
+  --ckpt-every -1 --out "$work/eval_np2" >/dev/null
+"$train" "${common[@]}" --batch 4 --sampling sequential --eval-batches 3 --eval-every 2 --steps 4 \
+  --ckpt-every -1 --out "$work/eval_np1" >/dev/null
+python3 - "$work/eval_np2/metrics.jsonl" "$work/eval_np1/metrics.jsonl" <<'PY'
+import json, sys
+runs = [[(r["step"], r["loss"], r.get("val_loss")) for r in map(json.loads, open(p))] for p in sys.argv[1:]]
+vals = [[(s, v) for s, _, v in run if v is not None] for run in runs]
+assert [s for s, _ in vals[0]] == [2, 4] == [s for s, _ in vals[1]], vals
+for (_, a), (_, b) in zip(*vals):
+    assert abs(a - b) <= 1e-6 * abs(b), vals
+for (_, a, _), (_, b, _) in zip(*runs):
+    assert abs(a - b) <= 1e-5 * abs(b), runs
+print("ok   2 ranks at batch 2 evaluate what 1 process at batch 4 does:", vals[0], vals[1])
+PY

@@ -268,15 +268,17 @@ Batch eval_batch(const TokenFile& file, int64_t batch, int64_t context, int64_t 
   return out;
 }
 
-void check_eval_fits(const TokenFile& val, int64_t batch, int64_t context, int64_t batches) {
+void check_eval_fits(const TokenFile& val, int64_t batch, int64_t context, int64_t batches, int64_t ranks) {
   TT_CHECK(batch > 0 && batches > 0, "--batch and --eval-batches must be positive");
   check_context_fits(val, context);
   const int64_t room = window_room(val, context);
-  if (batches <= room / batch) return;  // batches * batch <= room, without overflow
+  const int64_t per_batch = batch * ranks;  // both small: checked flags and a world size
+  if (batches <= room / per_batch) return;  // batches * per_batch <= room, without overflow
   int64_t needed = 0;
-  const bool overflow = __builtin_mul_overflow(batches, batch, &needed);
+  const bool overflow = __builtin_mul_overflow(batches, per_batch, &needed);
   throw Error("--eval-batches " + std::to_string(batches) + " x --batch " + std::to_string(batch) +
-              " needs " + (overflow ? "more than 2^63" : std::to_string(needed)) + " windows of " +
+              (ranks > 1 ? " x " + std::to_string(ranks) + " ranks" : "") + " needs " +
+              (overflow ? "more than 2^63" : std::to_string(needed)) + " windows of " +
               std::to_string(context + 1) + " tokens; " + val.path() + " has room for " +
               std::to_string(room) + "; lower --eval-batches or --batch");
 }
@@ -295,14 +297,15 @@ void check_data_folder_path(const std::string& path) {
 }
 
 int64_t eval_batches_to_use(const TokenFile& val, int64_t batch, int64_t context, int64_t asked, bool given,
-                            bool announce) {
+                            bool announce, int64_t ranks) {
   if (given || batch <= 0) return asked;
-  const int64_t room = window_room(val, context) / batch;
+  const int64_t room = window_room(val, context) / (batch * ranks);
   if (room == 0 || room >= asked) return asked;  // not even one batch: check_eval_fits says so
   if (announce)
-    std::printf("note: evaluating on %lld batch%s, all that %s holds at --batch %lld (--eval-batches)\n",
+    std::printf("note: evaluating on %lld batch%s, all that %s holds at --batch %lld%s (--eval-batches)\n",
                 static_cast<long long>(room), room == 1 ? "" : "es", val.path().c_str(),
-                static_cast<long long>(batch));
+                static_cast<long long>(batch),
+                ranks > 1 ? (" on each of " + std::to_string(ranks) + " ranks").c_str() : "");
   return room;
 }
 

@@ -133,9 +133,10 @@ class BatchLoader {
 // [i*T, i*T+T]). The same windows every time, on every machine. They never wrap (a repeated window would
 // count twice): a window past the end is an internal error, which check_eval_fits rules out at start-up.
 Batch eval_batch(const TokenFile& file, int64_t batch, int64_t context, int64_t first_window);
-// Throws tt::Error (one line, naming the flags and the file) unless `val` holds `batches` * `batch`
-// distinct windows of `context` + 1 tokens.
-void check_eval_fits(const TokenFile& val, int64_t batch, int64_t context, int64_t batches);
+// Throws tt::Error (one line, naming the flags and the file) unless `val` holds `batches` * `batch` *
+// `ranks` distinct windows of `context` + 1 tokens (under mpirun each rank evaluates its share).
+void check_eval_fits(const TokenFile& val, int64_t batch, int64_t context, int64_t batches,
+                     int64_t ranks = 1);
 // A --data that names a file (a text not yet prepared, or one of a data folder's files) is refused with what
 // to pass instead; anything else is left to the readers.
 void check_data_folder_path(const std::string& path);
@@ -144,7 +145,7 @@ void check_data_folder_path(const std::string& path);
 // as `val` holds (a small text's), said in a note on stdout when `announce`. check_eval_fits still applies
 // (and check_context_fits, which callers run first).
 int64_t eval_batches_to_use(const TokenFile& val, int64_t batch, int64_t context, int64_t asked, bool given,
-                            bool announce);
+                            bool announce, int64_t ranks = 1);
 
 // Byte-level tokenizer: ids 0..255 are bytes, 256 ends a document.
 constexpr int32_t kEndOfText = 256;

@@ -79,8 +79,8 @@ void require_one_process(const std::string& app) {
     if (value == nullptr) continue;
     const std::string size = value;
     TT_CHECK(size == "1" || size.empty(), app + " runs as one process, but was started as " + size +
-                                               " (by mpirun or srun): the copies would write the same files; "
-                                               "start it without a launcher");
+                                              " (by mpirun or srun): the copies would write the same files; "
+                                              "start it without a launcher");
   }
 }
 

@@ -65,8 +65,8 @@ void declare_train_flags(Flags& f) {
   f.group("evaluation");
   f.add("eval-every", "200", "evaluate on val.bin every N steps (0: only at the end)");
   f.add("eval-batches", "20",
-        "batches per evaluation (the first eval-batches*batch windows of val.bin); unless given, at most "
-        "what val.bin holds");
+        "batches per evaluation (the first eval-batches*batch windows of val.bin; under mpirun "
+        "eval-batches*batch*ranks, each rank its share); unless given, at most what val.bin holds");
   f.group("checkpoints");
   f.add("ckpt-every", "500",
         "write a checkpoint every N steps; step 0 is written too (0: step 0 and the end only; -1: none, for "
@@ -137,11 +137,11 @@ double unigram_entropy(const TokenFile& file, int64_t vocab) {
 }
 
 double evaluate(const nn::TransformerLM& model, const TokenFile& val, int64_t batch, int64_t ctx,
-                int64_t batches, Device device) {
+                int64_t batches, Device device, int64_t rank, int64_t ranks) {
   NoGradGuard no_grad;
   double total = 0;
   for (int64_t i = 0; i < batches; ++i) {
-    const Batch b = eval_batch(val, batch, ctx, i * batch);
+    const Batch b = eval_batch(val, batch, ctx, (i * ranks + rank) * batch);
     const Tensor x = Tensor::from_ints(b.inputs, {batch, ctx}, device);
     const Tensor y = Tensor::from_ints(b.targets, {batch, ctx}, device);
     total += model.loss(x, y).item();
@@ -525,8 +525,8 @@ class TrainingRun {
       check_token_count(data_dir_, *val_file_);
       check_context_fits(*val_file_, plan_.ctx);  // now, not at the first evaluation
       eval_batches_ = eval_batches_to_use(*val_file_, plan_.batch, plan_.ctx, flags_.integer("eval-batches"),
-                                          flags_.given("eval-batches"), root_);
-      check_eval_fits(*val_file_, plan_.batch, plan_.ctx, eval_batches_);
+                                          flags_.given("eval-batches"), root_, plan_.world);
+      check_eval_fits(*val_file_, plan_.batch, plan_.ctx, eval_batches_, plan_.world);
       check_sample_settings();
     });
     check_data_agrees(plan_, *train_file_, runtime_);
@@ -716,9 +716,9 @@ class TrainingRun {
       }
       check_on_every_rank(runtime_, [&] {
         const std::string at = std::to_string(state_.step);
-        TT_CHECK(state_.step < plan_.steps, "nothing to do: the checkpoint is at step " + at + " and --steps is " +
-                                                std::to_string(plan_.steps) + "; pass --steps above " + at +
-                                                " to train longer");
+        TT_CHECK(state_.step < plan_.steps, "nothing to do: the checkpoint is at step " + at +
+                                                " and --steps is " + std::to_string(plan_.steps) +
+                                                "; pass --steps above " + at + " to train longer");
       });
       check_on_every_rank(runtime_, [&] {
         if (root_ && !resumes_own_folder()) check_may_replace_folder();
@@ -911,7 +911,9 @@ class TrainingRun {
       const bool eval_now = (eval_every > 0 && step % eval_every == 0) || step == steps;
       double val = NAN;
       if (eval_now) {
-        val = evaluate(*model_, *val_file_, plan_.batch, plan_.ctx, eval_batches_, device_);
+        val = evaluate(*model_, *val_file_, plan_.batch, plan_.ctx, eval_batches_, device_, plan_.rank,
+                       plan_.world);
+        if (plan_.world > 1) val = dist::mean_over_ranks(val);
         if (!std::isfinite(val)) {
           progress_->finish();
           throw RunEnded(kExitDiverged, "the validation loss is not finite at step " + std::to_string(step) +

@@ -27,9 +27,11 @@ void check_train_flags(const Flags& flags, dist::DistRuntime* runtime);
 // flags through check_train_flags with it.
 int run_training(const Flags& flags, Device device, const std::string& data_dir, dist::DistRuntime* runtime);
 
-// Mean loss over windows 0 .. batches*batch-1 of `val`.
+// Mean loss over windows 0 .. batches*batch*ranks-1 of `val`: this rank's share of them, batch i taking
+// windows (i*ranks + rank)*batch onwards, so that a run of N ranks at --batch b evaluates what one process at
+// --batch N*b does. The caller averages the ranks' results (equal shares: the mean of the means).
 double evaluate(const nn::TransformerLM& model, const TokenFile& val, int64_t batch, int64_t ctx,
-                int64_t batches, Device device);
+                int64_t batches, Device device, int64_t rank = 0, int64_t ranks = 1);
 double unigram_entropy(const TokenFile& file, int64_t vocab);
 
 }  // namespace tt::app
