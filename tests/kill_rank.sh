@@ -34,8 +34,9 @@ last=$(ls "$work/run/checkpoints"/step_*.h5 | sort -t_ -k2 -n | tail -1)
 
 # A rank that fails in the first step of a new run (here rank 1 out of host memory, under a ulimit): mpirun
 # ends the job with SIGTERM. Rank 0 must not claim it is writing a checkpoint, and the start point it wrote
-# must not make the corrected command (same --out, no --overwrite) refuse the folder.
-for i in $(seq 1 8000); do echo "Sentence $i: how vexingly quick daft zebras jump."; echo "%"; done >"$work/text/a.txt"
+# must not make the corrected command (same --out, no --overwrite) refuse the folder. val.bin holds one
+# evaluation batch of both ranks (64 windows of 1025 tokens).
+for i in $(seq 1 16000); do echo "Sentence $i: how vexingly quick daft zebras jump."; echo "%"; done >"$work/text/a.txt"
 "$prepare" --input "$work/text" --out "$work/big" --separator % >/dev/null || exit 1
 cat >"$work/limit_rank1.sh" <<'WRAP'
 #!/usr/bin/env bash
