@@ -3,6 +3,7 @@
 // model.safetensors.index.json above --shard-bytes), config.json, and for SentencePiece data its
 // tokenizer.model with a tokenizer_config.json.
 #include <unistd.h>
+#include <algorithm>
 
 #include <cerrno>
 #include <csignal>
@@ -142,6 +143,15 @@ int run(const Flags& flags) {
   const nn::ModelConfig config = read_checkpoint_config(checkpoint);
 
   const fs::path out = folder_path(flags.str("out"));
+  {
+    // The finished folder is moved onto --out, which cannot be done to the folder a process works in.
+    const fs::path here = fs::current_path();
+    const fs::path target = fs::weakly_canonical(fs::absolute(out));
+    const auto [end, unused] = std::mismatch(target.begin(), target.end(), here.begin(), here.end());
+    TT_CHECK(end != target.end(), "--out " + flags.str("out") +
+                                      " is the current folder or holds it; export writes a new folder and "
+                                      "moves it there: pass a folder beside or below this one");
+  }
   if (fs::exists(out)) {
     TT_CHECK(fs::is_directory(out), "--out " + out.string() + " exists and is not a folder");
     const bool empty = fs::is_empty(out);

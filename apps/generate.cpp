@@ -112,21 +112,26 @@ std::vector<std::string> read_prompts(const Flags& flags) {
   return prompts;
 }
 
-// A text nobody received is not a success: a full disk or a closed pipe ends the run with an error.
+// A text nobody received is not a success: a full disk ends the run with an error. A reader that stopped
+// reading (`generate ... | head`) ends it quietly, with the status of a process its SIGPIPE ended, as any
+// other program writing to that pipe would.
 void write_out(const std::string& text) {
-  if (std::fwrite(text.data(), 1, text.size(), stdout) != text.size() || std::fflush(stdout) != 0)
-    throw Error(std::string("cannot write the text to standard output: ") + std::strerror(errno));
+  if (std::fwrite(text.data(), 1, text.size(), stdout) == text.size() && std::fflush(stdout) == 0) return;
+  if (errno == EPIPE) std::_Exit(128 + SIGPIPE);
+  throw Error(std::string("cannot write the text to standard output: ") + std::strerror(errno));
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::signal(SIGPIPE, SIG_IGN);  // `generate ... | head` ends with a write error, not a signal
+  std::signal(SIGPIPE, SIG_IGN);  // a closed pipe is a write error (EPIPE), handled in write_out
   try {
-    Flags flags("generate",
-                "Continue prompts with a trained checkpoint (KV cache). Text to stdout, speed to stderr.\n"
-                "Prompts: --prompt TEXT, or one per line on stdin (empty lines skipped), run in batches of\n"
-                "--batch; each prompt's text and continuation follow in order, each ending with a newline.");
+    Flags flags(
+        "generate",
+        "Continue prompts with a trained checkpoint (KV cache). Text to stdout, speed to stderr.\n"
+        "Prompts: --prompt TEXT, or one per line on stdin (empty lines skipped; read to the end first),\n"
+        "run in batches of --batch; each prompt's text and continuation follow in order, each ending\n"
+        "with a newline.");
     flags.add("checkpoint", "",
               "checkpoint (.h5), or a run folder (its newest), to generate with (required)");
     flags.add("prompt", "", "text to continue (else prompts on stdin)");

@@ -20,7 +20,9 @@ int main(int argc, char** argv) {
     flags.add("input", "", "a text file or a folder of text files (required)");
     flags.add("out", "", "output folder for train.bin, val.bin, meta.json (required)");
     flags.add("separator", "", "a line that separates documents in a file (e.g. % for fortunes)");
-    flags.add("tokenizer", "bytes", "bytes | sentencepiece (BPE with byte fallback)");
+    flags.add("tokenizer", "bytes",
+              "bytes | sentencepiece (BPE with byte fallback; the default when --vocab or --tokenizer-model "
+              "is given)");
     flags.add(
         "vocab", "0",
         "sentencepiece: vocabulary size to train, 260..65536 (a text of many distinct characters needs more: "
@@ -33,9 +35,10 @@ int main(int argc, char** argv) {
     if (flags.str("input").empty() || flags.str("out").empty())
       throw tt::Error("--input and --out are required");
     tt::app::PrepareOptions options;
-    // --tokenizer-model alone means SentencePiece.
-    options.tokenizer = flags.given("tokenizer") || !flags.given("tokenizer-model") ? flags.str("tokenizer")
-                                                                                    : "sentencepiece";
+    // --vocab or --tokenizer-model without --tokenizer means SentencePiece (bytes take neither).
+    const bool sentencepiece_flags = flags.given("vocab") || flags.given("tokenizer-model");
+    options.tokenizer =
+        flags.given("tokenizer") || !sentencepiece_flags ? flags.str("tokenizer") : "sentencepiece";
     options.vocab_size = flags.integer("vocab");
     options.tokenizer_model = flags.str("tokenizer-model");
     TT_CHECK(options.vocab_size >= 0, "--vocab must not be negative, got " + flags.str("vocab"));

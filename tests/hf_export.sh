@@ -126,6 +126,7 @@ cases=(
   "short_file|shorter than the 8-byte header length"
   "header_past_end|is truncated: its header length is 50000000 bytes"
   "header_json|model.safetensors: the header is not valid JSON"
+  "header_byte|last read: '{<0xFF>'"
   "offsets_past_end|model.layers.1.mlp.down_proj.weight has data_offsets"
   "offsets_mismatch|tensor model.norm.weight: data_offsets [492800,493056] hold 256 bytes, but F32 [128] needs 512"
   "truncated_data|past the end of the data (558748 bytes): the file is truncated"
@@ -179,6 +180,9 @@ expect_error "export over an export" "already holds files; pass another --out, o
   "$export_app" --checkpoint "$ckpt" --out "$work/hf"
 expect_error "export over other files" "which export does not write: it is not an earlier export" \
   "$export_app" --checkpoint "$ckpt" --out "$work/text" --overwrite
+mkdir -p "$work/here"
+expect_error "export into the current folder" "--out . is the current folder or holds it" \
+  bash -c 'cd "$1" && exec "$2" --checkpoint "$3" --out . --overwrite' _ "$work/here" "$export_app" "$ckpt"
 # An export folder the user added a file to is the user's now; folders beside --out are never touched.
 mkdir -p "$work/hf_notes" "$work/hf_notes.tmp" "$work/hf_notes.old"
 expect_ok "export into hf_notes" "$export_app" --checkpoint "$ckpt" --out "$work/hf_notes" --overwrite

@@ -304,6 +304,13 @@ def bad_json(dst):
     open(path, "wb").write(bytes(blob))
 
 
+def bad_byte(dst):
+    path = os.path.join(dst, "model.safetensors")
+    blob = bytearray(open(path, "rb").read())
+    blob[9] = 0xFF
+    open(path, "wb").write(bytes(blob))
+
+
 def past_end(header):
     name = "model.layers.1.mlp.down_proj.weight"
     b, e = header[name]["data_offsets"]
@@ -314,6 +321,7 @@ CASES = {
     "short_file": lambda d: open(os.path.join(d, "model.safetensors"), "wb").write(b"\x10\0\0\0\0"),
     "header_past_end": lambda d: bad_length(d, 50_000_000),
     "header_json": bad_json,
+    "header_byte": bad_byte,
     "offsets_past_end": lambda d: damage_header(d, past_end),
     "offsets_mismatch": lambda d: damage_header(
         d, lambda h: h["model.norm.weight"].update(shape=[h["model.norm.weight"]["shape"][0] * 2])),

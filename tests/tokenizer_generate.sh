@@ -63,8 +63,12 @@ mkdir -p "$work/many_letters"
 python3 -c "import string; print((string.ascii_letters + string.digits + ' ') * 5000)" >"$work/many_letters/a.txt"
 expect_error "vocab below the text's characters" "--vocab 270 is too small for this text: its characters and the special pieces need [0-9]* ids; pass --vocab" \
   "$prepare" --input "$work/many_letters" --out "$work/x4" --tokenizer sentencepiece --vocab 270
-expect_error "vocab without sentencepiece" "--vocab and --tokenizer-model are for --tokenizer sentencepiece" \
-  "$prepare" --input "$work/text" --out "$work/x2" --vocab 300
+expect_error "vocab with the byte tokenizer" "--vocab and --tokenizer-model are for --tokenizer sentencepiece" \
+  "$prepare" --input "$work/text" --out "$work/x2" --tokenizer bytes --vocab 300
+# --vocab alone means SentencePiece, as --tokenizer-model alone does.
+"$prepare" --input "$work/text" --out "$work/vocab_alone" --separator % --vocab 320 >/dev/null &&
+  [ -s "$work/vocab_alone/tokenizer.model" ] && echo "ok   --vocab alone trains a SentencePiece model" ||
+  fail "--vocab alone did not train a SentencePiece model"
 expect_error "sentencepiece without vocab" "needs --vocab N" \
   "$prepare" --input "$work/text" --out "$work/x3" --tokenizer sentencepiece
 expect_error "unknown tokenizer" "unknown tokenizer 'words'" \
@@ -127,6 +131,13 @@ PY
 # --batch 2 splits the prompts into batches: the same text.
 printf '%s\n' "${prompts[@]}" | "$generate" "${greedy[@]}" --batch 2 2>/dev/null | cmp -s - "$work/alone.txt" &&
   echo "ok   --batch 2: the same text" || fail "--batch 2 changed the text"
+# A reader that stops early (| head) ends generate quietly, as SIGPIPE ends other writers (status 141).
+for i in $(seq 1 40); do echo "the prompt number $i"; done |
+  "$generate" "${greedy[@]}" --batch 1 2>"$work/head.err" | head -c 10 >/dev/null
+status=${PIPESTATUS[1]}
+[ "$status" -eq 141 ] && ! grep -q error "$work/head.err" &&
+  echo "ok   generate | head: status 141, no error" ||
+  { fail "generate | head: status $status:"; cat "$work/head.err"; }
 # Sampling is repeatable with a seed; bf16 runs; a bytes checkpoint takes its tokenizer from its data too.
 sampled=(--checkpoint "$ckpt" --prompt "the dog" --max-tokens 30 --temperature 1.2 --top-k 50 --top-p 0.9 --seed 7)
 a=$("$generate" "${sampled[@]}" 2>/dev/null) && b=$("$generate" "${sampled[@]}" 2>/dev/null) && [ "$a" = "$b" ] &&

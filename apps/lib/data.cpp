@@ -644,8 +644,9 @@ void encode_documents(const std::vector<std::string>& documents, const Tokenizer
 std::unique_ptr<Tokenizer> make_tokenizer(const PrepareOptions& options,
                                           const std::vector<std::string>& documents, PrepareStats& stats) {
   if (options.tokenizer == "bytes") {
-    TT_CHECK(options.vocab_size == 0 && options.tokenizer_model.empty(),
-             "--vocab and --tokenizer-model are for --tokenizer sentencepiece");
+    TT_CHECK(
+        options.vocab_size == 0 && options.tokenizer_model.empty(),
+        "--vocab and --tokenizer-model are for --tokenizer sentencepiece (the byte tokenizer has 257 ids)");
     return byte_tokenizer();
   }
   TT_CHECK(options.tokenizer == "sentencepiece",

@@ -273,6 +273,8 @@ int64_t Flags::integer(const std::string& name) const {
     size_t used = 0;
     const long long value = std::stoll(text, &used);
     if (used == text.size()) return value;
+  } catch (const std::out_of_range&) {
+    throw Error("flag --" + name + " is out of range: '" + text + "' is not within -2^63..2^63-1");
   } catch (const std::exception&) {
   }
   throw Error("flag --" + name + " expects an integer, got '" + text + "'");

@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "apps/lib/data.h"
+#include "apps/lib/safetensors.h"
 #include "base/error.h"
 
 namespace tt::app {
@@ -120,12 +121,6 @@ bool integer_in(const nlohmann::json& v, int64_t low, int64_t high) {
   return v.get<int64_t>() >= low && v.get<int64_t>() <= high;
 }
 
-std::string json_message(const std::exception& e) {
-  const std::string what = e.what();
-  const size_t bracket = what.find("] ");
-  return bracket == std::string::npos ? what : what.substr(bracket + 2);
-}
-
 nlohmann::json read_json_object(const std::string& path) {
   TT_CHECK(fs::is_regular_file(path), path + " does not exist");
   std::ifstream in(path);
@@ -134,7 +129,7 @@ nlohmann::json read_json_object(const std::string& path) {
   try {
     json = nlohmann::json::parse(in);
   } catch (const nlohmann::json::parse_error& e) {
-    throw Error(path + ": not valid JSON (" + json_message(e) + ")");
+    throw Error(path + ": not valid JSON (" + json_error_message(e) + ")");
   }
   TT_CHECK(json.is_object(), path + ": expected a JSON object, got " + std::string(json.type_name()));
   return json;

@@ -7,6 +7,7 @@
 #include <bit>
 #include <cerrno>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -28,18 +29,11 @@ namespace {
 // safetensors' own reader refuses larger headers; a bigger length is damage, not a model.
 constexpr uint64_t kMaxHeaderBytes = 100'000'000;
 
-// nlohmann's messages start with "[json.exception.parse_error.101] ", which says nothing to a user.
-std::string json_message(const std::exception& e) {
-  const std::string what = e.what();
-  const size_t bracket = what.find("] ");
-  return bracket == std::string::npos ? what : what.substr(bracket + 2);
-}
-
 nlohmann::json parse_json(const std::string& text, const std::string& where) {
   try {
     return nlohmann::json::parse(text);
   } catch (const nlohmann::json::parse_error& e) {
-    throw Error(where + " is not valid JSON (" + json_message(e) + ")");
+    throw Error(where + " is not valid JSON (" + json_error_message(e) + ")");
   }
 }
 
@@ -98,6 +92,24 @@ SafetensorsTensor parse_entry(const std::string& name, const nlohmann::json& ent
 }
 
 }  // namespace
+
+std::string json_error_message(const std::exception& e) {
+  const std::string what = e.what();
+  const size_t bracket = what.find("] ");
+  const std::string message = bracket == std::string::npos ? what : what.substr(bracket + 2);
+  std::string shown;
+  for (const char c : message) {
+    const auto byte = static_cast<unsigned char>(c);
+    if (byte >= 0x20 && byte < 0x7f) {
+      shown += c;
+    } else {
+      char hex[8];
+      std::snprintf(hex, sizeof hex, "<0x%02X>", byte);
+      shown += hex;
+    }
+  }
+  return shown;
+}
 
 int64_t safetensors_dtype_bytes(const std::string& dtype) {
   static const std::map<std::string, int64_t> sizes = {

@@ -22,6 +22,9 @@ struct SafetensorsTensor {
 
 // Bytes per element of a safetensors dtype; 0 for a dtype this reader does not know.
 int64_t safetensors_dtype_bytes(const std::string& dtype);
+// A JSON parser's message for a user: without nlohmann's "[json.exception.parse_error.101] " prefix, and
+// with bytes outside printable ASCII (a damaged file's) written as <0xNN>.
+std::string json_error_message(const std::exception& e);
 
 // One safetensors file, its header checked when opened. Every refusal is one line naming the file (and the
 // tensor): shorter than its header, a header that is not a JSON object of entries with a known dtype, a
