@@ -92,25 +92,43 @@ std::unique_ptr<Tokenizer> resolve_tokenizer(const std::string& spec, const std:
   return tokenizer;
 }
 
-std::vector<std::string> read_prompts(const Flags& flags) {
-  if (flags.given("prompt")) return {flags.str("prompt")};
-  if (::isatty(STDIN_FILENO))
-    std::fprintf(stderr, "reading prompts from stdin, one per line (Ctrl-D ends)\n");
-  std::vector<std::string> prompts;
-  std::string line;
-  int64_t empty = 0;
-  while (std::getline(std::cin, line)) {
-    if (!line.empty() && line.back() == '\r') line.pop_back();
-    if (!line.empty())
-      prompts.push_back(line);
-    else
-      ++empty;
+// The prompts: --prompt, or stdin's lines (empty ones skipped), handed out a batch at a time, so that a
+// batch is answered before the next is read: prompts fed through a pipe are answered as they come.
+class PromptReader {
+ public:
+  explicit PromptReader(const Flags& flags) {
+    if (flags.given("prompt")) {
+      single_ = flags.str("prompt");
+    } else if (::isatty(STDIN_FILENO)) {
+      std::fprintf(stderr, "reading prompts from stdin, one per line (Ctrl-D ends)\n");
+    }
   }
-  TT_CHECK(!prompts.empty(), "no prompts: pass --prompt TEXT or give prompts on stdin, one per line");
-  if (empty > 0)
-    std::fprintf(stderr, "skipped %lld empty line%s\n", static_cast<long long>(empty), empty == 1 ? "" : "s");
-  return prompts;
-}
+  bool from_stdin() const { return !single_; }
+  // Up to `count` prompts; none at the end.
+  std::vector<std::string> next(size_t count) {
+    std::vector<std::string> prompts;
+    if (single_) {
+      if (!single_used_) prompts.push_back(*single_);
+      single_used_ = true;
+      return prompts;
+    }
+    std::string line;
+    while (prompts.size() < count && std::getline(std::cin, line)) {
+      if (!line.empty() && line.back() == '\r') line.pop_back();
+      if (!line.empty())
+        prompts.push_back(line);
+      else
+        ++empty_;
+    }
+    return prompts;
+  }
+  int64_t skipped_empty() const { return empty_; }
+
+ private:
+  std::optional<std::string> single_;
+  bool single_used_ = false;
+  int64_t empty_ = 0;
+};
 
 // A text nobody received is not a success: a full disk ends the run with an error. A reader that stopped
 // reading (`generate ... | head`) ends it quietly, with the status of a process its SIGPIPE ended, as any
@@ -126,12 +144,11 @@ void write_out(const std::string& text) {
 int main(int argc, char** argv) {
   std::signal(SIGPIPE, SIG_IGN);  // a closed pipe is a write error (EPIPE), handled in write_out
   try {
-    Flags flags(
-        "generate",
-        "Continue prompts with a trained checkpoint (KV cache). Text to stdout, speed to stderr.\n"
-        "Prompts: --prompt TEXT, or one per line on stdin (empty lines skipped; read to the end first),\n"
-        "run in batches of --batch; each prompt's text and continuation follow in order, each ending\n"
-        "with a newline.");
+    Flags flags("generate",
+                "Continue prompts with a trained checkpoint (KV cache). Text to stdout, speed to stderr.\n"
+                "Prompts: --prompt TEXT, or one per line on stdin (empty lines skipped), read and answered\n"
+                "--batch at a time; each prompt's text and continuation follow in order, each ending with a\n"
+                "newline.");
     flags.add("checkpoint", "",
               "checkpoint (.h5), or a run folder (its newest), to generate with (required)");
     flags.add("prompt", "", "text to continue (else prompts on stdin)");
@@ -171,16 +188,6 @@ int main(int argc, char** argv) {
         resolve_tokenizer(flags.str("tokenizer"), checkpoint, config.vocab_size);
     sampling.end_of_text = tokenizer->end_of_text();
     sampling.vocab_limit = tokenizer->vocab_size();
-    const std::vector<std::string> prompts = read_prompts(flags);
-    std::vector<std::vector<int32_t>> ids;
-    for (size_t i = 0; i < prompts.size(); ++i) {
-      ids.push_back(prompt_ids(*tokenizer, prompts[i]));
-      TT_CHECK(static_cast<int64_t>(ids.back().size()) <= config.context_length,
-               (prompts.size() > 1 ? "prompt " + std::to_string(i + 1) : std::string("the prompt")) + " is " +
-                   std::to_string(ids.back().size()) + " tokens, longer than the model's context of " +
-                   std::to_string(config.context_length));
-    }
-
     nn::TransformerLM model(config);
     nn::FlatParameters params(model, device, 0);
     load_checkpoint(checkpoint, params, nullptr, nullptr);
@@ -188,13 +195,23 @@ int main(int argc, char** argv) {
 
     const bool jsonl = flags.boolean("jsonl");
     GenerationResult total;
-    for (size_t first = 0; first < ids.size(); first += static_cast<size_t>(batch)) {
-      const size_t end = std::min(ids.size(), first + static_cast<size_t>(batch));
-      const std::vector<std::vector<int32_t>> group(ids.begin() + first, ids.begin() + end);
+    PromptReader reader(flags);
+    int64_t first = 0;  // prompts answered so far
+    for (std::vector<std::string> prompts = reader.next(static_cast<size_t>(batch)); !prompts.empty();
+         first += static_cast<int64_t>(prompts.size()), prompts = reader.next(static_cast<size_t>(batch))) {
+      std::vector<std::vector<int32_t>> group;
+      for (size_t i = 0; i < prompts.size(); ++i) {
+        group.push_back(prompt_ids(*tokenizer, prompts[i]));
+        TT_CHECK(static_cast<int64_t>(group.back().size()) <= config.context_length,
+                 (reader.from_stdin() ? "prompt " + std::to_string(first + static_cast<int64_t>(i) + 1)
+                                      : std::string("the prompt")) +
+                     " is " + std::to_string(group.back().size()) +
+                     " tokens, longer than the model's context of " + std::to_string(config.context_length));
+      }
       std::vector<TextStream> streams;
       std::vector<std::string> texts;
-      for (size_t i = first; i < end; ++i) {
-        streams.emplace_back(*tokenizer, ids[i]);
+      for (size_t i = 0; i < group.size(); ++i) {
+        streams.emplace_back(*tokenizer, group[i]);
         texts.push_back(prompts[i]);
       }
       const bool stream_now = group.size() == 1 && !jsonl;
@@ -207,12 +224,12 @@ int main(int argc, char** argv) {
         else
           texts[static_cast<size_t>(row)] += piece;
       };
-      sampling.first_prompt = static_cast<int64_t>(first);
+      sampling.first_prompt = first;
       const GenerationResult result = generate_tokens(model, group, sampling, device, on_token);
       for (size_t r = 0; r < group.size(); ++r) {
         const std::string rest = streams[r].finish();
         if (jsonl) {
-          const std::string& prompt = prompts[first + r];
+          const std::string& prompt = prompts[r];
           const std::string completion = texts[r].substr(prompt.size()) + rest;
           const nlohmann::ordered_json line = {{"prompt", prompt}, {"completion", completion}};
           write_out(line.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace) + "\n");
@@ -228,8 +245,12 @@ int main(int argc, char** argv) {
       total.decode_seconds += result.decode_seconds;
       total.context_refills += result.context_refills;
     }
+    TT_CHECK(first > 0, "no prompts: pass --prompt TEXT or give prompts on stdin, one per line");
+    if (reader.skipped_empty() > 0)
+      std::fprintf(stderr, "skipped %lld empty line%s\n", static_cast<long long>(reader.skipped_empty()),
+                   reader.skipped_empty() == 1 ? "" : "s");
     const double seconds = total.prefill_seconds + total.decode_seconds;
-    const int64_t rows = static_cast<int64_t>(ids.size());
+    const int64_t rows = first;
     // Each row's first new token comes out of its prefill; the rest out of the batched steps.
     const int64_t stepped = std::max<int64_t>(0, total.new_tokens - rows);
     std::fprintf(stderr,

@@ -131,6 +131,21 @@ PY
 # --batch 2 splits the prompts into batches: the same text.
 printf '%s\n' "${prompts[@]}" | "$generate" "${greedy[@]}" --batch 2 2>/dev/null | cmp -s - "$work/alone.txt" &&
   echo "ok   --batch 2: the same text" || fail "--batch 2 changed the text"
+# Prompts down a pipe are answered --batch at a time: with --batch 1 the first is answered while the pipe is
+# still open.
+mkfifo "$work/prompts_in"
+"$generate" "${greedy[@]}" --batch 1 <"$work/prompts_in" >"$work/piped.txt" 2>/dev/null &
+gen=$!
+exec 3>"$work/prompts_in"
+echo "the dog" >&3
+for _ in $(seq 1 150); do [ -s "$work/piped.txt" ] && break; sleep 0.2; done
+early=$([ -s "$work/piped.txt" ] && echo yes || echo no)
+echo "the cat" >&3
+exec 3>&-
+wait $gen
+[ "$early" = yes ] && grep -q "^the dog" "$work/piped.txt" && grep -q "the cat" "$work/piped.txt" &&
+  echo "ok   --batch 1 answers a prompt while the pipe is open" ||
+  fail "--batch 1 did not answer the first prompt before the pipe closed (answered: $early)"
 # A reader that stops early (| head) ends generate quietly, as SIGPIPE ends other writers (status 141).
 for i in $(seq 1 40); do echo "the prompt number $i"; done |
   "$generate" "${greedy[@]}" --batch 1 2>"$work/head.err" | head -c 10 >/dev/null

@@ -391,7 +391,7 @@ std::string Flags::help() const {
         "precedence");
   print("  --help", "print this help and exit");
   print("  --version", "print \"tinytrain <version>\" and exit");
-  out << "Switches take --name or --no-name (or --name=on|off).\n";
+  out << "Switches take --name or --no-name (or --name=on|off). A flag given twice keeps its last value.\n";
   return out.str();
 }
 
