@@ -142,6 +142,13 @@ expect_error "config is a folder" "is a folder" "$train" "${common[@]}" --config
 printf 'steps = 2\nsteps = 3\n' >"$work/twice.cfg"
 expect_error "config sets a flag twice" "flag 'steps' is set twice in $work/twice.cfg (lines 1 and 2)" \
   "$train" "${common[@]}" --config "$work/twice.cfg"
+# A byte order mark (what some Windows editors write first) is not part of the first name.
+printf '\xEF\xBB\xBFsteps = 2\n' >"$work/bom.cfg"
+expect_ok "config with a byte order mark" "$train" "${common[@]}" --config "$work/bom.cfg" --out "$work/bom"
+# One step of a warm-up changes nothing (its learning rate is 0): said so.
+"$train" "${common[@]}" --steps 1 --ckpt-every -1 --out "$work/one_step" >"$work/one_step.log" 2>&1 &&
+  grep -q "the one step of --steps 1 changes no weight; pass --warmup 0" "$work/one_step.log" &&
+  echo "ok   --steps 1 with a warm-up: a note" || { echo "FAIL --steps 1 with a warm-up:"; tail -3 "$work/one_step.log"; failures=$((failures + 1)); }
 expect_error "switch value" "flag --overwrite expects on/off, got 'maybe'" "$train" "${common[@]}" --overwrite=maybe --steps 1
 expect_error "cuda-graph value" "--cuda-graph takes auto, on or off, got 'maybe'" "$train" "${common[@]}" --cuda-graph maybe --steps 1
 expect_error "a flag for a value" "flag --cuda-graph needs a value (next on the command line is --steps;" \

@@ -120,6 +120,7 @@ void Flags::read_config(const std::string& path) {
   std::map<std::string, int> line_of;  // each name's line: a name given twice is an error
   while (std::getline(in, line)) {
     ++number;
+    if (number == 1 && line.rfind("\xEF\xBB\xBF", 0) == 0) line.erase(0, 3);  // a UTF-8 byte order mark
     // A comment: '#' at the start of the line or after a space or tab, outside quotes (so "C#" and
     // "issue #5" stay in a value).
     char quote = 0;
@@ -391,7 +392,9 @@ std::string Flags::help() const {
         "precedence");
   print("  --help", "print this help and exit");
   print("  --version", "print \"tinytrain <version>\" and exit");
-  out << "Switches take --name or --no-name (or --name=on|off). A flag given twice keeps its last value.\n";
+  out << "Switches take --name or --no-name (or --name=on|off). On the command line a flag given twice "
+         "keeps\n"
+         "its last value.\n";
   return out.str();
 }
 

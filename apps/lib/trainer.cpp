@@ -706,11 +706,13 @@ class TrainingRun {
       complete_ = (flags_.str("resume") == "latest" || fs::is_directory(flags_.str("resume"))) &&
                   state_.step == plan_.steps;
       if (complete_) {
+        // --resume FOLDER names the run; --resume latest, the one in --out.
+        const std::string run = flags_.str("resume") == "latest" ? plan_.out : flags_.str("resume");
         if (root_)
           std::printf(
               "nothing to do: the run in %s already ended at step %lld (%s, --steps %lld); raise "
               "--steps to train longer\n",
-              plan_.out.c_str(), static_cast<long long>(state_.step), resume_.c_str(),
+              run.c_str(), static_cast<long long>(state_.step), resume_.c_str(),
               static_cast<long long>(plan_.steps));
         return;
       }
@@ -876,7 +878,12 @@ class TrainingRun {
     const double lr_max = flags_.number("lr-max"), lr_min = flags_.number("lr-min");
     const int64_t warmup = flags_.integer("warmup");
     const int64_t cosine_steps = flags_.integer("cosine-steps") > 0 ? flags_.integer("cosine-steps") : steps;
-    if (root_ && warmup >= steps)
+    if (root_ && warmup >= steps && steps == 1)
+      std::printf(
+          "note: a warm-up's first step has learning rate 0, so with --warmup %lld the one step of --steps 1 "
+          "changes no weight; pass --warmup 0\n",
+          static_cast<long long>(warmup));
+    else if (root_ && warmup >= steps)
       std::printf(
           "note: --warmup %lld is not below --steps %lld: the learning rate rises all run, never reaching "
           "--lr-max or decaying; pass a shorter --warmup\n",
@@ -1001,6 +1008,11 @@ class TrainingRun {
       // Generation runs on this rank alone and needs every weight here.
       std::printf("no text sample with --zero 3 (the weights are sharded): run generate on %s\n",
                   last_checkpoint_.empty() ? "a checkpoint" : last_checkpoint_.c_str());
+    } else if (sample_tokens > 0 && stop_signal() != 0) {
+      // Asked to stop during the last step or evaluation: a sample cut at its first token says nothing.
+      std::printf("no text sample: %s came before it; generate --checkpoint %s writes one\n",
+                  signal_name(stop_signal()),
+                  last_checkpoint_.empty() ? "CHECKPOINT" : last_checkpoint_.c_str());
     } else if (sample_tokens > 0) {
       std::unique_ptr<Tokenizer> tokenizer;
       try {
