@@ -3,8 +3,8 @@
 // model.safetensors.index.json above --shard-bytes), config.json, and for SentencePiece data its
 // tokenizer.model with a tokenizer_config.json.
 #include <unistd.h>
-#include <algorithm>
 
+#include <algorithm>
 #include <cerrno>
 #include <csignal>
 #include <cstdio>

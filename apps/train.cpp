@@ -6,7 +6,6 @@
 #include <cmath>
 #include <csignal>
 #include <cstdio>
-#include <cstdlib>
 #include <filesystem>
 #include <memory>
 #include <set>
@@ -34,13 +33,6 @@ using namespace tt;
 using namespace tt::app;
 
 namespace {
-
-bool launched_by_mpi() {
-  for (const char* var : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK", "MV2_COMM_WORLD_SIZE"}) {
-    if (std::getenv(var)) return true;
-  }
-  return false;
-}
 
 std::string data_dir_or_default(const Flags& flags) {
   if (flags.given("data")) {
@@ -211,7 +203,7 @@ int main(int argc, char** argv) {
   try {
     // One rank per GPU under mpirun/srun; a plain start is a single process and does not touch MPI (a
     // singleton MPI start needs resources a simple run should not depend on).
-    if (launched_by_mpi()) runtime = std::make_unique<dist::DistRuntime>(&argc, &argv);
+    if (started_by_launcher()) runtime = std::make_unique<dist::DistRuntime>(&argc, &argv);
     if (runtime && runtime->world_size() > 1) report_stops_after_the_step(runtime->rank() == 0);
     Flags flags("train",
                 "Train the Transformer LM; see README.md for the data and checkpoint formats.\n"
@@ -239,14 +231,8 @@ int main(int argc, char** argv) {
     }
     check_train_flags(flags, runtime.get());  // before the built-in corpus is prepared
     // A resumed run's data, checked on every rank: a problem ends the job with one line.
-    std::string data, problem;
-    try {
-      data = resumed_run_data(flags, rank == 0);
-    } catch (const Error& e) {
-      problem = e.what();
-    }
-    if (runtime && runtime->world_size() > 1) dist::raise_if_any_rank_failed(*runtime, problem);
-    if (!problem.empty()) throw Error(problem);
+    std::string data;
+    check_on_every_rank(runtime.get(), [&] { data = resumed_run_data(flags, rank == 0); });
     // Else --data, or the built-in corpus: rank 0 prepares it (if needed) while the others wait.
     if (data.empty() && rank == 0) data = data_dir_or_default(flags);
     if (runtime) dist::barrier();

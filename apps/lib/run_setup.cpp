@@ -72,9 +72,20 @@ int apply_gemm_autotune_flag(const Flags& flags, bool deterministic) {
   return candidates;
 }
 
+namespace {
+// The job's process count, as a launcher sets it in each process it starts (Open MPI; PMI, as srun and
+// MPICH set it; MVAPICH).
+constexpr const char* kLauncherSizeVariables[] = {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "MV2_COMM_WORLD_SIZE"};
+}  // namespace
+
+bool started_by_launcher() {
+  for (const char* var : kLauncherSizeVariables)
+    if (std::getenv(var)) return true;
+  return std::getenv("PMIX_RANK") != nullptr;  // srun with PMIx: a rank, no size
+}
+
 void require_one_process(const std::string& app) {
-  // Set for each process a launcher starts (Open MPI, PMI as srun and MPICH set it, MVAPICH).
-  for (const char* var : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "MV2_COMM_WORLD_SIZE"}) {
+  for (const char* var : kLauncherSizeVariables) {
     const char* value = std::getenv(var);
     if (value == nullptr) continue;
     const std::string size = value;

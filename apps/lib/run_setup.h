@@ -35,6 +35,8 @@ void declare_gemm_autotune_flag(Flags& flags, bool with_deterministic);
 int gemm_autotune_from_flags(const Flags& flags, bool deterministic);
 int apply_gemm_autotune_flag(const Flags& flags, bool deterministic);
 
+// Whether mpirun or srun started this process (as one rank of a job, perhaps of one).
+bool started_by_launcher();
 // Apps that write one output (export, import, prepare_data) or print one text (generate) run as one
 // process: started as several by mpirun or srun, the copies would race to write the same files. An error
 // naming `app` then.

@@ -481,21 +481,6 @@ std::string problem_text(const std::exception& e) {
   return line;
 }
 
-// Checks each rank makes for itself: the same flags against the same files, or rank 0's run folder. Under
-// mpirun a failure on any rank ends every rank with one line (raise_if_any_rank_failed) instead of an abort
-// per rank; every rank must call it at the same point.
-template <typename Checks>
-void check_on_every_rank(dist::DistRuntime* runtime, Checks&& checks) {
-  if (!runtime || runtime->world_size() == 1) return checks();
-  std::string problem;
-  try {
-    checks();
-  } catch (const std::exception& e) {
-    problem = problem_text(e);
-  }
-  dist::raise_if_any_rank_failed(*runtime, problem);
-}
-
 // Rank 0's string on every rank: what rank 0 alone decides (the checkpoint a run resumes from, "latest"
 // being resolved against the run folder it holds the lock of) or found (a problem with that file).
 std::string rank0_string(const std::string& chosen, dist::DistRuntime* runtime) {
@@ -1124,6 +1109,17 @@ class TrainingRun {
 };
 
 }  // namespace
+
+void check_on_every_rank(dist::DistRuntime* runtime, const std::function<void()>& checks) {
+  if (!runtime || runtime->world_size() == 1) return checks();
+  std::string problem;
+  try {
+    checks();
+  } catch (const std::exception& e) {
+    problem = problem_text(e);
+  }
+  dist::raise_if_any_rank_failed(*runtime, problem);
+}
 
 int run_training(const Flags& flags, Device device, const std::string& data_dir, dist::DistRuntime* runtime) {
   TrainingRun run(flags, device, data_dir, runtime);

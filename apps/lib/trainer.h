@@ -1,6 +1,7 @@
 // The training loop behind `train`, and the evaluation and generation it uses.
 #pragma once
 
+#include <functional>
 #include <string>
 
 #include "apps/lib/data.h"
@@ -21,6 +22,11 @@ void check_train_flag_values(const Flags& flags);
 // (dist::RanksDisagree otherwise), so a bad value is found by every rank alike and thrown as
 // dist::SameOnEveryRank, for rank 0 alone to report. `runtime` null: check_train_flag_values.
 void check_train_flags(const Flags& flags, dist::DistRuntime* runtime);
+
+// Checks each rank makes for itself: the same flags against the same files, or rank 0's run folder. Under
+// mpirun a failure on any rank ends every rank with one line (dist::raise_if_any_rank_failed) instead of an
+// abort per rank; every rank must call it at the same point. `runtime` null or one rank: `checks` as it is.
+void check_on_every_rank(dist::DistRuntime* runtime, const std::function<void()>& checks);
 
 // Trains with the flags of `train` (declared in apps/train.cpp); returns the process exit code.
 // `runtime` (null for a single process) gives rank and world size under mpirun; the caller has passed the
