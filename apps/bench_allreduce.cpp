@@ -3,6 +3,8 @@
 // carries in a ring), so numbers compare across world sizes and with nccl-tests. NCCL on GPUs, MPI on CPUs.
 #include <mpi.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <memory>
 
@@ -13,6 +15,7 @@
 #include "base/error.h"
 #include "core/cuda_context.h"
 #include "core/ops.h"
+#include "dist/agreement.h"
 #include "dist/communicator.h"
 #include "dist/mpi_check.h"
 #include "dist/runtime.h"
@@ -87,13 +90,16 @@ int main(int argc, char** argv) {
   flags.alias("iters", "steps");
   flags.add("json", "", "also write one JSON object per size to this file (rank 0)");
   std::unique_ptr<dist::DistRuntime> runtime;
+  // Until every rank has checked the flags, an error is every rank's (the same flags): it ends the job with
+  // one line from rank 0 instead of an abort per rank.
+  bool checked = false;
   try {
     if (!flags.parse(argc, argv)) return 0;
-    for (double mb : flags.number_list("sizes-mb")) {
-      TT_CHECK(std::isfinite(mb) && mb > 0,
-               "--sizes-mb takes positive sizes, got '" + flags.str("sizes-mb") + "'");
-    }
     runtime = std::make_unique<dist::DistRuntime>(&argc, &argv);
+    check_ranks_have_same_flags(flags, *runtime);
+    TT_CHECK(runtime->world_size() >= 2,
+             "bench_allreduce times an all-reduce between ranks: start it with 2 or more under mpirun "
+             "(mpirun -np 2 bench_allreduce ...)");
     const Device device = pick_device(flags.str("device"), runtime->gpu_index());
     const std::string dtype_text = flags.str("dtype");
     TT_CHECK(dtype_text == "f32" || dtype_text == "bf16", "--dtype must be f32 or bf16");
@@ -101,31 +107,47 @@ int main(int argc, char** argv) {
     TT_CHECK(
         dtype == DType::f32 || device.is_cuda(),
         "--dtype bf16 is measured on CUDA only (the MPI backend adds bf16 element by element on the host)");
+    for (double mb : flags.number_list("sizes-mb")) {
+      TT_CHECK(std::isfinite(mb) && mb > 0,
+               "--sizes-mb takes positive sizes, got '" + flags.str("sizes-mb") + "'");
+      TT_CHECK(static_cast<int64_t>(mb * kBytesPerMb) >= static_cast<int64_t>(dtype_size(dtype)),
+               "--sizes-mb: " + format_mb(mb) + " MB holds no " + dtype_text + " element");
+    }
     const int64_t warmup = flags.integer("warmup-iters"), iters = flags.integer("steps");
-    TT_CHECK(warmup >= 0 && iters > 0, "--warmup-iters must be >= 0 and --iters positive");
-    std::unique_ptr<dist::Communicator> comm = dist::make_communicator(device, *runtime);
+    TT_CHECK(warmup >= 0 && iters > 0, "--warmup-iters must be >= 0 and --steps positive");
+    std::vector<dist::AllReduceTransport> transports;
+    for (const std::string& name : flags.list("all-reduce"))
+      transports.push_back(dist::parse_all_reduce_transport(name));
+    TT_CHECK(!transports.empty(), "--all-reduce needs library and/or copy-engine");
+    const bool copy_engine = std::find(transports.begin(), transports.end(),
+                                       dist::AllReduceTransport::copy_engine) != transports.end();
+    TT_CHECK(!copy_engine ||
+                 (device.is_cuda() && dist::copy_engine_layout(runtime->world_size(), runtime->local_size())),
+             "--all-reduce copy-engine needs CUDA and 2 to " + std::to_string(dist::kCopyEngineMaxRanks) +
+                 " ranks, all on one host; this job has " + std::to_string(runtime->world_size()) +
+                 " ranks, " + std::to_string(runtime->local_size()) + " on this host, device " +
+                 device.str());
     const bool root = runtime->is_root();
     std::unique_ptr<JsonlWriter> json;
     if (root && !flags.str("json").empty()) json = std::make_unique<JsonlWriter>(flags.str("json"), false);
+    dist::raise_if_any_rank_failed(*runtime, "");
+    checked = true;
+    std::unique_ptr<dist::Communicator> comm = dist::make_communicator(device, *runtime);
     if (root) {
       std::printf("%d ranks, backend %s, device %s, %s, warm-up %lld, timed %lld\n\n", comm->world_size(),
                   comm->backend(), device.is_cpu() ? "cpu" : "cuda (local rank)", dtype_text.c_str(),
                   static_cast<long long>(warmup), static_cast<long long>(iters));
     }
-    std::vector<std::vector<std::string>> rows;
-    std::vector<dist::AllReduceTransport> transports;
-    for (const std::string& name : flags.list("all-reduce"))
-      transports.push_back(dist::parse_all_reduce_transport(name));
-    TT_CHECK(!transports.empty(), "--all-reduce needs library and/or copy-engine");
+    StreamedTable table(
+        {"size MB", "dtype", "transport", "ranks", "time ms", "algbw GB/s", "busbw GB/s", "correct"}, root);
     for (dist::AllReduceTransport transport : transports) {
       for (double mb : flags.number_list("sizes-mb")) {
         const Measurement m = measure(*comm, mb, dtype, warmup, iters, transport);
         const std::string how = transport == dist::AllReduceTransport::library
                                     ? std::string(comm->backend())
                                     : std::string(dist::all_reduce_transport_name(transport));
-        rows.push_back({format_fixed(mb, mb < 1 ? 3 : 0), dtype_text, how, std::to_string(comm->world_size()),
-                        format_fixed(m.ms, 3), format_fixed(m.algorithm_gbps, 2), format_fixed(m.bus_gbps, 2),
-                        m.correct ? "yes" : "NO"});
+        table.row({format_mb(mb), dtype_text, how, std::to_string(comm->world_size()), format_fixed(m.ms, 3),
+                   format_fixed(m.algorithm_gbps, 2), format_fixed(m.bus_gbps, 2), m.correct ? "yes" : "NO"});
         if (json) {
           json->write({{"size_mb", JsonlWriter::number(mb)},
                        {"bytes", JsonlWriter::number(m.bytes)},
@@ -140,15 +162,14 @@ int main(int argc, char** argv) {
         }
       }
     }
-    if (root) {
-      std::printf("%s", markdown_table({"size MB", "dtype", "transport", "ranks", "time ms", "algbw GB/s",
-                                        "busbw GB/s", "correct"},
-                                       rows)
-                            .c_str());
-    }
     comm.reset();
     return 0;
+  } catch (const dist::SameOnEveryRank& e) {
+    if (runtime->is_root()) std::fprintf(stderr, "error: %s\n", e.what());
+    return 1;
   } catch (const std::exception& e) {
+    if (runtime && runtime->world_size() > 1 && !checked)
+      return dist::end_start_up_failure(*runtime, e.what());
     if (runtime && runtime->world_size() > 1) dist::abort_job(e.what());
     std::fprintf(stderr, "%s\n", tt::error_line(e).c_str());
     return 1;

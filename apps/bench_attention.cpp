@@ -139,7 +139,7 @@ int main(int argc, char** argv) {
     if (!flags.str("json").empty()) json = std::make_unique<JsonlWriter>(flags.str("json"), false);
     const int64_t warmup = flags.integer("warmup-iters"), iters = flags.integer("steps");
     TT_CHECK(warmup >= 0 && iters > 0, "--warmup-iters must be >= 0 and --iters positive");
-    TT_CHECK(flags.integer("max-seq") > 0, "--max-seq must be positive");
+    TT_CHECK(flags.integer("max-seq") >= 128, "--max-seq must be at least 128, the sweep's shortest T");
     TT_CHECK(flags.str("precision") == "f32" || flags.str("precision") == "bf16",
              "--precision must be f32 or bf16, got '" + flags.str("precision") + "'");
     for (const std::string& suite : flags.list("suite")) {
@@ -174,9 +174,11 @@ int main(int argc, char** argv) {
         for (const auto& [batch, heads] : {std::pair<int64_t, int64_t>{32, 12}, {16, 16}, {12, 20}, {8, 25}})
           configs.push_back({"flash", batch, heads, 1024, 64, DType::bf16, true});
       } else {
-        throw Error("unknown --suite '" + suite + "' (expected course, sweep or leaderboard)");
+        throw Error("unknown --suite '" + suite + "' (expected course, sweep, leaderboard or models)");
       }
-      std::vector<std::vector<std::string>> rows;
+      std::printf("## suite: %s\n\n", suite.c_str());
+      StreamedTable table({"impl", "BxHxTxd", "dtype", "causal", "fwd ms", "bwd ms", "fwd+bwd ms",
+                           "fwd TFLOP/s", "fwd+bwd TFLOP/s", "MiB before bwd"});
       for (size_t i = 0; i < configs.size(); ++i) {
         const Config& c = configs[i];
         // Announced before it runs: a large case on the CPU takes minutes.
@@ -185,14 +187,14 @@ int main(int argc, char** argv) {
                      static_cast<long long>(c.seq), static_cast<long long>(c.d_head), dtype_name(c.dtype));
         const Result r = run(c, device, warmup, iters, ones);
         const double f = forward_flops(c);
-        rows.push_back(
-            {c.impl,
-             std::to_string(c.batch) + "x" + std::to_string(c.heads) + "x" + std::to_string(c.seq) + "x" +
-                 std::to_string(c.d_head),
-             dtype_name(c.dtype), c.causal ? "yes" : "no", r.oom ? "OOM" : format_fixed(r.forward_ms, 3),
-             r.oom ? "-" : format_fixed(r.backward_ms, 3), r.oom ? "-" : format_fixed(r.total_ms, 3),
-             r.oom ? "-" : tflops(f, r.forward_ms), r.oom ? "-" : tflops(3.5 * f, r.total_ms),
-             r.oom ? "-" : format_fixed(r.memory_before_backward_mib, 0)});
+        table.row({c.impl,
+                   std::to_string(c.batch) + "x" + std::to_string(c.heads) + "x" + std::to_string(c.seq) +
+                       "x" + std::to_string(c.d_head),
+                   dtype_name(c.dtype), c.causal ? "yes" : "no",
+                   r.oom ? "OOM" : format_fixed(r.forward_ms, 3),
+                   r.oom ? "-" : format_fixed(r.backward_ms, 3), r.oom ? "-" : format_fixed(r.total_ms, 3),
+                   r.oom ? "-" : tflops(f, r.forward_ms), r.oom ? "-" : tflops(3.5 * f, r.total_ms),
+                   r.oom ? "-" : format_fixed(r.memory_before_backward_mib, 0)});
         if (json) {
           json->write({{"suite", JsonlWriter::quote(suite)},
                        {"impl", JsonlWriter::quote(c.impl)},
@@ -212,11 +214,7 @@ int main(int argc, char** argv) {
                        {"device", JsonlWriter::quote(device_label)}});
         }
       }
-      std::printf("## suite: %s\n\n%s\n", suite.c_str(),
-                  markdown_table({"impl", "BxHxTxd", "dtype", "causal", "fwd ms", "bwd ms", "fwd+bwd ms",
-                                  "fwd TFLOP/s", "fwd+bwd TFLOP/s", "MiB before bwd"},
-                                 rows)
-                      .c_str());
+      std::printf("\n");
     }
     return 0;
   } catch (const std::exception& e) {

@@ -228,12 +228,17 @@ int main(int argc, char** argv) {
   try {
     if (!flags.parse(argc, argv)) return 0;
     runtime = std::make_unique<dist::DistRuntime>(&argc, &argv);
+    check_ranks_have_same_flags(flags, *runtime);
     const Device device = pick_device(flags.str("device"), runtime->gpu_index());
+    nn::parse_precision(flags.str("precision"));
+    resolve_attention(flags.str("attention"), device);
     const int64_t batch = flags.integer("batch"), ctx = flags.integer("ctx"), steps = flags.integer("steps");
     int64_t warmup = flags.integer("warmup-iters");
     TT_CHECK(batch > 0 && ctx > 0 && steps > 0 && warmup >= 0,
              "--batch, --ctx and --steps must be positive and --warmup-iters >= 0");
     const GraphUse cuda_graph = parse_graph_use(flags.str("cuda-graph"));
+    TT_CHECK(device.is_cuda() || cuda_graph != GraphUse::on,
+             "--cuda-graph on needs a CUDA device (CUDA graphs); use auto or off on the CPU");
     if (cuda_graph != GraphUse::off && device.is_cuda()) warmup = std::max<int64_t>(warmup, 2);
     TT_CHECK(flags.integer("vocab") > 0, "--vocab must be positive");
     const bool single = flags.boolean("single-gpu-baseline");
@@ -317,6 +322,9 @@ int main(int argc, char** argv) {
     const int world = runtime->world_size();
     std::unique_ptr<JsonlWriter> json;
     if (root && !flags.str("json").empty()) json = std::make_unique<JsonlWriter>(flags.str("json"), false);
+    // The header once every rank has checked every flag: an error is then the only line.
+    dist::raise_if_any_rank_failed(*runtime, "");
+    checked = true;
     if (root) {
       std::printf(
           "%d rank%s (%s on %s), batch %lld x ctx %lld per rank, %s, %s gradients, clip %g, warm-up %lld, "
@@ -327,9 +335,10 @@ int main(int argc, char** argv) {
           static_cast<long long>(steps), flags.str("cuda-graph").c_str(),
           device.is_cuda() ? "" : " (no CUDA graphs on CPUs)");
     }
-    dist::raise_if_any_rank_failed(*runtime, "");
-    checked = true;
-    std::vector<std::vector<std::string>> rows, memory_rows;
+    StreamedTable table({"preset", "strategy", "bucket MB", "ranks", "step ms", "comm wait ms", "comm share",
+                         "tokens/s (all ranks)", "scaling efficiency", "graph"},
+                        root);
+    std::vector<std::vector<std::string>> memory_rows;
     for (const std::string& preset : flags.list("preset")) {
       RowSetup setup;
       setup.model = nn::preset(preset);
@@ -348,11 +357,15 @@ int main(int argc, char** argv) {
         const double row_start = now_seconds();
         const Result r = measure(setup, *runtime, c);
         const double row_seconds = now_seconds() - row_start;
+        const bool bucketed = c.strategy == dist::DdpStrategy::bucketed;
+        const std::string shown =
+            c.sm_margin > 0 ? c.label + " (" + std::to_string(c.sm_margin) + " SMs free)" : c.label;
         if (!r.oom) {
           auto gib = [](double bytes) { return format_fixed(bytes / (1 << 30), 2); };
           const StateBytes& b = r.memory.state;
           const double psi = static_cast<double>(setup.model.parameter_count());
-          memory_rows.push_back({preset, c.label, gib(static_cast<double>(b.parameters)),
+          memory_rows.push_back({preset, bucketed ? shown + " (" + format_mb(c.bucket_mb) + " MB)" : shown,
+                                 gib(static_cast<double>(b.parameters)),
                                  gib(static_cast<double>(b.gradients)), gib(static_cast<double>(b.optimizer)),
                                  gib(static_cast<double>(b.parameters + b.gradients + b.optimizer)),
                                  gib(zero_paper_bytes(psi, c.label == "single" ? 1 : world, c.zero)),
@@ -361,15 +374,11 @@ int main(int argc, char** argv) {
                                  gib(static_cast<double>(r.memory.peak - r.memory.between_steps))});
         }
         if (!r.oom && c.label == "single") single_ms = r.step_ms.mean;
-        const bool bucketed = c.strategy == dist::DdpStrategy::bucketed;
         const double share = r.step_ms.mean > 0 ? r.wait_ms.mean / r.step_ms.mean : 0;
         const double efficiency = single_ms > 0 && !r.oom ? single_ms / r.step_ms.mean : 0;
         const double tokens_per_s =
             r.oom ? 0 : static_cast<double>(world * batch * ctx) / (r.step_ms.mean * 1e-3);
-        const std::string shown =
-            c.sm_margin > 0 ? c.label + " (" + std::to_string(c.sm_margin) + " SMs free)" : c.label;
-        std::vector<std::string> cells = {preset, shown,
-                                          bucketed ? format_fixed(c.bucket_mb, c.bucket_mb < 1 ? 3 : 0) : "-",
+        std::vector<std::string> cells = {preset, shown, bucketed ? format_mb(c.bucket_mb) : "-",
                                           std::to_string(world)};
         if (r.oom) {
           cells.insert(cells.end(), {"OOM", "-", "-", "-", "-", "-"});
@@ -381,7 +390,7 @@ int main(int argc, char** argv) {
                r.wait_measured ? format_fixed(share * 100, 1) + "%" : "-", format_fixed(tokens_per_s, 0),
                efficiency > 0 ? format_fixed(efficiency * 100, 1) + "%" : "-", r.graph ? "on" : "off"});
         }
-        rows.push_back(cells);
+        table.row(cells);
         if (json) {
           json->write(
               {{"preset", JsonlWriter::quote(preset)},
@@ -414,10 +423,6 @@ int main(int argc, char** argv) {
       }
     }
     if (root) {
-      std::printf("%s", markdown_table({"preset", "strategy", "bucket MB", "ranks", "step ms", "comm wait ms",
-                                        "comm share", "tokens/s (all ranks)", "scaling efficiency", "graph"},
-                                       rows)
-                            .c_str());
       std::printf(
           "\nmemory per rank (GiB, rank 0): parameters, gradients and optimizer state measured from the "
           "tensors,\nbeside the ZeRO paper's P+G+O (2 + 2 + 12 bytes per parameter, sharded by stage); then "

@@ -4,6 +4,8 @@
 #include <cmath>
 #include <cstdio>
 #include <fstream>
+#include <set>
+#include <tuple>
 
 #include "apps/lib/bench.h"
 #include "apps/lib/flags.h"
@@ -54,6 +56,15 @@ nn::ModelConfig bench_config(const Flags& flags, Device device, const std::strin
   return config;
 }
 
+// The untimed runs a row gets for `warmup_asked`: train's step at least 2 (it captures its graph in the
+// second); a graph row at least 1 eager run, then its capture and 1 replay; others as asked. Rows that come
+// to the same count are measured once.
+int64_t untimed_runs(const std::string& mode, bool graph, int64_t warmup_asked) {
+  if (mode == "train") return std::max<int64_t>(warmup_asked, 2);
+  if (graph) return std::max<int64_t>(warmup_asked, 1) + 1;
+  return warmup_asked;
+}
+
 // `bundle` is null when the model itself did not fit (every row of the size is then an OOM row).
 // mirror (bf16 only): the matmuls read a bf16 copy of the weights that AdamW writes with each update,
 // instead of casting every weight in every forward.
@@ -61,20 +72,27 @@ Row measure(const Flags& flags, Device device, Bundle* bundle, const nn::ModelCo
             const std::string& size, int64_t ctx, const std::string& mode, bool graph, int64_t warmup_asked,
             bool mirror, bool grads_bf16) {
   const int64_t batch = flags.integer("batch"), steps = flags.integer("steps");
-  // train's step captures its graph in its second run, which stays untimed: at least 2 untimed runs.
-  const int64_t warmup = mode == "train" ? std::max<int64_t>(warmup_asked, 2) : warmup_asked;
+  const int64_t warmup = mode == "train" ? untimed_runs(mode, graph, warmup_asked) : warmup_asked;
   const bool bf16 = config.precision == nn::Precision::bf16;
   const std::string precision = std::string(nn::precision_name(config.precision)) +
                                 (bf16 && !mirror ? " (cast)" : "") + (grads_bf16 ? ", bf16 grads" : ""),
                     attention = nn::attention_name(config.attention);
   Row row;
-  row.cells = {
-      size, std::to_string(ctx), precision, attention, mode, graph ? "on" : "off", std::to_string(warmup)};
+  row.cells = {size,
+               std::to_string(ctx),
+               precision,
+               attention,
+               mode,
+               graph ? "on" : "off",
+               std::to_string(untimed_runs(mode, graph, warmup_asked))};
   auto json_head = [&] {
     return "\"size\": " + JsonlWriter::quote(size) + ", \"ctx\": " + std::to_string(ctx) +
            ", \"batch\": " + std::to_string(batch) + ", \"precision\": " + JsonlWriter::quote(precision) +
            ", \"attention\": " + JsonlWriter::quote(attention) + ", \"mode\": " + JsonlWriter::quote(mode) +
-           ", \"warmup\": " + std::to_string(warmup) + ", \"steps\": " + std::to_string(steps) +
+           ", \"vocab\": " + std::to_string(config.vocab_size) +
+           ", \"graph\": " + (row.cells[5] == "on" ? "true" : "false") +
+           ", \"clip\": " + (mode == "train" ? JsonlWriter::number(flags.number("clip")) : "null") +
+           ", \"warmup\": " + row.cells[6] + ", \"steps\": " + std::to_string(steps) +
            ", \"bf16_weights\": " +
            JsonlWriter::quote(!bf16    ? "-"
                               : mirror ? "mirror"
@@ -324,7 +342,9 @@ int main(int argc, char** argv) {
         "mode", "step",
         "comma-separated: forward | backward (forward+backward) | step (+ AdamW) | step-fused (AdamW "
         "fused into backward: each parameter updated on a side stream as soon as its gradient is final) | "
-        "train (the step `train` runs, apps/lib/train_step.h: loss read back, --clip, AdamW)");
+        "train (the step `train` runs, apps/lib/train_step.h: loss read back, --clip, AdamW). Where a "
+        "gradient is due, the loss computes the classifier's gradients with it, chunk by chunk: the "
+        "'forward ms' column of backward and step rows includes them, a forward row does not");
     flags.add("recompute", "none",
               "as train's --recompute: selective runs each block's norms and SwiGLU gate again in backward, "
               "block the whole block",
@@ -333,10 +353,10 @@ int main(int argc, char** argv) {
     flags.add("clip", "1.0", "train rows: global gradient-norm clip, as train's --clip (0: off)");
     flags.add_switch(
         "update-in-matmul",
-        "in step-fused rows, update each linear weight inside the matmul that computes its "
-        "gradient, a group of weights per launch (Hopper GPUs; the gradient is never stored; elsewhere, "
-        "or where that kernel does not apply, on the side stream like the other parameters). One H100 "
-        "run: 2.7b 67.5 ms against 73.5 with off, xl 46.7, small 4.54 (docs/course.md)",
+        "in step-fused rows, update each linear weight inside the matmul that computes its gradient, a "
+        "group of weights per launch, so the gradient is never stored: on Hopper GPUs a fused kernel, on "
+        "the CPU its reference; on other GPUs, and for weights the kernel does not take, on the side "
+        "stream like the other parameters (figures: docs/course.md)",
         true);
     flags.add("gemm-sm-margin", "0",
               "SMs to keep free of matmuls (cuBLASLt plans for the rest), e.g. for step-fused's side stream");
@@ -345,16 +365,21 @@ int main(int argc, char** argv) {
         /*with_deterministic=*/false);  // as train's; tuning happens in a row's first iteration (warm-up)
     flags.add(
         "warmup-iters", "5",
-        "comma-separated counts of untimed iterations before the timed ones (e.g. 0,1,2,5); one row each");
+        "comma-separated counts of untimed iterations before the timed ones (e.g. 0,1,2,5); one row each. "
+        "The 'warm-up' column shows what a row got: train rows at least 2 (the second captures its graph), "
+        "graph rows at least 1 eager iteration, then the capture and 1 replay; counts that come to the same "
+        "give one row");
     flags.alias("warmup", "warmup-iters");
     flags.add("steps", "10", "timed iterations per row");
     declare_device_flag(flags);
     flags.add_switch(
         "profile-steps",
         "call cudaProfilerStart/Stop around the measured steps (nsys --capture-range=cudaProfilerApi)");
-    flags.add("bf16-weights", "mirror",
-              "comma-separated, bf16 rows: mirror (matmuls read a bf16 copy of the weights that AdamW writes "
-              "with each update) | cast (every weight cast to bf16 in every forward); one row each");
+    flags.add(
+        "bf16-weights", "mirror",
+        "comma-separated, bf16 rows: mirror (matmuls read a bf16 copy of the weights that AdamW writes "
+        "with each update) | cast (every weight cast to bf16 in every forward); one row each (train rows: "
+        "mirror, as train's step)");
     flags.add("grad-dtype", "auto",
               "comma-separated, bf16 rows: f32 | bf16 (the gradient buffer in bf16: weight gradients "
               "rounded to bf16 once, as PyTorch's autocast rounds them) | auto (bf16, as train's "
@@ -369,12 +394,13 @@ int main(int argc, char** argv) {
               "record every allocation of one step into FILE.svg (plot), FILE.json (events) and FILE.pickle "
               "(a snapshot for pytorch.org/memory_viz, Active Memory Timeline)");
     if (!flags.parse(argc, argv)) return 0;
+    // Every rank would run every row on the same GPU and write the same --json file.
+    require_one_process("benchmark");
     const Device device = pick_device(flags.str("device"));
     const int64_t sm_margin = flags.integer("gemm-sm-margin");
     TT_CHECK(sm_margin >= 0, "--gemm-sm-margin must be >= 0");
     set_matmul_sm_margin(static_cast<int>(sm_margin));
     apply_gemm_autotune_flag(flags, /*deterministic=*/false);
-    std::vector<Row> rows;
     std::unique_ptr<JsonlWriter> json;
     if (!flags.str("json").empty()) json = std::make_unique<JsonlWriter>(flags.str("json"), false);
     if (!flags.str("memory-timeline").empty()) check_memory_timeline_writable(flags.str("memory-timeline"));
@@ -410,6 +436,8 @@ int main(int argc, char** argv) {
     TT_CHECK(flags.integer("batch") > 0, "--batch must be positive");
     TT_CHECK(flags.integer("steps") > 0, "--steps must be positive");
     TT_CHECK(flags.integer("vocab") > 0, "--vocab must be positive");
+    TT_CHECK(std::isfinite(flags.number("clip")) && flags.number("clip") >= 0,
+             "--clip must be a finite number >= 0.0, got " + flags.str("clip"));
     TT_CHECK(device.is_cuda() || graph_flag == "off" || graph_flag == "auto",
              "--graph " + graph_flag + " needs a CUDA device (CUDA graphs); use --graph off on the CPU");
     // Every list item is checked before the first row runs, so a typo does not end a long sweep midway.
@@ -440,9 +468,12 @@ int main(int argc, char** argv) {
       if (flags.integer("recompute-blocks") > 0)
         recompute += " (first " + flags.str("recompute-blocks") + " blocks)";
     }
-    std::printf("device: %s, batch %lld, warm-up %s, timed steps %lld%s\n\n", device_name(device).c_str(),
-                static_cast<long long>(flags.integer("batch")), flags.str("warmup-iters").c_str(),
+    std::printf("device: %s, batch %lld, vocabulary %lld, timed steps %lld%s\n\n",
+                device_name(device).c_str(), static_cast<long long>(flags.integer("batch")),
+                static_cast<long long>(flags.integer("vocab")),
                 static_cast<long long>(flags.integer("steps")), recompute.c_str());
+    StreamedTable table({"size", "ctx", "precision", "attention", "mode", "graph", "warm-up", "forward ms",
+                         "backward ms", "optimizer ms", "step ms", "tokens/s", "MFU", "peak MiB"});
     for (const std::string& size : flags.list("sizes")) {
       for (const std::string& precision : flags.list("precision")) {
         for (const std::string& attention : flags.list("attention")) {
@@ -456,6 +487,8 @@ int main(int argc, char** argv) {
           }
           for (int64_t ctx : contexts) {
             for (const std::string& mode : flags.list("mode")) {
+              // (untimed runs, graph, bf16 weight mirror, bf16 gradients) of the rows measured so far.
+              std::set<std::tuple<int64_t, bool, bool, bool>> measured;
               for (int64_t warmup : warmups) {
                 for (bool graph_mode : graph_modes) {
                   // train rows run train's own step, which decides about graphs itself: one row each.
@@ -463,18 +496,24 @@ int main(int argc, char** argv) {
                   const bool graph = graph_mode && mode != "train";
                   for (bool mirror : weight_modes) {
                     for (bool grads_bf16 : grad_modes) {
-                      // f32 rows once (f32 gradients), whatever was asked for bf16's weights and gradients.
+                      // f32 rows once (f32 gradients), whatever was asked for bf16's weights and gradients;
+                      // train's step always reads the bf16 mirror.
                       const bool f32_row = config.precision != nn::Precision::bf16;
-                      if (f32_row && (mirror != weight_modes.front() || grads_bf16 != grad_modes.front()))
+                      const bool row_mirror = f32_row || mode == "train" || mirror;
+                      const bool row_grads_bf16 = grads_bf16 && !f32_row;
+                      if (!measured
+                               .insert({untimed_runs(mode, graph, warmup), graph, row_mirror, row_grads_bf16})
+                               .second)
                         continue;
                       std::fprintf(stderr, "  measuring %s %s%s %s ctx %lld %s warm-up %lld graph %s ...\n",
                                    size.c_str(), precision.c_str(),
                                    grads_bf16 && !f32_row ? " (bf16 grads)" : "", attention.c_str(),
                                    static_cast<long long>(ctx), mode.c_str(), static_cast<long long>(warmup),
                                    graph ? "on" : "off");
-                      rows.push_back(measure(flags, device, bundle.get(), config, size, ctx, mode, graph,
-                                             warmup, mirror, grads_bf16 && !f32_row));
-                      if (json) json->write_raw(rows.back().json);
+                      const Row row = measure(flags, device, bundle.get(), config, size, ctx, mode, graph,
+                                              warmup, row_mirror, row_grads_bf16);
+                      table.row(row.cells);
+                      if (json) json->write_raw(row.json);
                     }
                   }
                 }
@@ -484,13 +523,6 @@ int main(int argc, char** argv) {
         }
       }
     }
-    std::vector<std::vector<std::string>> cells;
-    for (const Row& r : rows) cells.push_back(r.cells);
-    std::printf("%s", markdown_table(
-                          {"size", "ctx", "precision", "attention", "mode", "graph", "warm-up", "forward ms",
-                           "backward ms", "optimizer ms", "step ms", "tokens/s", "MFU", "peak MiB"},
-                          cells)
-                          .c_str());
     return 0;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "%s\n", tt::error_line(e).c_str());

@@ -4,8 +4,13 @@
 # not change the speed), exported with `export`, and loaded by LlamaForCausalLM in bf16.
 #   scripts/generate_speed.sh BUILD_DIR DATA OUT_DIR [SIZE ...]      (default: small)
 set -euo pipefail
+[ $# -ge 3 ] || { echo "usage: scripts/generate_speed.sh BUILD_DIR DATA OUT_DIR [SIZE ...]" >&2; exit 2; }
 build=$1 data=$2 out=$3
 shift 3
+for app in train export generate; do
+  [ -x "$build/apps/$app" ] || { echo "no $app in $build/apps: build first" >&2; exit 1; }
+done
+command -v nvidia-smi >/dev/null || { echo "no nvidia-smi: this measures a GPU, run it on a GPU machine" >&2; exit 1; }
 sizes=("$@")
 [ ${#sizes[@]} -gt 0 ] || sizes=(small)
 tokens=${TOKENS:-128}
@@ -20,7 +25,7 @@ gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
 } >"$table"
 for size in "${sizes[@]}"; do
   run="$out/run_$size"
-  "$build/apps/train" --preset "$size" --data "$data" --ctx 1024 --batch 1 --steps 1 --eval-batches 1 \
+  "$build/apps/train" --preset "$size" --data "$data" --device cuda --ctx 1024 --batch 1 --steps 1 --eval-batches 1 \
     --ckpt-every 0 --sample-tokens 0 --precision bf16 --out "$run" --overwrite >"$out/train_$size.log" 2>&1
   "$build/apps/export" --checkpoint "$run/checkpoints/step_1.h5" --out "$out/hf_$size" --overwrite >/dev/null
   for batch in 1 16; do

@@ -39,6 +39,7 @@ scratch=${SCRATCH:-/tmp/tinytrain-gpu}  # token files and run folders: too large
 mkdir -p "$scratch"
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1
 export TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+command -v nvidia-smi >/dev/null || { echo "gpu_report.sh: no nvidia-smi: run it on a GPU machine" >&2; exit 1; }
 gpus=$(nvidia-smi -L | wc -l)
 b=build-gpu/apps
 # Each section starts with the GPUs' state: a card held back by heat or power gives figures of no use.
@@ -48,6 +49,8 @@ section() {
     sed "s/^/gpu /"
 }
 for s in "$@"; do
+  [ "$s" = build ] || [ -x $b/benchmark ] ||
+    { echo "gpu_report.sh $s: no $b/benchmark: run the build section first" >&2; exit 1; }
   case "$s" in
     build)
       section build

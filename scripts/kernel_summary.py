@@ -27,6 +27,8 @@ def main():
     p.add_argument("--top", type=int, default=30)
     p.add_argument("--divide", type=float, default=1.0, help="divide counts and times by this (iterations)")
     a = p.parse_args()
+    if not a.divide > 0:
+        p.error(f"--divide must be positive, got {a.divide:g}")
     try:
         with open(a.csv, newline="") as f:
             lines = [line for line in f if line.startswith('"')]  # ncu prints its own progress lines too
@@ -36,8 +38,12 @@ def main():
     for row in csv.DictReader(lines):
         if row.get("Metric Name") != "gpu__time_duration.sum":
             continue
-        scale = {"ns": 1, "nsecond": 1, "us": 1e3, "usecond": 1e3, "ms": 1e6, "msecond": 1e6}.get(
-            row.get("Metric Unit", "ns"), 1)
+        unit = row.get("Metric Unit", "ns")
+        scales = {"ns": 1, "nsecond": 1, "us": 1e3, "usecond": 1e3, "ms": 1e6, "msecond": 1e6, "s": 1e9,
+                  "second": 1e9}
+        if unit not in scales:
+            sys.exit(f"error: {a.csv}: unknown time unit '{unit}' for {row['Kernel Name'][:60]}")
+        scale = scales[unit]
         value = float(row["Metric Value"].replace(",", ""))
         name = short(row["Kernel Name"])
         total_ns[name] += value * scale

@@ -7,8 +7,11 @@
 # e.g. 2.7b:4:256:10000 is the course configuration.
 # Writes OUT_DIR/train_speed.md (the table) and the raw logs beside it.
 set -euo pipefail
+[ $# -ge 2 ] || { echo "usage: scripts/train_speed.sh BUILD_DIR OUT_DIR [SIZE:BATCH[:CTX[:VOCAB]] ...]" >&2; exit 2; }
 build=$1 out=$2
 shift 2
+[ -x "$build/apps/train" ] && [ -x "$build/apps/benchmark" ] || { echo "no train and benchmark in $build/apps: build first" >&2; exit 1; }
+command -v nvidia-smi >/dev/null || { echo "no nvidia-smi: this measures a GPU, run it on a GPU machine" >&2; exit 1; }
 cases=("$@")
 [ ${#cases[@]} -gt 0 ] || cases=(small:32 xl:8)
 steps=${STEPS:-30}
@@ -29,15 +32,15 @@ for case in "${cases[@]}"; do
   python3 scripts/random_tokens.py "$data" "$vocab"
   tag="${size}_${batch}_${ctx}_$vocab"
   run="$out/run_$tag"
-  "$build/apps/train" --preset "$size" --data "$data" --ctx "$ctx" --batch "$batch" --precision bf16 \
+  "$build/apps/train" --preset "$size" --data "$data" --device cuda --ctx "$ctx" --batch "$batch" --precision bf16 \
     --steps "$steps" --eval-every 0 --eval-batches 1 --ckpt-every -1 --sample-tokens 0 --log-every 10 \
     --out "$run" --overwrite 2>&1 | tee "$out/train_$tag.log" | grep -E "^(step|error)" || true
   read -r ms mfu peak <<<"$(python3 scripts/median_step.py "$run/metrics.jsonl" 6)"
   gap=$(python3 scripts/median_step.py "$run/metrics.jsonl" 6 gap)
   tok=$(python3 -c "print(round($batch * $ctx / $ms * 1e3))")
   # benchmark's train row: the same step, timed by the benchmark app (should agree with train within 3%).
-  "$build/apps/benchmark" --sizes "$size" --ctx "$ctx" --batch "$batch" --vocab "$vocab" --precision bf16 \
-    --mode train --clip 1.0 --warmup-iters 5 --steps 15 --json "$out/bench_$tag.jsonl" \
+  "$build/apps/benchmark" --sizes "$size" --device cuda --ctx "$ctx" --batch "$batch" --vocab "$vocab" \
+    --precision bf16 --mode train --clip 1.0 --warmup-iters 5 --steps 15 --json "$out/bench_$tag.jsonl" \
     >"$out/bench_$tag.md" 2>&1 || true
   bench=$(python3 -c "import json,sys; print(f\"{json.loads(open(sys.argv[1]).readline())['step_ms']:.1f}\")" \
     "$out/bench_$tag.jsonl" 2>/dev/null || echo -)

@@ -3,8 +3,8 @@
 # result was correct and bus bandwidth = algorithm bandwidth * 2(N-1)/N; bench_ddp has the 'single' row
 # plus one row per strategy (bucketed once per cap) and per ZeRO stage, none OOM, communication share within
 # [0, 1], and each ZeRO stage holds its share of the state: optimizer state (1), gradients (2) and
-# parameters (3) at most 60% of the single row's with 2 ranks. A bad bench_ddp flag ends the job with one
-# line from rank 0.
+# parameters (3) at most 60% of the single row's with 2 ranks. A bad bench_ddp flag, or ranks given different
+# flags, end the job with one line from rank 0; bench_allreduce refuses to run as one process.
 set -euo pipefail
 mpiexec=$1
 allreduce=$2
@@ -22,6 +22,26 @@ grep -q "| tiny | single | - | 2 |" "$work/ddp.md"
 if run "$ddp" --device cpu --preset tiny --zero 7 >"$work/bad.log" 2>&1; then echo "bad flag: exit 0"; exit 1; fi
 [ "$(grep -c "^error: --zero takes stages 0 to 3$" "$work/bad.log")" = 1 ] && ! grep -q "^rank [0-9]" "$work/bad.log" ||
   { echo "bad flag:"; cat "$work/bad.log"; exit 1; }
+# Ranks started with different flags: one line naming the flag, before anything is measured (not a hang in a
+# collective, or rank 0's settings printed over the others' rows).
+c=(--device cpu --preset tiny --ctx 16 --precision f32 --warmup-iters 1 --steps 1)
+if "$mpiexec" --oversubscribe --allow-run-as-root -n 1 "$ddp" "${c[@]}" --batch 1 : -n 1 "$ddp" "${c[@]}" --batch 2 \
+  >"$work/bad.log" 2>&1; then
+  echo "ranks with different --batch: exit 0"
+  exit 1
+fi
+[ "$(grep -c "^error: ranks disagree on --batch: rank 0 has 1, rank 1 has 2$" "$work/bad.log")" = 1 ] &&
+  ! grep -q "| tiny |" "$work/bad.log" || { echo "ranks with different --batch:"; cat "$work/bad.log"; exit 1; }
+if "$mpiexec" --oversubscribe --allow-run-as-root -n 1 "$allreduce" --device cpu --steps 3 : -n 1 "$allreduce" \
+  --device cpu --steps 5 >"$work/bad.log" 2>&1; then
+  echo "bench_allreduce ranks with different --steps: exit 0"
+  exit 1
+fi
+grep -q "^error: ranks disagree on --steps: rank 0 has 3, rank 1 has 5$" "$work/bad.log" ||
+  { cat "$work/bad.log"; exit 1; }
+# One rank has nothing to all-reduce with.
+if "$allreduce" --device cpu >"$work/bad.log" 2>&1; then echo "bench_allreduce alone: exit 0"; exit 1; fi
+grep -q "^error: bench_allreduce times an all-reduce between ranks" "$work/bad.log" || { cat "$work/bad.log"; exit 1; }
 python3 - "$work/allreduce.jsonl" "$work/ddp.jsonl" <<'PY'
 import json, sys
 rows = [json.loads(line) for line in open(sys.argv[1])]

@@ -120,3 +120,26 @@ assert len(rows) == 1 and rows[0]["mode"] == "train" and rows[0]["step_ms"] > 0,
 assert "forward_ms" not in rows[0], rows
 print("train row ok:", round(rows[0]["step_ms"], 2), "ms")
 PY
+# What a row got, not what was asked: train rows read the bf16 mirror whatever --bf16-weights says and warm
+# up at least twice, so --warmup-iters 0,1,2 and mirror,cast come to one train row (its JSON saying so);
+# the step rows keep one row each.
+"$bench" --sizes tiny --ctx 32 --batch 2 --vocab 100 --device cpu --precision bf16 --warmup-iters 0,1,2 --steps 1 \
+  --mode train,step --bf16-weights mirror,cast --clip 0.5 --json "$work/sweep.jsonl" >"$work/sweep.md" 2>/dev/null
+python3 - "$work/sweep.jsonl" <<'PY'
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1])]
+train = [r for r in rows if r["mode"] == "train"]
+assert len(train) == 1 and train[0]["warmup"] == 2 and train[0]["bf16_weights"] == "mirror", train
+assert train[0]["clip"] == 0.5 and train[0]["vocab"] == 100 and train[0]["graph"] is False, train
+step = [(r["warmup"], r["bf16_weights"]) for r in rows if r["mode"] == "step"]
+assert step == [(w, m) for w in (0, 1, 2) for m in ("mirror", "cast")], step
+assert all(r["clip"] is None for r in rows if r["mode"] == "step"), rows
+print("rows say what they ran:", len(rows), "rows")
+PY
+[ "$(grep -c '^| tiny | 32 | bf16' "$work/sweep.md")" -eq 7 ] || { echo "table rows:"; cat "$work/sweep.md"; exit 1; }
+# A clip that is not a finite number >= 0 is refused before any row.
+if "$bench" --sizes tiny --device cpu --steps 1 --mode train --clip -1 >"$work/out.txt" 2>&1; then
+  echo "benchmark accepted --clip -1"
+  exit 1
+fi
+grep -q "^error: --clip must be a finite number >= 0.0, got -1$" "$work/out.txt"

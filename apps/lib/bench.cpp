@@ -68,6 +68,21 @@ std::string markdown_table(const std::vector<std::string>& header,
   return out.str();
 }
 
+void StreamedTable::row(const std::vector<std::string>& cells) {
+  if (!print_) return;
+  std::string text = markdown_table(header_, {cells});
+  if (started_) text = text.substr(text.find('\n', text.find('\n') + 1) + 1);  // the row line alone
+  started_ = true;
+  std::fputs(text.c_str(), stdout);
+  std::fflush(stdout);
+}
+
+std::string format_mb(double mb) {
+  char buf[64];
+  std::snprintf(buf, sizeof(buf), "%.6g", mb);
+  return buf;
+}
+
 std::string format_fixed(double value, int digits) {
   if (!std::isfinite(value)) return "-";
   char buf[64];

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <functional>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace tt::app {
@@ -40,6 +41,23 @@ void stream_rows_to_stdout();
 // Markdown table helper: header, separator and rows of already formatted cells.
 std::string markdown_table(const std::vector<std::string>& header,
                            const std::vector<std::vector<std::string>>& rows);
+
+// A Markdown table on stdout written as it is measured: the header and separator at the first row, then each
+// row as it comes, so that a sweep cut short shows on stdout every row its --json file has. `print` false
+// (ranks other than 0): nothing is printed.
+class StreamedTable {
+ public:
+  explicit StreamedTable(std::vector<std::string> header, bool print = true)
+      : header_(std::move(header)), print_(print) {}
+  void row(const std::vector<std::string>& cells);
+
+ private:
+  std::vector<std::string> header_;
+  bool print_, started_ = false;
+};
+
 std::string format_fixed(double value, int digits);
+// A size in MB as given, without rounding it to whole MB: 1000, 1.5, 0.01.
+std::string format_mb(double mb);
 
 }  // namespace tt::app

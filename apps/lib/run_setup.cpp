@@ -1,10 +1,15 @@
 #include "apps/lib/run_setup.h"
 
+#include <cerrno>
+#include <charconv>
+#include <cmath>
 #include <cstdlib>
 #include <filesystem>
+#include <set>
 
 #include "apps/lib/data.h"
 #include "core/cuda_context.h"
+#include "dist/agreement.h"
 #ifdef TT_WITH_CUDA
 #include "kernels/cuda/cuda_kernels.h"
 #endif
@@ -95,6 +100,36 @@ void require_one_process(const std::string& app) {
   }
 }
 
+std::string comparable_flag_value(const std::string& name, const std::string& value) {
+  static const std::set<std::string> paths = {"data",   "out",  "resume", "init-from",
+                                              "config", "json", "logits", "memory-timeline"};
+  if (value.empty()) return value;
+  if (paths.count(name)) {
+    if (name == "resume" && value == "latest") return value;
+    std::error_code ec;
+    const std::filesystem::path absolute = std::filesystem::absolute(value, ec).lexically_normal();
+    if (ec) return value;
+    const std::string text = absolute.string();
+    return text.size() > 1 && text.back() == '/' ? text.substr(0, text.size() - 1) : text;
+  }
+  // Integers as integers (a double would merge seeds past 2^53), anything else numeric in its shortest form.
+  char* end = nullptr;
+  errno = 0;
+  const long long integer = std::strtoll(value.c_str(), &end, 10);
+  if (end == value.c_str() + value.size() && errno == 0) return std::to_string(integer);
+  const double number = std::strtod(value.c_str(), &end);
+  if (end != value.c_str() + value.size() || !std::isfinite(number)) return value;
+  char shortest[32];
+  const auto [last, error] = std::to_chars(shortest, shortest + sizeof(shortest), number);
+  return error == std::errc() ? std::string(shortest, last) : value;
+}
+
+void check_ranks_have_same_flags(const Flags& flags, const dist::DistRuntime& runtime) {
+  std::vector<std::pair<std::string, std::string>> settings = flags.values();
+  for (auto& [name, value] : settings) value = comparable_flag_value(name.substr(2), value);
+  dist::check_ranks_agree(runtime, settings);
+}
+
 Device pick_device(const std::string& text, int local_rank) {
   Device device;
   if (text == "auto") {
@@ -118,6 +153,8 @@ std::string device_name(Device device) {
 
 nn::AttentionKind resolve_attention(const std::string& text, Device device) {
   if (text == "auto") return device.is_cuda() ? nn::AttentionKind::flash : nn::AttentionKind::naive;
+  if (text != "naive" && text != "flash")
+    throw Error("unknown attention '" + text + "' (expected naive, flash or auto)");
   return nn::parse_attention(text);
 }
 

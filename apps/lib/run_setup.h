@@ -6,6 +6,10 @@
 #include "core/device.h"
 #include "nn/transformer.h"
 
+namespace tt::dist {
+class DistRuntime;
+}
+
 namespace tt::app {
 
 void declare_model_flags(Flags& flags);
@@ -41,5 +45,14 @@ bool started_by_launcher();
 // process: started as several by mpirun or srun, the copies would race to write the same files. An error
 // naming `app` then.
 void require_one_process(const std::string& app);
+
+// A flag's value as it means rather than as it is spelled, for comparing settings: a number in its shortest
+// form (1e-2 and 0.01 agree), a file or folder as an absolute path (data/f and ./data/f/ agree).
+std::string comparable_flag_value(const std::string& name, const std::string& value);
+// Collective under mpirun, first thing after the runtime starts: every rank must have been given the same
+// flags (as they mean), else every rank throws the same dist::RanksDisagree naming the first that differs.
+// Ranks started differently would otherwise hang in a collective only some enter, or report rank 0's
+// settings for a job that ran others.
+void check_ranks_have_same_flags(const Flags& flags, const dist::DistRuntime& runtime);
 
 }  // namespace tt::app

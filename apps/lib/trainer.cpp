@@ -151,32 +151,6 @@ double evaluate(const nn::TransformerLM& model, const TokenFile& val, int64_t ba
 
 namespace {
 
-// A flag's value as it means rather than as it is spelled, for comparing settings: a number in its shortest
-// form (1e-2 and 0.01 agree), a file or folder as an absolute path (data/f and ./data/f/ agree).
-std::string comparable_value(const std::string& name, const std::string& value) {
-  static const std::set<std::string> paths = {"data",   "out",  "resume", "init-from",
-                                              "config", "json", "logits"};
-  if (value.empty()) return value;
-  if (paths.count(name)) {
-    if (name == "resume" && value == "latest") return value;
-    std::error_code ec;
-    const fs::path absolute = fs::absolute(value, ec).lexically_normal();
-    if (ec) return value;
-    const std::string text = absolute.string();
-    return text.size() > 1 && text.back() == '/' ? text.substr(0, text.size() - 1) : text;
-  }
-  // Integers as integers (a double would merge seeds past 2^53), anything else numeric in its shortest form.
-  char* end = nullptr;
-  errno = 0;
-  const long long integer = std::strtoll(value.c_str(), &end, 10);
-  if (end == value.c_str() + value.size() && errno == 0) return std::to_string(integer);
-  const double number = std::strtod(value.c_str(), &end);
-  if (end != value.c_str() + value.size() || !std::isfinite(number)) return value;
-  char shortest[32];
-  const auto [last, error] = std::to_chars(shortest, shortest + sizeof(shortest), number);
-  return error == std::errc() ? std::string(shortest, last) : value;
-}
-
 // A resumed run reproduces the uninterrupted one only with the same learning-rate schedule and optimizer,
 // sampling and precision settings; say which differ.
 void warn_if_settings_differ(const std::string& written_by, const Flags& flags) {
@@ -193,11 +167,12 @@ void warn_if_settings_differ(const std::string& written_by, const Flags& flags) 
     differs += (differs.empty() ? "" : "; ") + change;
     keep += (keep.empty() ? "" : " ") + flag;
   };
-  if (comparable_value("steps", old_end) != comparable_value("steps", new_end))
+  if (comparable_flag_value("steps", old_end) != comparable_flag_value("steps", new_end))
     add("cosine end " + old_end + " -> " + new_end, "--cosine-steps " + old_end);
   for (const char* name : {"warmup", "lr-max", "lr-min"}) {
     const std::string before = recorded_flag(written_by, name);
-    if (!before.empty() && comparable_value(name, before) != comparable_value(name, flags.str(name)))
+    if (!before.empty() &&
+        comparable_flag_value(name, before) != comparable_flag_value(name, flags.str(name)))
       add(std::string("--") + name + " " + before + " -> " + flags.str(name),
           std::string("--") + name + " " + before);
   }
@@ -212,7 +187,8 @@ void warn_if_settings_differ(const std::string& written_by, const Flags& flags) 
   for (const char* name :
        {"seed", "sampling", "clip", "weight-decay", "beta1", "beta2", "precision", "grad-dtype"}) {
     const std::string before = recorded_flag(written_by, name);
-    if (!before.empty() && comparable_value(name, before) != comparable_value(name, flags.str(name)))
+    if (!before.empty() &&
+        comparable_flag_value(name, before) != comparable_flag_value(name, flags.str(name)))
       others +=
           (others.empty() ? "" : ", ") + std::string("--") + name + " " + before + " -> " + flags.str(name);
   }
@@ -377,10 +353,7 @@ void check_train_flags(const Flags& flags, dist::DistRuntime* runtime) {
     problem = e.what();
   }
   dist::raise_if_any_rank_failed(*runtime, problem);
-  // Compared as they mean: ranks started with 3e-3 and 0.003, or data/f and ./data/f/, agree.
-  std::vector<std::pair<std::string, std::string>> settings = flags.values();
-  for (auto& [name, value] : settings) value = comparable_value(name.substr(2), value);
-  dist::check_ranks_agree(*runtime, settings);
+  check_ranks_have_same_flags(flags, *runtime);
 }
 
 namespace {
