@@ -129,6 +129,10 @@ expect_error "eval windows beyond val.bin" \
   "--eval-batches 2 x --batch 2 needs 4 windows of 17 tokens; $work/shortval/val.bin has room for 3; lower --eval-batches or --batch" \
   "$train" --data "$work/shortval" "${common[@]}" --eval-batches 2 --steps 2 --out "$work/run_shortval"
 no_run "eval windows beyond val.bin" "$work/run_shortval"
+# Not one batch of windows: fewer --eval-batches cannot help, so the message does not suggest it.
+expect_error "val.bin shorter than a batch" \
+  "$work/shortval/val.bin has room for 3, less than one batch: lower --batch or --ctx, or give prepare_data more text" \
+  "$train" --data "$work/shortval" "${common[@]}" --batch 4 --steps 2 --out "$work/run_shortval4"
 expect_ok "eval windows that fit" "$train" --data "$work/shortval" "${common[@]}" --eval-batches 1 --steps 2 \
   --out "$work/run_shortval_ok"
 expect_error "eval-only windows beyond val.bin" "needs 4 windows of 17 tokens; $work/shortval/val.bin has room for 3" \

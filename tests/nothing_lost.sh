@@ -237,5 +237,40 @@ for step in 1 2 3; do
   loads "the overwritten run's step $step" "$work/older/checkpoints/step_$step.h5"
 done
 
+# 14. What a later run in the same folder could lose or change unsaid. A resume without --keep-ckpts keeps
+# the checkpoints the run kept (here all of them); a new run does not replace the metrics of a run that wrote
+# no checkpoint without --overwrite (--resume latest takes it over, as the restart of that run); files of the
+# user's that end in .tmp stay; the same forked resume run again is pointed at --resume latest; data
+# replaced at its path, another validation split and an unused --init-from each get a note.
+run_expect "keep every checkpoint" 0 "" "$train" "${common[@]}" --out "$work/keep" --steps 4 --ckpt-every 1 --keep-ckpts 0
+run_expect "resume keeps them" 0 "keeping every checkpoint, as the run did (--keep-ckpts 0)" \
+  "$train" "${common[@]}" --out "$work/keep" --steps 6 --cosine-steps 4 --ckpt-every 1 --resume latest
+[ "$(ls "$work/keep/checkpoints" | wc -l)" -eq 7 ] || fail "resume pruned: $(ls "$work/keep/checkpoints")"
+run_expect "a run without checkpoints" 0 "" "$train" "${common[@]}" --out "$work/nock2" --steps 3 --ckpt-every -1
+run_expect "a new run over its metrics" 1 "nock2/metrics.jsonl holds the metrics of another run" \
+  "$train" "${common[@]}" --out "$work/nock2" --steps 2 --ckpt-every -1
+[ "$(wc -l <"$work/nock2/metrics.jsonl")" -eq 3 ] || fail "the refused run changed the metrics"
+run_expect "--resume latest over them" 0 "replacing $work/nock2/metrics.jsonl, of a run that left no checkpoint" \
+  "$train" "${common[@]}" --out "$work/nock2" --steps 2 --ckpt-every -1 --resume latest
+echo "the user's" >"$work/nock2/notes.tmp"
+run_expect "a run beside a user's .tmp file" 0 "" "$train" "${common[@]}" --out "$work/nock2" --steps 2 --overwrite
+[ -e "$work/nock2/notes.tmp" ] || fail "train removed the user's notes.tmp"
+run_expect "a forked run" 0 "" "$train" "${common[@]}" --out "$work/fork" --steps 5 --ckpt-every 1 \
+  --resume "$work/keep/checkpoints/step_2.h5"
+run_expect "the same fork again" 1 "as this one is (the same command, stopped before?); pass --resume latest" \
+  "$train" "${common[@]}" --out "$work/fork" --steps 6 --ckpt-every 1 --resume "$work/keep/checkpoints/step_2.h5"
+for i in $(seq 1 200); do echo "Other text $i: pack my box with five dozen liquor jugs."; echo "%"; done >"$work/text/a.txt"
+cp -r "$work/data" "$work/data_kept"
+"$prepare" --input "$work/text" --out "$work/data" --separator % --overwrite >/dev/null || fail "prepare other data"
+run_expect "data replaced at its path" 0 "the data changed, so the losses will not match" \
+  "$train" "${common[@]}" --out "$work/keep" --steps 7 --cosine-steps 4 --ckpt-every 1 --resume latest
+rm -rf "$work/data" && mv "$work/data_kept" "$work/data"
+run_expect "another split of the batch" 0 "validation reads 1 window of val.bin, against 2" \
+  "$train" "${common[@]}" --out "$work/keep" --steps 8 --cosine-steps 4 --ckpt-every 1 --resume latest \
+  --batch 1 --grad-accum 2
+run_expect "an unused --init-from" 0 "note: --init-from $work/fork is not used" \
+  "$train" "${common[@]}" --out "$work/keep" --steps 9 --cosine-steps 4 --ckpt-every 1 --resume latest \
+  --batch 1 --grad-accum 2 --init-from "$work/fork"
+
 echo "$failures failure(s)"
 [ $failures -eq 0 ]

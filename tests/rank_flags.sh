@@ -71,7 +71,7 @@ same_bad() {
 same_bad "bad steps" "error: --steps must be positive" --steps 0
 same_bad "unknown flag" "error: unknown flag --frobnicate" --frobnicate
 # --eval-only runs on rank 0 alone, the others having ended: its failure is its own line, at once.
-same_bad "eval-only of a missing checkpoint" "error: checkpoint '$work/missing.h5' does not exist" \
+same_bad "eval-only of a missing checkpoint" "error: --resume $work/missing.h5 does not exist" \
   --eval-only --resume "$work/missing.h5"
 same_bad "checkpoint of another shape" "error: --layers 3 (the preset's or given) differs from the checkpoint" \
   --resume "$work/shaped/checkpoints/step_2.h5" --layers 3

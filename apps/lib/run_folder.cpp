@@ -88,7 +88,10 @@ std::string resume_checkpoints_dir(const std::string& resume, const std::string&
 std::string resolve_resume(const std::string& resume, const std::string& out, bool weights_only) {
   if (resume.empty()) return "";
   const std::string dir = resume_checkpoints_dir(resume, out);
-  if (dir.empty()) return resume;  // a file (checked when loaded)
+  if (dir.empty()) {  // a file (read when loaded)
+    TT_CHECK(fs::exists(resume), "--resume " + resume + " does not exist");
+    return resume;
+  }
   const std::string newest = newest_loadable_checkpoint(dir, weights_only);
   TT_CHECK(!newest.empty() || resume == "latest",
            "--resume " + resume + ": no loadable checkpoint in " + dir);
@@ -109,7 +112,10 @@ std::string checkpoint_or_newest(const std::string& given, const std::string& fl
   TT_CHECK(!hf_weights, flag + " " + given +
                             " is a Hugging Face model; make a checkpoint of it first: import --from " +
                             (hf_folder.empty() ? std::string(".") : hf_folder.string()) + " --out MODEL.h5");
-  if (!fs::is_directory(given)) return given;
+  if (!fs::is_directory(given)) {
+    TT_CHECK(fs::exists(given), flag + " " + given + " does not exist");
+    return given;
+  }
   const std::string dir = fs::is_directory(given + "/checkpoints") ? given + "/checkpoints" : given;
   const std::string newest = newest_loadable_checkpoint(dir, /*weights_only=*/true);
   TT_CHECK(!newest.empty(), flag + " " + given + ": no checkpoint in " + dir +
@@ -145,10 +151,17 @@ RunFolder::RunFolder(const std::string& out) : out_(out) {
   created_checkpoints_ = !fs::exists(checkpoints_dir(), ec);
   fs::create_directories(checkpoints_dir(), ec);
   TT_CHECK(!ec, "cannot create " + checkpoints_dir() + ": " + ec.message());
-  // Only a process holding the lock writes here, so any temporary file is a crashed write's leftover.
+  // Only a process holding the lock writes here, so a temporary file of train's own outputs is a crashed
+  // write's leftover. Other .tmp files are not ours (--out may be a folder the user keeps files in).
+  const auto own_leftover = [](const fs::path& path, bool in_checkpoints) {
+    const std::string name = path.filename().string();
+    if (!in_checkpoints)
+      return name == "metrics.jsonl.tmp" || name == "loss.svg.tmp" || name == "sample.txt.tmp";
+    return std::regex_match(name, std::regex("step_[0-9]{1,18}\\.h5\\.tmp"));
+  };
   for (const std::string& dir : {out_, checkpoints_dir()}) {
     for (const auto& entry : fs::directory_iterator(dir)) {
-      if (entry.path().extension() == ".tmp" && entry.is_regular_file()) {
+      if (entry.is_regular_file() && own_leftover(entry.path(), dir != out_)) {
         std::printf("removing %s, left by an interrupted write\n", entry.path().c_str());
         fs::remove(entry.path(), ec);
       }

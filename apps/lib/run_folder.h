@@ -56,6 +56,8 @@ class RunFolder {
   // without --init-from (not imported, not another run's weights), and no metrics line. That is what a new
   // run leaves when it is killed in its first step.
   bool holds_trained_run() const;
+  // Whether metrics.jsonl has a line (of any run: this one has written none yet).
+  bool has_metrics_lines() const;
 
   // The run continues from `step` of this folder (kept_step = step; -1: a new run, nothing of the folder's
   // earlier contents is kept). Checkpoints after it (except `keep_file`, the one resumed from) and metrics
@@ -85,7 +87,6 @@ class RunFolder {
   void discard_new_run();
 
  private:
-  bool has_metrics_lines() const;
   std::string out_;
   int lock_fd_ = -1;
   bool created_out_ = false, created_checkpoints_ = false, committed_ = false;

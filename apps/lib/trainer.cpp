@@ -47,8 +47,11 @@ void declare_train_flags(Flags& f) {
   f.group("schedule");
   f.add("lr-max", "3e-3", "peak learning rate");
   f.add("lr-min", "3e-4", "final learning rate of the cosine schedule");
-  f.add("warmup", "50", "learning-rate warm-up: steps of linear increase to lr-max");
-  f.add("cosine-steps", "0", "step at which the cosine schedule reaches lr-min (0: --steps)");
+  f.add(
+      "warmup", "50",
+      "learning-rate warm-up: steps of linear increase from 0 (step 1) to lr-max (reached at step N+1; step "
+      "s trains at the schedule's t = s-1)");
+  f.add("cosine-steps", "0", "t at which the cosine schedule reaches lr-min, just after step t (0: --steps)");
   f.add("weight-decay", "0.1", "AdamW weight decay");
   f.add("beta1", "0.9", "AdamW beta1");
   f.add("beta2", "0.95", "AdamW beta2");
@@ -246,6 +249,24 @@ void warn_if_global_batch_differs(const std::string& written_by, int64_t global_
       "(%s rank%s x --batch %s x --grad-accum %s), so the losses will not match an uninterrupted run\n",
       static_cast<long long>(global_batch), static_cast<long long>(before), ranks.c_str(),
       ranks == "1" ? "" : "s", batch.c_str(), accum.c_str());
+}
+
+// The validation windows (--eval-batches x --batch x ranks) against the resumed run's: another split of the
+// same global batch (more micro-batches, fewer ranks) evaluates fewer or more windows, a curve that jumps.
+void warn_if_validation_differs(const std::string& written_by, int64_t windows) {
+  const std::string ranks = recorded_flag(written_by, "ranks"), batch = recorded_flag(written_by, "batch"),
+                    batches = recorded_flag(written_by, "eval-batches");
+  const auto number = [](const std::string& text) {
+    return !text.empty() && text.find_first_not_of("0123456789") == std::string::npos;
+  };
+  if (!number(ranks) || !number(batch) || !number(batches)) return;
+  const int64_t before = std::stoll(ranks) * std::stoll(batch) * std::stoll(batches);
+  if (before == windows) return;
+  std::printf(
+      "note: validation reads %lld window%s of val.bin, against %lld in the run that wrote the checkpoint "
+      "(%s rank%s x --batch %s x --eval-batches %s), so val_loss will not continue its curve exactly\n",
+      static_cast<long long>(windows), windows == 1 ? "" : "s", static_cast<long long>(before), ranks.c_str(),
+      ranks == "1" ? "" : "s", batch.c_str(), batches.c_str());
 }
 
 // A checkpoint's vocabulary against the data's (meta.json): a model trained on another tokenizer's ids would
@@ -563,6 +584,17 @@ class TrainingRun {
                   folder_->has_checkpoints() ? "loadable " : "", folder_->checkpoints_dir().c_str());
     }
     if (resume_.empty()) check_may_replace_folder();  // a resumed run checks once its file has loaded
+    // A run that wrote metrics but no checkpoint (--ckpt-every -1, or killed before its first): its
+    // metrics.jsonl is replaced only as another run's checkpoints are. A job restarted with --resume latest
+    // before its first checkpoint is that run again.
+    if (resume_.empty() && !folder_->has_checkpoints() && folder_->has_metrics_lines() && !overwrite) {
+      TT_CHECK(flags_.str("resume") == "latest",
+               folder_->metrics_path() +
+                   " holds the metrics of another run (which left no checkpoint); pass a new --out, or "
+                   "--overwrite to replace them");
+      std::printf("--resume latest: replacing %s, of a run that left no checkpoint\n",
+                  folder_->metrics_path().c_str());
+    }
   }
 
   // Rank 0, for a run that does not continue --out's own checkpoints: whether it may replace them.
@@ -575,6 +607,11 @@ class TrainingRun {
                   folder_->checkpoint_path(0).c_str());
       return;
     }
+    if (!resume_.empty() && started_from_same_checkpoint())
+      throw Error(plan_.out + "/checkpoints holds the checkpoints of a run started from " + resume_ +
+                  " as this one is (the same command, stopped before?); pass --resume latest to continue "
+                  "it, a new --out, or --overwrite to start again from " +
+                  resume_);
     throw Error(resume_.empty()
                     ? plan_.out +
                           "/checkpoints already holds checkpoints of another run; pass --resume to "
@@ -582,6 +619,19 @@ class TrainingRun {
                           "to replace them"
                     : plan_.out + "/checkpoints already holds checkpoints of another run than " + resume_ +
                           "; pass a new --out, or --overwrite to replace them");
+  }
+
+  // Whether --out's newest checkpoint was written by a run that resumed from the checkpoint this one names.
+  bool started_from_same_checkpoint() const {
+    const auto found = list_checkpoints(folder_->checkpoints_dir());
+    if (found.empty()) return false;
+    try {
+      const std::string before = recorded_flag(read_checkpoint_args(found.back().second), "resume");
+      return !before.empty() && before != "latest" &&
+             comparable_flag_value("resume", before) == comparable_flag_value("resume", flags_.str("resume"));
+    } catch (const std::exception&) {
+      return false;
+    }
   }
 
   // Rank 0: the checkpoints this run will remove once it has written one of trained steps (a resume from an
@@ -655,6 +705,19 @@ class TrainingRun {
       const double load_s = now_seconds() - t0;
       if (step_->shared_read()) empty_cache(device_);
       const std::string written_by = state_.args;
+      // Pruning removes saved work: a resumed run keeps the checkpoints its run kept unless told otherwise.
+      const std::string kept_before =
+          comparable_flag_value("keep-ckpts", recorded_flag(written_by, "keep-ckpts"));
+      if (!flags_.given("keep-ckpts") && !kept_before.empty() &&
+          kept_before.find_first_not_of("0123456789") == std::string::npos &&
+          kept_before != std::to_string(keep_ckpts_)) {
+        keep_ckpts_ = std::stoll(kept_before);
+        if (root_)
+          std::printf(
+              "keeping %s, as the run did (--keep-ckpts %s); pass --keep-ckpts to change it\n",
+              keep_ckpts_ == 0 ? "every checkpoint" : ("the newest " + kept_before + " checkpoints").c_str(),
+              kept_before.c_str());
+      }
       state_.args = recorded_args();  // later checkpoints record this run's flags and data
       state_.data_tokenizer = data_tokenizer;
       // Each rank keeps its own seed; the draw count is the same on every rank.
@@ -689,8 +752,27 @@ class TrainingRun {
                     static_cast<long long>(state_.step), format_bytes(bytes).c_str(),
                     format_seconds(load_s).c_str(), format_rate(bytes, load_s).c_str());
         warn_if_settings_differ(written_by, flags_);
+        const std::string train_before = recorded_flag(written_by, "train-tokens"),
+                          val_before = recorded_flag(written_by, "val-tokens");
+        if (!train_before.empty() && !val_before.empty() &&
+            (train_before != std::to_string(train_file_->size()) ||
+             val_before != std::to_string(val_file_->size())))
+          std::printf(
+              "note: %s holds %lld training and %lld validation tokens, against %s and %s when the "
+              "checkpoint "
+              "was written: the data changed, so the losses will not match an uninterrupted run\n",
+              data_dir_.c_str(), static_cast<long long>(train_file_->size()),
+              static_cast<long long>(val_file_->size()), train_before.c_str(), val_before.c_str());
+        // A job script passes --init-from and --resume latest every time: the weights served the first start.
+        const std::string init_before = recorded_flag(written_by, "init-from"),
+                          init_now = flags_.str("init-from");
+        if (!init_now.empty() &&
+            comparable_flag_value("init-from", init_before) != comparable_flag_value("init-from", init_now))
+          std::printf("note: --init-from %s is not used: --resume continues a run that started from %s\n",
+                      init_now.c_str(), init_before.empty() ? "its seed" : init_before.c_str());
         warn_if_global_batch_differs(written_by, plan_.batch * plan_.accum * plan_.world, plan_.world,
                                      flags_.str("sampling"));
+        warn_if_validation_differs(written_by, flags_.integer("eval-batches") * plan_.batch * plan_.world);
         // What came after the checkpoint in its own folder belongs to a future this run replaces; another
         // folder's run is replaced whole. Either way only once this run has written a checkpoint.
         const bool own = resumes_own_folder();
@@ -729,9 +811,14 @@ class TrainingRun {
     const std::string data =
         data_dir_ == kBuiltinDataDir ? data_dir_ : fs::absolute(data_dir_).lexically_normal().string();
     std::vector<std::pair<std::string, std::string>> args = flags_.values();
-    for (auto& [name, value] : args)
+    for (auto& [name, value] : args) {
       if (name == "--data") value = data;
+      if (name == "--keep-ckpts") value = std::to_string(keep_ckpts_);
+    }
     args.emplace_back("--ranks", std::to_string(plan_.world));
+    // What the data held, so a resumed run sees data replaced at the same path.
+    args.emplace_back("--train-tokens", std::to_string(train_file_->size()));
+    args.emplace_back("--val-tokens", std::to_string(val_file_->size()));
     return recorded_args_line(args);
   }
 
@@ -849,7 +936,7 @@ class TrainingRun {
     last_checkpoint_ = resume_;
     last_checkpoint_step_ = state_.step;
     const bool checkpoints = ckpt_every >= 0;
-    if (!checkpoints && root_) folder_->commit(-1, flags_.integer("keep-ckpts"));  // the folder is this run's
+    if (!checkpoints && root_) folder_->commit(-1, keep_ckpts_);  // the folder is this run's
     if (resume_.empty() && checkpoints && !replaces_another_run_) save(0);
 
     bool plot_due = false;  // an evaluation since loss.svg was last written
@@ -929,6 +1016,13 @@ class TrainingRun {
         std::fflush(stdout);
       }
       if (save_now || result.stop_requested) save(step);
+      // A stop requested during this step's evaluation or scheduled checkpoint stops at that checkpoint,
+      // not after one more step and a second write. Every rank agrees, as on the step's own request.
+      bool stop = result.stop_requested;
+      if (!stop && save_now && step < steps) {
+        stop = stop_signal() != 0;
+        if (plan_.world > 1) stop = dist::mean_over_ranks(stop ? 1.0 : 0.0) > 0;
+      }
       // The plot of a run replacing another waits for its first checkpoint: until then loss.svg is the
       // other run's, which the folder keeps whole.
       if (root_ && plot_due && folder_->holds_this_run()) {
@@ -936,7 +1030,7 @@ class TrainingRun {
                        "unigram entropy " + format_entropy(entropy_));
         plot_due = false;
       }
-      if (result.stop_requested && step < steps) {
+      if (stop && step < steps) {
         progress_->finish();
         throw RunEnded(kExitStopped, std::string("got ") + signal_name(stop_signal()) + " after step " +
                                          std::to_string(step) + "; checkpoint " + last_checkpoint_ +
@@ -1040,7 +1134,7 @@ class TrainingRun {
                     });
     if (root_) {
       const double written_s = now_seconds() - t0 - verify_s;
-      folder_->commit(step, flags_.integer("keep-ckpts"));
+      folder_->commit(step, keep_ckpts_);
       if (step > 0 || large) {
         const double bytes = static_cast<double>(fs::file_size(path));
         end_progress_line();
@@ -1066,6 +1160,7 @@ class TrainingRun {
   bool root_ = true;
   std::unique_ptr<TokenFile> train_file_, val_file_;
   int64_t eval_batches_ = 0;
+  int64_t keep_ckpts_ = flags_.integer("keep-ckpts");  // the resumed run's when not given
   std::unique_ptr<RunFolder> folder_;
   std::string resume_, init_from_, last_checkpoint_;
   int64_t last_checkpoint_step_ = 0;
