@@ -1,7 +1,8 @@
-// Parameter units: groups of a model's parameters (a Transformer block, the embedding, the head) that a
-// strategy sharding parameters across ranks (ZeRO-3, optim/zero_optimizer.h) holds whole only while they
-// compute, and whose gradients it collects unit by unit (ZeRO-2 and 3). A model that supports it runs each
-// unit's forward through run_unit; with no ParameterUnits set that is just the call.
+// Parameter units: groups of a model's parameters (a Transformer block, the embedding, the head) that an
+// optimizer handles one at a time: ZeRO-3 (optim/zero_optimizer.h) holds a unit whole only while it computes,
+// ZeRO-2 and 3 collect its gradients unit by unit, and the update beside the next forward
+// (optim/overlapped_update.h) lets each unit's forward wait for that unit's update only. A model that
+// supports it runs each unit's forward through run_unit; with no ParameterUnits set that is just the call.
 #pragma once
 
 #include <functional>

@@ -183,10 +183,10 @@ class TransformerLM : public Module {
   const ModelConfig& config() const { return config_; }
   ModelConfig& mutable_config() { return config_; }
 
-  // Parameter units (nn/parameter_units.h) for ZeRO-2/3: unit 0 is the token embedding, unit i + 1 block i,
-  // the last unit the final norm and the LM head. The index of each unit's first parameter in
-  // named_parameters() order; units cover the parameters contiguously. forward() and loss() run each unit
-  // through `units` (nullptr: none); forward_cached does not (it needs every parameter present).
+  // Parameter units (nn/parameter_units.h; ZeRO-2/3, the overlapped update): unit 0 is the token embedding,
+  // unit i + 1 block i, the last unit the final norm and the LM head. The index of each unit's first
+  // parameter in named_parameters() order; units cover the parameters contiguously. forward() and loss() run
+  // each unit through `units` (nullptr: none); forward_cached does not (it needs every parameter present).
   std::vector<size_t> unit_first_parameters();
   void set_parameter_units(ParameterUnits* units) { units_ = units; }
 

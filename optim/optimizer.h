@@ -124,7 +124,7 @@ void scale_gradients(Tensor& grads, double scale);
 
 // The same on the GPU for one flat f32 (or bf16) gradient buffer, without reading anything back: writes the
 // norm and the clipping factor to device scalars ({1} f32 tensors allocated by the caller); the factor is
-// meant for AdamW::set_grad_scale, the norm for logging a step later.
+// meant for AdamW::set_grad_scale; the norm is read back before the update (a non-finite one stops the run).
 void clip_factor_on_device(const Tensor& flat_grads, double max_norm, Tensor& norm, Tensor& factor);
 
 }  // namespace tt::optim

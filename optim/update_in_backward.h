@@ -16,9 +16,9 @@
 // kernel does not take fall back to the hook path above, and so does a weight whose .grad already holds a
 // gradient when its matmul runs (left from before begin()); a weight that gets another gradient after its
 // matmul's update in the same pass (used twice) is an error. begin() refuses an AdamW with a gradient scale
-// (clipping needs the global norm first) and a parameter whose gradient arrives twice in one pass
-// (accumulation); do not combine it with dist::DataParallel, whose hooks communicate the very gradients these
-// updates consume and zero.
+// (clipping needs the global norm first), and a parameter whose gradient arrives twice in one pass
+// (accumulation) is an error when the second arrives; do not combine it with dist::DataParallel, whose hooks
+// communicate the very gradients these updates consume and zero.
 #pragma once
 
 #include <memory>

@@ -77,7 +77,7 @@ same_bad "checkpoint of another shape" "error: --layers 3 (the preset's or given
   --resume "$work/shaped/checkpoints/step_2.h5" --layers 3
 same_bad "recompute-blocks beyond the layers" "error: --recompute-blocks must be between 0" \
   --recompute block --recompute-blocks 5
-same_bad "--ddp with ZeRO-3" "error: --ddp chooses how DDP and --zero 1 average gradients" --zero 3 --ddp naive
+same_bad "--ddp with ZeRO-3" "error: --ddp chooses how DDP (and --zero 1 with --zero-grads ddp) averages gradients" --zero 3 --ddp naive
 same_bad "copy-engine all-reduce on the CPU" "error: --all-reduce copy-engine copies gradients between GPUs" \
   --all-reduce copy-engine
 same_bad "fewer steps than the checkpoint" "error: nothing to do: the checkpoint is at step 2 and --steps is 1" \

@@ -1,9 +1,9 @@
 // Token data: flat little-endian uint16 files (numpy.memmap-compatible) or llm.c's token files (a header of
 // 256 int32, then uint16 tokens), memory-mapped, and the two ways of drawing batches: random windows (as the
 // CS336 handout's get_batch: B starts in [0, len - T)) from a counter-based RNG whose (seed, counter) is
-// saved in checkpoints, and sequential windows (step s takes windows s*B .. s*B+B-1, window i = tokens [i*T,
-// i*T+T], wrapping around). Also the dataset's meta.json and prepare_data's text-to-tokens step
-// (apps/lib/tokenizer.h has the tokenizers).
+// saved in checkpoints, and sequential windows (draw d, one per micro-batch from 1, takes windows
+// ((d-1)*ranks + rank)*B onwards, window i = tokens [i*T, i*T+T], wrapping around). Also the dataset's
+// meta.json and prepare_data's text-to-tokens step (apps/lib/tokenizer.h has the tokenizers).
 #pragma once
 
 #include <condition_variable>

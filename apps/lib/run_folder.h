@@ -63,8 +63,6 @@ class RunFolder {
   // earlier contents is kept). Checkpoints after it (except `keep_file`, the one resumed from) and metrics
   // lines after it are replaced, but only at commit().
   void start(int64_t kept_step, const std::string& keep_file = "");
-  // Metrics lines kept from before (steps <= kept_step); read by the loss plot.
-  const std::vector<std::string>& kept_metrics() const { return kept_metrics_; }
   // What this run replaces once it has written a checkpoint of trained steps (start() computes it).
   const std::vector<std::string>& replaced_checkpoints() const { return replaced_checkpoints_; }
   // A new run over another run's checkpoints or metrics (--overwrite). It writes no start point (step 0)

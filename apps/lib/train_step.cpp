@@ -131,8 +131,10 @@ std::string TrainStep::describe() const {
   const std::string strategy = options_.zero > 0
                                    ? std::string(zero[options_.zero])
                                    : std::string("DDP ") + dist::ddp_strategy_name(options_.ddp);
-  // ZeRO-2 and -3 reduce-scatter and all-gather; the others all-reduce (ZeRO-1's gradients too).
-  return strategy + (options_.zero >= 2 ? ", collectives by " : ", all-reduce by ") + transport;
+  // ZeRO reduce-scatters gradients (ZeRO-1 all-reduces them instead when its DDP averages them) and
+  // all-gathers parameters; DDP all-reduces.
+  const bool all_reduce = options_.zero == 0 || (options_.zero == 1 && options_.zero_grads_by_ddp);
+  return strategy + (all_reduce ? ", all-reduce by " : ", collectives by ") + transport;
 }
 
 std::string TrainStep::update_path() const {
@@ -283,7 +285,8 @@ StepResult TrainStep::run(const std::function<Batch(int64_t micro)>& next_batch,
     clock_->clear();
     if (!replay) clock_->mark();
   }
-  // Nothing is read back until the whole step is queued: the host runs ahead of the GPU within the step.
+  // Nothing is read back until forward and backward are queued: the host runs ahead of the GPU within them.
+  // The update is queued after the loss and the norm are read, so a non-finite one updates nothing.
   // The first step runs eagerly (it also warms up what a capture cannot: cuBLASLt's plans, the allocator).
   const std::vector<Tensor> losses = replay ? replay_step(next_batch) : forward_backward([&](int64_t micro) {
     const Batch b = next_batch(micro);

@@ -86,7 +86,8 @@ class TrainStep {
  public:
   // Builds the optimizer and, under mpirun, the communicator and data-parallel strategy (collective: every
   // rank constructs it at the same point). `params` must have been padded for ZeRO-1 (FlatParameters'
-  // pad_multiple = world size). ZeRO-2/3 run the model's units through the optimizer (until destroyed).
+  // pad_multiple = world size). ZeRO-2/3, and on CUDA the update beside the next forward, run the model's
+  // units through the optimizer (until destroyed).
   TrainStep(nn::TransformerLM& model, nn::FlatParameters& params, Device device, dist::DistRuntime* runtime,
             const TrainStepOptions& options);
   ~TrainStep();

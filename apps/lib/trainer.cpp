@@ -76,7 +76,7 @@ void declare_train_flags(Flags& f) {
         "benchmarks and throwaway runs)");
   f.add("keep-ckpts", "3", "checkpoints to keep (0: all)");
   f.group("distributed");
-  f.add("ddp", "bucketed", "how DDP and --zero 1 average gradients under mpirun",
+  f.add("ddp", "bucketed", "how DDP (and --zero 1 with --zero-grads ddp) averages gradients under mpirun",
         {"naive", "flat", "overlap", "bucketed"});
   f.add("bucket-mb", "25", "gradient bucket capacity in MiB (2^20 bytes) for --ddp bucketed");
   f.add("grad-dtype", "auto",
@@ -353,8 +353,8 @@ void check_train_flag_values(const Flags& flags) {
   // A strategy other than the default asks for something ZeRO-2/3 do not do; the default spelled out (a
   // config file listing every flag) asks for nothing.
   TT_CHECK(flags.integer("zero") < 2 || !flags.given("ddp") || flags.str("ddp") == "bucketed",
-           "--ddp chooses how DDP and --zero 1 average gradients; --zero " + flags.str("zero") +
-               " reduce-scatters them itself (drop --ddp)");
+           "--ddp chooses how DDP (and --zero 1 with --zero-grads ddp) averages gradients; --zero " +
+               flags.str("zero") + " reduce-scatters them itself (drop --ddp)");
   // The model's settings that depend on flags alone (the vocabulary comes with the data, later).
   nn::ModelConfig model = nn::preset(flags.str("preset"));
   if (flags.integer("layers") > 0) model.num_layers = flags.integer("layers");

@@ -1,4 +1,4 @@
-// The training loop behind `train`, and the evaluation and generation it uses.
+// The training loop behind `train`, its flags, and the evaluation it uses.
 #pragma once
 
 #include <functional>
@@ -18,9 +18,9 @@ void declare_train_flags(Flags& flags);
 // read or written: one line naming the flag.
 void check_train_flag_values(const Flags& flags);
 
-// The same under mpirun, as a job's start: the ranks first check that they were given the same flags
-// (dist::RanksDisagree otherwise), so a bad value is found by every rank alike and thrown as
-// dist::SameOnEveryRank, for rank 0 alone to report. `runtime` null: check_train_flag_values.
+// The same under mpirun, as a job's start: each rank checks its own values, the first bad one ends every rank
+// (dist::SameOnEveryRank, for rank 0 alone to report); then the ranks check that they were given the same
+// flags (dist::RanksDisagree otherwise). `runtime` null: check_train_flag_values.
 void check_train_flags(const Flags& flags, dist::DistRuntime* runtime);
 
 // Checks each rank makes for itself: the same flags against the same files, or rank 0's run folder. Under
@@ -28,7 +28,7 @@ void check_train_flags(const Flags& flags, dist::DistRuntime* runtime);
 // abort per rank; every rank must call it at the same point. `runtime` null or one rank: `checks` as it is.
 void check_on_every_rank(dist::DistRuntime* runtime, const std::function<void()>& checks);
 
-// Trains with the flags of `train` (declared in apps/train.cpp); returns the process exit code.
+// Trains with the flags of `train` (declare_train_flags); returns the process exit code.
 // `runtime` (null for a single process) gives rank and world size under mpirun; the caller has passed the
 // flags through check_train_flags with it.
 int run_training(const Flags& flags, Device device, const std::string& data_dir, dist::DistRuntime* runtime);
