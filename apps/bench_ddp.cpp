@@ -375,7 +375,8 @@ int main(int argc, char** argv) {
         }
         if (!r.oom && c.label == "single") single_ms = r.step_ms.mean;
         const double share = r.step_ms.mean > 0 ? r.wait_ms.mean / r.step_ms.mean : 0;
-        const double efficiency = single_ms > 0 && !r.oom ? single_ms / r.step_ms.mean : 0;
+        // Weak scaling needs ranks to scale over: one rank's rows differ from 'single' by noise alone.
+        const double efficiency = single_ms > 0 && !r.oom && world > 1 ? single_ms / r.step_ms.mean : 0;
         const double tokens_per_s =
             r.oom ? 0 : static_cast<double>(world * batch * ctx) / (r.step_ms.mean * 1e-3);
         std::vector<std::string> cells = {preset, shown, bucketed ? format_mb(c.bucket_mb) : "-",
