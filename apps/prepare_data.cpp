@@ -5,6 +5,7 @@
 #include <csignal>
 #include <cstdio>
 #include <filesystem>
+#include <new>
 
 #include "apps/lib/data.h"
 #include "apps/lib/flags.h"
@@ -28,7 +29,7 @@ int main(int argc, char** argv) {
         "sentencepiece: vocabulary size to train, 260..65536 (a text of many distinct characters needs more: "
         "the error says how many)");
     flags.add("tokenizer-model", "", "sentencepiece: reuse this tokenizer.model instead of training one");
-    flags.add("threads", "0", "encoding threads (0: every core)");
+    flags.add("threads", "0", "threads encoding the text and training a SentencePiece model (0: every core)");
     flags.add_switch("overwrite", "replace a dataset already in --out (otherwise refused)");
     if (!flags.parse(argc, argv)) return 0;
     tt::app::require_one_process("prepare_data");
@@ -89,10 +90,17 @@ int main(int argc, char** argv) {
           static_cast<long long>(std::min(s.train_tokens, s.val_tokens)),
           static_cast<long long>(tt::app::kDefaultContext), static_cast<long long>(needed));
     if (s.validation_from_tail)
-      std::printf(
-          "fewer than 10 documents: val.bin is the last 10 to 20%% of the tokens (cut after a line break), "
-          "not every 10th document\n");
+      std::printf("fewer than 10 documents: val.bin is the last %s, not every 10th document\n",
+                  s.tail_cut_at_line_break
+                      ? "10 to 20% of the tokens (cut after a line break)"
+                      : "10% of the tokens (no line break to cut after between 80 and 90%)");
     return 0;
+  } catch (const std::bad_alloc&) {
+    std::fprintf(
+        stderr,
+        "error: out of memory: prepare_data holds the text and its tokens in memory, about 6.5 times "
+        "the input's size with the byte tokenizer and 4.5 times with SentencePiece\n");
+    return 1;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "%s\n", tt::error_line(e).c_str());
     return 1;

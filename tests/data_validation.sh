@@ -43,9 +43,21 @@ common=(--ctx 16 --batch 2 --eval-batches 1 --sample-tokens 0 --log-every 100 --
 "$prepare" --input "$work/text/a.txt" --out "$work/onedoc" 2>&1 | grep -q "fewer than 10 documents: val.bin is the last" &&
   echo "ok   one document: the split is said" || fail "one document: no note on the validation split"
 
+# A --out that cannot be made is refused before any work; an interrupted write's temporary files are
+# removed (said), a user's own .tmp file is not; a long line with no break says where the split fell.
+touch "$work/a_file"
+expect_error "prepare_data into a file's path" "cannot create --out $work/a_file/ds" \
+  "$prepare" --input "$work/text" --out "$work/a_file/ds" --separator %
+mkdir -p "$work/leftover" && touch "$work/leftover/train.bin.tmp" && echo notes >"$work/leftover/mine.tmp"
+"$prepare" --input "$work/text" --out "$work/leftover" --separator % 2>&1 |
+  grep -q "removing $work/leftover/train.bin.tmp, left by an interrupted prepare_data" &&
+  [ ! -e "$work/leftover/train.bin.tmp" ] && [ -e "$work/leftover/mine.tmp" ] &&
+  echo "ok   an interrupted write's leftovers removed, the user's file kept" || fail "prepare_data leftovers"
+
 # A title line then one long line: the split stays near 10% (cut inside the line), not at the line break.
 { echo "Title"; for i in $(seq 1 3000); do printf 'word%d ' "$i"; done; echo; } >"$work/title_then_long.txt"
-"$prepare" --input "$work/title_then_long.txt" --out "$work/tail_split" >/dev/null || fail "prepare title_then_long"
+"$prepare" --input "$work/title_then_long.txt" --out "$work/tail_split" | grep -q "10% of the tokens (no line break" ||
+  fail "prepare title_then_long: the split's note"
 python3 - "$work/tail_split/meta.json" <<'PY' && echo "ok   one long line: validation is ~10% of the tokens" || fail "one long line: the split"
 import json, sys
 meta = json.load(open(sys.argv[1]))

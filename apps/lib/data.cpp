@@ -7,7 +7,10 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cerrno>
 #include <chrono>
+#include <condition_variable>
+#include <csignal>
 #include <cstdio>
 #include <cstring>
 #include <exception>
@@ -444,12 +447,32 @@ std::string read_tokenizer(const std::string& data_dir) {
 }
 
 namespace {
+// The temporary files being written, for a stop signal (Ctrl-C) to remove before the process ends: a signal
+// handler may only unlink, so the paths wait in fixed buffers.
+constexpr int kMaxPending = 8;
+char pending_paths[kMaxPending][4096];
+volatile std::sig_atomic_t pending_count = 0;
+
+extern "C" void remove_pending_and_end(int signal) {
+  for (int i = 0; i < pending_count; ++i) ::unlink(pending_paths[i]);
+  std::signal(signal, SIG_DFL);
+  std::raise(signal);
+}
+
 // A dataset's files are each written to NAME.tmp first; only when all of them are complete are they renamed
-// into place, so a failed write (a full disk, say) leaves the old dataset whole and no temporary files.
+// into place, so a failed write (a full disk, say) or a stop signal leaves the old dataset whole and no
+// temporary files.
 class DatasetWriter {
  public:
-  explicit DatasetWriter(std::string dir) : dir_(std::move(dir)) {}
+  explicit DatasetWriter(std::string dir) : dir_(std::move(dir)) {
+    for (int i = 0; i < 3; ++i) {
+      previous_[i] = std::signal(kSignals[i], remove_pending_and_end);
+      if (previous_[i] == SIG_IGN) std::signal(kSignals[i], SIG_IGN);  // nohup's SIGHUP stays ignored
+    }
+  }
   ~DatasetWriter() {
+    pending_count = 0;
+    for (int i = 0; i < 3; ++i) std::signal(kSignals[i], previous_[i]);
     for (const std::string& tmp : pending_) {
       std::error_code ignored;
       fs::remove(tmp, ignored);
@@ -458,6 +481,10 @@ class DatasetWriter {
   void add(const std::string& name, const char* data, size_t bytes) {
     const std::string path = dir_ + "/" + name, tmp = path + ".tmp";
     TT_CHECK(!fs::is_directory(path), "cannot write '" + path + "': a folder of that name is in the way");
+    TT_CHECK(pending_.size() < kMaxPending && tmp.size() < sizeof(pending_paths[0]),
+             "cannot write '" + tmp + "': path too long");
+    std::snprintf(pending_paths[pending_.size()], sizeof(pending_paths[0]), "%s", tmp.c_str());
+    pending_count = static_cast<std::sig_atomic_t>(pending_.size() + 1);  // before the file exists
     std::ofstream out(tmp, std::ios::binary);
     if (!out) throw Error("cannot write '" + tmp + "'");
     pending_.push_back(tmp);  // ours from here on: removed unless committed
@@ -467,13 +494,16 @@ class DatasetWriter {
   }
   // Every file complete: into place.
   void commit() {
+    pending_count = 0;
     for (const std::string& tmp : pending_) fs::rename(tmp, tmp.substr(0, tmp.size() - 4));
     pending_.clear();
   }
 
  private:
+  static constexpr int kSignals[3] = {SIGINT, SIGTERM, SIGHUP};
   std::string dir_;
   std::vector<std::string> pending_;
+  void (*previous_[3])(int) = {};
 };
 }  // namespace
 
@@ -604,10 +634,27 @@ std::vector<std::vector<Segment>> encoding_units(const std::vector<std::string>&
 }
 
 // Tokens of every document (each followed by the end-of-text id), split into training and validation
-// documents; the same for any number of threads.
+// documents; the same for any number of threads. `report`: a line on stderr every 10 s while it runs.
 void encode_documents(const std::vector<std::string>& documents, const Tokenizer& tokenizer, int threads,
-                      std::vector<uint16_t>& train, std::vector<uint16_t>& val) {
+                      std::vector<uint16_t>& train, std::vector<uint16_t>& val, bool report) {
   const std::vector<std::vector<Segment>> units = encoding_units(documents);
+  std::atomic<size_t> units_done{0};
+  std::mutex report_mutex;
+  std::condition_variable finished_cv;
+  bool finished = false;
+  std::thread reporter;
+  if (report) {
+    reporter = std::thread([&] {
+      const auto start = std::chrono::steady_clock::now();
+      std::unique_lock<std::mutex> lock(report_mutex);
+      while (!finished_cv.wait_for(lock, std::chrono::seconds(10), [&] { return finished; })) {
+        const double seconds =
+            std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+        std::fprintf(stderr, "  encoded %.0f%% in %.0f s\n",
+                     100.0 * static_cast<double>(units_done) / static_cast<double>(units.size()), seconds);
+      }
+    });
+  }
   struct Output {
     std::vector<uint16_t> train, val;
   };
@@ -625,6 +672,7 @@ void encode_documents(const std::vector<std::string>& documents, const Tokenizer
             dst.push_back(static_cast<uint16_t>(id));
           if (s.last) dst.push_back(static_cast<uint16_t>(tokenizer.end_of_text()));
         }
+        ++units_done;
       }
     } catch (...) {
       const std::lock_guard<std::mutex> lock(failure_mutex);
@@ -636,6 +684,14 @@ void encode_documents(const std::vector<std::string>& documents, const Tokenizer
   for (int t = 1; t < threads; ++t) pool.emplace_back(work);
   work();
   for (std::thread& t : pool) t.join();
+  if (reporter.joinable()) {
+    {
+      const std::lock_guard<std::mutex> lock(report_mutex);
+      finished = true;
+    }
+    finished_cv.notify_one();
+    reporter.join();
+  }
   if (failure) std::rethrow_exception(failure);
   for (Output& o : outputs) {
     train.insert(train.end(), o.train.begin(), o.train.end());
@@ -664,7 +720,7 @@ std::unique_ptr<Tokenizer> make_tokenizer(const PrepareOptions& options,
   for (size_t d = 0; d < documents.size(); ++d)
     if (documents.size() < 10 || !is_validation(static_cast<int64_t>(d))) texts.emplace_back(documents[d]);
   const auto start = std::chrono::steady_clock::now();
-  std::unique_ptr<Tokenizer> tokenizer = train_sentencepiece(texts, options.vocab_size);
+  std::unique_ptr<Tokenizer> tokenizer = train_sentencepiece(texts, options.vocab_size, options.threads);
   stats.tokenizer_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   return tokenizer;
 }
@@ -698,49 +754,108 @@ int64_t invalid_utf8_bytes(std::string_view text) {
 }
 }  // namespace
 
+namespace {
+constexpr uintmax_t kReportBytes = uintmax_t{32} << 20;  // inputs from this size on say what they are doing
+
+std::string megabytes(double bytes) {
+  char text[32];
+  std::snprintf(text, sizeof(text), "%.1f MB", bytes / 1e6);
+  return text;
+}
+
+// --out made and tried before any work, so that a folder that cannot be written is found now rather than
+// after an hour of encoding; temporary files of an earlier write that was killed are removed.
+void prepare_out_folder(const std::string& out_dir) {
+  std::error_code ec;
+  fs::create_directories(out_dir, ec);
+  TT_CHECK(!ec && fs::is_directory(out_dir), "cannot create --out " + out_dir + ": " +
+                                                 (ec ? ec.message() : std::string("a file is in the way")));
+  const std::string probe = out_dir + "/.prepare_data.probe";
+  {
+    std::ofstream out(probe, std::ios::binary);
+    TT_CHECK(out && out.write("x", 1) && out.flush(),
+             "cannot write in --out " + out_dir + ": " + std::string(std::strerror(errno)));
+  }
+  fs::remove(probe, ec);
+  for (const char* name : {"train.bin.tmp", "val.bin.tmp", "meta.json.tmp", "tokenizer.model.tmp"}) {
+    const std::string leftover = out_dir + "/" + name;
+    if (fs::is_regular_file(leftover, ec)) {
+      std::printf("removing %s, left by an interrupted prepare_data\n", leftover.c_str());
+      fs::remove(leftover, ec);
+    }
+  }
+}
+}  // namespace
+
 PrepareStats prepare_text(const std::string& input, const std::string& out_dir, const std::string& separator,
                           const PrepareOptions& options) {
   PrepareStats stats;
   const std::vector<fs::path> files = text_files(input, out_dir, stats.skipped_files);
   stats.files = static_cast<int64_t>(files.size());
-  const std::vector<std::string> documents = read_documents(files, separator, stats.separator_lines);
-  TT_CHECK(!documents.empty(), "input '" + input + "' has too little text to split");
-  const std::unique_ptr<Tokenizer> tokenizer = make_tokenizer(options, documents, stats);
-  stats.documents = static_cast<int64_t>(documents.size());
-  stats.vocab_size = tokenizer->vocab_size();
-  for (const std::string& d : documents) {
-    stats.text_bytes += static_cast<int64_t>(d.size());
-    if (options.tokenizer == "sentencepiece") stats.invalid_utf8_bytes += invalid_utf8_bytes(d);
+  uintmax_t input_bytes = 0;
+  for (const fs::path& file : files) {
+    std::error_code ec;
+    const uintmax_t size = fs::file_size(file, ec);
+    if (!ec) input_bytes += size;
   }
-  stats.threads = options.threads > 0 ? options.threads
-                                      : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  std::vector<uint16_t> train, val;
-  const auto start = std::chrono::steady_clock::now();
-  encode_documents(documents, *tokenizer, stats.threads, train, val);
-  stats.encode_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  if (val.empty() && !train.empty()) {
-    // Fewer than ten documents (a single file, say): the last 10 to 20% of the tokens is the validation
-    // split instead, cut after the last line break before 90% if there is one past 80% (else at 90%
-    // exactly: one long line must not send nearly everything to validation).
-    std::vector<char> ends_line(static_cast<size_t>(tokenizer->vocab_size()), 0);
-    for (int32_t id = 0; id < tokenizer->vocab_size(); ++id) {
-      const std::string piece = tokenizer->decode({id});
-      ends_line[static_cast<size_t>(id)] = !piece.empty() && piece.back() == '\n';
-    }
-    const size_t fallback = train.size() - std::max<size_t>(1, train.size() / 10);
-    const size_t earliest = train.size() - train.size() / 5;
-    size_t cut = fallback;
-    while (cut > earliest && cut > 0 && !ends_line[train[cut - 1]]) --cut;
-    if (cut == 0 || !ends_line[train[cut - 1]]) cut = fallback;
-    val.assign(train.begin() + static_cast<std::ptrdiff_t>(cut), train.end());
-    train.resize(cut);
-    stats.validation_from_tail = true;
-  }
-  if (train.empty() || val.empty()) throw Error("input '" + input + "' has too little text to split");
+  const bool report = input_bytes >= kReportBytes;
   const bool created = !fs::exists(out_dir);
-  fs::create_directories(out_dir);
-  const std::string& model = tokenizer->model_bytes();
+  prepare_out_folder(out_dir);
   try {
+    if (report)
+      std::fprintf(stderr, "reading %lld file%s (%s)...\n", static_cast<long long>(files.size()),
+                   files.size() == 1 ? "" : "s", megabytes(static_cast<double>(input_bytes)).c_str());
+    const std::vector<std::string> documents = read_documents(files, separator, stats.separator_lines);
+    TT_CHECK(!documents.empty(), "input '" + input + "' has too little text to split");
+    if (report && options.tokenizer == "sentencepiece" && options.tokenizer_model.empty())
+      std::fprintf(stderr, "training a SentencePiece model of %lld pieces...\n",
+                   static_cast<long long>(options.vocab_size));
+    const std::unique_ptr<Tokenizer> tokenizer = make_tokenizer(options, documents, stats);
+    stats.documents = static_cast<int64_t>(documents.size());
+    stats.vocab_size = tokenizer->vocab_size();
+    for (const std::string& d : documents) {
+      stats.text_bytes += static_cast<int64_t>(d.size());
+      if (options.tokenizer == "sentencepiece") stats.invalid_utf8_bytes += invalid_utf8_bytes(d);
+    }
+    stats.threads = options.threads > 0 ? options.threads
+                                        : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+    std::vector<uint16_t> train, val;
+    if (report)
+      std::fprintf(stderr, "encoding %s on %d thread%s...\n",
+                   megabytes(static_cast<double>(stats.text_bytes)).c_str(), stats.threads,
+                   stats.threads == 1 ? "" : "s");
+    const auto start = std::chrono::steady_clock::now();
+    encode_documents(documents, *tokenizer, stats.threads, train, val, report);
+    stats.encode_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    if (val.empty() && !train.empty()) {
+      // Fewer than ten documents (a single file, say): the last 10 to 20% of the tokens is the validation
+      // split instead, cut after the last line break before 90% if there is one past 80% (else at 90%
+      // exactly: one long line must not send nearly everything to validation).
+      std::vector<char> ends_line(static_cast<size_t>(tokenizer->vocab_size()), 0);
+      for (int32_t id = 0; id < tokenizer->vocab_size(); ++id) {
+        const std::string piece = tokenizer->decode({id});
+        ends_line[static_cast<size_t>(id)] = !piece.empty() && piece.back() == '\n';
+      }
+      const size_t fallback = train.size() - std::max<size_t>(1, train.size() / 10);
+      const size_t earliest = train.size() - train.size() / 5;
+      size_t cut = fallback;
+      while (cut > earliest && cut > 0 && !ends_line[train[cut - 1]]) --cut;
+      stats.tail_cut_at_line_break = cut > 0 && ends_line[train[cut - 1]];
+      if (!stats.tail_cut_at_line_break) cut = fallback;
+      val.assign(train.begin() + static_cast<std::ptrdiff_t>(cut), train.end());
+      train.resize(cut);
+      stats.validation_from_tail = true;
+    }
+    if (train.empty() || val.empty()) throw Error("input '" + input + "' has too little text to split");
+    const std::string& model = tokenizer->model_bytes();
+    // Room for the new files beside the old ones (replaced only once all are written).
+    const double needed = static_cast<double>((train.size() + val.size()) * 2 + model.size()) + 65536.0;
+    std::error_code space_error;
+    const fs::space_info space = fs::space(out_dir, space_error);
+    TT_CHECK(space_error || static_cast<double>(space.available) >= needed,
+             "the dataset needs " + megabytes(needed) + " in --out " + out_dir + ", whose file system has " +
+                 megabytes(static_cast<double>(space.available)) + " free; nothing was written");
+    if (report) std::fprintf(stderr, "writing %s...\n", megabytes(needed).c_str());
     DatasetWriter writer(out_dir);
     writer.add("train.bin", reinterpret_cast<const char*>(train.data()), train.size() * 2);
     writer.add("val.bin", reinterpret_cast<const char*>(val.data()), val.size() * 2);
@@ -752,17 +867,17 @@ PrepareStats prepare_text(const std::string& input, const std::string& out_dir, 
                                                    {"val_tokens", static_cast<int64_t>(val.size())}});
     writer.add("meta.json", meta_text.data(), meta_text.size());
     writer.commit();
+    // A tokenizer.model left by an earlier SentencePiece dataset would contradict the new meta.json.
+    if (model.empty()) fs::remove(out_dir + "/tokenizer.model");
+    stats.train_tokens = static_cast<int64_t>(train.size());
+    stats.val_tokens = static_cast<int64_t>(val.size());
+    return stats;
   } catch (...) {
-    // A failed write (a full disk) leaves no empty folder that it made.
+    // A failed run (too little text, a full disk) leaves no empty folder that it made.
     std::error_code ec;
     if (created && fs::is_empty(out_dir, ec)) fs::remove(out_dir, ec);
     throw;
   }
-  // A tokenizer.model left by an earlier SentencePiece dataset would contradict the new meta.json.
-  if (model.empty()) fs::remove(out_dir + "/tokenizer.model");
-  stats.train_tokens = static_cast<int64_t>(train.size());
-  stats.val_tokens = static_cast<int64_t>(val.size());
-  return stats;
 }
 
 }  // namespace tt::app

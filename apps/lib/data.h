@@ -191,7 +191,7 @@ struct PrepareOptions {
   std::string tokenizer = "bytes";  // bytes | sentencepiece
   int64_t vocab_size = 0;           // sentencepiece: the pieces of the BPE model trained on the input
   std::string tokenizer_model;      // sentencepiece: this tokenizer.model instead of training one
-  int threads = 0;                  // encoding threads (0: every core)
+  int threads = 0;                  // threads encoding and training a tokenizer (0: every core)
 };
 struct PrepareStats {
   int64_t documents = 0, train_tokens = 0, val_tokens = 0;
@@ -202,8 +202,9 @@ struct PrepareStats {
   int threads = 1;
   // Files read; entries under the folder skipped (not text, hidden, earlier datasets, links to folders).
   int64_t files = 0, skipped_files = 0;
-  int64_t separator_lines = 0;        // lines that matched the separator
-  bool validation_from_tail = false;  // fewer than ten documents: validation is the last 10-20% of tokens
+  int64_t separator_lines = 0;          // lines that matched the separator
+  bool validation_from_tail = false;    // fewer than ten documents: validation is the last 10-20% of tokens
+  bool tail_cut_at_line_break = false;  // that split falls after a line break (else at 90% exactly)
   // Bytes that are not UTF-8 (a Latin-1 file, say): SentencePiece reads text as Unicode and turns each into
   // U+FFFD, so they do not survive its tokens; the byte tokenizer keeps them. Counted for sentencepiece only.
   int64_t invalid_utf8_bytes = 0;

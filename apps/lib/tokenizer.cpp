@@ -204,13 +204,14 @@ std::unique_ptr<Tokenizer> load_sentencepiece(const std::string& path) {
   return std::make_unique<SentencePieceTokenizer>(read_file_bytes(path, "tokenizer.model"), what);
 }
 
-std::unique_ptr<Tokenizer> train_sentencepiece(const std::vector<std::string_view>& texts,
-                                               int64_t vocab_size) {
+std::unique_ptr<Tokenizer> train_sentencepiece(const std::vector<std::string_view>& texts, int64_t vocab_size,
+                                               int threads_asked) {
   TT_CHECK(vocab_size >= 260 && vocab_size <= 65536,
            "--vocab " + std::to_string(vocab_size) +
                " is out of range for SentencePiece: 260..65536 (256 byte pieces, <unk>, <s>, </s> and at "
                "least one more; ids are uint16)");
-  const unsigned threads = std::max(1u, std::thread::hardware_concurrency());
+  const unsigned threads = threads_asked > 0 ? static_cast<unsigned>(threads_asked)
+                                             : std::max(1u, std::thread::hardware_concurrency());
   const std::unordered_map<std::string, std::string> options = {
       {"model_type", "bpe"},
       {"vocab_size", std::to_string(vocab_size)},

@@ -42,9 +42,9 @@ std::unique_ptr<Tokenizer> load_sentencepiece(const std::string& path);
 // text is encodable afterwards): `vocab_size` pieces, the 256 byte pieces and <unk>, <s>, </s> included,
 // </s> being the end-of-text id. Text is kept as it is (no normalisation, spaces kept), so decode(encode(x))
 // == x. Deterministic for the same input. SentencePiece's own message on failure (a vocabulary too small
-// for the bytes or too large for the text), as one line.
-std::unique_ptr<Tokenizer> train_sentencepiece(const std::vector<std::string_view>& lines,
-                                               int64_t vocab_size);
+// for the bytes or too large for the text), as one line. `threads` 0: every core.
+std::unique_ptr<Tokenizer> train_sentencepiece(const std::vector<std::string_view>& lines, int64_t vocab_size,
+                                               int threads = 0);
 
 // FNV-1a 64 of `bytes` as 16 hex digits.
 std::string fnv1a64_hex(std::string_view bytes);
