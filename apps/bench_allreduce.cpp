@@ -115,18 +115,7 @@ int main(int argc, char** argv) {
     }
     const int64_t warmup = flags.integer("warmup-iters"), iters = flags.integer("steps");
     TT_CHECK(warmup >= 0 && iters > 0, "--warmup-iters must be >= 0 and --steps positive");
-    std::vector<dist::AllReduceTransport> transports;
-    for (const std::string& name : flags.list("all-reduce"))
-      transports.push_back(dist::parse_all_reduce_transport(name));
-    TT_CHECK(!transports.empty(), "--all-reduce needs library and/or copy-engine");
-    const bool copy_engine = std::find(transports.begin(), transports.end(),
-                                       dist::AllReduceTransport::copy_engine) != transports.end();
-    TT_CHECK(!copy_engine ||
-                 (device.is_cuda() && dist::copy_engine_layout(runtime->world_size(), runtime->local_size())),
-             "--all-reduce copy-engine needs CUDA and 2 to " + std::to_string(dist::kCopyEngineMaxRanks) +
-                 " ranks, all on one host; this job has " + std::to_string(runtime->world_size()) +
-                 " ranks, " + std::to_string(runtime->local_size()) + " on this host, device " +
-                 device.str());
+    const std::vector<dist::AllReduceTransport> transports = all_reduce_transports(flags, device, *runtime);
     const bool root = runtime->is_root();
     std::unique_ptr<JsonlWriter> json;
     if (root && !flags.str("json").empty()) json = std::make_unique<JsonlWriter>(flags.str("json"), false);

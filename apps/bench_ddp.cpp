@@ -298,19 +298,8 @@ int main(int argc, char** argv) {
       c.bf16_communication = dtype == "bf16";
       if (c.bf16_communication) c.label += " (bf16 grads)";
     });
-    std::vector<dist::AllReduceTransport> transports;
-    for (const std::string& name : flags.list("all-reduce"))
-      transports.push_back(dist::parse_all_reduce_transport(name));
-    TT_CHECK(!transports.empty(), "--all-reduce needs library and/or copy-engine");
-    const bool copy_engine = std::find(transports.begin(), transports.end(),
-                                       dist::AllReduceTransport::copy_engine) != transports.end();
     // Checked before any row runs, not at the first copy-engine row.
-    TT_CHECK(!copy_engine ||
-                 (device.is_cuda() && dist::copy_engine_layout(runtime->world_size(), runtime->local_size())),
-             "--all-reduce copy-engine needs CUDA and 2 to " + std::to_string(dist::kCopyEngineMaxRanks) +
-                 " ranks, all on one host; this job has " + std::to_string(runtime->world_size()) +
-                 " ranks, " + std::to_string(runtime->local_size()) + " on this host, device " +
-                 device.str());
+    const std::vector<dist::AllReduceTransport> transports = all_reduce_transports(flags, device, *runtime);
     configs = expand_rows(configs, transports, runs_ddp, [](Config& c, dist::AllReduceTransport t) {
       c.transport = t;
       if (t != dist::AllReduceTransport::library) c.label += " (copy engine)";

@@ -1,5 +1,6 @@
 #include "apps/lib/run_setup.h"
 
+#include <algorithm>
 #include <cerrno>
 #include <charconv>
 #include <cmath>
@@ -10,6 +11,7 @@
 #include "apps/lib/data.h"
 #include "core/cuda_context.h"
 #include "dist/agreement.h"
+#include "dist/runtime.h"
 #ifdef TT_WITH_CUDA
 #include "kernels/cuda/cuda_kernels.h"
 #endif
@@ -128,6 +130,22 @@ void check_ranks_have_same_flags(const Flags& flags, const dist::DistRuntime& ru
   std::vector<std::pair<std::string, std::string>> settings = flags.values();
   for (auto& [name, value] : settings) value = comparable_flag_value(name.substr(2), value);
   dist::check_ranks_agree(runtime, settings);
+}
+
+std::vector<dist::AllReduceTransport> all_reduce_transports(const Flags& flags, Device device,
+                                                            const dist::DistRuntime& runtime) {
+  std::vector<dist::AllReduceTransport> transports;
+  for (const std::string& name : flags.list("all-reduce"))
+    transports.push_back(dist::parse_all_reduce_transport(name));
+  TT_CHECK(!transports.empty(), "--all-reduce needs library and/or copy-engine");
+  const bool copy_engine = std::find(transports.begin(), transports.end(),
+                                     dist::AllReduceTransport::copy_engine) != transports.end();
+  TT_CHECK(!copy_engine ||
+               (device.is_cuda() && dist::copy_engine_layout(runtime.world_size(), runtime.local_size())),
+           "--all-reduce copy-engine needs CUDA and 2 to " + std::to_string(dist::kCopyEngineMaxRanks) +
+               " ranks, all on one host; this job has " + std::to_string(runtime.world_size()) + " ranks, " +
+               std::to_string(runtime.local_size()) + " on this host, device " + device.str());
+  return transports;
 }
 
 Device pick_device(const std::string& text, int local_rank) {

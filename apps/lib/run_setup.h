@@ -2,8 +2,11 @@
 // kind and device.
 #pragma once
 
+#include <vector>
+
 #include "apps/lib/flags.h"
 #include "core/device.h"
+#include "dist/communicator.h"
 #include "nn/transformer.h"
 
 namespace tt::dist {
@@ -54,5 +57,9 @@ std::string comparable_flag_value(const std::string& name, const std::string& va
 // Ranks started differently would otherwise hang in a collective only some enter, or report rank 0's
 // settings for a job that ran others.
 void check_ranks_have_same_flags(const Flags& flags, const dist::DistRuntime& runtime);
+// The benchmarks' comma-separated --all-reduce list: library and/or copy-engine, the copy engines only where
+// they serve this job (CUDA, 2 to dist::kCopyEngineMaxRanks ranks on one host), else a line saying why.
+std::vector<dist::AllReduceTransport> all_reduce_transports(const Flags& flags, Device device,
+                                                            const dist::DistRuntime& runtime);
 
 }  // namespace tt::app
