@@ -208,7 +208,7 @@ int main(int argc, char** argv) {
     Flags flags("train",
                 "Train the Transformer LM; see README.md for the data and checkpoint formats.\n"
                 "Under mpirun (one rank per GPU) it trains data-parallel; rank 0 logs and writes.\n"
-                "SIGINT, SIGTERM, SIGUSR1 or SIGHUP: finish the step, write a checkpoint, exit 75\n"
+                "SIGINT, SIGTERM, SIGUSR1, SIGUSR2 or SIGHUP: finish the step, write a checkpoint, exit 75\n"
                 "(during start-up, with nothing written yet: end at once).\n"
                 "Exit codes: 0 done, 1 error, 3 diverged (non-finite loss or gradient norm; the last\n"
                 "good checkpoint is named), 75 stopped by a signal (continue with --resume latest).");

@@ -73,8 +73,8 @@ if [[ $dry_run -eq 1 ]]; then
   echo "${launcher[*]} $app $*"
   exit 0
 fi
-# Stopping: the first Ctrl-C (or SIGTERM, SIGHUP to this script) becomes SIGUSR1 to mpirun, which passes it
-# to every rank: each finishes its step, writes the checkpoint and exits 75. A second one asks mpirun to end
+# Stopping: the first Ctrl-C (or SIGTERM, SIGHUP to this script) becomes SIGUSR2 to mpirun, which passes it
+# to every rank (SIGUSR2 rather than SIGUSR1: Ubuntu 24.04's Open MPI 4.1.6 keeps SIGUSR1): each finishes its step, writes the checkpoint and exits 75. A second one asks mpirun to end
 # the job now (its own answer to SIGTERM: SIGTERM to the ranks, SIGKILL a second later). mpirun runs in a
 # session of its own, so that the terminal's Ctrl-C reaches only this script, and a watcher ends the job if
 # this script is killed outright.
@@ -83,10 +83,10 @@ requests=0
 stop() {
   requests=$((requests + 1))
   [[ -n "$pid" ]] || exit 130  # not started yet
-  if [[ $requests -eq 1 ]]; then kill -USR1 "$pid" 2>/dev/null || true; else kill -TERM "$pid" 2>/dev/null || true; fi
+  if [[ $requests -eq 1 ]]; then kill -USR2 "$pid" 2>/dev/null || true; else kill -TERM "$pid" 2>/dev/null || true; fi
 }
 trap stop INT TERM HUP
-trap 'kill -USR1 "$pid" 2>/dev/null || true' USR1  # a scheduler's warning: always the graceful stop
+trap 'kill -USR2 "$pid" 2>/dev/null || true' USR1 USR2  # a scheduler's warning: always the graceful stop
 if [[ -t 0 ]]; then
   launcher+=(--stdin none)  # the terminal stays this shell's
   setsid "${launcher[@]}" "$app" "$@" </dev/null &

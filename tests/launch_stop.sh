@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# launch/run_local.sh stops a job without losing it: SIGTERM (or Ctrl-C) to the script becomes SIGUSR1 to
+# launch/run_local.sh stops a job without losing it: SIGTERM (or Ctrl-C) to the script becomes SIGUSR2 to
 # mpirun, every rank finishes its step, writes the checkpoint and exits 75, and the job resumes from it.
 # (mpirun's own answer to SIGTERM kills the ranks a second later and exits 1.)
 # Usage: launch_stop.sh PATH/TO/train PATH/TO/prepare_data

@@ -103,11 +103,11 @@ run_expect "plot cannot be written" 1 "cannot write $work/plot/loss.svg" \
   "$train" "${common[@]}" --out "$work/plot" --steps 4 --eval-every 2 --resume latest
 rmdir "$work/plot/loss.svg.tmp"
 
-# 6. Signals: SIGTERM, SIGINT, SIGUSR1 and SIGHUP finish the step, write a checkpoint and exit 75; --resume
+# 6. Signals: SIGTERM, SIGINT, SIGUSR1, SIGUSR2 and SIGHUP finish the step, write a checkpoint and exit 75; --resume
 # latest then gives the losses of an uninterrupted run, bit for bit. Logs reach a redirected file at once.
 # During start-up a stop ends the process at once.
 run_expect "uninterrupted" 0 "" "$train" "${common[@]}" --out "$work/whole" --steps 60 --ckpt-every 20
-for sig in TERM INT USR1 HUP; do
+for sig in TERM INT USR1 USR2 HUP; do
   out="$work/sig$sig"
   "$train" "${common[@]}" --out "$out" --steps 60 --ckpt-every 20 --log-every 1 >"$out.log" 2>&1 &
   pid=$!

@@ -34,7 +34,8 @@ int64_t monotonic_ms() {
 constexpr int64_t kSameRequestMs = 2000;
 
 void on_stop_signal(int signal) {
-  const bool repeated = g_stop_signal != 0 && signal != SIGUSR1;
+  // A scheduler's warning (SIGUSR1, or SIGUSR2 passed on by a launcher) may come again: never "asked twice".
+  const bool repeated = g_stop_signal != 0 && signal != SIGUSR1 && signal != SIGUSR2;
   if (g_accepting != 0 && repeated && signal != g_stop_signal &&
       monotonic_ms() - g_first_request_ms.load() < kSameRequestMs) {
     const char same[] = "stop already requested (send the signal again to end now)\n";
@@ -80,7 +81,7 @@ void install_stop_handlers() {
   action.sa_handler = on_stop_signal;
   sigemptyset(&action.sa_mask);
   action.sa_flags = SA_RESTART;  // file writes and waits in progress carry on
-  for (int signal : {SIGINT, SIGTERM, SIGHUP, SIGUSR1}) {
+  for (int signal : {SIGINT, SIGTERM, SIGHUP, SIGUSR1, SIGUSR2}) {
     // Started under `nohup`, SIGHUP stays ignored: the user detached the run from the terminal. (A script's
     // background job also starts with SIGINT ignored; there `kill -INT` is still meant as a stop.)
     struct sigaction inherited;
@@ -122,6 +123,8 @@ const char* signal_name(int signal) {
       return "SIGTERM";
     case SIGUSR1:
       return "SIGUSR1";
+    case SIGUSR2:
+      return "SIGUSR2";
     case SIGHUP:
       return "SIGHUP";
     default:

@@ -1,5 +1,6 @@
 // Graceful stops: SIGINT, SIGTERM (what Slurm and most schedulers send before they kill or preempt a job) and
-// SIGUSR1 (what `sbatch --signal=USR1@SECONDS` sends) and SIGHUP (a closed terminal) only set a flag; the
+// SIGUSR1 (what `sbatch --signal=USR1@SECONDS` sends), SIGUSR2 (what the launch scripts send mpirun, which
+// passes it on, where some Open MPI builds keep SIGUSR1) and SIGHUP (a closed terminal) only set a flag; the
 // training loop reads it after each step, writes a checkpoint and exits with kExitStopped. The same SIGINT or
 // SIGTERM again ends the process at once (another of the two within 2 s is the same request passed on).
 // During a StartUp there is nothing to save: a stop request ends the process at once, by the signal.
