@@ -226,7 +226,7 @@ expect_error "init-from a Hugging Face folder" "is a Hugging Face model; make a 
 expect_ok "warm-up past the end" "$train" "${common[@]}" --out "$work/warm" --steps 2 --warmup 5 --ckpt-every -1
 grep -q "note: --warmup 5 is not below --steps 2" "$work/last.log" ||
   { echo "FAIL warm-up past the end: no note"; failures=$((failures + 1)); }
-expect_error "prepare_data into /proc" "cannot create directories /proc/tinytrain-test" \
+expect_error "prepare_data into /proc" "cannot create --out /proc/tinytrain-test" \
   "$prepare" --input "$work/text" --out /proc/tinytrain-test
 expect_error "eval-only logits folder" "--logits $work/nodir/x.npy: cannot write in $work/nodir" \
   "$train" --eval-only --resume "$ckpt" --data "$work/data" --ctx 16 --logits "$work/nodir/x.npy"
