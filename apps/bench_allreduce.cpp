@@ -3,7 +3,6 @@
 // carries in a ring), so numbers compare across world sizes and with nccl-tests. NCCL on GPUs, MPI on CPUs.
 #include <mpi.h>
 
-#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <memory>
@@ -153,14 +152,7 @@ int main(int argc, char** argv) {
     }
     comm.reset();
     return 0;
-  } catch (const dist::SameOnEveryRank& e) {
-    if (runtime->is_root()) std::fprintf(stderr, "error: %s\n", e.what());
-    return 1;
   } catch (const std::exception& e) {
-    if (runtime && runtime->world_size() > 1 && !checked)
-      return dist::end_start_up_failure(*runtime, e.what());
-    if (runtime && runtime->world_size() > 1) dist::abort_job(e.what());
-    std::fprintf(stderr, "%s\n", tt::error_line(e).c_str());
-    return 1;
+    return end_job_with_error(e, runtime.get(), checked);
   }
 }

@@ -72,7 +72,8 @@ Row measure(const Flags& flags, Device device, Bundle* bundle, const nn::ModelCo
             const std::string& size, int64_t ctx, const std::string& mode, bool graph, int64_t warmup_asked,
             bool mirror, bool grads_bf16) {
   const int64_t batch = flags.integer("batch"), steps = flags.integer("steps");
-  const int64_t warmup = mode == "train" ? untimed_runs(mode, graph, warmup_asked) : warmup_asked;
+  const int64_t untimed_total = untimed_runs(mode, graph, warmup_asked);
+  const int64_t warmup = mode == "train" ? untimed_total : warmup_asked;  // eager runs before the timed ones
   const bool bf16 = config.precision == nn::Precision::bf16;
   const std::string precision = std::string(nn::precision_name(config.precision)) +
                                 (bf16 && !mirror ? " (cast)" : "") + (grads_bf16 ? ", bf16 grads" : ""),
@@ -84,7 +85,7 @@ Row measure(const Flags& flags, Device device, Bundle* bundle, const nn::ModelCo
                attention,
                mode,
                graph ? "on" : "off",
-               std::to_string(untimed_runs(mode, graph, warmup_asked))};
+               std::to_string(untimed_total)};
   auto json_head = [&] {
     return "\"size\": " + JsonlWriter::quote(size) + ", \"ctx\": " + std::to_string(ctx) +
            ", \"batch\": " + std::to_string(batch) + ", \"precision\": " + JsonlWriter::quote(precision) +

@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
-#include <sstream>
 
 #include "apps/lib/report.h"
 
@@ -52,28 +51,32 @@ void stream_rows_to_stdout() {
   std::setvbuf(stdout, nullptr, _IOLBF, 0);
 }
 
+namespace {
+std::string markdown_line(const std::vector<std::string>& cells) {
+  std::string line = "|";
+  for (const std::string& c : cells) line += " " + c + " |";
+  return line + "\n";
+}
+
+std::string markdown_header(const std::vector<std::string>& header) {
+  std::string separator = "|";
+  for (size_t i = 0; i < header.size(); ++i) separator += "---|";
+  return markdown_line(header) + separator + "\n";
+}
+}  // namespace
+
 std::string markdown_table(const std::vector<std::string>& header,
                            const std::vector<std::vector<std::string>>& rows) {
-  std::ostringstream out;
-  auto line = [&](const std::vector<std::string>& cells) {
-    out << "|";
-    for (const std::string& c : cells) out << " " << c << " |";
-    out << "\n";
-  };
-  line(header);
-  out << "|";
-  for (size_t i = 0; i < header.size(); ++i) out << "---|";
-  out << "\n";
-  for (const auto& row : rows) line(row);
-  return out.str();
+  std::string out = markdown_header(header);
+  for (const auto& row : rows) out += markdown_line(row);
+  return out;
 }
 
 void StreamedTable::row(const std::vector<std::string>& cells) {
   if (!print_) return;
-  std::string text = markdown_table(header_, {cells});
-  if (started_) text = text.substr(text.find('\n', text.find('\n') + 1) + 1);  // the row line alone
+  if (!started_) std::fputs(markdown_header(header_).c_str(), stdout);
   started_ = true;
-  std::fputs(text.c_str(), stdout);
+  std::fputs(markdown_line(cells).c_str(), stdout);
   std::fflush(stdout);
 }
 

@@ -4,6 +4,7 @@
 #include <cerrno>
 #include <charconv>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <set>
@@ -146,6 +147,19 @@ std::vector<dist::AllReduceTransport> all_reduce_transports(const Flags& flags, 
                " ranks, all on one host; this job has " + std::to_string(runtime.world_size()) + " ranks, " +
                std::to_string(runtime.local_size()) + " on this host, device " + device.str());
   return transports;
+}
+
+int end_job_with_error(const std::exception& e, dist::DistRuntime* runtime, bool flags_checked) {
+  if (dynamic_cast<const dist::SameOnEveryRank*>(&e)) {
+    if (!runtime || runtime->is_root()) std::fprintf(stderr, "error: %s\n", e.what());
+    return 1;
+  }
+  if (runtime && runtime->world_size() > 1) {
+    if (!flags_checked) return dist::end_start_up_failure(*runtime, e.what());
+    dist::abort_job(e.what());
+  }
+  std::fprintf(stderr, "%s\n", error_line(e).c_str());
+  return 1;
 }
 
 Device pick_device(const std::string& text, int local_rank) {

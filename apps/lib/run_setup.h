@@ -57,6 +57,11 @@ std::string comparable_flag_value(const std::string& name, const std::string& va
 // Ranks started differently would otherwise hang in a collective only some enter, or report rank 0's
 // settings for a job that ran others.
 void check_ranks_have_same_flags(const Flags& flags, const dist::DistRuntime& runtime);
+// The end of an app run under mpirun that failed with `e`; returns the exit code. A failure every rank shares
+// (dist::SameOnEveryRank) is rank 0's one line; before every rank has checked its flags (`flags_checked`
+// false) a rank's own failure still ends the job with one line (dist::end_start_up_failure); later it aborts
+// the job. `runtime` null: a single process, the error line.
+int end_job_with_error(const std::exception& e, dist::DistRuntime* runtime, bool flags_checked);
 // The benchmarks' comma-separated --all-reduce list: library and/or copy-engine, the copy engines only where
 // they serve this job (CUDA, 2 to dist::kCopyEngineMaxRanks ranks on one host), else a line saying why.
 std::vector<dist::AllReduceTransport> all_reduce_transports(const Flags& flags, Device device,

@@ -225,48 +225,59 @@ void check_resumed_data(const std::string& checkpoint, const std::string& data_d
                 trained_on.c_str(), data_dir.c_str());
 }
 
+// A count the resumed run recorded (--batch, --ranks, ...); none for a checkpoint that records none (written
+// by `import`, or before that setting was recorded).
+std::optional<int64_t> recorded_count(const std::string& written_by, const std::string& name) {
+  const std::string text = recorded_flag(written_by, name);
+  try {
+    size_t used = 0;
+    const long long value = std::stoll(text, &used);
+    if (used == text.size()) return value;
+  } catch (const std::exception&) {
+  }
+  return std::nullopt;
+}
+
 // The same for the step's global batch (sequences over all ranks and micro-batches), from the flags and the
 // rank count the writer recorded (checkpoints before that was recorded say nothing of it).
 // Random batches are drawn per rank (seeded by --seed and the rank), so at another rank count the same global
 // batch holds other sequences.
 void warn_if_global_batch_differs(const std::string& written_by, int64_t global_batch, int world,
                                   const std::string& sampling) {
-  const std::string ranks = recorded_flag(written_by, "ranks"), batch = recorded_flag(written_by, "batch"),
-                    accum = recorded_flag(written_by, "grad-accum");
-  if (ranks.empty() || batch.empty() || accum.empty()) return;
-  const int64_t before = std::stoll(ranks) * std::stoll(batch) * std::stoll(accum);
+  const auto ranks = recorded_count(written_by, "ranks"), batch = recorded_count(written_by, "batch"),
+             accum = recorded_count(written_by, "grad-accum");
+  if (!ranks || !batch || !accum) return;
+  const int64_t before = *ranks * *batch * *accum;
   if (before == global_batch) {
-    if (sampling == "random" && std::stoll(ranks) != world)
+    if (sampling == "random" && *ranks != world)
       std::printf(
-          "note: at %d rank%s the random batches differ from those of the run that wrote the checkpoint (%s "
-          "rank%s), so the losses will not match an uninterrupted run (--sampling sequential draws the same "
-          "ones at any rank count)\n",
-          world, world == 1 ? "" : "s", ranks.c_str(), ranks == "1" ? "" : "s");
+          "note: at %d rank%s the random batches differ from those of the run that wrote the checkpoint "
+          "(%lld rank%s), so the losses will not match an uninterrupted run (--sampling sequential draws the "
+          "same ones at any rank count)\n",
+          world, world == 1 ? "" : "s", static_cast<long long>(*ranks), *ranks == 1 ? "" : "s");
     return;
   }
   std::printf(
       "note: the step's global batch is %lld sequences, against %lld in the run that wrote the checkpoint "
-      "(%s rank%s x --batch %s x --grad-accum %s), so the losses will not match an uninterrupted run\n",
-      static_cast<long long>(global_batch), static_cast<long long>(before), ranks.c_str(),
-      ranks == "1" ? "" : "s", batch.c_str(), accum.c_str());
+      "(%lld rank%s x --batch %lld x --grad-accum %lld), so the losses will not match an uninterrupted run\n",
+      static_cast<long long>(global_batch), static_cast<long long>(before), static_cast<long long>(*ranks),
+      *ranks == 1 ? "" : "s", static_cast<long long>(*batch), static_cast<long long>(*accum));
 }
 
 // The validation windows (--eval-batches x --batch x ranks) against the resumed run's: another split of the
 // same global batch (more micro-batches, fewer ranks) evaluates fewer or more windows, a curve that jumps.
 void warn_if_validation_differs(const std::string& written_by, int64_t windows) {
-  const std::string ranks = recorded_flag(written_by, "ranks"), batch = recorded_flag(written_by, "batch"),
-                    batches = recorded_flag(written_by, "eval-batches");
-  const auto number = [](const std::string& text) {
-    return !text.empty() && text.find_first_not_of("0123456789") == std::string::npos;
-  };
-  if (!number(ranks) || !number(batch) || !number(batches)) return;
-  const int64_t before = std::stoll(ranks) * std::stoll(batch) * std::stoll(batches);
+  const auto ranks = recorded_count(written_by, "ranks"), batch = recorded_count(written_by, "batch"),
+             batches = recorded_count(written_by, "eval-batches");
+  if (!ranks || !batch || !batches) return;
+  const int64_t before = *ranks * *batch * *batches;
   if (before == windows) return;
   std::printf(
       "note: validation reads %lld window%s of val.bin, against %lld in the run that wrote the checkpoint "
-      "(%s rank%s x --batch %s x --eval-batches %s), so val_loss will not continue its curve exactly\n",
-      static_cast<long long>(windows), windows == 1 ? "" : "s", static_cast<long long>(before), ranks.c_str(),
-      ranks == "1" ? "" : "s", batch.c_str(), batches.c_str());
+      "(%lld rank%s x --batch %lld x --eval-batches %lld), so val_loss will not continue its curve exactly\n",
+      static_cast<long long>(windows), windows == 1 ? "" : "s", static_cast<long long>(before),
+      static_cast<long long>(*ranks), *ranks == 1 ? "" : "s", static_cast<long long>(*batch),
+      static_cast<long long>(*batches));
 }
 
 // A checkpoint's vocabulary against the data's (meta.json): a model trained on another tokenizer's ids would
@@ -706,17 +717,14 @@ class TrainingRun {
       if (step_->shared_read()) empty_cache(device_);
       const std::string written_by = state_.args;
       // Pruning removes saved work: a resumed run keeps the checkpoints its run kept unless told otherwise.
-      const std::string kept_before =
-          comparable_flag_value("keep-ckpts", recorded_flag(written_by, "keep-ckpts"));
-      if (!flags_.given("keep-ckpts") && !kept_before.empty() &&
-          kept_before.find_first_not_of("0123456789") == std::string::npos &&
-          kept_before != std::to_string(keep_ckpts_)) {
-        keep_ckpts_ = std::stoll(kept_before);
+      const std::optional<int64_t> kept_before = recorded_count(written_by, "keep-ckpts");
+      if (!flags_.given("keep-ckpts") && kept_before && *kept_before >= 0 && *kept_before != keep_ckpts_) {
+        keep_ckpts_ = *kept_before;
+        const std::string kept = std::to_string(keep_ckpts_);
         if (root_)
-          std::printf(
-              "keeping %s, as the run did (--keep-ckpts %s); pass --keep-ckpts to change it\n",
-              keep_ckpts_ == 0 ? "every checkpoint" : ("the newest " + kept_before + " checkpoints").c_str(),
-              kept_before.c_str());
+          std::printf("keeping %s, as the run did (--keep-ckpts %s); pass --keep-ckpts to change it\n",
+                      keep_ckpts_ == 0 ? "every checkpoint" : ("the newest " + kept + " checkpoints").c_str(),
+                      kept.c_str());
       }
       state_.args = recorded_args();  // later checkpoints record this run's flags and data
       state_.data_tokenizer = data_tokenizer;
