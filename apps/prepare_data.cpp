@@ -9,6 +9,7 @@
 
 #include "apps/lib/data.h"
 #include "apps/lib/flags.h"
+#include "apps/lib/prepare.h"
 #include "apps/lib/run_setup.h"
 #include "base/error.h"
 
@@ -60,8 +61,10 @@ int main(int argc, char** argv) {
           "earlier datasets, links to folders and other non-files\n",
           static_cast<long long>(s.files), static_cast<long long>(s.skipped_files));
     if (s.tokenizer_seconds > 0)
-      std::printf("trained a SentencePiece BPE model of %lld pieces in %.1f s\n",
-                  static_cast<long long>(s.vocab_size), s.tokenizer_seconds);
+      std::printf("trained a SentencePiece BPE model of %lld pieces in %.1f s on %.1f MB of text%s\n",
+                  static_cast<long long>(s.vocab_size), s.tokenizer_seconds,
+                  static_cast<double>(s.tokenizer_sample_bytes) / 1e6,
+                  s.tokenizer_sampled ? " (lines sampled evenly from the training documents)" : "");
     std::printf("encoded %.1f MB in %.2f s on %d thread%s: %.1f MB/s\n",
                 static_cast<double>(s.text_bytes) / 1e6, s.encode_seconds, s.threads,
                 s.threads == 1 ? "" : "s",
@@ -98,8 +101,8 @@ int main(int argc, char** argv) {
   } catch (const std::bad_alloc&) {
     std::fprintf(
         stderr,
-        "error: out of memory: prepare_data holds the text and its tokens in memory, about 6.5 times "
-        "the input's size with the byte tokenizer and 4.5 times with SentencePiece\n");
+        "error: out of memory: prepare_data needs about 300 MB to encode, and several times its sample's "
+        "size (at most 256 MB of text) to train a SentencePiece model\n");
     return 1;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "%s\n", tt::error_line(e).c_str());

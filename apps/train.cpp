@@ -15,6 +15,7 @@
 #include "apps/lib/checkpoint.h"
 #include "apps/lib/data.h"
 #include "apps/lib/flags.h"
+#include "apps/lib/prepare.h"
 #include "apps/lib/report.h"
 #include "apps/lib/run_folder.h"
 #include "apps/lib/run_setup.h"

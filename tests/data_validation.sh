@@ -156,6 +156,33 @@ printf 'abc' >"$work/tiny.txt"
 "$prepare" --input "$work/tiny.txt" --out "$work/tiny_data" 2>&1 | grep -q "note: val.bin holds only 1 tokens" &&
   echo "ok   a corpus too small for the default context is noted" || fail "no note for a tiny corpus"
 
+# prepare_data streams its input: 160 MB of text (every token file and the text itself would be about 1 GB
+# held at once) in less than 400 MB of memory, every byte and document end in the token files, the progress
+# lines on stderr.
+python3 - "$work/large.txt" <<'PY'
+import sys
+block = "".join(f"line {i} of a document, with words enough to look like text\n" + ("%\n" if i % 7 == 6 else "")
+                for i in range(16000))
+with open(sys.argv[1], "w") as f:
+    for _ in range(160_000_000 // len(block) + 1):
+        f.write(block)
+PY
+python3 - "$prepare" "$work/large.txt" "$work/large_data" <<'PY' && echo "ok   160 MB prepared in bounded memory" || fail "160 MB of text"
+import json, os, resource, subprocess, sys
+prepare, text, out = sys.argv[1:]
+run = subprocess.run([prepare, "--input", text, "--out", out, "--separator", "%"], capture_output=True, text=True)
+assert run.returncode == 0, run.stderr
+assert "encoding on" in run.stderr, run.stderr
+peak_mb = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
+meta = json.load(open(os.path.join(out, "meta.json")))
+separators = open(text, "rb").read().count(b"%\n")
+tokens = meta["train_tokens"] + meta["val_tokens"]
+assert tokens == os.path.getsize(text) - 2 * separators + meta["documents"], (tokens, meta)
+assert peak_mb < 400, f"peak {peak_mb:.0f} MB"
+print(f"     peak {peak_mb:.0f} MB for {os.path.getsize(text) / 1e6:.0f} MB of text")
+PY
+rm -rf "$work/large.txt" "$work/large_data"
+
 # A corpus folder's .git, an earlier dataset inside it and a link to a folder are not text of the corpus:
 # only its three documents are read, and the rest is counted as skipped.
 mkdir -p "$work/tree/.git" "$work/tree/docs"

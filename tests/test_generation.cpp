@@ -13,6 +13,7 @@
 
 #include "apps/lib/data.h"
 #include "apps/lib/generation.h"
+#include "apps/lib/prepare.h"
 #include "apps/lib/tokenizer.h"
 #include "core/autograd.h"
 #include "core/cuda_context.h"
@@ -529,6 +530,92 @@ TEST_CASE("prepare_text with SentencePiece: documents come back, and tokenizer.m
   app::prepare_text(dir + "/corpus.txt", dir + "/reused", "%");
   CHECK(!fs::exists(dir + "/reused/tokenizer.model"));
   CHECK(app::load_data_tokenizer(dir + "/reused")->name() == "bytes");
+}
+
+// The byte tokenizer's token files are each document's bytes and the end-of-text id, every tenth document
+// to validation: known here without prepare_text. The input is read in batches and blocks much smaller than
+// its documents and lines (a 2.4 MB document of one 1.5 MB line of two- and three-byte characters, cut
+// into pieces), separators with Windows line ends, documents of whitespace only (dropped) and files
+// without a final line break: each batch size gives the same files.
+TEST_CASE("prepare_text streams the text: the token files do not depend on how much is read at once") {
+  const std::string dir = temp_dir("stream");
+  fs::create_directories(dir + "/text");
+  std::vector<std::string> documents;
+  std::string first, second;
+  for (int d = 0; d < 40; ++d) {
+    std::string doc;
+    for (int line = 0; line <= d % 7; ++line)
+      doc += "document " + std::to_string(d) + " line " + std::to_string(line) + (d % 5 == 2 ? "\r\n" : "\n");
+    if (d == 13) {
+      for (int i = 0; i < 300000; ++i) doc += "\xC3\xA9\xE6\x97\xA5";  // "é日"
+      doc += "\n";
+      for (int i = 0; i < 30000; ++i) doc += "a line of words after it, number " + std::to_string(i) + "\n";
+    }
+    documents.push_back(doc);
+    std::string& file = d < 30 ? first : second;
+    file += doc + (d % 4 == 1 ? "%\r\n" : "%\n");
+    if (d % 9 == 4) file += " \t\n\n%\n";  // whitespace only: not a document
+  }
+  second.pop_back();  // the last separator line without its line break
+  write_file(dir + "/text/a.txt", first);
+  write_file(dir + "/text/b.txt", second + "\n" + "x" + "\n%\nlast document, no line break at the end");
+  documents.push_back("x\n");
+  documents.push_back("last document, no line break at the end\n");
+  std::string expected_train, expected_val;
+  for (size_t d = 0; d < documents.size(); ++d) {
+    std::string& split = d % 10 == 9 ? expected_val : expected_train;
+    for (unsigned char c : documents[d]) split.append({static_cast<char>(c), '\0'});
+    split.append({'\0', '\1'});  // 256, little-endian
+  }
+
+  for (size_t batch : {size_t{32} << 20, size_t{1000}, size_t{7}}) {
+    CAPTURE(batch);
+    app::PrepareOptions options;
+    options.batch_bytes = batch;
+    options.threads = batch == 7 ? 1 : 2;
+    const std::string out = dir + "/data_" + std::to_string(batch);
+    const app::PrepareStats stats = app::prepare_text(dir + "/text", out, "%", options);
+    CHECK(stats.documents == static_cast<int64_t>(documents.size()));
+    CHECK(read_file(out + "/train.bin") == expected_train);
+    CHECK(read_file(out + "/val.bin") == expected_val);
+  }
+}
+
+// Above the sample's size, SentencePiece learns from lines spread over the training documents, about that
+// many bytes of them.
+TEST_CASE("prepare_text trains SentencePiece on a sample of a large input") {
+  const std::string dir = temp_dir("sample");
+  std::string text;
+  while (text.size() < 400000) text += corpus_text();
+  write_file(dir + "/corpus.txt", text);
+  app::PrepareOptions options;
+  options.tokenizer = "sentencepiece";
+  options.vocab_size = 400;
+  options.tokenizer_sample_bytes = 40000;
+  const app::PrepareStats stats = app::prepare_text(dir + "/corpus.txt", dir + "/data", "%", options);
+  // The sample takes the budget's share of each document; a tenth of them are validation, not sampled.
+  CHECK(stats.tokenizer_sample_bytes >= 30000);
+  CHECK(stats.tokenizer_sample_bytes <= 40000);
+  const std::unique_ptr<app::Tokenizer> sp = app::load_data_tokenizer(dir + "/data");
+  CHECK(sp->vocab_size() == 400);
+  const std::string sentence = "a sentence of the corpus, decoded as it was\n";
+  const std::vector<int32_t> ids = sp->encode(sentence);
+  CHECK(sp->decode(ids) == sentence);
+  // Below it, every line of the training documents.
+  int64_t training_bytes = 0, index = 0;
+  std::istringstream in(text);
+  std::string line, doc;
+  while (std::getline(in, line)) {
+    if (line != "%") {
+      doc += line + "\n";
+      continue;
+    }
+    if (index++ % 10 != 9) training_bytes += static_cast<int64_t>(doc.size());
+    doc.clear();
+  }
+  options.tokenizer_sample_bytes = size_t{1} << 30;
+  CHECK(app::prepare_text(dir + "/corpus.txt", dir + "/whole", "%", options).tokenizer_sample_bytes ==
+        training_bytes);
 }
 
 TEST_CASE("a malformed, truncated or mismatched tokenizer.model is one line naming it") {

@@ -9,6 +9,7 @@
 
 #include "apps/lib/checkpoint.h"
 #include "apps/lib/data.h"
+#include "apps/lib/prepare.h"
 #include "apps/lib/run_setup.h"
 #include "apps/lib/train_step.h"
 #include "apps/lib/trainer.h"

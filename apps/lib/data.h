@@ -3,7 +3,7 @@
 // CS336 handout's get_batch: B starts in [0, len - T)) from a counter-based RNG whose (seed, counter) is
 // saved in checkpoints, and sequential windows (draw d, one per micro-batch from 1, takes windows
 // ((d-1)*ranks + rank)*B onwards, window i = tokens [i*T, i*T+T], wrapping around). Also the dataset's
-// meta.json and prepare_data's text-to-tokens step (apps/lib/tokenizer.h has the tokenizers).
+// meta.json (apps/lib/prepare.h turns text into token files; apps/lib/tokenizer.h has the tokenizers).
 #pragma once
 
 #include <condition_variable>
@@ -186,37 +186,5 @@ int64_t read_vocab_size(const std::string& data_dir);
 // records for it: a truncated copy, or a file replaced after the data was prepared.
 void check_token_count(const std::string& data_dir, const TokenFile& file);
 std::string read_tokenizer(const std::string& data_dir);
-
-struct PrepareOptions {
-  std::string tokenizer = "bytes";  // bytes | sentencepiece
-  int64_t vocab_size = 0;           // sentencepiece: the pieces of the BPE model trained on the input
-  std::string tokenizer_model;      // sentencepiece: this tokenizer.model instead of training one
-  int threads = 0;                  // threads encoding and training a tokenizer (0: every core)
-};
-struct PrepareStats {
-  int64_t documents = 0, train_tokens = 0, val_tokens = 0;
-  int64_t vocab_size = 0;
-  int64_t text_bytes = 0;        // bytes of document text encoded
-  double encode_seconds = 0;     // encoding alone (reading, training a tokenizer and writing excluded)
-  double tokenizer_seconds = 0;  // training the SentencePiece model
-  int threads = 1;
-  // Files read; entries under the folder skipped (not text, hidden, earlier datasets, links to folders).
-  int64_t files = 0, skipped_files = 0;
-  int64_t separator_lines = 0;          // lines that matched the separator
-  bool validation_from_tail = false;    // fewer than ten documents: validation is the last 10-20% of tokens
-  bool tail_cut_at_line_break = false;  // that split falls after a line break (else at 90% exactly)
-  // Bytes that are not UTF-8 (a Latin-1 file, say): SentencePiece reads text as Unicode and turns each into
-  // U+FFFD, so they do not survive its tokens; the byte tokenizer keeps them. Counted for sentencepiece only.
-  int64_t invalid_utf8_bytes = 0;
-};
-// Tokenises a text file or every regular file under a folder (sorted; *.dat, *.u8, *.bin and files with NUL
-// bytes skipped; a single file with NUL bytes refused) into DIR/train.bin and DIR/val.bin (every tenth
-// document goes to validation; each document is followed by the end-of-text id) and DIR/meta.json; with
-// SentencePiece also DIR/tokenizer.model, trained on the training documents unless options.tokenizer_model
-// names one. Lines equal to `separator` (when non-empty; a \r at the end ignored) split a file into
-// documents, as in fortune files ("%"). Encoding runs on options.threads threads; the token files do not
-// depend on their number.
-PrepareStats prepare_text(const std::string& input, const std::string& out_dir, const std::string& separator,
-                          const PrepareOptions& options = {});
 
 }  // namespace tt::app
