@@ -129,10 +129,8 @@ std::string read_file(const std::string& path) {
   return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
 }
 
-int run(const Flags& flags) {
-  TT_CHECK(!flags.str("checkpoint").empty() && !flags.str("out").empty(),
-           "--checkpoint and --out are required");
-  const std::string checkpoint = checkpoint_or_newest(flags.str("checkpoint"));
+// Exports `checkpoint`; throws with nothing written to --out.
+int run(const Flags& flags, const std::string& checkpoint) {
   const std::string dtype_flag = flags.str("dtype");
   TT_CHECK(dtype_flag == "f32" || dtype_flag == "bf16",
            "--dtype must be f32 or bf16, got '" + dtype_flag + "'");
@@ -298,7 +296,12 @@ int main(int argc, char** argv) {
     flags.add_switch("overwrite", "replace an earlier export in --out");
     if (!flags.parse(argc, argv)) return 0;
     tt::app::require_one_process("export");
-    return run(flags);
+    TT_CHECK(!flags.str("checkpoint").empty() && !flags.str("out").empty(),
+             "--checkpoint and --out are required");
+    int status = 1;
+    read_newest_checkpoint(flags.str("checkpoint"),
+                           [&](const std::string& checkpoint) { status = run(flags, checkpoint); });
+    return status;
   } catch (const std::bad_alloc&) {
     std::fprintf(stderr, "error: out of host memory (std::bad_alloc)\n");
     return 1;

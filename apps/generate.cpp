@@ -180,18 +180,23 @@ int main(int argc, char** argv) {
     const int64_t batch = flags.integer("batch");
     TT_CHECK(batch >= 1, "--batch must be at least 1, got " + flags.str("batch"));
     // A run folder, as --resume takes one: its newest checkpoint whose weights load.
-    const std::string checkpoint = checkpoint_or_newest(flags.str("checkpoint"));
-    nn::ModelConfig config = read_checkpoint_config(checkpoint);
-    config.precision = nn::parse_precision(flags.str("precision"));
     const Device device = pick_device(flags.str("device"));
-    const std::unique_ptr<Tokenizer> tokenizer =
-        resolve_tokenizer(flags.str("tokenizer"), checkpoint, config.vocab_size);
+    nn::ModelConfig config;
+    std::unique_ptr<Tokenizer> tokenizer;
+    std::unique_ptr<nn::TransformerLM> model;
+    std::unique_ptr<nn::FlatParameters> params;
+    read_newest_checkpoint(flags.str("checkpoint"), [&](const std::string& checkpoint) {
+      config = read_checkpoint_config(checkpoint);
+      config.precision = nn::parse_precision(flags.str("precision"));
+      tokenizer = resolve_tokenizer(flags.str("tokenizer"), checkpoint, config.vocab_size);
+      params.reset();
+      model = std::make_unique<nn::TransformerLM>(config);
+      params = std::make_unique<nn::FlatParameters>(*model, device, 0);
+      load_checkpoint(checkpoint, *params, nullptr, nullptr);
+    });
     sampling.end_of_text = tokenizer->end_of_text();
     sampling.vocab_limit = tokenizer->vocab_size();
-    nn::TransformerLM model(config);
-    nn::FlatParameters params(model, device, 0);
-    load_checkpoint(checkpoint, params, nullptr, nullptr);
-    if (config.precision == nn::Precision::bf16) params.enable_bf16_mirror();  // no weight casts per token
+    if (config.precision == nn::Precision::bf16) params->enable_bf16_mirror();  // no weight casts per token
 
     const bool jsonl = flags.boolean("jsonl");
     GenerationResult total;
@@ -225,7 +230,7 @@ int main(int argc, char** argv) {
           texts[static_cast<size_t>(row)] += piece;
       };
       sampling.first_prompt = first;
-      const GenerationResult result = generate_tokens(model, group, sampling, device, on_token);
+      const GenerationResult result = generate_tokens(*model, group, sampling, device, on_token);
       for (size_t r = 0; r < group.size(); ++r) {
         const std::string rest = streams[r].finish();
         if (jsonl) {

@@ -80,9 +80,14 @@ int main(int argc, char** argv) {
                   flags.str("separator").c_str());
     if (s.invalid_utf8_bytes > 0)
       std::printf(
-          "note: %lld bytes of the text are not UTF-8; SentencePiece reads them as U+FFFD, so they do not "
+          "note: %lld bytes of the text are not UTF-8 (%s); SentencePiece reads them as U+FFFD, so they do "
+          "not "
           "come back from its tokens (convert the text to UTF-8, or use the byte tokenizer)\n",
-          static_cast<long long>(s.invalid_utf8_bytes));
+          static_cast<long long>(s.invalid_utf8_bytes),
+          (s.invalid_utf8_files == 1 ? "in " + s.first_invalid_utf8_file
+                                     : "in " + std::to_string(s.invalid_utf8_files) + " files, the first " +
+                                           s.first_invalid_utf8_file)
+              .c_str());
     // What train checks of each split (check_context_fits) at its default --ctx.
     const int64_t needed = tt::app::tokens_for_context(tt::app::kDefaultContext);
     if (std::min(s.train_tokens, s.val_tokens) < needed)

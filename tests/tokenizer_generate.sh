@@ -200,9 +200,11 @@ expect_error "stdout on a full disk" "cannot write the text to standard output" 
 # Text that is not UTF-8 (Latin-1) loses its bytes to U+FFFD in SentencePiece: prepare_data counts them.
 mkdir -p "$work/latin1"
 for i in $(seq 1 200); do printf 'caf\xe9 %s and more words\n%%\n' "$i"; done >"$work/latin1/a.txt"
+cp "$work/text/corpus.txt" "$work/latin1/"
 output=$("$prepare" --input "$work/latin1" --out "$work/latin1_data" --separator % --tokenizer sentencepiece \
-  --vocab 300 2>&1)
-grep -q "note: 200 bytes of the text are not UTF-8" <<<"$output" && echo "ok   non-UTF-8 bytes counted" ||
+  --vocab 340 2>&1)
+grep -q "note: 200 bytes of the text are not UTF-8 (in $work/latin1/a.txt)" <<<"$output" &&
+  echo "ok   non-UTF-8 bytes counted, their file named" ||
   fail "non-UTF-8 text: $(tail -2 <<<"$output")"
 "$prepare" --input "$work/text" --out "$work/utf8_data" --separator % --tokenizer sentencepiece --vocab 320 2>&1 |
   grep -q "not UTF-8" && fail "a UTF-8 corpus (café, 日本) was said not to be"

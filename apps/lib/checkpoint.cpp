@@ -767,20 +767,4 @@ nn::ModelConfig config_for_checkpoint(const std::string& path, const nn::ModelCo
   return config;
 }
 
-void prune_checkpoints(const std::string& dir, int64_t keep, int64_t up_to_step) {
-  if (keep <= 0 || !std::filesystem::exists(dir)) return;
-  std::vector<std::pair<int64_t, std::filesystem::path>> found;
-  const std::regex pattern("step_([0-9]+)\\.h5");
-  for (const auto& entry : std::filesystem::directory_iterator(dir)) {
-    std::smatch match;
-    const std::string name = entry.path().filename().string();
-    if (std::regex_match(name, match, pattern) && std::stoll(match[1]) <= up_to_step) {
-      found.emplace_back(std::stoll(match[1]), entry.path());
-    }
-  }
-  std::sort(found.begin(), found.end());
-  for (size_t i = 0; i + static_cast<size_t>(keep) < found.size(); ++i)
-    std::filesystem::remove(found[i].second);
-}
-
 }  // namespace tt::app

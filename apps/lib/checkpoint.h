@@ -142,8 +142,4 @@ void write_initial_checkpoint(const std::string& path, const nn::ModelConfig& co
 // positions). Build the model from the result, then load_checkpoint.
 nn::ModelConfig config_for_checkpoint(const std::string& path, const nn::ModelConfig& run, bool resume);
 
-// Deletes all but the newest `keep` files named step_N.h5 with N <= up_to_step in `dir` (keep <= 0 keeps
-// everything).
-void prune_checkpoints(const std::string& dir, int64_t keep, int64_t up_to_step);
-
 }  // namespace tt::app

@@ -185,6 +185,7 @@ bool is_validation(int64_t document) {
 // cut after a line break (about kPieceBytes each; a piece is encoded on its own, so tokens never span a cut).
 struct Piece {
   int64_t document;
+  size_t file;  // its file's place in the list
   std::string text;
   bool last;  // ends its document: the end-of-text id follows
 };
@@ -295,7 +296,7 @@ class DocumentStream {
   }
   static bool is_space(char c) { return c == ' ' || c == '\t' || c == '\r' || c == '\n'; }
   void emit(size_t end, bool last) {
-    out_->push_back({index_, doc_.substr(begin_, end - begin_), last});
+    out_->push_back({index_, file_, doc_.substr(begin_, end - begin_), last});
     out_bytes_ += end - begin_;
     begin_ = end;
   }
@@ -645,10 +646,16 @@ PrepareStats prepare_text(const std::string& input, const std::string& out_dir, 
     Progress progress(report,
                       [&](double seconds) { return percent_line("encoded", encoded, input_bytes, seconds); });
     std::vector<Piece> pieces;
+    size_t last_invalid_file = files.size();
     while (stream.read(batch_bytes, pieces)) {
       for (const Piece& piece : pieces) {
         stats.text_bytes += static_cast<int64_t>(piece.text.size());
-        if (options.tokenizer == "sentencepiece") stats.invalid_utf8_bytes += invalid_utf8_bytes(piece.text);
+        const int64_t invalid = options.tokenizer == "sentencepiece" ? invalid_utf8_bytes(piece.text) : 0;
+        if (invalid > 0 && piece.file != last_invalid_file) {
+          if (stats.invalid_utf8_files++ == 0) stats.first_invalid_utf8_file = files[piece.file].string();
+          last_invalid_file = piece.file;
+        }
+        stats.invalid_utf8_bytes += invalid;
       }
       const auto start = std::chrono::steady_clock::now();
       const std::vector<EncodedUnit> units = encode_pieces(pieces, *tokenizer, stats.threads, encoded);

@@ -37,6 +37,8 @@ struct PrepareStats {
   // Bytes that are not UTF-8 (a Latin-1 file, say): SentencePiece reads text as Unicode and turns each into
   // U+FFFD, so they do not survive its tokens; the byte tokenizer keeps them. Counted for sentencepiece only.
   int64_t invalid_utf8_bytes = 0;
+  int64_t invalid_utf8_files = 0;       // the files that hold them
+  std::string first_invalid_utf8_file;  // the first of those
 };
 
 // Tokenises a text file or every regular file under a folder (sorted; *.dat, *.u8, *.bin and files with NUL

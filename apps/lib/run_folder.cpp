@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <sys/file.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -54,9 +55,17 @@ std::vector<std::pair<int64_t, std::string>> list_checkpoints(const std::string&
   return found;
 }
 
-std::string newest_loadable_checkpoint(const std::string& dir, bool weights_only) {
+namespace {
+// newest_loadable_checkpoint over one listing; `pruned` (when not null): set, and "" returned, when a listed
+// file is gone by the time it is checked.
+std::string newest_listed_checkpoint(const std::string& dir, bool weights_only, bool* pruned) {
   const auto found = list_checkpoints(dir);
   for (auto it = found.rbegin(); it != found.rend(); ++it) {
+    const CheckpointReadLock lock(it->second);  // not pruned while it is checked
+    if (!lock.held() && pruned != nullptr) {
+      *pruned = true;
+      return "";
+    }
     try {
       // Reading all of a large one takes minutes (the load reads it again): say so first.
       std::error_code size_error;
@@ -76,6 +85,17 @@ std::string newest_loadable_checkpoint(const std::string& dir, bool weights_only
     }
   }
   return "";
+}
+}  // namespace
+
+std::string newest_loadable_checkpoint(const std::string& dir, bool weights_only) {
+  // A run writing `dir` may prune a checkpoint between the listing and its check: then the listing is made
+  // again (a few times: a run that prunes at every step cannot hold it back for ever).
+  for (int listing = 1;; ++listing) {
+    bool pruned = false;
+    const std::string newest = newest_listed_checkpoint(dir, weights_only, listing < 5 ? &pruned : nullptr);
+    if (!pruned) return newest;
+  }
 }
 
 std::string resume_checkpoints_dir(const std::string& resume, const std::string& out) {
@@ -122,6 +142,25 @@ std::string checkpoint_or_newest(const std::string& given, const std::string& fl
                                 " loads (a run folder's checkpoints are step_N.h5)");
   std::fprintf(stderr, "checkpoint %s\n", newest.c_str());
   return newest;
+}
+
+void read_newest_checkpoint(const std::string& given, const std::function<void(const std::string&)>& read,
+                            const std::string& flag) {
+  // The choice is locked before it is read; it can only be pruned in the moment between the two.
+  for (int attempt = 1;; ++attempt) {
+    const std::string chosen = checkpoint_or_newest(given, flag);
+    const CheckpointReadLock lock(chosen);
+    if (lock.held()) {
+      read(chosen);
+      return;
+    }
+    std::error_code ec;
+    TT_CHECK(attempt < 10 && fs::is_directory(given, ec), chosen + " was removed before it could be read");
+    std::fprintf(stderr,
+                 "note: %s was pruned by the run writing %s before it could be read; taking the newest "
+                 "checkpoint again\n",
+                 chosen.c_str(), given.c_str());
+  }
 }
 
 RunFolder::RunFolder(const std::string& out) : out_(out) {
@@ -284,8 +323,34 @@ void RunFolder::commit(int64_t step, int64_t keep) {
   if (keep <= 0 || step < 0) return;
   const auto found = list_checkpoints(checkpoints_dir());
   for (size_t i = 0; i + static_cast<size_t>(keep) < found.size(); ++i) {
-    if (found[i].first < step) fs::remove(found[i].second);
+    if (found[i].first >= step) continue;
+    // Removed under an exclusive lock, which no reader's CheckpointReadLock may hold: a checkpoint that
+    // generate or export is reading is left for a later commit.
+    const int fd = ::open(found[i].second.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) continue;
+    std::error_code ec;
+    if (::flock(fd, LOCK_EX | LOCK_NB) == 0) fs::remove(found[i].second, ec);
+    ::close(fd);
   }
+}
+
+CheckpointReadLock::CheckpointReadLock(const std::string& path) {
+  fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd_ < 0) return;
+  // Blocks only while a prune holds its exclusive lock, which it takes without waiting.
+  struct stat opened {
+  }, named{};
+  const bool same = ::flock(fd_, LOCK_SH) == 0 && ::fstat(fd_, &opened) == 0 &&
+                    ::stat(path.c_str(), &named) == 0 && opened.st_dev == named.st_dev &&
+                    opened.st_ino == named.st_ino;
+  if (!same) {
+    ::close(fd_);
+    fd_ = -1;
+  }
+}
+
+CheckpointReadLock::~CheckpointReadLock() {
+  if (fd_ >= 0) ::close(fd_);
 }
 
 }  // namespace tt::app

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -36,6 +37,27 @@ std::string resolve_resume(const std::string& resume, const std::string& out, bo
 // Throws, naming `flag`, when a folder has none, or for a Hugging Face folder or weights file (naming
 // `import`).
 std::string checkpoint_or_newest(const std::string& given, const std::string& flag = "--checkpoint");
+
+// A shared lock (flock) on a checkpoint file while a process reads it, so that the run writing its folder
+// does not prune it meanwhile (RunFolder::commit leaves it for a later prune). held() is false when the file
+// was gone (or replaced) by the time it was locked. Released when the process ends, however it ends.
+class CheckpointReadLock {
+ public:
+  explicit CheckpointReadLock(const std::string& path);
+  ~CheckpointReadLock();
+  CheckpointReadLock(const CheckpointReadLock&) = delete;
+  CheckpointReadLock& operator=(const CheckpointReadLock&) = delete;
+  bool held() const { return fd_ >= 0; }
+
+ private:
+  int fd_ = -1;
+};
+
+// Runs `read` on checkpoint_or_newest(given)'s choice, holding a CheckpointReadLock on it, so that the run
+// still writing a run folder does not prune it while it is read; when it was pruned between the choice and
+// the lock, the choice is made again (with a note on stderr).
+void read_newest_checkpoint(const std::string& given, const std::function<void(const std::string&)>& read,
+                            const std::string& flag = "--checkpoint");
 
 class RunFolder {
  public:

@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# generate and export read a run folder while its run is still writing it, pruning at every step
+# (--ckpt-every 1 --keep-ckpts 1): the newest checkpoint they pick may be deleted before or while they read
+# it: they hold a shared lock on it while they read it, which the pruning leaves alone, and take the newest
+# again when it went before they locked it.
+# Usage: live_run_reads.sh PATH/TO/train PATH/TO/prepare_data PATH/TO/generate PATH/TO/export
+set -uo pipefail
+train=$1 prepare=$2 generate=$3 export=$4
+work=$(mktemp -d)
+trap 'kill "$pid" 2>/dev/null; wait 2>/dev/null; rm -rf "$work"' EXIT
+failures=0
+fail() { echo "FAIL $*"; failures=$((failures + 1)); }
+
+mkdir -p "$work/text"
+for i in $(seq 1 300); do echo "Line $i of a small corpus: a wizard's job is to vex chumps quickly in fog."; echo "%"; done >"$work/text/a.txt"
+"$prepare" --input "$work/text" --out "$work/data" --separator % >/dev/null || { echo "FAIL prepare_data"; exit 1; }
+
+"$train" --data "$work/data" --out "$work/run" --preset tiny --ctx 16 --batch 2 --steps 100000 --ckpt-every 1 \
+  --keep-ckpts 1 --eval-every 0 --log-every 1000 --sample-tokens 0 --device cpu >"$work/train.log" 2>&1 &
+pid=$!
+for _ in $(seq 1 100); do [ -n "$(ls "$work/run/checkpoints/" 2>/dev/null)" ] && break; sleep 0.1; done
+
+reads=0 retried=0
+for i in $(seq 1 12); do
+  kill -0 "$pid" 2>/dev/null || { fail "the run ended early:"; tail -3 "$work/train.log"; break; }
+  "$generate" --checkpoint "$work/run" --prompt "Line" --max-tokens 4 >"$work/gen.log" 2>&1 ||
+    { fail "generate on the live run:"; tail -2 "$work/gen.log"; }
+  "$export" --checkpoint "$work/run" --out "$work/hf" --overwrite >"$work/export.log" 2>&1 ||
+    { fail "export of the live run:"; tail -2 "$work/export.log"; }
+  reads=$((reads + 2))
+  retried=$((retried + $(cat "$work/gen.log" "$work/export.log" | grep -c "before it could be read; taking")))
+done
+kill -USR1 "$pid" 2>/dev/null
+wait "$pid"
+echo "ok   $reads reads of a live run folder; $retried took the newest checkpoint again"
+[ "$failures" -eq 0 ] || { echo "$failures failures"; exit 1; }
