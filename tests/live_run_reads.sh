@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# generate and export read a run folder while its run is still writing it, pruning at every step
-# (--ckpt-every 1 --keep-ckpts 1): the newest checkpoint they pick may be deleted before or while they read
-# it: they hold a shared lock on it while they read it, which the pruning leaves alone, and take the newest
-# again when it went before they locked it.
+# generate, export and train --init-from read a run folder while its run is still writing it, pruning at
+# every step (--ckpt-every 1 --keep-ckpts 1): the newest checkpoint they pick could be deleted before or
+# while they read it. They hold a shared lock on it while they read it, which the pruning leaves alone, and
+# take the newest again when it went before they locked it.
 # Usage: live_run_reads.sh PATH/TO/train PATH/TO/prepare_data PATH/TO/generate PATH/TO/export
 set -uo pipefail
 train=$1 prepare=$2 generate=$3 export=$4
@@ -27,6 +27,12 @@ for i in $(seq 1 12); do
     { fail "generate on the live run:"; tail -2 "$work/gen.log"; }
   "$export" --checkpoint "$work/run" --out "$work/hf" --overwrite >"$work/export.log" 2>&1 ||
     { fail "export of the live run:"; tail -2 "$work/export.log"; }
+  if [ $((i % 4)) -eq 0 ]; then
+    "$train" --data "$work/data" --init-from "$work/run" --out "$work/fork$i" --preset tiny --ctx 16 --batch 2 \
+      --steps 1 --eval-every 0 --sample-tokens 0 --device cpu >"$work/fork.log" 2>&1 ||
+      { fail "train --init-from the live run:"; tail -2 "$work/fork.log"; }
+    reads=$((reads + 1))
+  fi
   reads=$((reads + 2))
   retried=$((retried + $(cat "$work/gen.log" "$work/export.log" | grep -c "before it could be read; taking")))
 done

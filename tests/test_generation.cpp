@@ -581,6 +581,29 @@ TEST_CASE("prepare_text streams the text: the token files do not depend on how m
   }
 }
 
+// Below the sample's size SentencePiece learns from the documents whole, though they are read in pieces: a
+// line of 1.1 MB of three-byte characters, cut into pieces at 1 MiB, gives the model trained on the text
+// directly.
+TEST_CASE("prepare_text trains SentencePiece on whole documents") {
+  const std::string dir = temp_dir("whole_docs");
+  std::string first = "a short document\nof two lines\n", long_line;
+  CounterRng rng{11, 0};
+  for (int i = 0; i < 380000; ++i) {
+    const uint32_t c = 0x4E00 + static_cast<uint32_t>(rng.next_below(40));  // CJK: three bytes each
+    long_line += {static_cast<char>(0xE0 | (c >> 12)), static_cast<char>(0x80 | ((c >> 6) & 0x3F)),
+                  static_cast<char>(0x80 | (c & 0x3F))};
+  }
+  const std::string second = long_line + "\n";
+  write_file(dir + "/corpus.txt", first + "%\n" + second + "%\n");
+  app::PrepareOptions options;
+  options.tokenizer = "sentencepiece";
+  options.vocab_size = 500;
+  options.threads = 1;
+  app::prepare_text(dir + "/corpus.txt", dir + "/data", "%", options);
+  const std::unique_ptr<app::Tokenizer> direct = app::train_sentencepiece({first, second}, 500, 1);
+  CHECK(read_file(dir + "/data/tokenizer.model") == direct->model_bytes());
+}
+
 // Above the sample's size, SentencePiece learns from lines spread over the training documents, about that
 // many bytes of them.
 TEST_CASE("prepare_text trains SentencePiece on a sample of a large input") {

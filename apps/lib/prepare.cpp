@@ -191,6 +191,9 @@ struct Piece {
 };
 constexpr size_t kPieceBytes = size_t{1} << 20;
 constexpr size_t kReadBytes = size_t{1} << 20;  // read from a file at once
+// What a piece holds beside its text, counted against a batch's bytes: a batch of many tiny documents
+// holds fewer of them.
+constexpr size_t kPieceOverhead = sizeof(Piece) + 32;
 
 // The input's documents in order, as pieces, read a block at a time: what it holds is the current
 // document's text not yet handed out (at most about a piece), never a whole file. Documents of nothing but
@@ -201,8 +204,8 @@ class DocumentStream {
   // `block_bytes`: how much of a file is read at once.
   DocumentStream(const std::vector<fs::path>& files, std::string separator, size_t block_bytes)
       : files_(files), separator_(std::move(separator)), block_(std::max<size_t>(block_bytes, 1)) {}
-  // Appends pieces to `out` until it holds `bytes` of text more, or the input ends; false once nothing
-  // is left.
+  // Appends pieces to `out` until they hold `bytes` more (their text and kPieceOverhead each), or the
+  // input ends; false once nothing is left.
   bool read(size_t bytes, std::vector<Piece>& out) {
     const size_t before = out.size();
     out_ = &out;
@@ -297,7 +300,7 @@ class DocumentStream {
   static bool is_space(char c) { return c == ' ' || c == '\t' || c == '\r' || c == '\n'; }
   void emit(size_t end, bool last) {
     out_->push_back({index_, file_, doc_.substr(begin_, end - begin_), last});
-    out_bytes_ += end - begin_;
+    out_bytes_ += end - begin_ + kPieceOverhead;
     begin_ = end;
   }
 
@@ -411,15 +414,17 @@ std::vector<EncodedUnit> encode_pieces(const std::vector<Piece>& pieces, const T
 }
 
 // What SentencePiece learns from: the lines of the training documents (of all of them when there are
-// fewer than ten), every line while the input is at most `budget` bytes, else lines spread evenly
-// over it, about that many bytes. Each string holds whole lines of one piece.
+// fewer than ten), every line while the input is at most `budget` bytes, else lines spread evenly over it,
+// about that many bytes. Each string holds whole lines: a whole document when nothing is left out (the
+// trainer cuts long lines at character boundaries, so a line cut between pieces would be cut elsewhere).
 std::vector<std::string> tokenizer_sample(const std::vector<fs::path>& files, const std::string& separator,
                                           uintmax_t input_bytes, size_t budget, bool report,
                                           int64_t& documents) {
   const double keep =
       std::min(1.0, static_cast<double>(budget) / static_cast<double>(std::max<uintmax_t>(input_bytes, 1)));
   double allowance = 0;  // bytes the sample may still take: a line is kept once it fits
-  std::vector<std::pair<int64_t, std::string>> chunks;  // document, its kept lines of one piece
+  std::vector<std::pair<int64_t, std::string>> chunks;  // document, kept lines
+  std::string line;                                     // a line that goes on in the next piece
   DocumentStream stream(files, separator, kReadBytes);
   Progress progress(report, [&](double seconds) {
     return percent_line("read", stream.bytes_read(), input_bytes, seconds);
@@ -428,20 +433,26 @@ std::vector<std::string> tokenizer_sample(const std::vector<fs::path>& files, co
   while (stream.read(kReadBytes, pieces)) {
     for (Piece& piece : pieces) {
       if (keep >= 1.0) {
-        chunks.emplace_back(piece.document, std::move(piece.text));
+        if (!chunks.empty() && chunks.back().first == piece.document)
+          chunks.back().second += piece.text;
+        else
+          chunks.emplace_back(piece.document, std::move(piece.text));
         continue;
       }
       std::string kept;
       for (size_t at = 0; at < piece.text.size();) {
         const size_t newline = piece.text.find('\n', at);
         const size_t end = newline == std::string::npos ? piece.text.size() : newline + 1;
-        const double length = static_cast<double>(end - at);
+        line.append(piece.text, at, end - at);
+        at = end;
+        if (newline == std::string::npos && !piece.last) break;  // the line goes on in the next piece
+        const double length = static_cast<double>(line.size());
         allowance += keep * length;
         if (allowance >= length) {
-          kept.append(piece.text, at, end - at);
+          kept += line;
           allowance -= length;
         }
-        at = end;
+        line.clear();
       }
       if (!kept.empty()) chunks.emplace_back(piece.document, std::move(kept));
     }
@@ -550,9 +561,11 @@ void prepare_out_folder(const std::string& out_dir) {
 // Room in --out for the whole dataset, judged from the first batch (tokens per byte of input) before
 // anything is written; the new files go beside the old ones, which are replaced only at the end.
 void check_room(const std::string& out_dir, double tokens_per_input_byte, uintmax_t input_bytes,
-                size_t model_bytes) {
-  const double needed = tokens_per_input_byte * static_cast<double>(input_bytes) * 2.0 +
-                        static_cast<double>(model_bytes) + 65536.0;
+                size_t model_bytes, bool tail_split) {
+  // A validation split cut from the tail is copied before train.bin is shortened: 20% more for a while.
+  const double needed =
+      tokens_per_input_byte * static_cast<double>(input_bytes) * 2.0 * (tail_split ? 1.2 : 1.0) +
+      static_cast<double>(model_bytes) + 65536.0;
   std::error_code space_error;
   const fs::space_info space = fs::space(out_dir, space_error);
   TT_CHECK(space_error || static_cast<double>(space.available) >= needed,
@@ -583,10 +596,12 @@ int64_t split_tail(DatasetWriter& writer, const Tokenizer& tokenizer, int64_t tr
   };
   const int64_t fallback = train_tokens - std::max<int64_t>(1, train_tokens / 10);
   const int64_t earliest = train_tokens - train_tokens / 5;
-  // The latest cut in [earliest, fallback] whose token before ends a line: blocks from the end backwards.
+  // The latest cut in [earliest, fallback] (cuts above 0) whose token before ends a line: blocks from the
+  // end backwards.
   int64_t cut = fallback;
   cut_at_line_break = false;
-  const int64_t lowest = std::max<int64_t>(earliest, 1) - 1;  // the tokens before those cuts
+  // The tokens before those cuts; fallback alone when it is below earliest (a few tokens).
+  const int64_t lowest = std::max<int64_t>(0, std::min(fallback, std::max<int64_t>(earliest, 1)) - 1);
   for (int64_t high = fallback; high > lowest && !cut_at_line_break;) {
     const int64_t low = std::max(lowest, high - kBlock);
     read_tokens(low, high - low);  // tokens low .. high-1
@@ -665,7 +680,7 @@ PrepareStats prepare_text(const std::string& input, const std::string& out_dir, 
         size_t tokens = 0;
         for (const EncodedUnit& unit : units) tokens += unit.train.size() + unit.val.size();
         check_room(out_dir, static_cast<double>(tokens) / static_cast<double>(stream.bytes_read()),
-                   input_bytes, model.size());
+                   input_bytes, model.size(), /*tail_split=*/stream.documents() < 10);
       }
       for (const EncodedUnit& unit : units) {
         writer.write("train.bin", reinterpret_cast<const char*>(unit.train.data()), unit.train.size() * 2);

@@ -1,7 +1,8 @@
 // prepare_data's step: text files -> DIR/train.bin and DIR/val.bin (uint16 tokens), DIR/meta.json and, with
 // SentencePiece, DIR/tokenizer.model. The text streams through in batches, so memory does not grow with the
 // input: about four times options.batch_bytes for encoding, plus at most options.tokenizer_sample_bytes of
-// text (and SentencePiece's own copy of it) while a tokenizer is trained.
+// text (and SentencePiece's own copy of it) while a tokenizer is trained. (A document's leading blank lines
+// are held until its first other character: they belong to it only if one comes.)
 #pragma once
 
 #include <cstddef>

@@ -559,6 +559,14 @@ class TrainingRun {
     }
     const std::string start = resume_.empty() ? init_from_ : resume_;
     if (!start.empty()) {
+      // Another run still writing the folder the start point comes from leaves it alone until it is loaded.
+      check_on_every_rank(runtime_, [&] {
+        if (!root_) return;
+        start_lock_ = std::make_unique<CheckpointReadLock>(start);
+        TT_CHECK(start_lock_->held(), start +
+                                          " was pruned by the run writing its folder before it could be " +
+                                          "read; run the same command again");
+      });
       check_on_every_rank(runtime_, [&] {
         // Under mpirun rank 0 opens the start point first: a file that does not fit ends every rank with
         // rank 0's one line, rather than each rank failing on it with its own.
@@ -702,6 +710,7 @@ class TrainingRun {
       announce_load(init_from_);
       load_checkpoint_weights(init_from_, *params_, &step_->optimizer_state(), step_->shared_read());
       if (step_->shared_read()) empty_cache(device_);
+      start_lock_.reset();
     }
     state_.rng_seed = sampler_->rng().seed;
     state_.args = recorded_args();
@@ -713,6 +722,7 @@ class TrainingRun {
       const double t0 = now_seconds();
       load_checkpoint(resume_, *params_, &step_->optimizer_state(), &state_, step_->shared_read());
       synchronize(device_);  // the last broadcasts included
+      start_lock_.reset();   // before this run's own pruning, which would leave a locked file
       const double load_s = now_seconds() - t0;
       if (step_->shared_read()) empty_cache(device_);
       const std::string written_by = state_.args;
@@ -1171,6 +1181,7 @@ class TrainingRun {
   int64_t keep_ckpts_ = flags_.integer("keep-ckpts");  // the resumed run's when not given
   std::unique_ptr<RunFolder> folder_;
   std::string resume_, init_from_, last_checkpoint_;
+  std::unique_ptr<CheckpointReadLock> start_lock_;  // rank 0, on the start point until it is loaded
   int64_t last_checkpoint_step_ = 0;
   // Declared before the step, which is destroyed first (it detaches itself from the model).
   std::unique_ptr<nn::TransformerLM> model_;
