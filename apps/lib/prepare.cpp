@@ -445,7 +445,9 @@ std::vector<std::string> tokenizer_sample(const std::vector<fs::path>& files, co
         const size_t end = newline == std::string::npos ? piece.text.size() : newline + 1;
         line.append(piece.text, at, end - at);
         at = end;
-        if (newline == std::string::npos && !piece.last) break;  // the line goes on in the next piece
+        // The line goes on in the next piece: joined, up to a few pieces (a file of one line must not fill
+        // memory; the trainer cuts such lines anyway).
+        if (newline == std::string::npos && !piece.last && line.size() < 4 * kPieceBytes) break;
         const double length = static_cast<double>(line.size());
         allowance += keep * length;
         if (allowance >= length) {

@@ -144,23 +144,26 @@ std::string checkpoint_or_newest(const std::string& given, const std::string& fl
   return newest;
 }
 
-void read_newest_checkpoint(const std::string& given, const std::function<void(const std::string&)>& read,
-                            const std::string& flag) {
-  // The choice is locked before it is read; it can only be pruned in the moment between the two.
+LockedCheckpoint lock_newest_checkpoint(const std::string& given, const std::string& flag) {
+  // The choice can only be pruned in the moment between it and the lock.
   for (int attempt = 1;; ++attempt) {
-    const std::string chosen = checkpoint_or_newest(given, flag);
-    const CheckpointReadLock lock(chosen);
-    if (lock.held()) {
-      read(chosen);
-      return;
-    }
+    LockedCheckpoint chosen{checkpoint_or_newest(given, flag), nullptr};
+    chosen.lock = std::make_unique<CheckpointReadLock>(chosen.path);
+    if (chosen.lock->held()) return chosen;
     std::error_code ec;
-    TT_CHECK(attempt < 10 && fs::is_directory(given, ec), chosen + " was removed before it could be read");
+    TT_CHECK(attempt < 10 && fs::is_directory(given, ec),
+             chosen.path + " was removed (or cannot be read) before it could be read");
     std::fprintf(stderr,
                  "note: %s was pruned by the run writing %s before it could be read; taking the newest "
                  "checkpoint again\n",
-                 chosen.c_str(), given.c_str());
+                 chosen.path.c_str(), given.c_str());
   }
+}
+
+void read_newest_checkpoint(const std::string& given, const std::function<void(const std::string&)>& read,
+                            const std::string& flag) {
+  const LockedCheckpoint chosen = lock_newest_checkpoint(given, flag);
+  read(chosen.path);
 }
 
 RunFolder::RunFolder(const std::string& out) : out_(out) {
@@ -305,6 +308,23 @@ void RunFolder::append_metrics(const std::string& line) {
   ::close(fd);
 }
 
+namespace {
+// Removes a checkpoint unless a reader holds a CheckpointReadLock on it (then it waits for a later commit):
+// the exclusive lock is taken without waiting. Where the file system has no such locks, or the file cannot
+// be opened for writing (NFS grants exclusive locks to writers only), it is removed as before.
+void remove_unless_read(const std::string& path) {
+  std::error_code ec;
+  const int fd = ::open(path.c_str(), O_RDWR | O_CLOEXEC);
+  if (fd >= 0) {
+    const bool being_read = ::flock(fd, LOCK_EX | LOCK_NB) != 0 && errno == EWOULDBLOCK;
+    if (!being_read) fs::remove(path, ec);
+    ::close(fd);
+    return;
+  }
+  fs::remove(path, ec);
+}
+}  // namespace
+
 void RunFolder::commit(int64_t step, int64_t keep) {
   if (!committed_) {
     std::string text;
@@ -312,10 +332,9 @@ void RunFolder::commit(int64_t step, int64_t keep) {
     for (const std::string& l : pending_metrics_) text += l + "\n";
     write_file_atomically(metrics_path(), text);
     pending_metrics_.clear();
-    std::error_code ec;
     const std::string newest = step >= 0 ? checkpoint_path(step) : "";
     for (const std::string& path : replaced_checkpoints_) {
-      if (path != newest) fs::remove(path, ec);
+      if (path != newest) remove_unless_read(path);
     }
     replaced_checkpoints_.clear();
     committed_ = true;
@@ -323,26 +342,21 @@ void RunFolder::commit(int64_t step, int64_t keep) {
   if (keep <= 0 || step < 0) return;
   const auto found = list_checkpoints(checkpoints_dir());
   for (size_t i = 0; i + static_cast<size_t>(keep) < found.size(); ++i) {
-    if (found[i].first >= step) continue;
-    // Removed under an exclusive lock, which no reader's CheckpointReadLock may hold: a checkpoint that
-    // generate or export is reading is left for a later commit.
-    const int fd = ::open(found[i].second.c_str(), O_RDONLY | O_CLOEXEC);
-    if (fd < 0) continue;
-    std::error_code ec;
-    if (::flock(fd, LOCK_EX | LOCK_NB) == 0) fs::remove(found[i].second, ec);
-    ::close(fd);
+    if (found[i].first < step) remove_unless_read(found[i].second);
   }
 }
 
 CheckpointReadLock::CheckpointReadLock(const std::string& path) {
   fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd_ < 0) return;
-  // Blocks only while a prune holds its exclusive lock, which it takes without waiting.
+  // Blocks only while a prune holds its exclusive lock, which it takes without waiting. A file system
+  // without such locks reads unprotected, as before.
+  while (::flock(fd_, LOCK_SH) != 0 && errno == EINTR) {
+  }
   struct stat opened {
   }, named{};
-  const bool same = ::flock(fd_, LOCK_SH) == 0 && ::fstat(fd_, &opened) == 0 &&
-                    ::stat(path.c_str(), &named) == 0 && opened.st_dev == named.st_dev &&
-                    opened.st_ino == named.st_ino;
+  const bool same = ::fstat(fd_, &opened) == 0 && ::stat(path.c_str(), &named) == 0 &&
+                    opened.st_dev == named.st_dev && opened.st_ino == named.st_ino;
   if (!same) {
     ::close(fd_);
     fd_ = -1;

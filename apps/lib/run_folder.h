@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
@@ -40,7 +41,8 @@ std::string checkpoint_or_newest(const std::string& given, const std::string& fl
 
 // A shared lock (flock) on a checkpoint file while a process reads it, so that the run writing its folder
 // does not prune it meanwhile (RunFolder::commit leaves it for a later prune). held() is false when the file
-// was gone (or replaced) by the time it was locked. Released when the process ends, however it ends.
+// was gone, replaced or unreadable by the time it was locked. On a file system without flock the file is
+// read unprotected, as before. Released when the process ends, however it ends.
 class CheckpointReadLock {
  public:
   explicit CheckpointReadLock(const std::string& path);
@@ -53,9 +55,14 @@ class CheckpointReadLock {
   int fd_ = -1;
 };
 
-// Runs `read` on checkpoint_or_newest(given)'s choice, holding a CheckpointReadLock on it, so that the run
-// still writing a run folder does not prune it while it is read; when it was pruned between the choice and
-// the lock, the choice is made again (with a note on stderr).
+// checkpoint_or_newest(given)'s choice with a CheckpointReadLock held on it; when the run writing a run
+// folder pruned the choice before it could be locked, the choice is made again (with a note on stderr).
+struct LockedCheckpoint {
+  std::string path;
+  std::unique_ptr<CheckpointReadLock> lock;
+};
+LockedCheckpoint lock_newest_checkpoint(const std::string& given, const std::string& flag = "--checkpoint");
+// Runs `read` on lock_newest_checkpoint(given)'s choice while it holds the lock.
 void read_newest_checkpoint(const std::string& given, const std::function<void(const std::string&)>& read,
                             const std::string& flag = "--checkpoint");
 

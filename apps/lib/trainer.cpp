@@ -553,7 +553,10 @@ class TrainingRun {
     if (resume_.empty() && !flags_.str("init-from").empty()) {
       // A run folder means its newest checkpoint, as for --resume: rank 0 looks, the others take its answer.
       check_on_every_rank(runtime_, [&] {
-        if (root_) init_from_ = checkpoint_or_newest(flags_.str("init-from"), "--init-from");
+        if (!root_) return;
+        LockedCheckpoint chosen = lock_newest_checkpoint(flags_.str("init-from"), "--init-from");
+        init_from_ = chosen.path;
+        start_lock_ = std::move(chosen.lock);
       });
       init_from_ = rank0_string(init_from_, runtime_);
     }
@@ -561,11 +564,9 @@ class TrainingRun {
     if (!start.empty()) {
       // Another run still writing the folder the start point comes from leaves it alone until it is loaded.
       check_on_every_rank(runtime_, [&] {
-        if (!root_) return;
+        if (!root_ || start_lock_) return;
         start_lock_ = std::make_unique<CheckpointReadLock>(start);
-        TT_CHECK(start_lock_->held(), start +
-                                          " was pruned by the run writing its folder before it could be " +
-                                          "read; run the same command again");
+        TT_CHECK(start_lock_->held(), start + " was removed (or cannot be read) before it could be read");
       });
       check_on_every_rank(runtime_, [&] {
         // Under mpirun rank 0 opens the start point first: a file that does not fit ends every rank with
@@ -710,6 +711,7 @@ class TrainingRun {
       announce_load(init_from_);
       load_checkpoint_weights(init_from_, *params_, &step_->optimizer_state(), step_->shared_read());
       if (step_->shared_read()) empty_cache(device_);
+      if (plan_.world > 1) dist::barrier();  // every rank done with the file
       start_lock_.reset();
     }
     state_.rng_seed = sampler_->rng().seed;
@@ -721,8 +723,9 @@ class TrainingRun {
       announce_load(resume_);
       const double t0 = now_seconds();
       load_checkpoint(resume_, *params_, &step_->optimizer_state(), &state_, step_->shared_read());
-      synchronize(device_);  // the last broadcasts included
-      start_lock_.reset();   // before this run's own pruning, which would leave a locked file
+      synchronize(device_);                  // the last broadcasts included
+      if (plan_.world > 1) dist::barrier();  // every rank done with the file
+      start_lock_.reset();                   // before this run's own pruning, which would leave a locked file
       const double load_s = now_seconds() - t0;
       if (step_->shared_read()) empty_cache(device_);
       const std::string written_by = state_.args;
