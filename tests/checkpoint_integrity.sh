@@ -42,7 +42,7 @@ expect_ok() {
 mkdir -p "$work/text"
 for i in $(seq 1 300); do echo "Line $i of a small corpus: the quick brown fox jumps over the lazy dog."; echo "%"; done >"$work/text/a.txt"
 "$prepare" --input "$work/text" --out "$work/data" --separator % >/dev/null || { echo "FAIL prepare_data"; exit 1; }
-common=(--data "$work/data" --ctx 16 --batch 2 --eval-batches 1 --sample-tokens 0 --log-every 100)
+common=(--data "$work/data" --ctx 16 --batch 2 --eval-batches 1 --sample-tokens 0 --log-every 100 --device cpu)
 eval_only=(--eval-only --data "$work/data" --ctx 16 --batch 2 --eval-batches 2)
 
 expect_ok "train 4 steps" "$train" "${common[@]}" --out "$work/run" --steps 4 --ckpt-every 2

@@ -39,7 +39,7 @@ loads() {
 mkdir -p "$work/text"
 for i in $(seq 1 400); do echo "Line $i of a small corpus: the quick brown fox jumps over the lazy dog."; echo "%"; done >"$work/text/a.txt"
 "$prepare" --input "$work/text" --out "$work/data" --separator % >/dev/null || { echo "FAIL prepare_data"; exit 1; }
-common=(--data "$work/data" --ctx 16 --batch 2 --eval-batches 1 --sample-tokens 0 --log-every 1 --eval-every 0)
+common=(--data "$work/data" --ctx 16 --batch 2 --eval-batches 1 --sample-tokens 0 --log-every 1 --eval-every 0 --device cpu)
 losses() { grep -o '"step": [0-9]*, "loss": [^,]*' "$1"; }
 
 # 1. Divergence: stopped before the update; the checkpoint named as last good is there and loads; pruning
