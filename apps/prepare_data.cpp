@@ -81,8 +81,7 @@ int main(int argc, char** argv) {
     if (s.invalid_utf8_bytes > 0)
       std::printf(
           "note: %lld bytes of the text are not UTF-8 (%s); SentencePiece reads them as U+FFFD, so they do "
-          "not "
-          "come back from its tokens (convert the text to UTF-8, or use the byte tokenizer)\n",
+          "not come back from its tokens (convert the text to UTF-8, or use the byte tokenizer)\n",
           static_cast<long long>(s.invalid_utf8_bytes),
           (s.invalid_utf8_files == 1 ? "in " + s.first_invalid_utf8_file
                                      : "in " + std::to_string(s.invalid_utf8_files) + " files, the first " +

@@ -56,15 +56,16 @@ std::vector<std::pair<int64_t, std::string>> list_checkpoints(const std::string&
 }
 
 namespace {
-// newest_loadable_checkpoint over one listing; `pruned` (when not null): set, and "" returned, when a listed
-// file is gone by the time it is checked.
-std::string newest_listed_checkpoint(const std::string& dir, bool weights_only, bool* pruned) {
+// The newest checkpoint of one listing that verifies, still locked from its check; none (an empty path) when
+// none does. `pruned` (when not null): set, with none returned, when a listed file is gone by the time it is
+// checked.
+LockedCheckpoint newest_listed_checkpoint(const std::string& dir, bool weights_only, bool* pruned) {
   const auto found = list_checkpoints(dir);
   for (auto it = found.rbegin(); it != found.rend(); ++it) {
-    const CheckpointReadLock lock(it->second);  // not pruned while it is checked
-    if (!lock.held() && pruned != nullptr) {
+    auto lock = std::make_unique<CheckpointReadLock>(it->second);  // not pruned while it is checked
+    if (!lock->held() && pruned != nullptr) {
       *pruned = true;
-      return "";
+      return {};
     }
     try {
       // Reading all of a large one takes minutes (the load reads it again): say so first.
@@ -77,25 +78,29 @@ std::string newest_listed_checkpoint(const std::string& dir, bool weights_only, 
       }
       // A file renamed by hand would be taken for newer than it is again and again.
       const int64_t held = verify_checkpoint(it->second, weights_only);
-      if (held == it->first) return it->second;
+      if (held == it->first) return {it->second, std::move(lock)};
       std::fprintf(stderr, "note: skipping %s: it holds step %lld, not %lld\n", it->second.c_str(),
                    static_cast<long long>(held), static_cast<long long>(it->first));
     } catch (const Error& e) {
       std::fprintf(stderr, "note: skipping %s: %s\n", it->second.c_str(), e.what());
     }
   }
-  return "";
+  return {};
 }
-}  // namespace
 
-std::string newest_loadable_checkpoint(const std::string& dir, bool weights_only) {
+LockedCheckpoint newest_locked_checkpoint(const std::string& dir, bool weights_only) {
   // A run writing `dir` may prune a checkpoint between the listing and its check: then the listing is made
   // again (a few times: a run that prunes at every step cannot hold it back for ever).
   for (int listing = 1;; ++listing) {
     bool pruned = false;
-    const std::string newest = newest_listed_checkpoint(dir, weights_only, listing < 5 ? &pruned : nullptr);
+    LockedCheckpoint newest = newest_listed_checkpoint(dir, weights_only, listing < 5 ? &pruned : nullptr);
     if (!pruned) return newest;
   }
+}
+}  // namespace
+
+std::string newest_loadable_checkpoint(const std::string& dir, bool weights_only) {
+  return newest_locked_checkpoint(dir, weights_only).path;
 }
 
 std::string resume_checkpoints_dir(const std::string& resume, const std::string& out) {
@@ -118,7 +123,7 @@ std::string resolve_resume(const std::string& resume, const std::string& out, bo
   return newest;
 }
 
-std::string checkpoint_or_newest(const std::string& given, const std::string& flag) {
+LockedCheckpoint lock_newest_checkpoint(const std::string& given, const std::string& flag) {
   // A Hugging Face folder, or its weights file, is what `import` reads, not a checkpoint: a folder with
   // config.json and safetensors weights but no checkpoints, or a .safetensors file that is not HDF5.
   const fs::path hf_folder = fs::is_directory(given) ? fs::path(given) : fs::path(given).parent_path();
@@ -134,30 +139,14 @@ std::string checkpoint_or_newest(const std::string& given, const std::string& fl
                             (hf_folder.empty() ? std::string(".") : hf_folder.string()) + " --out MODEL.h5");
   if (!fs::is_directory(given)) {
     TT_CHECK(fs::exists(given), flag + " " + given + " does not exist");
-    return given;
+    return {given, std::make_unique<CheckpointReadLock>(given)};
   }
   const std::string dir = fs::is_directory(given + "/checkpoints") ? given + "/checkpoints" : given;
-  const std::string newest = newest_loadable_checkpoint(dir, /*weights_only=*/true);
-  TT_CHECK(!newest.empty(), flag + " " + given + ": no checkpoint in " + dir +
-                                " loads (a run folder's checkpoints are step_N.h5)");
-  std::fprintf(stderr, "checkpoint %s\n", newest.c_str());
+  LockedCheckpoint newest = newest_locked_checkpoint(dir, /*weights_only=*/true);
+  TT_CHECK(!newest.path.empty(), flag + " " + given + ": no checkpoint in " + dir +
+                                     " loads (a run folder's checkpoints are step_N.h5)");
+  std::fprintf(stderr, "checkpoint %s\n", newest.path.c_str());
   return newest;
-}
-
-LockedCheckpoint lock_newest_checkpoint(const std::string& given, const std::string& flag) {
-  // The choice can only be pruned in the moment between it and the lock.
-  for (int attempt = 1;; ++attempt) {
-    LockedCheckpoint chosen{checkpoint_or_newest(given, flag), nullptr};
-    chosen.lock = std::make_unique<CheckpointReadLock>(chosen.path);
-    if (chosen.lock->held()) return chosen;
-    std::error_code ec;
-    TT_CHECK(attempt < 10 && fs::is_directory(given, ec),
-             chosen.path + " was removed (or cannot be read) before it could be read");
-    std::fprintf(stderr,
-                 "note: %s was pruned by the run writing %s before it could be read; taking the newest "
-                 "checkpoint again\n",
-                 chosen.path.c_str(), given.c_str());
-  }
 }
 
 void read_newest_checkpoint(const std::string& given, const std::function<void(const std::string&)>& read,

@@ -33,12 +33,6 @@ std::string resume_checkpoints_dir(const std::string& resume, const std::string&
 // first start of a job that always passes --resume latest); a folder without one is an error.
 std::string resolve_resume(const std::string& resume, const std::string& out, bool weights_only = false);
 
-// What --checkpoint names in generate and export (and train's --init-from): a checkpoint file as given, or
-// for a run folder (or its checkpoints/ folder) the newest checkpoint whose weights load (said on stderr).
-// Throws, naming `flag`, when a folder has none, or for a Hugging Face folder or weights file (naming
-// `import`).
-std::string checkpoint_or_newest(const std::string& given, const std::string& flag = "--checkpoint");
-
 // A shared lock (flock) on a checkpoint file while a process reads it, so that the run writing its folder
 // does not prune it meanwhile (RunFolder::commit leaves it for a later prune). held() is false when the file
 // was gone, replaced or unreadable by the time it was locked. On a file system without flock the file is
@@ -55,12 +49,15 @@ class CheckpointReadLock {
   int fd_ = -1;
 };
 
-// checkpoint_or_newest(given)'s choice with a CheckpointReadLock held on it; when the run writing a run
-// folder pruned the choice before it could be locked, the choice is made again (with a note on stderr).
 struct LockedCheckpoint {
   std::string path;
-  std::unique_ptr<CheckpointReadLock> lock;
+  std::unique_ptr<CheckpointReadLock> lock;  // held() false: the file is read unprotected
 };
+// What --checkpoint names in generate and export (and train's --init-from): a checkpoint file as given, or
+// for a run folder (or its checkpoints/ folder) the newest checkpoint whose weights load (said on stderr),
+// with a CheckpointReadLock held on it from its check on, so that the run writing the folder does not prune
+// it while it is read. Throws, naming `flag`, when a folder has none, or for a Hugging Face folder or weights
+// file (naming `import`).
 LockedCheckpoint lock_newest_checkpoint(const std::string& given, const std::string& flag = "--checkpoint");
 // Runs `read` on lock_newest_checkpoint(given)'s choice while it holds the lock.
 void read_newest_checkpoint(const std::string& given, const std::function<void(const std::string&)>& read,
