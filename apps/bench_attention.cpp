@@ -134,6 +134,8 @@ int main(int argc, char** argv) {
     declare_device_flag(flags);
     flags.add("json", "", "also write one JSON object per row to this file");
     if (!flags.parse(argc, argv)) return 0;
+    // Copies started by a launcher would time the same GPU at once and write the same --json file.
+    require_one_process("bench_attention");
     const Device device = pick_device(flags.str("device"));
     std::unique_ptr<JsonlWriter> json;
     if (!flags.str("json").empty()) json = std::make_unique<JsonlWriter>(flags.str("json"), false);

@@ -2,7 +2,9 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <string>
 
+#include "base/error.h"
 #include "dist/collective_timeout.h"
 #include "dist/mpi_check.h"
 #ifdef TT_WITH_CUDA
@@ -19,7 +21,19 @@ void throw_mpi_error(int code, const char* call, const char* file, int line) {
   throw_call_error("MPI", call, text, file, line);
 }
 
+void check_srun_tasks_share_one_world() {
+  const char* tasks = std::getenv("SLURM_STEP_NUM_TASKS");  // set by srun in every task it starts
+  if (tasks == nullptr || std::atoi(tasks) <= 1) return;
+  // What srun's MPI plugins (PMIx, PMI2) or mpirun set: MPI then sees the whole step as one world.
+  for (const char* var : {"PMIX_RANK", "PMI_RANK", "PMI_SIZE", "OMPI_COMM_WORLD_SIZE"})
+    if (std::getenv(var) != nullptr) return;
+  throw Error(std::string("srun started ") + tasks +
+              " tasks without an MPI plugin, so each would run alone: start them with srun --mpi=pmix (or "
+              "under mpirun)");
+}
+
 DistRuntime::DistRuntime(int* argc, char*** argv) {
+  check_srun_tasks_share_one_world();
   int initialized = 0;
   TT_MPI_CHECK(MPI_Initialized(&initialized));
   if (initialized) {

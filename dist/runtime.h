@@ -42,6 +42,11 @@ class DistRuntime {
   std::string host_name_;
 };
 
+// Throws when srun started this process as one of several tasks without an MPI plugin (`srun --mpi=none`, or
+// a cluster whose MpiDefault is none): MPI would make each task a world of one, and every task would run the
+// whole job alone, writing the same files. Reads the environment only, so it may run before MPI starts.
+void check_srun_tasks_share_one_world();
+
 // Ends the whole job: prints "rank R: why" to stderr and calls MPI_Abort, so that one failing rank cannot
 // leave the others blocked in a collective until the scheduler's time limit.
 [[noreturn]] void abort_job(const std::string& why);

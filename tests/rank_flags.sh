@@ -99,5 +99,31 @@ else
   echo "FAIL prepare_data under mpirun -np 2: exit $status:"; echo "$output" | head -3; failures=$((failures + 1))
 fi
 
+# srun without an MPI plugin (--mpi=none) starts each task as a world of one; every task sees srun's task
+# count in SLURM_STEP_NUM_TASKS (and, with an MPI plugin, PMIX_RANK or PMI_RANK). Each copy refuses.
+for app in train prepare_data; do
+  if [ $app = train ]; then
+    command=("$train" "${common[@]}" --out "$work/srun_split")
+    expected="error: srun started 2 tasks without an MPI plugin, so each would run alone"
+  else
+    command=("$prepare" --input "$work/text" --out "$work/srun_split" --separator %)
+    expected="error: prepare_data runs as one process, but was started as 2 (by mpirun or srun)"
+  fi
+  output=$(SLURM_STEP_NUM_TASKS=2 SLURM_PROCID=1 timeout 60 "${command[@]}" 2>&1)
+  status=$?
+  if [ $status -eq 1 ] && [ ! -e "$work/srun_split" ] && grep -qF "$expected" <<<"$output"; then
+    echo "ok   $app as one of 2 srun tasks without MPI: exit 1, nothing written"
+  else
+    echo "FAIL $app as one of 2 srun tasks without MPI: exit $status:"; echo "$output" | head -3
+    failures=$((failures + 1))
+  fi
+done
+# One srun task (srun -n 1, or the batch script itself) is a plain single process.
+if SLURM_STEP_NUM_TASKS=1 timeout 60 "$train" "${common[@]}" --steps 1 --out "$work/srun_one" >/dev/null 2>&1; then
+  echo "ok   train as srun's only task"
+else
+  echo "FAIL train as srun's only task"; failures=$((failures + 1))
+fi
+
 echo "$failures failure(s)"
 [ $failures -eq 0 ]

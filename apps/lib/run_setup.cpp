@@ -89,18 +89,23 @@ constexpr const char* kLauncherSizeVariables[] = {"OMPI_COMM_WORLD_SIZE", "PMI_S
 bool started_by_launcher() {
   for (const char* var : kLauncherSizeVariables)
     if (std::getenv(var)) return true;
-  return std::getenv("PMIX_RANK") != nullptr;  // srun with PMIx: a rank, no size
+  if (std::getenv("PMIX_RANK") != nullptr) return true;  // srun with PMIx: a rank, no size
+  dist::check_srun_tasks_share_one_world();
+  return false;
 }
 
 void require_one_process(const std::string& app) {
-  for (const char* var : kLauncherSizeVariables) {
-    const char* value = std::getenv(var);
-    if (value == nullptr) continue;
-    const std::string size = value;
-    TT_CHECK(size == "1" || size.empty(), app + " runs as one process, but was started as " + size +
-                                              " (by mpirun or srun): the copies would write the same files; "
-                                              "start it without a launcher");
-  }
+  // The launcher's process count: mpirun's (or PMI's) where it set one, else srun's, which srun sets with
+  // any MPI plugin or none (and which an mpirun inside an srun step inherits, so it comes second).
+  const char* count = nullptr;
+  for (const char* var : kLauncherSizeVariables)
+    if (count == nullptr) count = std::getenv(var);
+  if (count == nullptr) count = std::getenv("SLURM_STEP_NUM_TASKS");
+  if (count == nullptr) return;
+  const std::string size = count;
+  TT_CHECK(size == "1" || size.empty(), app + " runs as one process, but was started as " + size +
+                                            " (by mpirun or srun): the copies would write the same files; "
+                                            "start it without a launcher");
 }
 
 std::string comparable_flag_value(const std::string& name, const std::string& value) {

@@ -42,11 +42,12 @@ void declare_gemm_autotune_flag(Flags& flags, bool with_deterministic);
 int gemm_autotune_from_flags(const Flags& flags, bool deterministic);
 int apply_gemm_autotune_flag(const Flags& flags, bool deterministic);
 
-// Whether mpirun or srun started this process (as one rank of a job, perhaps of one).
+// Whether mpirun or srun started this process (as one rank of a job, perhaps of one). Throws when srun
+// started several tasks without an MPI plugin (dist::check_srun_tasks_share_one_world).
 bool started_by_launcher();
-// Apps that write one output (export, import, prepare_data) or print one text (generate) run as one
-// process: started as several by mpirun or srun, the copies would race to write the same files. An error
-// naming `app` then.
+// Apps that write one output (export, import, prepare_data), print one text (generate) or time one GPU
+// (benchmark, bench_attention) run as one process: started as several by mpirun or srun, the copies would
+// race to write the same files. An error naming `app` then.
 void require_one_process(const std::string& app);
 
 // A flag's value as it means rather than as it is spelled, for comparing settings: a number in its shortest
