@@ -20,6 +20,7 @@
 #include "apps/lib/run_folder.h"
 #include "apps/lib/run_setup.h"
 #include "apps/lib/safetensors.h"
+#include "apps/lib/tokenizer.h"
 #include "base/error.h"
 
 namespace fs = std::filesystem;
@@ -167,10 +168,15 @@ int run(const Flags& flags, const std::string& checkpoint) {
   TT_CHECK(!flags.given("data") || fs::is_directory(data), "data folder '" + data + "' does not exist");
   if (!data.empty())
     check_training_tokenizer(checkpoint, data, "pass --data with the data it was trained on");
-  const DataTokens tokens = read_data_tokens(data);
+  DataTokens tokens = read_data_tokens(data);
+  const std::string trained_on = read_checkpoint_data_tokenizer(checkpoint);
+  // Byte tokens need nothing from the data folder, which may have moved: the checkpoint says what they are.
+  if (tokens.tokenizer.empty() && trained_on.rfind("bytes ", 0) == 0) {
+    tokens.tokenizer = "bytes";
+    tokens.ids.eos = byte_tokenizer()->end_of_text();
+  }
   // A SentencePiece model exported without its tokenizer.model could not be used: refuse rather than write
   // weights no one can feed text to.
-  const std::string trained_on = read_checkpoint_data_tokenizer(checkpoint);
   const std::string where = data.empty()              ? std::string("it names no data folder")
                             : !fs::is_directory(data) ? "'" + data + "' does not exist (moved?)"
                                                       : "'" + data + "' holds no tokenizer.model";

@@ -151,7 +151,7 @@ int main(int argc, char** argv) {
                 "newline.");
     flags.add("checkpoint", "",
               "checkpoint (.h5), or a run folder (its newest), to generate with (required)");
-    flags.add("prompt", "", "text to continue (else prompts on stdin)");
+    flags.add("prompt", "", "text to continue (else prompts on stdin; empty: from a document's start)");
     flags.add("max-tokens", "256", "new tokens per prompt, at most");
     flags.add("temperature", "0.8", "softmax temperature; 0: greedy");
     flags.add("top-k", "40", "sample among the k likeliest tokens (0: all)");

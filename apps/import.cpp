@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <memory>
 #include <optional>
+#include <regex>
 #include <set>
 
 #include "apps/lib/checkpoint.h"
@@ -78,6 +79,14 @@ int run(const Flags& flags) {
   TT_CHECK(!from.empty() && !out.empty(), "--from and --out are required");
   TT_CHECK(fs::is_directory(from), "--from " + from + " is not a folder");
   TT_CHECK(!fs::is_directory(out), "--out " + out + " is a folder; name the checkpoint file to write");
+  // Among a run's checkpoints a step_N.h5 stands for step N (what --resume latest and generate choose by),
+  // and an import holds weights alone, at step 0.
+  const fs::path out_path = fs::absolute(out).lexically_normal();
+  TT_CHECK(out_path.parent_path().filename() != "checkpoints" ||
+               !std::regex_match(out_path.filename().string(), std::regex("step_[0-9]+\\.h5")),
+           "--out " + out +
+               " would stand among a run's checkpoints for its step; write the import elsewhere and start a "
+               "run from it with train --init-from FILE");
   TT_CHECK(!fs::exists(out) || flags.boolean("overwrite"),
            out + " already exists; pass another --out, or --overwrite to replace it");
   const std::string data = flags.str("data");

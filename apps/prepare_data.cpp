@@ -18,7 +18,8 @@ int main(int argc, char** argv) {
   try {
     tt::app::Flags flags(
         "prepare_data",
-        "Tokenise text into train/validation token files (every 10th document to validation).");
+        "Tokenise text into train/validation token files (every 10th document to validation; with fewer\n"
+        "than 10 documents, the last 10-20% of the tokens).");
     flags.add("input", "", "a text file or a folder of text files (required)");
     flags.add("out", "", "output folder for train.bin, val.bin, meta.json (required)");
     flags.add("separator", "", "a line that separates documents in a file (e.g. % for fortunes)");

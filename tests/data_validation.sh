@@ -125,6 +125,10 @@ with_meta tokenizer '{"tokenizer": "wordpiece", "vocab_size": 257}'
 expect_error "unknown tokenizer" "$work/tokenizer/meta.json: tokenizer 'wordpiece' is unknown" \
   "$train" --data "$work/tokenizer" "${common[@]}" --steps 1 --out "$work/run_tokenizer"
 no_run "unknown tokenizer" "$work/run_tokenizer"
+# A folder of text where a dataset belongs: named as such, with the way to make one.
+expect_error "a text folder as --data" "holds no train.bin and no meta.json: it is not a dataset" \
+  "$train" --data "$work/text" "${common[@]}" --steps 1 --out "$work/run_text"
+no_run "a text folder as --data" "$work/run_text"
 # Without meta.json the vocabulary comes from --vocab, never from a guess.
 mkdir -p "$work/nometa" && cp "$work/data/train.bin" "$work/data/val.bin" "$work/nometa/"
 expect_error "no meta.json, no --vocab" "$work/nometa/meta.json does not exist; pass --vocab N" \
@@ -143,7 +147,7 @@ expect_error "eval windows beyond val.bin" \
 no_run "eval windows beyond val.bin" "$work/run_shortval"
 # Not one batch of windows: fewer --eval-batches cannot help, so the message does not suggest it.
 expect_error "val.bin shorter than a batch" \
-  "$work/shortval/val.bin has room for 3, less than one batch: lower --batch or --ctx, or give prepare_data more text" \
+  "one evaluation batch (--batch 4) needs 4 windows of 17 tokens; $work/shortval/val.bin has room for 3: lower --batch or --ctx, or give prepare_data more text" \
   "$train" --data "$work/shortval" "${common[@]}" --batch 4 --steps 2 --out "$work/run_shortval4"
 expect_ok "eval windows that fit" "$train" --data "$work/shortval" "${common[@]}" --eval-batches 1 --steps 2 \
   --out "$work/run_shortval_ok"

@@ -62,6 +62,11 @@ for f in model.safetensors config.json README.md; do [ -f "$work/hf/$f" ] || fai
 [ -e "$work/hf/tokenizer.model" ] && fail "export: a tokenizer.model for byte-level data"
 grep -q '"eos_token_id": 256' "$work/hf/config.json" || fail "export: config.json has no eos_token_id 256"
 grep -q "no Hugging Face tokenizer" "$work/last.log" || fail "export: no note about the byte-level tokenizer"
+# Byte tokens need nothing from the data folder (the checkpoint records them): moved away, the same export.
+mv "$work/data" "$work/data_moved"
+expect_ok "export f32, its byte-level data moved away" "$export_app" --checkpoint "$ckpt" --out "$work/hf_nodata"
+mv "$work/data_moved" "$work/data"
+same_folders "$work/hf" "$work/hf_nodata" "export with and without the byte-level data folder"
 expect_ok "NumPy Llama loss == eval-only (f32)" $py "$check" loss "$work/hf" "$work/data/val.bin" 16 3 2 \
   "$work/eval.json"
 expect_ok "NumPy Llama logits == eval-only --logits (f32)" $py "$check" logits "$work/hf" \
@@ -69,6 +74,11 @@ expect_ok "NumPy Llama logits == eval-only --logits (f32)" $py "$check" logits "
 cat "$work/last.log"
 
 # 2. import: the same loss, train --resume continues it, and a second export is the same bytes.
+# Not as a run's step_N.h5, which would stand for step N (an import is weights at step 0).
+cp "$ckpt" "$work/ckpt_before.h5"
+expect_error "import over a run's checkpoint" "would stand among a run's checkpoints for its step" \
+  "$import_app" --from "$work/hf" --out "$ckpt" --overwrite
+cmp -s "$ckpt" "$work/ckpt_before.h5" || fail "import over a run's checkpoint: the checkpoint changed"
 expect_ok "import" "$import_app" --from "$work/hf" --out "$work/imported.h5" --data "$work/data"
 expect_ok "eval-only of the import" "$train" --eval-only --resume "$work/imported.h5" "${windows[@]}" \
   --json "$work/eval2.json"

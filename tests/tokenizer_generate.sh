@@ -91,9 +91,14 @@ bytes_ckpt="$work/run_bytes/checkpoints/step_2.h5"
 expect_error "resume on another tokenizer's data" "it was trained on data of another tokenizer" \
   "$train" --preset tiny --data "$work/bytes" --out "$work/run_mixed" --steps 31 --batch 8 --ctx 48 \
   --eval-batches 1 --device cpu --resume "$ckpt"
+# Fewer data ids than the model's: reading them as the model's (--vocab) is offered.
+grep -q -- "or --vocab [0-9]* if these ids are meant for that model" "$work/err.txt" ||
+  fail "resume on another tokenizer's smaller data: --vocab not offered"
 expect_error "start from another tokenizer's model" "it was trained on data of another tokenizer" \
   "$train" --preset tiny --data "$work/sp" --out "$work/run_mixed" --steps 3 --batch 2 --ctx 32 \
   --eval-batches 1 --device cpu --init-from "$bytes_ckpt"
+# More data ids than the model's: --vocab could not hold them, so it is not offered.
+grep -q -- "--vocab" "$work/err.txt" && fail "start from a smaller model: --vocab offered, which cannot fit the data"
 
 # Relative --data and --out, as train records them, are found from another working folder.
 (cd "$work" && "$train" --preset tiny --data sp --out runs/rel --steps 1 --batch 2 --ctx 32 --eval-batches 1 \

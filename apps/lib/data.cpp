@@ -273,15 +273,19 @@ void check_eval_fits(const TokenFile& val, int64_t batch, int64_t context, int64
   const int64_t room = window_room(val, context);
   const int64_t per_batch = batch * ranks;  // both small: checked flags and a world size
   if (batches <= room / per_batch) return;  // batches * per_batch <= room, without overflow
+  const std::string windows = " windows of " + std::to_string(context + 1) + " tokens; " + val.path() +
+                              " has room for " + std::to_string(room);
+  // Not one batch: fewer --eval-batches cannot help, so the message names the batch alone.
+  TT_CHECK(room >= per_batch, "one evaluation batch (--batch " + std::to_string(batch) +
+                                  (ranks > 1 ? " x " + std::to_string(ranks) + " ranks" : "") + ") needs " +
+                                  std::to_string(per_batch) + windows +
+                                  ": lower --batch or --ctx, or give prepare_data more text");
   int64_t needed = 0;
   const bool overflow = __builtin_mul_overflow(batches, per_batch, &needed);
-  throw Error(
-      "--eval-batches " + std::to_string(batches) + " x --batch " + std::to_string(batch) +
-      (ranks > 1 ? " x " + std::to_string(ranks) + " ranks" : "") + " needs " +
-      (overflow ? "more than 2^63" : std::to_string(needed)) + " windows of " + std::to_string(context + 1) +
-      " tokens; " + val.path() + " has room for " + std::to_string(room) +
-      (room < per_batch ? ", less than one batch: lower --batch or --ctx, or give prepare_data more text"
-                        : "; lower --eval-batches or --batch"));
+  throw Error("--eval-batches " + std::to_string(batches) + " x --batch " + std::to_string(batch) +
+              (ranks > 1 ? " x " + std::to_string(ranks) + " ranks" : "") + " needs " +
+              (overflow ? "more than 2^63" : std::to_string(needed)) + windows +
+              "; lower --eval-batches or --batch");
 }
 
 void check_data_folder_path(const std::string& path) {

@@ -388,8 +388,8 @@ std::string Flags::help() const {
   }
   out << "\nevery app:\n";
   print("  --config FILE",
-        "read flags from FILE (\"name = value\" lines, # comments); flags on the command line take "
-        "precedence");
+        "read flags from FILE (\"name = value\" or \"name value\" lines, # comments); flags on the command "
+        "line take precedence");
   print("  --help", "print this help and exit");
   print("  --version", "print \"tinytrain <version>\" and exit");
   out << "Switches take --name or --no-name (or --name=on|off). On the command line a flag given twice "

@@ -216,6 +216,11 @@ nn::ModelConfig model_config_from_flags(const Flags& flags, Device device, int64
     const bool named = flags.declared("data") && flags.given("data");
     TT_CHECK(!named || std::filesystem::is_directory(flags.str("data")),
              "data folder '" + flags.str("data") + "' does not exist");
+    // A folder of text, say, given where its dataset belongs.
+    TT_CHECK(!named || std::filesystem::exists(flags.str("data") + "/train.bin"),
+             "data folder '" + flags.str("data") +
+                 "' holds no train.bin and no meta.json: it is not a dataset; make one from text with "
+                 "prepare_data --input TEXT --out DATA");
     const std::string meta = named ? flags.str("data") + "/meta.json" : "the data folder's meta.json";
     throw Error("no vocabulary size: " + meta +
                 " does not exist; pass --vocab N for token files without one (every id must be below N)");

@@ -68,12 +68,12 @@ void declare_train_flags(Flags& f) {
   f.group("evaluation");
   f.add("eval-every", "200", "evaluate on val.bin every N steps (0: only at the end)");
   f.add("eval-batches", "20",
-        "batches per evaluation (the first eval-batches*batch windows of val.bin; under mpirun "
-        "eval-batches*batch*ranks, each rank its share); unless given, at most what val.bin holds");
+        "batches per evaluation (the first eval-batches*batch windows of val.bin; when training under "
+        "mpirun eval-batches*batch*ranks, each rank its share); unless given, at most what val.bin holds");
   f.group("checkpoints");
   f.add("ckpt-every", "500",
         "write a checkpoint every N steps; step 0 is written too (0: step 0 and the end only; -1: none, for "
-        "benchmarks and throwaway runs)");
+        "benchmarks and throwaway runs, though a stop signal still writes one)");
   f.add("keep-ckpts", "3", "checkpoints to keep (0: all)");
   f.group("distributed");
   f.add("ddp", "bucketed", "how DDP (and --zero 1 with --zero-grads ddp) averages gradients under mpirun",
@@ -116,7 +116,9 @@ void declare_train_flags(Flags& f) {
         "checkpoint whose weights a new run starts from (its optimizer state and step are not used), e.g. "
         "one written by `import` from a Hugging Face folder; a run folder: its newest");
   f.group("evaluation");
-  f.add_switch("eval-only", "evaluate --resume on val.bin and exit (prints and writes the mean loss)");
+  f.add_switch("eval-only",
+               "evaluate --resume on val.bin and exit (prints and writes the mean loss); under mpirun rank 0 "
+               "alone evaluates, eval-batches*batch windows as one process would");
   f.add("json", "", "with --eval-only: write the result as JSON to this file");
   f.add("logits", "",
         "with --eval-only: also write the logits of the first window (val.bin tokens 0..ctx-1) to this "
@@ -299,11 +301,14 @@ void check_data_vocabulary(const std::string& checkpoint, const std::string& dat
   const std::string data = data_dir + "/meta.json gives " + std::to_string(data_vocab) + " ids (tokenizer " +
                            (tokenizer.empty() ? "not named" : tokenizer) + ")";
   if (flags.integer("vocab") == 0) {
+    // Reading the data as the model's ids (--vocab) can only work when they all fit.
     throw Error("the checkpoint " + checkpoint + " holds a model of " + std::to_string(model_vocab) +
                 " ids, but " + data +
                 ": it was trained on data of another tokenizer; pass --data with data "
-                "prepared by the same tokenizer (or --vocab " +
-                std::to_string(model_vocab) + " if these ids are meant for that model)");
+                "prepared by the same tokenizer" +
+                (data_vocab < model_vocab ? " (or --vocab " + std::to_string(model_vocab) +
+                                                " if these ids are meant for that model)"
+                                          : std::string()));
   }
   if (root && flags.integer("vocab") == model_vocab) {
     std::printf("note: the model has %lld ids and %s; the data's ids are read as the model's\n",
