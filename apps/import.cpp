@@ -79,14 +79,12 @@ int run(const Flags& flags) {
   TT_CHECK(!from.empty() && !out.empty(), "--from and --out are required");
   TT_CHECK(fs::is_directory(from), "--from " + from + " is not a folder");
   TT_CHECK(!fs::is_directory(out), "--out " + out + " is a folder; name the checkpoint file to write");
-  // Among a run's checkpoints a step_N.h5 stands for step N (what --resume latest and generate choose by),
-  // and an import holds weights alone, at step 0.
-  const fs::path out_path = fs::absolute(out).lexically_normal();
-  TT_CHECK(out_path.parent_path().filename() != "checkpoints" ||
-               !std::regex_match(out_path.filename().string(), std::regex("step_[0-9]+\\.h5")),
+  // A step_N.h5 stands for step N wherever it is: train --resume, generate and export read a folder of them
+  // (a run's checkpoints/, or any other) by those names, and an import holds weights alone, at step 0.
+  TT_CHECK(!std::regex_match(fs::path(out).filename().string(), std::regex("step_[0-9]{1,18}\\.h5")),
            "--out " + out +
-               " would stand among a run's checkpoints for its step; write the import elsewhere and start a "
-               "run from it with train --init-from FILE");
+               ": step_N.h5 is the name of a run's checkpoint of step N, which an import is not; name it "
+               "otherwise, and start a run from it with train --init-from FILE");
   TT_CHECK(!fs::exists(out) || flags.boolean("overwrite"),
            out + " already exists; pass another --out, or --overwrite to replace it");
   const std::string data = flags.str("data");

@@ -116,7 +116,9 @@ int run_eval_only(const Flags& flags, Device device) {
                 ignored.c_str());
   // A run folder (or latest: --out's) means its newest checkpoint whose weights load (damaged optimizer
   // state does not matter here, as when the file is named directly).
-  const std::string ckpt = resolve_resume(flags.str("resume"), flags.str("out"), /*weights_only=*/true);
+  const LockedCheckpoint chosen =
+      resolve_resume(flags.str("resume"), flags.str("out"), /*weights_only=*/true);
+  const std::string& ckpt = chosen.path;
   TT_CHECK(!ckpt.empty(),
            "--resume latest: no checkpoint in " + flags.str("out") + "/checkpoints to evaluate");
   // The result's files are checked before the evaluation, which can take long.

@@ -1,5 +1,7 @@
 #include "dist/runtime.h"
 
+#include <unistd.h>
+
 #include <cstdio>
 #include <cstdlib>
 #include <string>
@@ -21,13 +23,26 @@ void throw_mpi_error(int code, const char* call, const char* file, int line) {
   throw_call_error("MPI", call, text, file, line);
 }
 
+bool started_as_mpi_rank() {
+  for (const char* var :
+       {"OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "PMI_RANK", "PMI_SIZE", "MV2_COMM_WORLD_SIZE", "PALS_RANKID"})
+    if (std::getenv(var) != nullptr) return true;
+  return false;
+}
+
+int64_t srun_task_count() {
+  // srun sets both in every task; a task's children inherit them, but not its process id.
+  const char* tasks = std::getenv("SLURM_STEP_NUM_TASKS");
+  const char* task_pid = std::getenv("SLURM_TASK_PID");
+  if (tasks == nullptr || task_pid == nullptr || std::atoll(task_pid) != static_cast<long long>(getpid()))
+    return 0;
+  return std::atoll(tasks);
+}
+
 void check_srun_tasks_share_one_world() {
-  const char* tasks = std::getenv("SLURM_STEP_NUM_TASKS");  // set by srun in every task it starts
-  if (tasks == nullptr || std::atoi(tasks) <= 1) return;
-  // What srun's MPI plugins (PMIx, PMI2) or mpirun set: MPI then sees the whole step as one world.
-  for (const char* var : {"PMIX_RANK", "PMI_RANK", "PMI_SIZE", "OMPI_COMM_WORLD_SIZE"})
-    if (std::getenv(var) != nullptr) return;
-  throw Error(std::string("srun started ") + tasks +
+  const int64_t tasks = srun_task_count();
+  if (tasks <= 1 || started_as_mpi_rank()) return;
+  throw Error("srun started " + std::to_string(tasks) +
               " tasks without an MPI plugin, so each would run alone: start them with srun --mpi=pmix (or "
               "under mpirun)");
 }

@@ -11,8 +11,9 @@ set -euo pipefail
 root=${1:-"$(cd "$(dirname "$0")/.." && pwd)"}
 cd "$root"
 
-# Third-party names read only to detect the launcher (Open MPI, PMI, PMIx, MVAPICH, Slurm): not ours to document.
-not_ours='^(OMPI|PMI|PMIX|MV2|SLURM)_'
+# Third-party names read only to detect the launcher (Open MPI, PMI, PMIx, MVAPICH, Cray PALS, Slurm): not
+# ours to document.
+not_ours='^(OMPI|PMI|PMIX|MV2|PALS|SLURM)_'
 source_dirs=(apps base core dist kernels nn optim)
 
 sources=$(find "${source_dirs[@]}" -type f \( -name '*.cpp' -o -name '*.cu' -o -name '*.h' -o -name '*.cuh' \))

@@ -76,9 +76,12 @@ cat "$work/last.log"
 # 2. import: the same loss, train --resume continues it, and a second export is the same bytes.
 # Not as a run's step_N.h5, which would stand for step N (an import is weights at step 0).
 cp "$ckpt" "$work/ckpt_before.h5"
-expect_error "import over a run's checkpoint" "would stand among a run's checkpoints for its step" \
+expect_error "import over a run's checkpoint" "step_N.h5 is the name of a run's checkpoint of step N" \
   "$import_app" --from "$work/hf" --out "$ckpt" --overwrite
 cmp -s "$ckpt" "$work/ckpt_before.h5" || fail "import over a run's checkpoint: the checkpoint changed"
+expect_error "import as step_N.h5 in a folder" "step_N.h5 is the name of a run's checkpoint of step N" \
+  "$import_app" --from "$work/hf" --out "$work/step_7.h5"
+[ -e "$work/step_7.h5" ] && fail "import as step_N.h5 in a folder: wrote it"
 expect_ok "import" "$import_app" --from "$work/hf" --out "$work/imported.h5" --data "$work/data"
 expect_ok "eval-only of the import" "$train" --eval-only --resume "$work/imported.h5" "${windows[@]}" \
   --json "$work/eval2.json"

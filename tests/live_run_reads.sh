@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# generate, export and train --init-from read a run folder while its run is still writing it, pruning at
-# every step (--ckpt-every 1 --keep-ckpts 1): the newest checkpoint they pick could be deleted before or
-# while they read it. They hold a shared lock on it from its check on, which the pruning leaves alone, and
-# list the folder again when a file went before they locked it.
+# generate, export, train --init-from and --eval-only --resume read a run folder while its run is still
+# writing it, pruning at every step (--ckpt-every 1 --keep-ckpts 1): the newest checkpoint they pick could
+# be deleted before or while they read it. They hold a shared lock on it from its check on, which the
+# pruning leaves alone, and list the folder again when a file went before they locked it.
 # Usage: live_run_reads.sh PATH/TO/train PATH/TO/prepare_data PATH/TO/generate PATH/TO/export
 set -uo pipefail
 train=$1 prepare=$2 generate=$3 export=$4
@@ -31,6 +31,11 @@ for i in $(seq 1 12); do
     "$train" --data "$work/data" --init-from "$work/run" --out "$work/fork$i" --preset tiny --ctx 16 --batch 2 \
       --steps 1 --eval-every 0 --sample-tokens 0 --device cpu >"$work/fork.log" 2>&1 ||
       { fail "train --init-from the live run:"; tail -2 "$work/fork.log"; }
+    reads=$((reads + 1))
+  fi
+  if [ $((i % 2)) -eq 1 ]; then
+    "$train" --eval-only --resume "$work/run" --data "$work/data" --ctx 16 --batch 2 --eval-batches 2 \
+      --device cpu >"$work/eval.log" 2>&1 || { fail "train --eval-only --resume the live run:"; tail -2 "$work/eval.log"; }
     reads=$((reads + 1))
   fi
   reads=$((reads + 2))

@@ -99,31 +99,45 @@ else
   echo "FAIL prepare_data under mpirun -np 2: exit $status:"; echo "$output" | head -3; failures=$((failures + 1))
 fi
 
-# srun without an MPI plugin (--mpi=none) starts each task as a world of one; every task sees srun's task
-# count in SLURM_STEP_NUM_TASKS (and, with an MPI plugin, PMIX_RANK or PMI_RANK). Each copy refuses.
+# srun without an MPI plugin (--mpi=none) starts each task as a world of one; srun gives every task its
+# step's task count (SLURM_STEP_NUM_TASKS) and the task's process id (SLURM_TASK_PID), and, with an MPI
+# plugin, PMIX_RANK or PMI_RANK. Each copy refuses; a program that a task's shell starts is not a task.
+as_srun_task() { # TASKS command...: the command as one of srun's TASKS tasks (this process id)
+  local tasks=$1
+  shift
+  SLURM_STEP_NUM_TASKS=$tasks bash -c 'SLURM_TASK_PID=$$ exec "$@"' _ "$@"
+}
 for app in train prepare_data; do
   if [ $app = train ]; then
-    command=("$train" "${common[@]}" --out "$work/srun_split")
+    command=("$train" "${common[@]}" --steps 1 --out "$work/srun_out")
     expected="error: srun started 2 tasks without an MPI plugin, so each would run alone"
   else
-    command=("$prepare" --input "$work/text" --out "$work/srun_split" --separator %)
+    command=("$prepare" --input "$work/text" --out "$work/srun_out" --separator %)
     expected="error: prepare_data runs as one process, but was started as 2 (by mpirun or srun)"
   fi
-  output=$(SLURM_STEP_NUM_TASKS=2 SLURM_PROCID=1 timeout 60 "${command[@]}" 2>&1)
+  output=$(as_srun_task 2 "${command[@]}" 2>&1)
   status=$?
-  if [ $status -eq 1 ] && [ ! -e "$work/srun_split" ] && grep -qF "$expected" <<<"$output"; then
+  if [ $status -eq 1 ] && [ ! -e "$work/srun_out" ] && grep -qF "$expected" <<<"$output"; then
     echo "ok   $app as one of 2 srun tasks without MPI: exit 1, nothing written"
   else
     echo "FAIL $app as one of 2 srun tasks without MPI: exit $status:"; echo "$output" | head -3
     failures=$((failures + 1))
   fi
+  # Started by a task's shell or script (srun --pty bash): a process of its own, not refused.
+  if SLURM_STEP_NUM_TASKS=2 SLURM_TASK_PID=1 timeout 60 "${command[@]}" >/dev/null 2>&1; then
+    echo "ok   $app from an srun task's shell"
+  else
+    echo "FAIL $app from an srun task's shell"; failures=$((failures + 1))
+  fi
+  rm -rf "$work/srun_out"
+  # srun's only task (srun -n 1): a plain single process.
+  if as_srun_task 1 "${command[@]}" >/dev/null 2>&1; then
+    echo "ok   $app as srun's only task"
+  else
+    echo "FAIL $app as srun's only task"; failures=$((failures + 1))
+  fi
+  rm -rf "$work/srun_out"
 done
-# One srun task (srun -n 1, or the batch script itself) is a plain single process.
-if SLURM_STEP_NUM_TASKS=1 timeout 60 "$train" "${common[@]}" --steps 1 --out "$work/srun_one" >/dev/null 2>&1; then
-  echo "ok   train as srun's only task"
-else
-  echo "FAIL train as srun's only task"; failures=$((failures + 1))
-fi
 
 echo "$failures failure(s)"
 [ $failures -eq 0 ]

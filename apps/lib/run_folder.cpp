@@ -110,15 +110,15 @@ std::string resume_checkpoints_dir(const std::string& resume, const std::string&
   return fs::is_directory(resume + "/checkpoints", ec) ? resume + "/checkpoints" : resume;
 }
 
-std::string resolve_resume(const std::string& resume, const std::string& out, bool weights_only) {
-  if (resume.empty()) return "";
+LockedCheckpoint resolve_resume(const std::string& resume, const std::string& out, bool weights_only) {
+  if (resume.empty()) return {};
   const std::string dir = resume_checkpoints_dir(resume, out);
   if (dir.empty()) {  // a file (read when loaded)
     TT_CHECK(fs::exists(resume), "--resume " + resume + " does not exist");
-    return resume;
+    return {resume, nullptr};
   }
-  const std::string newest = newest_loadable_checkpoint(dir, weights_only);
-  TT_CHECK(!newest.empty() || resume == "latest",
+  LockedCheckpoint newest = newest_locked_checkpoint(dir, weights_only);
+  TT_CHECK(!newest.path.empty() || resume == "latest",
            "--resume " + resume + ": no loadable checkpoint in " + dir);
   return newest;
 }

@@ -28,11 +28,6 @@ std::string newest_loadable_checkpoint(const std::string& dir, bool weights_only
 // (or the folder itself); "" for a file or nothing.
 std::string resume_checkpoints_dir(const std::string& resume, const std::string& out);
 
-// What `--resume` names: a checkpoint file, "latest" (the newest loadable checkpoint of `out`), or a run
-// folder (its newest loadable checkpoint). Returns "" for "latest" when `out` has no checkpoint yet (a
-// first start of a job that always passes --resume latest); a folder without one is an error.
-std::string resolve_resume(const std::string& resume, const std::string& out, bool weights_only = false);
-
 // A shared lock (flock) on a checkpoint file while a process reads it, so that the run writing its folder
 // does not prune it meanwhile (RunFolder::commit leaves it for a later prune). held() is false when the file
 // was gone, replaced or unreadable by the time it was locked. On a file system without flock the file is
@@ -53,6 +48,12 @@ struct LockedCheckpoint {
   std::string path;
   std::unique_ptr<CheckpointReadLock> lock;  // held() false: the file is read unprotected
 };
+// What `--resume` names: a checkpoint file, "latest" (the newest loadable checkpoint of `out`), or a run
+// folder (its newest loadable checkpoint, locked from its check on, as another run may be pruning that
+// folder; a file named directly is not locked here). Returns no path for "latest" when `out` has no
+// checkpoint yet (a first start of a job that always passes --resume latest); a folder without one is an
+// error.
+LockedCheckpoint resolve_resume(const std::string& resume, const std::string& out, bool weights_only = false);
 // What --checkpoint names in generate and export (and train's --init-from): a checkpoint file as given, or
 // for a run folder (or its checkpoints/ folder) the newest checkpoint whose weights load (said on stderr),
 // with a CheckpointReadLock held on it from its check on, so that the run writing the folder does not prune

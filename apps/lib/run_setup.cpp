@@ -87,25 +87,21 @@ constexpr const char* kLauncherSizeVariables[] = {"OMPI_COMM_WORLD_SIZE", "PMI_S
 }  // namespace
 
 bool started_by_launcher() {
-  for (const char* var : kLauncherSizeVariables)
-    if (std::getenv(var)) return true;
-  if (std::getenv("PMIX_RANK") != nullptr) return true;  // srun with PMIx: a rank, no size
+  if (dist::started_as_mpi_rank()) return true;
   dist::check_srun_tasks_share_one_world();
   return false;
 }
 
 void require_one_process(const std::string& app) {
-  // The launcher's process count: mpirun's (or PMI's) where it set one, else srun's, which srun sets with
-  // any MPI plugin or none (and which an mpirun inside an srun step inherits, so it comes second).
-  const char* count = nullptr;
+  // The launcher's process count: mpirun's (or PMI's) where it set one, else srun's, with any MPI plugin
+  // or none (an mpirun inside an srun step inherits srun's, so it comes second).
+  std::string count;
   for (const char* var : kLauncherSizeVariables)
-    if (count == nullptr) count = std::getenv(var);
-  if (count == nullptr) count = std::getenv("SLURM_STEP_NUM_TASKS");
-  if (count == nullptr) return;
-  const std::string size = count;
-  TT_CHECK(size == "1" || size.empty(), app + " runs as one process, but was started as " + size +
-                                            " (by mpirun or srun): the copies would write the same files; "
-                                            "start it without a launcher");
+    if (count.empty() && std::getenv(var) != nullptr) count = std::getenv(var);
+  if (count.empty() && dist::srun_task_count() > 0) count = std::to_string(dist::srun_task_count());
+  TT_CHECK(count.empty() || count == "1", app + " runs as one process, but was started as " + count +
+                                              " (by mpirun or srun): the copies would write the same files; "
+                                              "start it without a launcher");
 }
 
 std::string comparable_flag_value(const std::string& name, const std::string& value) {

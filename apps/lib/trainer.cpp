@@ -598,7 +598,9 @@ class TrainingRun {
   // holds.
   void take_run_folder() {
     folder_ = std::make_unique<RunFolder>(plan_.out);
-    resume_ = resolve_resume(flags_.str("resume"), plan_.out);
+    LockedCheckpoint chosen = resolve_resume(flags_.str("resume"), plan_.out);
+    resume_ = chosen.path;
+    start_lock_ = std::move(chosen.lock);  // another run's folder: not pruned until loaded
     const bool overwrite = flags_.boolean("overwrite");
     if (resume_.empty() && flags_.str("resume") == "latest") {
       // Checkpoints that are there but do not load (each note above says why) are not "none yet".
