@@ -56,11 +56,26 @@ int main(int argc, char** argv) {
     }
     const tt::app::PrepareStats s =
         tt::app::prepare_text(flags.str("input"), out, flags.str("separator"), options);
-    if (s.skipped_files > 0)
-      std::printf(
-          "read %lld files; skipped %lld: not text (*.dat, *.u8, *.bin, NUL bytes), hidden (.git, ...), "
-          "earlier datasets, links to folders and other non-files\n",
-          static_cast<long long>(s.files), static_cast<long long>(s.skipped_files));
+    // What was skipped, by kind: "skipped 3: 1 hidden (.git, ...), 2 earlier datasets".
+    struct Skipped {
+      int64_t count;
+      const char *one, *many;
+    };
+    std::string skipped;
+    int64_t skipped_count = 0;
+    for (const Skipped& k :
+         {Skipped{s.skipped_not_text, "not text", "not text"}, Skipped{s.skipped_hidden, "hidden", "hidden"},
+          Skipped{s.skipped_datasets, "earlier dataset", "earlier datasets"},
+          Skipped{s.skipped_other, "link to a folder or other entry that is not a file",
+                  "links to folders or other entries that are not files"}}) {
+      if (k.count == 0) continue;
+      skipped +=
+          (skipped.empty() ? "" : ", ") + std::to_string(k.count) + " " + (k.count == 1 ? k.one : k.many);
+      skipped_count += k.count;
+    }
+    if (skipped_count > 0)
+      std::printf("read %lld files; skipped %lld: %s\n", static_cast<long long>(s.files),
+                  static_cast<long long>(skipped_count), skipped.c_str());
     if (s.tokenizer_seconds > 0)
       std::printf("trained a SentencePiece BPE model of %lld pieces in %.1f s on %.1f MB of text%s\n",
                   static_cast<long long>(s.vocab_size), s.tokenizer_seconds,

@@ -88,7 +88,7 @@ mkdir -p "$work/mixed"
 cp "$work/text/a.txt" "$work/mixed/"
 { printf 'text\000more'; head -c 20000 /dev/urandom; } >"$work/mixed/noise.txt"
 output=$("$prepare" --input "$work/mixed" --out "$work/mixed_data" --separator % 2>&1)
-grep -q "skipped 1: not text" <<<"$output" && echo "ok   a file with NUL bytes in a folder is skipped" ||
+grep -q "skipped 1: 1 not text" <<<"$output" && echo "ok   a file with NUL bytes in a folder is skipped" ||
   { fail "a binary file in a folder:"; echo "$output" | tail -3; }
 expect_error "a binary file named alone" "is not text (it holds NUL bytes)" \
   "$prepare" --input "$work/mixed/noise.txt" --out "$work/noise_data"
@@ -195,7 +195,8 @@ echo "a hook script" >"$work/tree/.git/hook"
 ln -s "$work/tree/docs" "$work/tree/link"
 expect_ok "prepare a tree" "$prepare" --input "$work/tree" --out "$work/tree/earlier"
 expect_ok "prepare it again beside the earlier dataset" "$prepare" --input "$work/tree" --out "$work/tree_data"
-grep -q "^3 documents" "$work/last.log" && grep -q "read 3 files; skipped 3" "$work/last.log" ||
+grep -q "^3 documents" "$work/last.log" &&
+  grep -q "read 3 files; skipped 3: 1 hidden, 1 earlier dataset, 1 link to a folder" "$work/last.log" ||
   fail "a tree with .git, a dataset and a link: $(cat "$work/last.log")"
 
 # A train.bin or val.bin cut short after prepare_data (a copy that ran out of room): meta.json's counts

@@ -128,7 +128,7 @@ bool looks_binary(const fs::path& file) {
   return std::memchr(head, '\0', static_cast<size_t>(in.gcount())) != nullptr;
 }
 
-std::vector<fs::path> text_files(const std::string& input, const std::string& out_dir, int64_t& skipped) {
+std::vector<fs::path> text_files(const std::string& input, const std::string& out_dir, PrepareStats& stats) {
   std::vector<fs::path> files;
   if (fs::is_directory(input)) {
     std::error_code out_error, input_error;
@@ -149,18 +149,19 @@ std::vector<fs::path> text_files(const std::string& input, const std::string& ou
                            fs::exists(entry.path() / "train.bin", entry_error);
       if (hidden || dataset) {
         if (entry.is_directory()) it.disable_recursion_pending();
-        ++skipped;
+        ++(hidden ? stats.skipped_hidden : stats.skipped_datasets);
         continue;
       }
       // Links to folders are not followed (a link may loop); they and other non-files are counted.
       if (!entry.is_regular_file()) {
-        if (!entry.is_directory() || entry.is_symlink()) ++skipped;  // real folders are walked into
+        if (!entry.is_directory() || entry.is_symlink())
+          ++stats.skipped_other;  // real folders are walked into
         continue;
       }
       const std::string ext = entry.path().extension().string();
       // Token files (ours: .bin) and other binary data are not text (fortune's .dat indexes, .u8 copies).
       if (ext == ".dat" || ext == ".u8" || ext == ".bin" || looks_binary(entry.path())) {
-        ++skipped;
+        ++stats.skipped_not_text;
         continue;
       }
       files.push_back(entry.path());
@@ -631,7 +632,7 @@ int64_t split_tail(DatasetWriter& writer, const Tokenizer& tokenizer, int64_t tr
 PrepareStats prepare_text(const std::string& input, const std::string& out_dir, const std::string& separator,
                           const PrepareOptions& options) {
   PrepareStats stats;
-  const std::vector<fs::path> files = text_files(input, out_dir, stats.skipped_files);
+  const std::vector<fs::path> files = text_files(input, out_dir, stats);
   stats.files = static_cast<int64_t>(files.size());
   uintmax_t input_bytes = 0;
   for (const fs::path& file : files) {

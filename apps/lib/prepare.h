@@ -30,8 +30,10 @@ struct PrepareStats {
   int64_t tokenizer_sample_bytes = 0;  // the text it learned from
   bool tokenizer_sampled = false;      // that text is a sample of the training documents' lines
   int threads = 1;
-  // Files read; entries under the folder skipped (not text, hidden, earlier datasets, links to folders).
-  int64_t files = 0, skipped_files = 0;
+  int64_t files = 0;  // files read
+  // Entries under the folder skipped: not text (*.dat, *.u8, *.bin, NUL bytes), hidden (.git), earlier
+  // datasets, and links to folders or other entries that are not regular files (broken links).
+  int64_t skipped_not_text = 0, skipped_hidden = 0, skipped_datasets = 0, skipped_other = 0;
   int64_t separator_lines = 0;          // lines that matched the separator
   bool validation_from_tail = false;    // fewer than ten documents: validation is the last 10-20% of tokens
   bool tail_cut_at_line_break = false;  // that split falls after a line break (else at 90% exactly)
