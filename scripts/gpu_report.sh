@@ -142,7 +142,8 @@ for s in "$@"; do
       # The course's experiments: sizes x contexts, warm-up 0/1/2/5 x graph x attention, 2.7b peak memory.
       section grid
       timeout 200 $b/benchmark --sizes small,medium,large,xl,2.7b --ctx 128,256,512,1024 --precision bf16 \
-        --graph on --json "$out/grid_sizes.jsonl" 2>/dev/null | tee "$out/grid_sizes.md" | tail -22
+        --graph on --warmup-iters 2 --steps 5 --json "$out/grid_sizes.jsonl" 2>/dev/null | tee "$out/grid_sizes.md" |
+        tail -22
       timeout 200 $b/benchmark --sizes small --ctx 256 --precision bf16,f32 --attention naive,flash \
         --warmup-iters 0,1,2,5 --graph both --json "$out/grid_warmup.jsonl" >"$out/grid_warmup.md" 2>/dev/null
       tail -3 "$out/grid_warmup.md"
