@@ -7,13 +7,13 @@
 #include <filesystem>
 #include <memory>
 #include <optional>
-#include <regex>
 #include <set>
 
 #include "apps/lib/checkpoint.h"
 #include "apps/lib/data.h"
 #include "apps/lib/flags.h"
 #include "apps/lib/hf_llama.h"
+#include "apps/lib/run_folder.h"
 #include "apps/lib/run_setup.h"
 #include "apps/lib/safetensors.h"
 #include "apps/lib/tokenizer.h"
@@ -81,7 +81,7 @@ int run(const Flags& flags) {
   TT_CHECK(!fs::is_directory(out), "--out " + out + " is a folder; name the checkpoint file to write");
   // A step_N.h5 stands for step N wherever it is: train --resume, generate and export read a folder of them
   // (a run's checkpoints/, or any other) by those names, and an import holds weights alone, at step 0.
-  TT_CHECK(!std::regex_match(fs::path(out).filename().string(), std::regex("step_[0-9]{1,18}\\.h5")),
+  TT_CHECK(!checkpoint_step_of(fs::path(out).filename().string()),
            "--out " + out +
                ": step_N.h5 is the name of a run's checkpoint of step N, which an import is not; name it "
                "otherwise, and start a run from it with train --init-from FILE");

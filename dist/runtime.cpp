@@ -30,6 +30,7 @@ bool started_as_mpi_rank() {
   return false;
 }
 
+namespace {
 int64_t srun_task_count() {
   // srun sets both in every task; a task's children inherit them, but not its process id.
   const char* tasks = std::getenv("SLURM_STEP_NUM_TASKS");
@@ -37,6 +38,14 @@ int64_t srun_task_count() {
   if (tasks == nullptr || task_pid == nullptr || std::atoll(task_pid) != static_cast<long long>(getpid()))
     return 0;
   return std::atoll(tasks);
+}
+}  // namespace
+
+std::string launched_process_count() {
+  for (const char* var : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "MV2_COMM_WORLD_SIZE"})
+    if (const char* count = std::getenv(var); count != nullptr) return count;
+  const int64_t tasks = srun_task_count();
+  return tasks > 0 ? std::to_string(tasks) : "";
 }
 
 void check_srun_tasks_share_one_world() {

@@ -45,9 +45,11 @@ class DistRuntime {
 // Whether a launcher started this process as an MPI rank: mpirun (Open MPI), srun through an MPI plugin
 // (PMIx, PMI2), MPICH's Hydra, MVAPICH or Cray's PALS (a job of one rank included).
 bool started_as_mpi_rank();
-// The task count of srun's step when srun started this very process as one of its tasks (a program run
-// from a task's shell or script is not one); 0 otherwise.
-int64_t srun_task_count();
+// How many processes the launcher started this one with: mpirun's (or PMI's, MVAPICH's) count where it set
+// one, else that of srun's step when srun started this very process as one of its tasks (a program run from
+// a task's shell or script is not one; an mpirun inside an srun step inherits srun's, so it comes second);
+// "" when no launcher started it.
+std::string launched_process_count();
 // Throws when srun started this process as one of several tasks without an MPI plugin (`srun --mpi=none`, or
 // a cluster whose MpiDefault is none): MPI would make each task a world of one, and every task would run the
 // whole job alone, writing the same files. Reads the environment only, so it may run before MPI starts.

@@ -40,16 +40,20 @@ std::string errno_text() {
 
 }  // namespace
 
+std::optional<int64_t> checkpoint_step_of(const std::string& file_name) {
+  static const std::regex pattern("step_([0-9]{1,18})\\.h5");
+  std::smatch match;
+  if (!std::regex_match(file_name, match, pattern)) return std::nullopt;
+  return std::stoll(match[1]);
+}
+
 std::vector<std::pair<int64_t, std::string>> list_checkpoints(const std::string& dir) {
   std::vector<std::pair<int64_t, std::string>> found;
   std::error_code ec;
   if (!fs::is_directory(dir, ec)) return found;
-  const std::regex pattern("step_([0-9]{1,18})\\.h5");
   for (const auto& entry : fs::directory_iterator(dir)) {
-    std::smatch match;
-    const std::string name = entry.path().filename().string();
-    if (std::regex_match(name, match, pattern))
-      found.emplace_back(std::stoll(match[1]), entry.path().string());
+    if (const auto step = checkpoint_step_of(entry.path().filename().string()))
+      found.emplace_back(*step, entry.path().string());
   }
   std::sort(found.begin(), found.end());
   return found;
@@ -103,11 +107,19 @@ std::string newest_loadable_checkpoint(const std::string& dir, bool weights_only
   return newest_locked_checkpoint(dir, weights_only).path;
 }
 
+namespace {
+// Where a folder given for a run keeps its checkpoints: its checkpoints/, or the folder itself.
+std::string folder_checkpoints_dir(const std::string& folder) {
+  std::error_code ec;
+  return fs::is_directory(folder + "/checkpoints", ec) ? folder + "/checkpoints" : folder;
+}
+}  // namespace
+
 std::string resume_checkpoints_dir(const std::string& resume, const std::string& out) {
   std::error_code ec;
   if (resume == "latest") return out + "/checkpoints";
   if (resume.empty() || !fs::is_directory(resume, ec)) return "";
-  return fs::is_directory(resume + "/checkpoints", ec) ? resume + "/checkpoints" : resume;
+  return folder_checkpoints_dir(resume);
 }
 
 LockedCheckpoint resolve_resume(const std::string& resume, const std::string& out, bool weights_only) {
@@ -141,7 +153,7 @@ LockedCheckpoint lock_newest_checkpoint(const std::string& given, const std::str
     TT_CHECK(fs::exists(given), flag + " " + given + " does not exist");
     return {given, std::make_unique<CheckpointReadLock>(given)};
   }
-  const std::string dir = fs::is_directory(given + "/checkpoints") ? given + "/checkpoints" : given;
+  const std::string dir = folder_checkpoints_dir(given);
   LockedCheckpoint newest = newest_locked_checkpoint(dir, /*weights_only=*/true);
   TT_CHECK(!newest.path.empty(), flag + " " + given + ": no checkpoint in " + dir +
                                      " loads (a run folder's checkpoints are step_N.h5)");

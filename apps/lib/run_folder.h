@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -17,6 +18,8 @@ namespace tt::app {
 // RUN/checkpoints/step_N.h5.
 std::string checkpoint_file(const std::string& out, int64_t step);
 
+// N for a file named step_N.h5 (a run's checkpoint of step N), else nothing.
+std::optional<int64_t> checkpoint_step_of(const std::string& file_name);
 // step_N.h5 files of a folder, oldest first. Names that do not parse are ignored.
 std::vector<std::pair<int64_t, std::string>> list_checkpoints(const std::string& dir);
 

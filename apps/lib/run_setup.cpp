@@ -80,12 +80,6 @@ int apply_gemm_autotune_flag(const Flags& flags, bool deterministic) {
   return candidates;
 }
 
-namespace {
-// The job's process count, as a launcher sets it in each process it starts (Open MPI; PMI, as srun and
-// MPICH set it; MVAPICH).
-constexpr const char* kLauncherSizeVariables[] = {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "MV2_COMM_WORLD_SIZE"};
-}  // namespace
-
 bool started_by_launcher() {
   if (dist::started_as_mpi_rank()) return true;
   dist::check_srun_tasks_share_one_world();
@@ -93,12 +87,7 @@ bool started_by_launcher() {
 }
 
 void require_one_process(const std::string& app) {
-  // The launcher's process count: mpirun's (or PMI's) where it set one, else srun's, with any MPI plugin
-  // or none (an mpirun inside an srun step inherits srun's, so it comes second).
-  std::string count;
-  for (const char* var : kLauncherSizeVariables)
-    if (count.empty() && std::getenv(var) != nullptr) count = std::getenv(var);
-  if (count.empty() && dist::srun_task_count() > 0) count = std::to_string(dist::srun_task_count());
+  const std::string count = dist::launched_process_count();
   TT_CHECK(count.empty() || count == "1", app + " runs as one process, but was started as " + count +
                                               " (by mpirun or srun): the copies would write the same files; "
                                               "start it without a launcher");
