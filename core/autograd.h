@@ -17,7 +17,9 @@ namespace tt {
 // apply() returns each input's gradient, and the engine sums what reaches a tensor and passes it on. An op
 // whose kernels can write or add in place asks first, and the engine answers one of:
 //  - taken: the input is a leaf whose consumer took its gradient in factored form, dW = dy^T x (an optimizer
-//    update fused into the weight-gradient matmul, set_factored_grad_consumer): compute nothing.
+//    update fused into the weight-gradient matmul, set_factored_grad_consumer): compute nothing. Only
+//    `benchmark --mode step-fused` installs such consumers: `train` clips, which needs the whole
+//    gradient's norm before any update.
 //  - into `buffer`: write the gradient there when `overwrite` (nothing of this pass is in it yet; a GEMM with
 //    beta = 0 reads no C), else add it (beta = 1); then call routed() and return no tensor for that input.
 //    The buffer is either the leaf's own .grad (FlatParameters' views of one flat buffer; known to hold
@@ -28,7 +30,8 @@ struct GradientRequest {
   Shape shape;  // the gradient's: the input's shape, in `dtype`
   DType dtype = DType::f32;
   // The op can write the leaf's .grad: an f32 or f64 buffer of `dtype` (added to unless it holds zeros), or
-  // a bf16 one of `dtype` that holds zeros (a bf16 buffer is never added to: that would round each sum).
+  // a bf16 one of `dtype` that holds zeros (an op never adds into a bf16 buffer, which would round each of
+  // its sums; a later micro-batch's gradient goes through the engine, which adds in f32 and rounds once).
   bool into_leaf = false;
   bool leaf_only_if_zero = false;  // ... but only overwrite it, never add
   // ... or, when the leaf has no buffer of `dtype`, a bf16 one holding zeros, the result rounded once as

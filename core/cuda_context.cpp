@@ -60,8 +60,8 @@ int current_device() {
 #ifdef TT_WITH_CUDA
 namespace {
 // The stream of `device` in `table`, created (non-blocking, on that device, at CUDA's default priority) on
-// first use. The compute stream at the greatest priority, so that other streams' kernels take only the SMs
-// it leaves, measured alike (DDP on 2 x H200, one H100's step-fused), so every stream has the default.
+// first use. Every stream has the default priority: a compute stream at the greatest priority measured no
+// faster (DDP on 2 x H200, one H100's step-fused).
 cudaStream_t lazy_stream(cudaStream_t (&table)[kMaxDevices], int device) {
   std::lock_guard<std::mutex> lock(g_stream_mutex);
   TT_CHECK(device >= 0 && device < kMaxDevices, "bad CUDA device index " + std::to_string(device));

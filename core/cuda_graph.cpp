@@ -71,24 +71,3 @@ void CudaGraph::replay() {
 }
 
 }  // namespace tt
-
-#ifdef TT_WITH_CUDA
-#include <cuda_profiler_api.h>
-#endif
-#include "core/profile.h"
-
-namespace tt {
-
-void profiler_start() {
-#ifdef TT_WITH_CUDA
-  cudaProfilerStart();
-#endif
-}
-
-void profiler_stop() {
-#ifdef TT_WITH_CUDA
-  cudaProfilerStop();
-#endif
-}
-
-}  // namespace tt

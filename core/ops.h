@@ -68,7 +68,8 @@ Tensor rope(const Tensor& x, int64_t d_head, double theta);
 // x's gradient then comes back in bf16 too, rounded once: meant for an x made by a bf16 matmul, whose
 // backward rounds its incoming gradient to bf16 anyway, so nothing is lost.
 Tensor rope(const Tensor& x, int64_t d_head, double theta, DType out);
-// silu(a) * b, computed in f32; a and b f32 (or f64), or bf16 with a bf16 result and bf16 gradients.
+// silu(a) * b, computed in f32; a and b f32 (or f64), or bf16 with a bf16 result and bf16 gradients. The
+// unfused reference the tests hold swiglu_projection to; the model runs swiglu_projection.
 Tensor swiglu(const Tensor& a, const Tensor& b);
 // The gate of a SwiGLU feed-forward layer, silu(x W1^T) * (x W3^T), as one op: both projections are one
 // matmul each way over the two weights stacked (a view when they, or their bf16 mirrors, lie one after the
@@ -81,7 +82,8 @@ Tensor swiglu_projection(const Tensor& x, const Tensor& w1, const Tensor& w3, DT
                          bool narrow_x_grad = false);
 // softmax(scale * s) over the last dim of (batch, T, T), causal mask optional.
 Tensor softmax(const Tensor& s, double scale, bool causal);
-// Mean cross-entropy of logits (N, V) against i32 targets (N); returns shape {1}.
+// Mean cross-entropy of logits (N, V) against i32 targets (N); returns shape {1}. The unfused reference the
+// tests hold linear_cross_entropy to; the model runs linear_cross_entropy.
 Tensor cross_entropy(const Tensor& logits, const Tensor& targets);
 // cross_entropy(linear(x, weight, compute, f32), targets) as one op that never holds the logits of all rows:
 // x (..., in) with N rows, weight (V, in), targets i32 (N); returns the mean loss, shape {1}, f32 (f64 for

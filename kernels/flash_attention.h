@@ -49,7 +49,7 @@ void flash_attention_backward(const AttentionProblem& p, const T* q, const T* k,
 #ifdef TT_WITH_CUDA
 namespace cuda {
 // dtype is f32 or bf16 for q, k, v, o, dO, dQ, dK, dV; lse is always f32 (batch*heads*seq).
-// workspace: the backward needs f32 scratch (D = rowsum(dO*O) and a dQ accumulator); it allocates it
+// Scratch: the backward needs f32 scratch (D = rowsum(dO*O) and a dQ accumulator) and allocates it
 // stream-ordered itself.
 void flash_attention_forward(const AttentionProblem& p, DType dtype, const void* q, const void* k,
                              const void* v, void* o, float* lse, void* stream);

@@ -27,10 +27,9 @@ TrainStep::TrainStep(nn::TransformerLM& model, nn::FlatParameters& params, Devic
   dist::check_all_reduce_flag(options.all_reduce);  // before any rank starts communicating
   if (world_ > 1) {
     comm_ = dist::make_communicator(device, *runtime);
-    // Only DDP all-reduces gradients; ZeRO's reduce-scatter has nothing for the copy engine to carry.
-    const bool ddp_all_reduce = options.zero == 0 || (options.zero == 1 && options.zero_grads_by_ddp);
-    const std::string note =
-        dist::select_all_reduce_transport(*comm_, options.all_reduce, *runtime, ddp_all_reduce);
+    // ZeRO's reduce-scatter has nothing for the copy engine to carry.
+    const std::string note = dist::select_all_reduce_transport(*comm_, options.all_reduce, *runtime,
+                                                               ddp_averages_gradients(options));
     if (runtime->rank() == 0 && !note.empty()) std::fprintf(stderr, "note: %s\n", note.c_str());
     shared_read_ =
         SharedRead{runtime->rank(), world_, [this](Tensor& t, int root) { comm_->broadcast(t, root); }};
@@ -66,8 +65,7 @@ TrainStep::TrainStep(nn::TransformerLM& model, nn::FlatParameters& params, Devic
   }
   upload_ = std::make_unique<PinnedUpload>(device);
   if (device.is_cuda()) clock_ = std::make_unique<DeviceClock>(device);
-  // Gradients are averaged by a DDP strategy, unless ZeRO reduce-scatters them itself.
-  if (comm_ && (options.zero == 0 || (options.zero == 1 && options.zero_grads_by_ddp))) {
+  if (comm_ && ddp_averages_gradients(options)) {
     ddp_ = std::make_unique<dist::DataParallel>(params, *comm_, options.ddp, options.bucket_mb,
                                                 options.grad_comm_bf16);
   }
@@ -131,10 +129,7 @@ std::string TrainStep::describe() const {
   const std::string strategy = options_.zero > 0
                                    ? std::string(zero[options_.zero])
                                    : std::string("DDP ") + dist::ddp_strategy_name(options_.ddp);
-  // ZeRO reduce-scatters gradients (ZeRO-1 all-reduces them instead when its DDP averages them) and
-  // all-gathers parameters; DDP all-reduces.
-  const bool all_reduce = options_.zero == 0 || (options_.zero == 1 && options_.zero_grads_by_ddp);
-  return strategy + (all_reduce ? ", all-reduce by " : ", collectives by ") + transport;
+  return strategy + (ddp_averages_gradients(options_) ? ", all-reduce by " : ", collectives by ") + transport;
 }
 
 std::string TrainStep::update_path() const {

@@ -1,5 +1,5 @@
 // One training step, as `train` runs it: forward and backward over the micro-batches, gradient averaging
-// across ranks (a DDP strategy, or ZeRO-1's reduce-scatter), global-norm clipping, the AdamW update, and the
+// across ranks (a DDP strategy, or ZeRO's reduce-scatter), global-norm clipping, the AdamW update, and the
 // read-back of loss and gradient norm. A non-finite loss or gradient norm stops the step before the update,
 // so the parameters and optimizer state stay those of the last finite step.
 #pragma once
@@ -34,7 +34,8 @@ namespace tt::app {
 enum class GraphUse {
   off,
   on,         // wherever the step can be captured
-  automatic,  // on, except under ZeRO: the graph's memory pool costs about 2 GiB a rank at 7b, for <0.5%
+  automatic,  // on, except under ZeRO: there the graph's memory pool costs about 2 GiB a rank at 7b and
+              // saves under 0.5% of the step
 };
 // "auto", "on" or "off" (the --cuda-graph flag); throws tt::Error otherwise.
 GraphUse parse_graph_use(const std::string& text);
@@ -52,6 +53,11 @@ struct TrainStepOptions {
   double zero1_gather_chunk_mb = 0;  // ZeRO-1's pipelined update + all-gather chunk (0: its default)
   GraphUse cuda_graph = GraphUse::automatic;
 };
+// Whether a DDP strategy all-reduces the gradients: always without ZeRO, and under ZeRO-1 when asked to;
+// otherwise ZeRO reduce-scatters them itself.
+inline bool ddp_averages_gradients(const TrainStepOptions& options) {
+  return options.zero == 0 || (options.zero == 1 && options.zero_grads_by_ddp);
+}
 
 // A run ends on every rank at once, with an exit code (divergence, a stop signal): not an error to abort on.
 class RunEnded : public std::runtime_error {

@@ -40,8 +40,8 @@ const ConfigureHdf5 g_configure;
 constexpr const char* kChecksumAttr = "crc32";
 
 // CRC-32 of `bytes` at `data`, in pieces of at least 64 MiB on up to one thread each, combined: the checksum
-// of a 7b checkpoint's 81 GB must not take longer than writing it. (HDF5's Fletcher32 filter, used before,
-// runs at under 1 GB/s on one thread inside each write and read.)
+// of a 7b checkpoint's 81 GB must not take longer than writing it. (HDF5's Fletcher32 filter runs at under
+// 1 GB/s on one thread inside each write and read.)
 uint32_t crc32_of(const void* data, size_t bytes) {
   constexpr size_t kPiece = size_t{64} << 20;
   const auto* p = static_cast<const Bytef*>(data);

@@ -11,15 +11,10 @@
 #include "kernels/cuda/adamw.cuh"
 #include "kernels/cuda/convert.cuh"
 #include "kernels/cuda/cuda_kernels.h"
+#include "kernels/cuda/launch.cuh"
 
 namespace tt::cuda {
 namespace {
-
-constexpr int kThreads = 256;
-// A block per 256 work items however many that makes (beyond 2^30 blocks the kernels loop): on an H100 a
-// streaming kernel moved about 6% more bytes per second with the whole grid launched than with 8192 blocks
-// looping over the data.
-constexpr int64_t kMaxBlocks = int64_t{1} << 30;
 
 // The first vector_groups * 4 elements go through 16-byte loads and stores (the buffers are aligned for it,
 // checked on the host); the rest, fewer than 4 or everything when unaligned, element by element.
@@ -37,8 +32,8 @@ __global__ void adamw_kernel(float* param, const G* grad, float* exp_avg, float*
   if (step_factors[3] == 0.0f) return;  // cancelled: this step's update already ran
   adamw_load_step_factors(f, step_factors);
   const float scale = grad_scale ? *grad_scale : 1.0f;
-  const int64_t first = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  const int64_t first = thread_index();
+  const int64_t stride = grid_threads();
   for (int64_t k = first; k < vector_groups; k += stride) {
     // Every byte is touched once per step: streaming loads and stores (evict-first) keep the L2 for others.
     float p[4], g[4], m[4], v[4];
@@ -65,10 +60,6 @@ __global__ void clip_scale_kernel(const float* norm_sq, double max_norm, float* 
   const double n = sqrt(static_cast<double>(*norm_sq));
   *norm = static_cast<float>(n);
   *scale = max_norm > 0 ? static_cast<float>(fmin(1.0, max_norm / (n + 1e-6))) : 1.0f;
-}
-
-bool aligned_16(const void* p) {
-  return reinterpret_cast<uintptr_t>(p) % 16 == 0;
 }
 
 }  // namespace
@@ -105,13 +96,12 @@ void adamw_apply(float* param, const void* grad, bool grad_bf16, float* exp_avg,
   if (n == 0) return;
   const AdamWFactors f = adamw_constant_factors(beta1, beta2, eps);
   // Views into the flat buffers (ZeRO shards, buckets) may start at any element, so alignment is checked.
-  const bool grad_aligned = grad_bf16 ? reinterpret_cast<uintptr_t>(grad) % 8 == 0 : aligned_16(grad);
-  const bool vectorisable = aligned_16(param) && grad_aligned && aligned_16(exp_avg) &&
-                            aligned_16(exp_avg_sq) &&
-                            (bf16_copy == nullptr || reinterpret_cast<uintptr_t>(bf16_copy) % 8 == 0);
+  const bool grad_aligned = grad_bf16 ? aligned_to(grad, 8) : aligned_to(grad, 16);
+  const bool vectorisable = aligned_to(param, 16) && grad_aligned && aligned_to(exp_avg, 16) &&
+                            aligned_to(exp_avg_sq, 16) && (bf16_copy == nullptr || aligned_to(bf16_copy, 8));
   const int64_t vector_groups = vectorisable ? n / 4 : 0;
   const int64_t work_items = std::max(vector_groups, n - vector_groups * 4);
-  const auto blocks = static_cast<unsigned int>(std::min((work_items + kThreads - 1) / kThreads, kMaxBlocks));
+  const unsigned int blocks = blocks_for(work_items);
   auto* low = static_cast<__nv_bfloat16*>(bf16_copy);
   if (grad_bf16) {
     adamw_kernel<<<blocks, kThreads, 0, stream>>>(param, static_cast<const __nv_bfloat16*>(grad), exp_avg,

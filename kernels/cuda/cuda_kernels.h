@@ -1,7 +1,7 @@
-// CUDA kernels, the device twins of kernels/cpu/cpu_kernels.h. Same argument order and meaning; every
-// launch goes on the given stream and is checked. f32 everywhere, bf16 where the mixed-precision path
-// needs it (matmul inputs, casts). Pointers are device pointers; scalars that the host must not wait for
-// (the loss gradient) are passed as device pointers.
+// CUDA kernels, the device twins of kernels/cpu/cpu_kernels.h. The same meaning, with dtype and fused-output
+// arguments where the bf16 path needs them; every launch goes on the given stream and is checked. f32
+// everywhere, bf16 where the mixed-precision path needs it (matmul inputs, casts). Pointers are device
+// pointers; scalars that the host must not wait for (the loss gradient) are passed as device pointers.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -51,7 +51,6 @@ void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alp
 // Plans later GEMMs for all SMs but `sms` (0: all), so that a kernel on another stream (an NCCL all-reduce
 // overlapping backward) finds SMs free instead of waiting behind a GEMM that fills the device.
 void set_gemm_sm_margin(int sms);
-int gemm_sm_margin();
 // Each new GEMM problem times cuBLASLt's first `candidates` heuristic choices on its operands and keeps the
 // fastest (0 or 1: the heuristic's first, the default). The choice then depends on timings, so two processes
 // may pick different algorithms and round differently; runs that must repeat bit for bit leave it off.
@@ -132,11 +131,12 @@ void add(const float* a, const float* b, float* out, int64_t n, double alpha, cu
 void scale(const float* a, float* out, int64_t n, double s, cudaStream_t stream);
 void fill(float* x, int64_t n, double value, cudaStream_t stream);
 void fill_i32(int32_t* x, int64_t n, int32_t value, cudaStream_t stream);
-// *out = sum(x) (sum of squares when squares), in f32 with a deterministic two-pass reduction.
+// *out = sum(x) (sum of squares when squares): a deterministic two-pass reduction accumulated in double,
+// the result in f32.
 void sum(const float* x, int64_t n, bool squares, float* out, cudaStream_t stream);
 // The same over bf16 elements (each widened exactly).
 void sum(const bf16* x, int64_t n, bool squares, float* out, cudaStream_t stream);
-// f32 <-> bf16 and i32 -> f32 conversions (round to nearest even, like the CPU cast).
+// f32 <-> bf16 and i32 <-> f32 conversions (round to nearest even, like the CPU cast).
 void cast(const void* in, DType in_type, void* out, DType out_type, int64_t n, cudaStream_t stream);
 void strided_copy(const void* in, void* out, int64_t elem_bytes, int ndim, const int64_t* shape,
                   const int64_t* in_strides, cudaStream_t stream);

@@ -11,31 +11,10 @@
 
 #include "kernels/cuda/convert.cuh"
 #include "kernels/cuda/cuda_kernels.h"
+#include "kernels/cuda/launch.cuh"
 
 namespace tt::cuda {
 namespace {
-
-constexpr int kThreads = 256;
-// A block per 256 work items however many that makes (beyond 2^30 blocks the kernels loop): on an H100 a
-// streaming kernel moved about 6% more bytes per second with the whole grid launched than with 8192 blocks
-// looping over the data.
-constexpr int64_t kMaxBlocks = int64_t{1} << 30;
-
-unsigned int blocks_for(int64_t n) {
-  return static_cast<unsigned int>(std::min((n + kThreads - 1) / kThreads, kMaxBlocks));
-}
-
-__device__ int64_t thread_index() {
-  return static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-}
-__device__ int64_t grid_threads() {
-  return static_cast<int64_t>(gridDim.x) * blockDim.x;
-}
-
-template <class T>
-bool aligned4(const T* p) {
-  return reinterpret_cast<uintptr_t>(p) % (4 * sizeof(T)) == 0;
-}
 
 // The loop every vectorised streaming kernel shares. op.apply<W>(k) handles the k-th group of W consecutive
 // elements; with `vectorised` (every pointer aligned to W elements, checked on the host) the first n / W * W
@@ -341,8 +320,8 @@ struct SwigluBackwardOp {
 // take rows along y and a row's groups along x, so no element index is ever divided by the row length.
 template <int W, class RowOp>
 __global__ void rows_kernel(RowOp op, int64_t rows, int64_t cols, bool vectorised) {
-  const int64_t first = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  const int64_t step = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  const int64_t first = thread_index();
+  const int64_t step = grid_threads();
   for (int64_t r = blockIdx.y; r < rows; r += gridDim.y) {
     const auto row = op.row(r);
     int64_t done = 0;

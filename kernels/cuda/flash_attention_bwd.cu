@@ -23,9 +23,9 @@
 //    and one EX2 per score.
 //  - Causal: query tiles that end before the first key are skipped (the loop starts at the tile holding
 //    the first key); the mask is applied only where a warp's keys cross the diagonal or the tiles hang past
-//    the end of the sequence. Blocks are numbered with the (batch, head) index fastest, so the first key
-//    tiles, which see the most query tiles, all start before any later one (as in the forward). The
-//    1/sqrt(d) scale of dK and dQ is applied once, at the end.
+//    the end of the sequence. Which block takes which key tile: `block_tile` (flash_attention_common.cuh),
+//    the first key tiles (which see the most query tiles) first. The 1/sqrt(d) scale of dK and dQ is
+//    applied once, at the end.
 #include "kernels/cuda/flash_attention_common.cuh"
 #include "kernels/cuda/flash_attention_simple.cuh"
 
@@ -418,6 +418,7 @@ void flash_attention_backward(const AttentionProblem& p, DType dtype, const void
   params.dv = dv;
   const auto cuda_stream = static_cast<cudaStream_t>(stream);
   const int64_t batch_heads = p.batch * p.heads, rows = batch_heads * p.seq;
+  // scale > 0: as in the forward (flash_attention_fwd.cu), the kernels scale scores after masking them.
   const bool fast = dtype == DType::bf16 && p.kernels != AttentionKernels::simple && !p.deterministic &&
                     p.scale > 0 && rows_aligned_16(q, p.q) && rows_aligned_16(k, p.k) &&
                     rows_aligned_16(v, p.v) && rows_aligned_16(d_o, p.o) && rows_aligned_16(o, p.o) &&

@@ -20,9 +20,8 @@
 //    conflicts; a plain row-major staging cost 8 shared-memory wavefronts per store instead of 2) and adds
 //    them to the f32 dQ accumulator in global memory with two TMA tensor reduce-adds.
 //  - Causal: the block starts at the first query tile that sees its keys; masks only where a warpgroup's
-//    keys cross the diagonal or tiles hang past the end of the sequence. Key tiles with the most query
-//    tiles (the first) are scheduled first, for every (batch, head) (blocks numbered with that index
-//    fastest).
+//    keys cross the diagonal or tiles hang past the end of the sequence. Which block takes which key tile:
+//    `block_tile` (flash_attention_common.cuh).
 #include "kernels/cuda/flash_attention_common.cuh"
 #include "kernels/cuda/hopper.cuh"
 #include "kernels/cuda/wgmma.cuh"

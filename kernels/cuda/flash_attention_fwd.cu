@@ -12,11 +12,8 @@
 //    domain (exp2(s * scale * log2 e - m), one FFMA + EX2 per score), then O += P V with P re-packed to
 //    bf16 in registers. O is rescaled by exp2(m_old - m_new) whenever a row's max grows.
 //  - Causal: key tiles that start after the tile's last query are never visited, and the mask is only
-//    evaluated on tiles that cross the diagonal (or hang past the end of the sequence). Blocks are numbered
-//    with the (batch, head) index fastest and query tiles longest-first (highest tile index first): every
-//    long tile of every head is dispatched before any shorter one, and the short ones fill the gaps at the
-//    end. (With the tile index fastest, long and short blocks alternate and the last wave holds long ones:
-//    at 4 x 32 heads of 256 queries that took 8 tile-times of an SM instead of 6.)
+//    evaluated on tiles that cross the diagonal (or hang past the end of the sequence). Which block takes
+//    which tile: `block_tile` (flash_attention_common.cuh), longest tiles first within each chunk of heads.
 //  - Epilogue: O /= l, staged through shared memory for 16-byte coalesced stores; L = (m + log2 l) ln 2.
 #include "kernels/cuda/flash_attention_common.cuh"
 #include "kernels/cuda/flash_attention_simple.cuh"
@@ -282,6 +279,8 @@ void flash_attention_forward(const AttentionProblem& p, DType dtype, const void*
   params.lse = lse;
   const auto cuda_stream = static_cast<cudaStream_t>(stream);
   const int64_t batch_heads = p.batch * p.heads;
+  // scale > 0: the tensor-core kernels take each row's maximum of the unscaled scores (masked with -inf)
+  // and scale it afterwards, which keeps the maximum only for a positive scale.
   const bool fast = dtype == DType::bf16 && p.kernels != AttentionKernels::simple && p.scale > 0 &&
                     rows_aligned_16(q, p.q) && rows_aligned_16(k, p.k) && rows_aligned_16(v, p.v) &&
                     rows_aligned_16(o, p.o);

@@ -13,8 +13,8 @@
 //    the softmax of tile t runs on the CUDA cores while the tensor cores still multiply P V.
 //  - Tiles live in shared memory in the 128-byte-swizzled layout the wgmma descriptors describe.
 //  - Causal: key tiles past the block's last query are not visited; the mask is evaluated only on tiles
-//    that cross a warpgroup's diagonal or hang past the end of the sequence; the longest query tiles of
-//    every (batch, head) first (blocks numbered with that index fastest).
+//    that cross a warpgroup's diagonal or hang past the end of the sequence; which block takes which tile:
+//    `block_tile` (flash_attention_common.cuh).
 //  - Epilogue: O /= l, written swizzled into the Q tile's shared memory (conflict-free), then stored with
 //    16-byte coalesced writes; L = (m + log2 l) ln 2.
 //

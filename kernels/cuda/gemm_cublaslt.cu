@@ -44,15 +44,16 @@ struct Algo {
 // Everything cuBLASLt needs for one problem; owned for the life of the process.
 struct Plan {
   cublasLtMatmulDesc_t desc = nullptr;
-  cublasLtMatrixLayout_t layout_a = nullptr, layout_b = nullptr, layout_c = nullptr;
+  // In cuBLASLt's (column-major) operand order: the first operand is our b, the second our a.
+  cublasLtMatrixLayout_t layout_first = nullptr, layout_second = nullptr, layout_c = nullptr;
   cublasLtMatmulAlgo_t algo{};
   // With autotuning: the heuristic's candidates, kept until they have been timed (a plan first made while
   // a graph was being captured is timed at its first use outside a capture).
   std::vector<Algo> untimed;
 
   void destroy() {
-    if (layout_a) cublasLtMatrixLayoutDestroy(layout_a);
-    if (layout_b) cublasLtMatrixLayoutDestroy(layout_b);
+    if (layout_first) cublasLtMatrixLayoutDestroy(layout_first);
+    if (layout_second) cublasLtMatrixLayoutDestroy(layout_second);
     if (layout_c) cublasLtMatrixLayoutDestroy(layout_c);
     if (desc) cublasLtMatmulDescDestroy(desc);
   }
@@ -149,8 +150,8 @@ int fastest_candidate(const DeviceState& state, const Plan& plan, const std::vec
   float best_ms = 0.0f;
   for (size_t i = 0; i < algos.size(); ++i) {
     const auto run = [&] {
-      return cublasLtMatmul(state.handle, plan.desc, alpha, b, plan.layout_a, a, plan.layout_b, beta, c,
-                            plan.layout_c, out, plan.layout_c, &algos[i].algo, state.workspace,
+      return cublasLtMatmul(state.handle, plan.desc, alpha, b, plan.layout_first, a, plan.layout_second, beta,
+                            c, plan.layout_c, out, plan.layout_c, &algos[i].algo, state.workspace,
                             kWorkspaceBytes, stream);
     };
     if (run() != CUBLAS_STATUS_SUCCESS) continue;  // a candidate that refuses these operands is skipped
@@ -178,11 +179,6 @@ void set_gemm_sm_margin(int sms) {
   TT_CHECK(sms >= 0, "the GEMM SM margin must be >= 0, got " + std::to_string(sms));
   std::lock_guard<std::mutex> lock(g_mutex);
   g_sm_margin = sms;
-}
-
-int gemm_sm_margin() {
-  std::lock_guard<std::mutex> lock(g_mutex);
-  return g_sm_margin;
 }
 
 void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const void* a,
@@ -241,8 +237,8 @@ void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alp
                                                        sizeof(op_first)));
       TT_CUBLASLT_CHECK(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_second,
                                                        sizeof(op_second)));
-      plan.layout_a = make_layout(in_type, trans_b ? k : n, trans_b ? n : k, ldb, batch, stride_b);
-      plan.layout_b = make_layout(in_type, trans_a ? m : k, trans_a ? k : m, lda, batch, stride_a);
+      plan.layout_first = make_layout(in_type, trans_b ? k : n, trans_b ? n : k, ldb, batch, stride_b);
+      plan.layout_second = make_layout(in_type, trans_a ? m : k, trans_a ? k : m, lda, batch, stride_a);
       // f32 accumulation either way; a bf16 output is rounded once in the epilogue.
       plan.layout_c =
           make_layout(c_type == DType::bf16 ? CUDA_R_16BF : CUDA_R_32F, n, m, ldc, batch, stride_c);
@@ -270,9 +266,9 @@ void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alp
       }
       cublasLtMatmulHeuristicResult_t results[32]{};
       int found_count = 0;
-      const cublasStatus_t searched =
-          cublasLtMatmulAlgoGetHeuristic(state.handle, plan.desc, plan.layout_a, plan.layout_b, plan.layout_c,
-                                         plan.layout_c, pref, std::max(1, g_autotune), results, &found_count);
+      const cublasStatus_t searched = cublasLtMatmulAlgoGetHeuristic(
+          state.handle, plan.desc, plan.layout_first, plan.layout_second, plan.layout_c, plan.layout_c, pref,
+          std::max(1, g_autotune), results, &found_count);
       cublasLtMatmulPreferenceDestroy(pref);
       TT_CUBLASLT_CHECK(searched);
       if (found_count == 0) {
@@ -302,9 +298,9 @@ void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alp
     }
   }
   const Plan& plan = found->second;
-  TT_CUBLASLT_CHECK(cublasLtMatmul(state.handle, plan.desc, &alpha, b, plan.layout_a, a, plan.layout_b, &beta,
-                                   c_in, plan.layout_c, c, plan.layout_c, &plan.algo, state.workspace,
-                                   kWorkspaceBytes, stream));
+  TT_CUBLASLT_CHECK(cublasLtMatmul(state.handle, plan.desc, &alpha, b, plan.layout_first, a,
+                                   plan.layout_second, &beta, c_in, plan.layout_c, c, plan.layout_c,
+                                   &plan.algo, state.workspace, kWorkspaceBytes, stream));
 }
 
 }  // namespace tt::cuda

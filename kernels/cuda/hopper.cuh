@@ -1,5 +1,5 @@
-// Hopper (sm_90a) synchronisation and bulk-copy primitives shared by the wgmma attention kernels, and the
-// host helpers that decide whether those kernels can run.
+// Hopper (sm_90a) synchronisation and bulk-copy primitives shared by the wgmma kernels (attention and
+// gemm_adamw.cu), and the host helpers that decide whether those kernels can run.
 //
 //  - Named barriers (bar.sync / bar.arrive with an id and a thread count) synchronise a subset of a block,
 //    e.g. the consumer warpgroups without the producer warp; id 0 is __syncthreads.

@@ -13,24 +13,17 @@
 
 #include "kernels/cuda/convert.cuh"
 #include "kernels/cuda/cuda_kernels.h"
+#include "kernels/cuda/launch.cuh"
 
 namespace tt::cuda {
 namespace {
 
-constexpr int kThreads = 256;
 constexpr int kRowThreads = 256;
 // Row kernels take one block per row up to this many blocks and loop beyond, so any row count launches.
 constexpr int64_t kMaxRowBlocks = int64_t{1} << 20;
-// A block per 256 work items however many that makes (beyond 2^30 blocks the kernels loop): on an H100 a
-// streaming kernel moved about 6% more bytes per second with the whole grid launched than with 8192 blocks
-// looping over the data.
-constexpr int64_t kMaxBlocks = int64_t{1} << 30;
 
 unsigned int row_blocks(int64_t rows) {
   return static_cast<unsigned int>(std::min(rows, kMaxRowBlocks));
-}
-unsigned int blocks_for(int64_t n) {
-  return static_cast<unsigned int>(std::min((n + kThreads - 1) / kThreads, kMaxBlocks));
 }
 
 // Every warp reduces the same per-warp totals in the same order, so all threads return the same value. The
@@ -135,9 +128,7 @@ __device__ EmbLane<kVec> emb_identity() {
 }
 
 __global__ void embedding_positions_kernel(int32_t* positions, int64_t n) {
-  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
-    positions[i] = static_cast<int32_t>(i);
+  for (int64_t i = thread_index(); i < n; i += grid_threads()) positions[i] = static_cast<int32_t>(i);
 }
 
 // One block per (chunk, tile of columns), kVec columns per thread; the tiles of a chunk are neighbouring
@@ -169,10 +160,13 @@ __global__ void __launch_bounds__(kEmbChunkThreads)
     const int32_t last_key = keys[end - 1];
     const bool enters = begin > 0 && keys[begin - 1] == first_key;
     const bool leaves = end < n && keys[end] == last_key;
+    // The previous chunk's blocks finished this run (kEmbExtend there): it began in that chunk (not
+    // before its first row) and ends in this one.
     const bool first_finished_before =
         enters && (begin == kEmbChunkRows || keys[begin - kEmbChunkRows - 1] != first_key) &&
         !(leaves && first_key == last_key);
     const bool last_owned = leaves && !(enters && first_key == last_key);
+    // This chunk finishes the run it leaves with: the run ends within the next chunk.
     const bool last_ends_next =
         last_owned && (end + kEmbChunkRows >= n || keys[end + kEmbChunkRows] != last_key);
     const int32_t key = lane < count ? keys[begin + lane] : last_key;
@@ -701,8 +695,7 @@ void embedding_backward(const float* grad_out, const int32_t* ids, float* grad_w
   TT_CUDA_LAUNCH_CHECK();
   TT_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(sort_temp, sort_bytes, ids, sorted_ids, positions,
                                                 sorted_positions, items, 0, 32, stream));
-  const auto aligned16 = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
-  if (dim % 4 == 0 && aligned16(grad_out) && aligned16(grad_weight)) {
+  if (dim % 4 == 0 && aligned_to(grad_out, 16) && aligned_to(grad_weight, 16)) {
     launch_embedding_backward<4>(grad_out, sorted_ids, sorted_positions, grad_weight, partials, joins,
                                  join_count, n, dim, stream);
   } else {
@@ -717,7 +710,7 @@ namespace {
 bool rms_vec(int64_t dim, std::initializer_list<std::pair<const void*, size_t>> buffers) {
   if (dim % 4 != 0) return false;
   for (const auto& [p, element_bytes] : buffers)
-    if (reinterpret_cast<uintptr_t>(p) % (4 * element_bytes) != 0) return false;
+    if (!aligned_to(p, 4 * element_bytes)) return false;
   return true;
 }
 }  // namespace
@@ -753,15 +746,12 @@ void rms_norm_backward(const void* dy, DType dy_type, const float* x, const floa
   // blocks, fewer threads would leave HBM bandwidth unused.
   const int64_t units = vec ? dim / 4 : dim;
   const int threads = static_cast<int>(std::clamp<int64_t>((units + 31) / 32 * 32, 128, 1024));
-  // The block's partial sums in shared memory when a row's floats fit beside the kernel's static 128 bytes
-  // (beyond 48 KiB a kernel must opt in, per device, up to the device's limit), else in global memory; the
-  // kernel's one-group-per-thread path (vec rows of up to 4096) keeps them in registers and needs neither.
+  // The block's partial sums in shared memory when a row's floats fit (dynamic_shared_fits), else in
+  // global memory; the kernel's one-group-per-thread path (vec rows of up to 4096) keeps them in registers
+  // and needs neither.
   const bool one_group = vec && units <= threads;
   size_t shared = one_group ? 0 : static_cast<size_t>(dim) * sizeof(float);
-  int device = 0, optin = 0;
-  TT_CUDA_CHECK(cudaGetDevice(&device));
-  TT_CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
-  const bool in_shared = !one_group && shared + 1024 <= static_cast<size_t>(optin);
+  const bool in_shared = !one_group && dynamic_shared_fits(shared);
   if (!in_shared) shared = 0;
   const int64_t rows_per_block = (rows + kDwMaxPartials - 1) / kDwMaxPartials;
   const int64_t blocks = (rows + rows_per_block - 1) / rows_per_block;

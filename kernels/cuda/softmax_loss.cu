@@ -8,6 +8,7 @@
 
 #include "kernels/cuda/convert.cuh"
 #include "kernels/cuda/cuda_kernels.h"
+#include "kernels/cuda/launch.cuh"
 
 namespace tt::cuda {
 namespace {
@@ -266,21 +267,15 @@ __global__ void cross_entropy_rows_two_pass_kernel(const L* logits, int64_t ld, 
 __global__ void scale_by_device_factor_kernel(float* x, int64_t n, const float* factor) {
   const float f = *factor;
   if (f == 1.0f) return;
-  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
-  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) x[i] *= f;
+  for (int64_t i = thread_index(); i < n; i += grid_threads()) x[i] *= f;
 }
 
 unsigned int softmax_blocks(int64_t total_rows) {
   return static_cast<unsigned int>((total_rows + kSoftmaxWarpsPerBlock - 1) / kSoftmaxWarpsPerBlock);
 }
 
-bool aligned_to(const void* p, size_t bytes) {
-  return reinterpret_cast<uintptr_t>(p) % bytes == 0;
-}
-
-// The one-pass kernel where the row fits in shared memory (beside the kernel's static 256 bytes; beyond
-// 48 KiB a kernel must opt in, up to the device's limit) and is made of aligned 16-byte groups; else the
-// two-pass kernel.
+// The one-pass kernel where the row fits in shared memory (dynamic_shared_fits) and is made of aligned
+// 16-byte groups; else the two-pass kernel.
 template <class L, class G>
 void launch_cross_entropy_rows(const L* logits, int64_t ld, const int32_t* targets, float* losses, G* dlogits,
                                double grad_scale, int64_t n, int64_t vocab, cudaStream_t stream) {
@@ -290,11 +285,8 @@ void launch_cross_entropy_rows(const L* logits, int64_t ld, const int32_t* targe
   const float scale = static_cast<float>(grad_scale);
   constexpr int64_t kElems = 16 / sizeof(L);
   const size_t shared = static_cast<size_t>(ld) * sizeof(L);
-  int device = 0, optin = 0;
-  TT_CUDA_CHECK(cudaGetDevice(&device));
-  TT_CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
   if (ld % kElems == 0 && aligned_to(logits, 16) && aligned_to(dlogits, kElems * sizeof(G)) &&
-      shared + 1024 <= static_cast<size_t>(optin)) {
+      dynamic_shared_fits(shared)) {
     auto* kernel = cross_entropy_rows_one_pass_kernel<L, G>;
     TT_CUDA_CHECK(
         cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(shared)));
@@ -371,9 +363,7 @@ void cross_entropy_rows(const void* logits, DType logits_type, int64_t ld, const
 
 void scale_by_device_factor(float* x, int64_t n, const float* factor, cudaStream_t stream) {
   if (n == 0) return;
-  constexpr int kThreads = 256;
-  const int64_t blocks = std::min<int64_t>((n + kThreads - 1) / kThreads, 4096);
-  scale_by_device_factor_kernel<<<static_cast<unsigned int>(blocks), kThreads, 0, stream>>>(x, n, factor);
+  scale_by_device_factor_kernel<<<blocks_for(n), kThreads, 0, stream>>>(x, n, factor);
   TT_CUDA_LAUNCH_CHECK();
 }
 

@@ -1,4 +1,4 @@
-// Hopper (sm_90a) warpgroup matrix multiplies, the few shapes the attention kernels use.
+// Hopper (sm_90a) warpgroup matrix multiplies, the few shapes the attention kernels and gemm_adamw.cu use.
 //
 // Vocabulary (PTX ISA, "asynchronous warpgroup level matrix multiply-accumulate"):
 //  - A warpgroup is 4 consecutive warps (128 threads). wgmma.mma_async multiplies a 64 x 16 A tile by a
