@@ -20,7 +20,14 @@ void throw_mpi_error(int code, const char* call, const char* file, int line) {
   int length = 0;
   if (MPI_Error_string(code, text, &length) != MPI_SUCCESS)
     std::snprintf(text, sizeof(text), "code %d", code);
-  throw_call_error("MPI", call, text, file, line);
+  // Open MPI reports a failed allocation inside a collective as an internal error (seen with a memory
+  // limit under ulimit -v), so both classes carry the hint.
+  int error_class = 0;
+  std::string detail = text;
+  if (MPI_Error_class(code, &error_class) == MPI_SUCCESS &&
+      (error_class == MPI_ERR_NO_MEM || error_class == MPI_ERR_INTERN))
+    detail += " (out of host memory is a common cause: lower --batch or --ctx)";
+  throw_call_error("MPI", call, detail, file, line);
 }
 
 bool started_as_mpi_rank() {

@@ -299,6 +299,10 @@ void save_checkpoint(const std::string& path, const nn::ModelConfig& config, nn:
     io::atomic_write(
         path, [&](io::H5File& file) { write_contents(&file, config, params, optimizer, state); },
         check ? std::function<void(const std::string&)>(checked) : std::function<void(const std::string&)>());
+  } catch (const OutOfMemory& e) {
+    if (check_error) std::rethrow_exception(check_error);
+    throw OutOfMemory("cannot write checkpoint " + path + ": " + e.what() +
+                      (state.step > 0 ? "; earlier checkpoints are intact" : ""));
   } catch (const Error& e) {
     if (check_error) std::rethrow_exception(check_error);
     // A folder this process may not write to is the other common cause besides a full disk.

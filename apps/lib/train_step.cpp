@@ -129,7 +129,8 @@ std::string TrainStep::describe() const {
   const std::string strategy = options_.zero > 0
                                    ? std::string(zero[options_.zero])
                                    : std::string("DDP ") + dist::ddp_strategy_name(options_.ddp);
-  return strategy + (ddp_averages_gradients(options_) ? ", all-reduce by " : ", collectives by ") + transport;
+  return strategy + (ddp_averages_gradients(options_) ? ", all-reduce by " : ", collectives by ") +
+         transport + (options_.grad_comm_bf16 ? " (f32 gradients sent in bf16)" : "");
 }
 
 std::string TrainStep::update_path() const {

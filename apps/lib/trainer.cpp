@@ -187,15 +187,22 @@ void warn_if_settings_differ(const std::string& written_by, const Flags& flags) 
         "losses will not match an uninterrupted run; pass %s to keep its schedule\n",
         differs.c_str(), keep.c_str());
   }
-  // The other settings a step's result depends on.
+  // The other settings a step's result depends on; the gradients' dtype as each run resolved `auto`.
+  auto grad_dtype = [](const std::string& grad_dtype, const std::string& precision, const std::string& comm) {
+    if (grad_dtype != "auto") return grad_dtype;
+    return std::string(precision == "bf16" && comm != "bf16" ? "bf16" : "f32");
+  };
   std::string others;
   for (const char* name :
        {"seed", "sampling", "clip", "weight-decay", "beta1", "beta2", "precision", "grad-dtype"}) {
-    const std::string before = recorded_flag(written_by, name);
-    if (!before.empty() &&
-        comparable_flag_value(name, before) != comparable_flag_value(name, flags.str(name)))
-      others +=
-          (others.empty() ? "" : ", ") + std::string("--") + name + " " + before + " -> " + flags.str(name);
+    std::string before = recorded_flag(written_by, name), now = flags.str(name);
+    if (std::string(name) == "grad-dtype" && !before.empty()) {
+      before = grad_dtype(before, recorded_flag(written_by, "precision"),
+                          recorded_flag(written_by, "grad-comm-dtype"));
+      now = grad_dtype(now, flags.str("precision"), flags.str("grad-comm-dtype"));
+    }
+    if (!before.empty() && comparable_flag_value(name, before) != comparable_flag_value(name, now))
+      others += (others.empty() ? "" : ", ") + std::string("--") + name + " " + before + " -> " + now;
   }
   if (!others.empty())
     std::printf(
@@ -459,6 +466,13 @@ RunPlan plan_run(const Flags& flags, Device device, const std::string& data_dir,
   // Checked in a single process too, so that a launch script's flags fail on one machine before many.
   s.ddp = dist::parse_ddp_strategy(flags.str("ddp"));
   s.bucket_mb = flags.number("bucket-mb");
+  // A launch script's common flags may size buckets that this run does not have: said, not refused.
+  if (p.root && flags.given("bucket-mb") &&
+      (!ddp_averages_gradients(s) || s.ddp != dist::DdpStrategy::bucketed))
+    std::printf("note: --bucket-mb is not used: it sizes the buckets of --ddp bucketed, and this run %s\n",
+                ddp_averages_gradients(s)
+                    ? ("averages gradients with --ddp " + flags.str("ddp")).c_str()
+                    : ("reduce-scatters gradients (--zero " + flags.str("zero") + ")").c_str());
   s.grad_comm_bf16 = grad_comm == "bf16";
   s.all_reduce = flags.str("all-reduce");
   TT_CHECK(s.all_reduce != "copy-engine" || device.is_cuda(),
@@ -1079,6 +1093,7 @@ class TrainingRun {
     std::printf("done: final validation loss %.4f (unigram entropy %.4f); checkpoint %s\n", last_val_,
                 entropy_, checkpoint.c_str());
     const int64_t sample_tokens = flags_.integer("sample-tokens");
+    bool wrote_sample = false;
     if (sample_tokens > 0 && plan_.step.zero == 3) {
       // Generation runs on this rank alone and needs every weight here.
       std::printf("no text sample with --zero 3 (the weights are sharded): run generate on %s\n",
@@ -1106,10 +1121,12 @@ class TrainingRun {
         const std::string text = generate_text(*model_, *tokenizer, flags_.str("prompt"), sampling, device_);
         write_file_atomically(plan_.out + "/sample.txt", text + "\n");
         std::printf("sample (%s/sample.txt):\n----\n%s\n----\n", plan_.out.c_str(), text.c_str());
+        wrote_sample = true;
       }
     }
-    std::printf("outputs: %s/metrics.jsonl, %s/loss.svg%s\n", plan_.out.c_str(), plan_.out.c_str(),
-                last_checkpoint_.empty() ? "" : (", " + plan_.out + "/checkpoints/").c_str());
+    std::printf("outputs: %s/metrics.jsonl, %s/loss.svg%s%s\n", plan_.out.c_str(), plan_.out.c_str(),
+                last_checkpoint_.empty() ? "" : (", " + plan_.out + "/checkpoints/").c_str(),
+                wrote_sample ? (", " + plan_.out + "/sample.txt").c_str() : "");
     return 0;
   }
 
