@@ -363,7 +363,10 @@ void cross_entropy_rows(const void* logits, DType logits_type, int64_t ld, const
 
 void scale_by_device_factor(float* x, int64_t n, const float* factor, cudaStream_t stream) {
   if (n == 0) return;
-  scale_by_device_factor_kernel<<<blocks_for(n), kThreads, 0, stream>>>(x, n, factor);
+  // At most 4096 blocks, looping: the factor is almost always 1, and then a whole grid's blocks would each
+  // start only to return.
+  const auto blocks = static_cast<unsigned int>(std::min<int64_t>((n + kThreads - 1) / kThreads, 4096));
+  scale_by_device_factor_kernel<<<blocks, kThreads, 0, stream>>>(x, n, factor);
   TT_CUDA_LAUNCH_CHECK();
 }
 
