@@ -73,6 +73,11 @@ grep -q -- "note: --precision f32 -> bf16, --grad-dtype f32 -> bf16 differ" "$wo
 expect_error "another run's checkpoints in --out" "already holds checkpoints of another run" \
   "$train" "${common[@]}" --out "$work/run" --steps 2
 [ -e "$ckpt" ] || { echo "FAIL: the refused run removed $ckpt"; failures=$((failures + 1)); }
+# A run that logged steps past its start point but died before its next checkpoint (out of memory in step 2).
+expect_ok "a run of 2 steps" "$train" "${common[@]}" --out "$work/startonly" --steps 2 --ckpt-every 0
+rm "$work/startonly/checkpoints/step_2.h5"
+expect_error "only a start point, with metrics" "holds only the start point (step 0) of another run, whose" \
+  "$train" "${common[@]}" --out "$work/startonly" --steps 2
 sum_before=$(md5sum "$ckpt" | cut -d' ' -f1)
 expect_error "checkpoint of another shape" "--d-model 32 (the preset's or given) differs from the checkpoint $ckpt (64)" \
   "$train" "${common[@]}" --d-model 32 --out "$work/other" --steps 6 --resume "$ckpt"

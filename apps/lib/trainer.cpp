@@ -643,6 +643,13 @@ class TrainingRun {
                   folder_->checkpoint_path(0).c_str());
       return;
     }
+    const auto found = list_checkpoints(folder_->checkpoints_dir());
+    // Typically a run that ran out of memory after its first step: say what is there to keep or replace.
+    TT_CHECK(!resume_.empty() || found.size() != 1 || found[0].first != 0 || !folder_->has_metrics_lines(),
+             plan_.out + "/checkpoints holds only the start point (step 0) of another run, whose " +
+                 folder_->metrics_path() +
+                 " logs steps it did not checkpoint; pass --overwrite to replace them, --resume latest "
+                 "to continue that run from step 0, or a new --out");
     if (!resume_.empty() && started_from_same_checkpoint())
       throw Error(plan_.out + "/checkpoints holds the checkpoints of a run started from " + resume_ +
                   " as this one is (the same command, stopped before?); pass --resume latest to continue "
