@@ -68,7 +68,7 @@ expect_ok "resume with --grad-dtype spelled out" "$train" "${common[@]}" --out "
 grep -q -- "--grad-dtype" "$work/last.log" &&
   { echo "FAIL resume with --grad-dtype f32: a note"; grep -- "--grad-dtype" "$work/last.log"; failures=$((failures + 1)); }
 expect_ok "resume in bf16" "$train" "${common[@]}" --out "$work/rebf16" --steps 5 --precision bf16 --resume "$ckpt"
-grep -q -- "note: --precision f32 -> bf16, --grad-dtype f32 -> bf16 differ" "$work/last.log" ||
+grep -q -- "note: --precision f32 -> bf16, --grad-dtype auto (f32) -> auto (bf16) differ" "$work/last.log" ||
   { echo "FAIL resume in bf16: no note"; grep note "$work/last.log"; failures=$((failures + 1)); }
 expect_error "another run's checkpoints in --out" "already holds checkpoints of another run" \
   "$train" "${common[@]}" --out "$work/run" --steps 2
@@ -207,10 +207,10 @@ expect_error "bucket of 0 MiB" "--bucket-mb must be positive" "$train" "${common
 # A bucket size where there are no buckets is not silently ignored (nor refused: a launch script's common
 # flags may carry one).
 expect_ok "bucket size under ZeRO-2" "$train" "${common[@]}" --zero 2 --bucket-mb 50 --steps 1 --out "$work/bucketzero"
-grep -q "note: --bucket-mb is not used: it sizes the buckets of --ddp bucketed, and this run reduce-scatters gradients (--zero 2)" \
+grep -q "note: --bucket-mb is not used: it sizes the buckets of --ddp bucketed, and under mpirun this run reduce-scatters gradients (--zero 2)" \
   "$work/last.log" || { echo "FAIL bucket size under ZeRO-2: no note"; grep note "$work/last.log"; failures=$((failures + 1)); }
 expect_ok "bucket size for --ddp flat" "$train" "${common[@]}" --ddp flat --bucket-mb 50 --steps 1 --out "$work/bucketflat"
-grep -q "note: --bucket-mb is not used: it sizes the buckets of --ddp bucketed, and this run averages gradients with --ddp flat" \
+grep -q "note: --bucket-mb is not used: it sizes the buckets of --ddp bucketed, and under mpirun this run averages gradients with --ddp flat" \
   "$work/last.log" || { echo "FAIL bucket size for --ddp flat: no note"; grep note "$work/last.log"; failures=$((failures + 1)); }
 expect_error "negative model size" "--d-model must be >= 0" "$train" "${common[@]}" --d-model -30 --steps 1
 # --eval-only takes a run folder (its newest checkpoint) like training does.

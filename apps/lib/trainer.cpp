@@ -187,22 +187,28 @@ void warn_if_settings_differ(const std::string& written_by, const Flags& flags) 
         "losses will not match an uninterrupted run; pass %s to keep its schedule\n",
         differs.c_str(), keep.c_str());
   }
-  // The other settings a step's result depends on; the gradients' dtype as each run resolved `auto`.
+  // The other settings a step's result depends on; the gradients' dtype compared as each run resolved
+  // `auto`, and shown as "auto (bf16)".
   auto grad_dtype = [](const std::string& grad_dtype, const std::string& precision, const std::string& comm) {
     if (grad_dtype != "auto") return grad_dtype;
     return std::string(precision == "bf16" && comm != "bf16" ? "bf16" : "f32");
   };
   std::string others;
-  for (const char* name :
-       {"seed", "sampling", "clip", "weight-decay", "beta1", "beta2", "precision", "grad-dtype"}) {
-    std::string before = recorded_flag(written_by, name), now = flags.str(name);
+  for (const char* name : {"seed", "sampling", "clip", "weight-decay", "beta1", "beta2", "precision",
+                           "grad-dtype", "grad-comm-dtype"}) {
+    const std::string before = recorded_flag(written_by, name), now = flags.str(name);
+    std::string before_value = before, now_value = now, before_shown = before, now_shown = now;
     if (std::string(name) == "grad-dtype" && !before.empty()) {
-      before = grad_dtype(before, recorded_flag(written_by, "precision"),
-                          recorded_flag(written_by, "grad-comm-dtype"));
-      now = grad_dtype(now, flags.str("precision"), flags.str("grad-comm-dtype"));
+      before_value = grad_dtype(before, recorded_flag(written_by, "precision"),
+                                recorded_flag(written_by, "grad-comm-dtype"));
+      now_value = grad_dtype(now, flags.str("precision"), flags.str("grad-comm-dtype"));
+      if (before != before_value) before_shown += " (" + before_value + ")";
+      if (now != now_value) now_shown += " (" + now_value + ")";
     }
-    if (!before.empty() && comparable_flag_value(name, before) != comparable_flag_value(name, now))
-      others += (others.empty() ? "" : ", ") + std::string("--") + name + " " + before + " -> " + now;
+    if (!before.empty() &&
+        comparable_flag_value(name, before_value) != comparable_flag_value(name, now_value))
+      others +=
+          (others.empty() ? "" : ", ") + std::string("--") + name + " " + before_shown + " -> " + now_shown;
   }
   if (!others.empty())
     std::printf(
@@ -467,12 +473,15 @@ RunPlan plan_run(const Flags& flags, Device device, const std::string& data_dir,
   s.ddp = dist::parse_ddp_strategy(flags.str("ddp"));
   s.bucket_mb = flags.number("bucket-mb");
   // A launch script's common flags may size buckets that this run does not have: said, not refused.
-  if (p.root && flags.given("bucket-mb") &&
-      (!ddp_averages_gradients(s) || s.ddp != dist::DdpStrategy::bucketed))
-    std::printf("note: --bucket-mb is not used: it sizes the buckets of --ddp bucketed, and this run %s\n",
-                ddp_averages_gradients(s)
-                    ? ("averages gradients with --ddp " + flags.str("ddp")).c_str()
-                    : ("reduce-scatters gradients (--zero " + flags.str("zero") + ")").c_str());
+  // (The default, 25, spelled out, as in a config file listing every flag, asks for nothing.)
+  if (p.root && flags.given("bucket-mb") && flags.number("bucket-mb") != 25 &&
+      (!ddp_averages_gradients(s) || s.ddp != dist::DdpStrategy::bucketed)) {
+    const std::string how = ddp_averages_gradients(s)
+                                ? "averages gradients with --ddp " + flags.str("ddp")
+                                : "reduce-scatters gradients (--zero " + flags.str("zero") + ")";
+    std::printf("note: --bucket-mb is not used: it sizes the buckets of --ddp bucketed, and %s %s\n",
+                p.world > 1 ? "this run" : "under mpirun this run", how.c_str());
+  }
   s.grad_comm_bf16 = grad_comm == "bf16";
   s.all_reduce = flags.str("all-reduce");
   TT_CHECK(s.all_reduce != "copy-engine" || device.is_cuda(),
