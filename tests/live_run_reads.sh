@@ -43,4 +43,25 @@ done
 kill -USR1 "$pid" 2>/dev/null
 wait "$pid"
 echo "ok   $reads reads of a live run folder"
+
+# A checkpoint still being read when the run prunes it stays, said once; a later checkpoint removes it once
+# it is free. The reader is a Python process holding the shared flock the programs above take.
+before=$failures
+small=(--data "$work/data" --out "$work/held" --preset tiny --ctx 16 --batch 2 --ckpt-every 1 --keep-ckpts 1
+  --eval-every 0 --log-every 1000 --sample-tokens 0 --device cpu)
+"$train" "${small[@]}" --steps 2 >"$work/held.log" 2>&1 || { fail "a 2-step run:"; tail -2 "$work/held.log"; }
+python3 -c "import fcntl, sys, time
+f = open(sys.argv[1], 'rb'); fcntl.flock(f, fcntl.LOCK_SH); time.sleep(60)" "$work/held/checkpoints/step_2.h5" &
+reader=$!
+sleep 1
+"$train" "${small[@]}" --steps 4 --resume latest >"$work/held.log" 2>&1 || { fail "resumed under a reader:"; tail -2 "$work/held.log"; }
+[ "$(grep -c "note: $work/held/checkpoints/step_2.h5 is being read by another program" "$work/held.log")" = 1 ] &&
+  [ -e "$work/held/checkpoints/step_2.h5" ] && [ ! -e "$work/held/checkpoints/step_3.h5" ] ||
+  { fail "a checkpoint being read: not kept once with one note:"; grep note "$work/held.log"; ls "$work/held/checkpoints"; }
+kill "$reader"
+wait "$reader" 2>/dev/null
+"$train" "${small[@]}" --steps 5 --resume latest >"$work/held.log" 2>&1 || { fail "resumed after the reader:"; tail -2 "$work/held.log"; }
+[ "$(ls "$work/held/checkpoints")" = "step_5.h5" ] || { fail "a freed checkpoint was not pruned:"; ls "$work/held/checkpoints"; }
+grep -q "is being read" "$work/held.log" && fail "a note without a reader"
+[ "$failures" -eq "$before" ] && echo "ok   a checkpoint being read is kept, said once, and pruned once free"
 [ "$failures" -eq 0 ] || { echo "$failures failures"; exit 1; }

@@ -310,23 +310,26 @@ void RunFolder::append_metrics(const std::string& line) {
 }
 
 namespace {
-// Removes a checkpoint unless a reader holds a CheckpointReadLock on it (then it waits for a later commit):
-// the exclusive lock is taken without waiting. Where the file system has no such locks, or the file cannot
-// be opened for writing (NFS grants exclusive locks to writers only), it is removed as before.
-void remove_unless_read(const std::string& path) {
+// Removes a checkpoint unless a reader holds a CheckpointReadLock on it (then it waits for a later commit,
+// and the function returns false): the exclusive lock is taken without waiting. Where the file system has
+// no such locks, or the file cannot be opened for writing (NFS grants exclusive locks to writers only), it
+// is removed as before.
+bool remove_unless_read(const std::string& path) {
   std::error_code ec;
   const int fd = ::open(path.c_str(), O_RDWR | O_CLOEXEC);
   if (fd >= 0) {
     const bool being_read = ::flock(fd, LOCK_EX | LOCK_NB) != 0 && errno == EWOULDBLOCK;
     if (!being_read) fs::remove(path, ec);
     ::close(fd);
-    return;
+    return !being_read;
   }
   fs::remove(path, ec);
+  return true;
 }
 }  // namespace
 
-void RunFolder::commit(int64_t step, int64_t keep) {
+std::vector<std::string> RunFolder::commit(int64_t step, int64_t keep) {
+  std::vector<std::string> kept_for_readers;
   if (!committed_) {
     std::string text;
     for (const std::string& l : kept_metrics_) text += l + "\n";
@@ -335,16 +338,18 @@ void RunFolder::commit(int64_t step, int64_t keep) {
     pending_metrics_.clear();
     const std::string newest = step >= 0 ? checkpoint_path(step) : "";
     for (const std::string& path : replaced_checkpoints_) {
-      if (path != newest) remove_unless_read(path);
+      if (path != newest && !remove_unless_read(path)) kept_for_readers.push_back(path);
     }
     replaced_checkpoints_.clear();
     committed_ = true;
   }
-  if (keep <= 0 || step < 0) return;
+  if (keep <= 0 || step < 0) return kept_for_readers;
   const auto found = list_checkpoints(checkpoints_dir());
   for (size_t i = 0; i + static_cast<size_t>(keep) < found.size(); ++i) {
-    if (found[i].first < step) remove_unless_read(found[i].second);
+    if (found[i].first < step && !remove_unless_read(found[i].second))
+      kept_for_readers.push_back(found[i].second);
   }
+  return kept_for_readers;
 }
 
 CheckpointReadLock::CheckpointReadLock(const std::string& path) {

@@ -108,8 +108,9 @@ class RunFolder {
   // Called after a checkpoint at `step` was written and verified: on the first call, metrics.jsonl becomes
   // the kept lines plus the new ones (written whole, then renamed) and the replaced checkpoints are deleted;
   // then all but the newest `keep` checkpoints (0: all) are pruned. step -1: a run that writes no
-  // checkpoints takes the folder over at once.
-  void commit(int64_t step, int64_t keep);
+  // checkpoints takes the folder over at once. Returns the checkpoints it left because another process was
+  // reading them (CheckpointReadLock); a later commit tries again.
+  std::vector<std::string> commit(int64_t step, int64_t keep);
   // A new run (start(-1)) that failed before its first step completed: removes what it wrote (step_0,
   // metrics.jsonl), so that the corrected command is not refused as another run's folder.
   void discard_new_run();

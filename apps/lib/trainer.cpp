@@ -1190,7 +1190,14 @@ class TrainingRun {
                     });
     if (root_) {
       const double written_s = now_seconds() - t0 - verify_s;
-      folder_->commit(step, keep_ckpts_);
+      for (const std::string& kept : folder_->commit(step, keep_ckpts_)) {
+        if (!noted_kept_.insert(kept).second) continue;
+        end_progress_line();
+        std::printf(
+            "note: %s is being read by another program, so it stays past --keep-ckpts; a later "
+            "checkpoint of this run removes it once it is free (or remove it yourself)\n",
+            kept.c_str());
+      }
       if (step > 0 || large) {
         const double bytes = static_cast<double>(fs::file_size(path));
         end_progress_line();
@@ -1210,6 +1217,7 @@ class TrainingRun {
   const Device device_;
   const std::string data_dir_;
   bool complete_ = false;              // --resume latest found the run ended: nothing to do
+  std::set<std::string> noted_kept_;   // checkpoints left for a reader, each said once
   bool replaces_another_run_ = false;  // RunFolder::replaces_another_run: no step 0 is written
   dist::DistRuntime* const runtime_;
   RunPlan plan_;
