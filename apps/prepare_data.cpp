@@ -107,10 +107,11 @@ int main(int argc, char** argv) {
     const int64_t needed = tt::app::tokens_for_context(tt::app::kDefaultContext);
     if (std::min(s.train_tokens, s.val_tokens) < needed)
       std::printf(
-          "note: %s holds only %lld tokens; train's default context of %lld needs %lld in each split: pass a "
-          "smaller --ctx to train, or give prepare_data more text\n",
+          "note: %s holds only %lld token%s; train's default context of %lld needs %lld in each split: pass "
+          "a smaller --ctx to train, or give prepare_data more text\n",
           s.val_tokens < s.train_tokens ? "val.bin" : "train.bin",
           static_cast<long long>(std::min(s.train_tokens, s.val_tokens)),
+          std::min(s.train_tokens, s.val_tokens) == 1 ? "" : "s",
           static_cast<long long>(tt::app::kDefaultContext), static_cast<long long>(needed));
     if (s.validation_from_tail)
       std::printf("fewer than 10 documents: val.bin is the last %s, not every 10th document\n",

@@ -160,6 +160,9 @@ cases=(
   "config_rope_parameters|config.json: rope_parameters has rope_type \"yarn\": scaled RoPE"
   "config_rope_conflict|config.json: rope_parameters.rope_theta 500000.0 differs from rope_theta 10000.0"
   "config_model_type|config.json: model_type is 'gpt2', expected llama"
+  "config_architecture|config.json: architectures is [\"GPT2LMHeadModel\"]: only LlamaForCausalLM is read"
+  "config_partial_rope|config.json: partial_rotary_factor is 0.5: RoPE on part of each head"
+  "config_heads|config.json: hidden_size 64 is not divisible by num_attention_heads 3"
 )
 for entry in "${cases[@]}"; do
   case_name=${entry%%|*} expected=${entry#*|}

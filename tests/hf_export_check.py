@@ -350,6 +350,9 @@ CASES = {
     "config_rope_conflict": lambda d: damage_config(
         d, lambda c: c.update(rope_parameters={"rope_type": "default", "rope_theta": 500000.0})),
     "config_model_type": lambda d: damage_config(d, lambda c: c.update(model_type="gpt2")),
+    "config_architecture": lambda d: damage_config(d, lambda c: c.update(architectures=["GPT2LMHeadModel"])),
+    "config_partial_rope": lambda d: damage_config(d, lambda c: c.update(partial_rotary_factor=0.5)),
+    "config_heads": lambda d: damage_config(d, lambda c: c.update(num_attention_heads=3)),
 }
 
 

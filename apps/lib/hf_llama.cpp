@@ -1,5 +1,6 @@
 #include "apps/lib/hf_llama.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -218,6 +219,16 @@ nn::ModelConfig read_llama_config(const std::string& path) {
   // Llama's defaults where a field may be left out.
   c.rope_theta = read_rope_theta(json, f);
   const std::string cannot = " cannot be represented by this model";
+  // Another class's weights under model_type llama would be read as a causal LM's.
+  if (json.contains("architectures") && json.at("architectures").is_array() &&
+      !json.at("architectures").empty()) {
+    const nlohmann::json& classes = json.at("architectures");
+    if (std::find(classes.begin(), classes.end(), "LlamaForCausalLM") == classes.end())
+      throw f.error("architectures is " + classes.dump() + ": only LlamaForCausalLM is read");
+  }
+  TT_CHECK(c.d_model % c.num_heads == 0, path + ": hidden_size " + std::to_string(c.d_model) +
+                                             " is not divisible by num_attention_heads " +
+                                             std::to_string(c.num_heads));
   if (f.has("num_key_value_heads") && f.positive("num_key_value_heads") != c.num_heads) {
     throw f.error("num_key_value_heads " + std::to_string(f.positive("num_key_value_heads")) +
                   " differs from num_attention_heads " + std::to_string(c.num_heads) +
@@ -229,9 +240,10 @@ nn::ModelConfig read_llama_config(const std::string& path) {
     throw f.error("hidden_act is '" + f.text("hidden_act") + "': only silu (SwiGLU) can be represented");
   if (f.flag("attention_bias")) throw f.error("attention_bias is true: biases" + cannot);
   if (f.flag("mlp_bias")) throw f.error("mlp_bias is true: biases" + cannot);
-  TT_CHECK(c.d_model % c.num_heads == 0, path + ": hidden_size " + std::to_string(c.d_model) +
-                                             " is not divisible by num_attention_heads " +
-                                             std::to_string(c.num_heads));
+  if (f.has("partial_rotary_factor") && f.positive_number("partial_rotary_factor") != 1.0) {
+    throw f.error("partial_rotary_factor is " + json.at("partial_rotary_factor").dump() +
+                  ": RoPE on part of each head" + cannot);
+  }
   if (f.has("head_dim") && f.positive("head_dim") != c.d_head()) {
     throw f.error("head_dim " + std::to_string(f.positive("head_dim")) +
                   " is not hidden_size / num_attention_heads (" + std::to_string(c.d_head()) +
