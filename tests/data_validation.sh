@@ -157,7 +157,7 @@ expect_error "eval-only windows beyond val.bin" "needs 4 windows of 17 tokens; $
 
 # A corpus too small for train's default context is prepared, with a note saying so.
 printf 'abc' >"$work/tiny.txt"
-"$prepare" --input "$work/tiny.txt" --out "$work/tiny_data" 2>&1 | grep -q "note: val.bin holds only 1 tokens" &&
+"$prepare" --input "$work/tiny.txt" --out "$work/tiny_data" 2>&1 | grep -q "note: val.bin holds only 1 token;" &&
   echo "ok   a corpus too small for the default context is noted" || fail "no note for a tiny corpus"
 
 # prepare_data streams its input: 160 MB of text (every token file and the text itself would be about 1 GB
