@@ -34,6 +34,12 @@ const std::vector<std::string>& Flags::choices(const std::string& name) const {
   return found->second.choices;
 }
 
+const std::string& Flags::default_value(const std::string& name) const {
+  const auto found = specs_.find(canonical(name));
+  TT_ASSERT(found != specs_.end(), "default of undeclared flag --" + name);
+  return found->second.default_value;
+}
+
 void Flags::add_switch(const std::string& name, const std::string& help, bool on_by_default) {
   order_.push_back(name);
   specs_[name] = {on_by_default ? "true" : "false", help, true, {}, group_, {}};

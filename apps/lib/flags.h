@@ -44,7 +44,8 @@ class Flags {
   bool declared(const std::string& name) const { return specs_.count(name) > 0; }
   // The values `add` listed for the flag (empty: any); "cuda:N" stands for a pattern.
   const std::vector<std::string>& choices(const std::string& name) const;
-  std::string help() const;  // lines of at most 100 columns
+  const std::string& default_value(const std::string& name) const;  // as `add` declared it
+  std::string help() const;                                         // lines of at most 100 columns
   // Every declared flag as ("--name", value), in declaration order.
   std::vector<std::pair<std::string, std::string>> values() const;
 

@@ -250,6 +250,11 @@ bool RunFolder::has_metrics_lines() const {
   return false;
 }
 
+bool RunFolder::holds_only_start_point() const {
+  const auto found = list_checkpoints(checkpoints_dir());
+  return found.size() == 1 && found[0].first == 0;
+}
+
 bool RunFolder::holds_trained_run() const {
   const auto found = list_checkpoints(checkpoints_dir());
   if (found.empty()) return false;

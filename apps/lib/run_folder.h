@@ -86,6 +86,8 @@ class RunFolder {
   // without --init-from (not imported, not another run's weights), and no metrics line. That is what a new
   // run leaves when it is killed in its first step.
   bool holds_trained_run() const;
+  // Whether its only checkpoint is step_0.h5, a run's start point.
+  bool holds_only_start_point() const;
   // Whether metrics.jsonl has a line (of any run: this one has written none yet).
   bool has_metrics_lines() const;
 

@@ -221,13 +221,15 @@ nn::ModelConfig model_config_from_flags(const Flags& flags, Device device, int64
   return config;
 }
 
+bool auto_grads_bf16(bool bf16_precision, bool bf16_communication) {
+  return bf16_precision && !bf16_communication;
+}
+
 bool grads_bf16_from_flags(const Flags& flags, bool bf16_precision, bool bf16_communication) {
   const std::string grad_dtype = flags.str("grad-dtype");
   TT_CHECK(grad_dtype == "f32" || grad_dtype == "bf16" || grad_dtype == "auto",
            "--grad-dtype must be auto, f32 or bf16, got '" + grad_dtype + "'");
-  // auto: bf16 gradients in a bf16 model (weight gradients rounded once, as autocast rounds them), unless
-  // the all-reduce is asked to round f32 gradients itself.
-  if (grad_dtype == "auto") return bf16_precision && !bf16_communication;
+  if (grad_dtype == "auto") return auto_grads_bf16(bf16_precision, bf16_communication);
   const bool grads_bf16 = grad_dtype == "bf16";
   TT_CHECK(!grads_bf16 || bf16_precision, "--grad-dtype bf16 needs --precision bf16");
   TT_CHECK(!grads_bf16 || !bf16_communication,

@@ -32,6 +32,9 @@ nn::AttentionKind resolve_attention(const std::string& text, Device device);
 // --grad-dtype (f32 | bf16): whether the gradient buffer is bf16. bf16 needs bf16 precision, and excludes
 // bf16 gradient communication (`bf16_communication`), which is for f32 gradients.
 bool grads_bf16_from_flags(const Flags& flags, bool bf16_precision, bool bf16_communication);
+// What `--grad-dtype auto` resolves to: bf16 gradients in a bf16 model (weight gradients rounded once, as
+// autocast rounds them), unless the all-reduce is asked to round f32 gradients itself.
+bool auto_grads_bf16(bool bf16_precision, bool bf16_communication);
 // Only the settings that may differ between runs of one checkpoint (precision, attention).
 void apply_runtime_model_flags(const Flags& flags, nn::ModelConfig& config, Device device);
 // --gemm-autotune (train, benchmark): how many of cuBLASLt's candidate kernels to time per new matmul shape.

@@ -191,7 +191,7 @@ void warn_if_settings_differ(const std::string& written_by, const Flags& flags) 
   // `auto`, and shown as "auto (bf16)".
   auto grad_dtype = [](const std::string& grad_dtype, const std::string& precision, const std::string& comm) {
     if (grad_dtype != "auto") return grad_dtype;
-    return std::string(precision == "bf16" && comm != "bf16" ? "bf16" : "f32");
+    return std::string(auto_grads_bf16(precision == "bf16", comm == "bf16") ? "bf16" : "f32");
   };
   std::string others;
   for (const char* name : {"seed", "sampling", "clip", "weight-decay", "beta1", "beta2", "precision",
@@ -381,7 +381,7 @@ void check_train_flag_values(const Flags& flags) {
   }
   // A strategy other than the default asks for something ZeRO-2/3 do not do; the default spelled out (a
   // config file listing every flag) asks for nothing.
-  TT_CHECK(flags.integer("zero") < 2 || !flags.given("ddp") || flags.str("ddp") == "bucketed",
+  TT_CHECK(flags.integer("zero") < 2 || !flags.given("ddp") || flags.str("ddp") == flags.default_value("ddp"),
            "--ddp chooses how DDP (and --zero 1 with --zero-grads ddp) averages gradients; --zero " +
                flags.str("zero") + " reduce-scatters them itself (drop --ddp)");
   // The model's settings that depend on flags alone (the vocabulary comes with the data, later).
@@ -473,8 +473,10 @@ RunPlan plan_run(const Flags& flags, Device device, const std::string& data_dir,
   s.ddp = dist::parse_ddp_strategy(flags.str("ddp"));
   s.bucket_mb = flags.number("bucket-mb");
   // A launch script's common flags may size buckets that this run does not have: said, not refused.
-  // (The default, 25, spelled out, as in a config file listing every flag, asks for nothing.)
-  if (p.root && flags.given("bucket-mb") && flags.number("bucket-mb") != 25 &&
+  // (The default spelled out, as in a config file listing every flag, asks for nothing.)
+  if (p.root && flags.given("bucket-mb") &&
+      comparable_flag_value("bucket-mb", flags.str("bucket-mb")) !=
+          comparable_flag_value("bucket-mb", flags.default_value("bucket-mb")) &&
       (!ddp_averages_gradients(s) || s.ddp != dist::DdpStrategy::bucketed)) {
     const std::string how = ddp_averages_gradients(s)
                                 ? "averages gradients with --ddp " + flags.str("ddp")
@@ -652,9 +654,8 @@ class TrainingRun {
                   folder_->checkpoint_path(0).c_str());
       return;
     }
-    const auto found = list_checkpoints(folder_->checkpoints_dir());
     // Typically a run that ran out of memory after its first step: say what is there to keep or replace.
-    TT_CHECK(!resume_.empty() || found.size() != 1 || found[0].first != 0 || !folder_->has_metrics_lines(),
+    TT_CHECK(!resume_.empty() || !folder_->holds_only_start_point() || !folder_->has_metrics_lines(),
              plan_.out + "/checkpoints holds only the start point (step 0) of another run, whose " +
                  folder_->metrics_path() +
                  " logs steps it did not checkpoint; pass --overwrite to replace them, --resume latest "
