@@ -174,6 +174,7 @@ int main(int argc, char** argv) {
     sampling.temperature = flags.number("temperature");
     sampling.top_k = flags.integer("top-k");
     sampling.top_p = flags.number("top-p");
+    TT_CHECK(flags.integer("seed") >= 0, "--seed must be >= 0, got " + flags.str("seed"));
     sampling.seed = static_cast<uint64_t>(flags.integer("seed"));
     sampling.stop_at_end_of_text = !flags.boolean("no-stop");
     check_sampling_options(sampling);

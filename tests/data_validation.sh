@@ -185,6 +185,28 @@ assert tokens == os.path.getsize(text) - 2 * separators + meta["documents"], (to
 assert peak_mb < 400, f"peak {peak_mb:.0f} MB"
 print(f"     peak {peak_mb:.0f} MB for {os.path.getsize(text) / 1e6:.0f} MB of text")
 PY
+# Stopped while encoding (SIGTERM, as a scheduler sends): a folder it made is removed, an earlier dataset in
+# the folder is left whole, and no temporary file stays.
+cp -r "$work/data" "$work/kept_data"
+python3 - "$prepare" "$work/large.txt" "$work/stopped_data" "$work/kept_data" <<'PY' &&
+import os, signal, subprocess, sys
+prepare, text, new_out, kept_out = sys.argv[1:]
+before = {name: open(os.path.join(kept_out, name), "rb").read() for name in os.listdir(kept_out)}
+for out in (new_out, kept_out):
+    run = subprocess.Popen([prepare, "--input", text, "--out", out, "--separator", "%", "--overwrite"],
+                           stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
+    for line in run.stderr:
+        if line.startswith("encoding on"):
+            break
+    run.send_signal(signal.SIGTERM)
+    run.stderr.read()
+    assert run.wait() == -signal.SIGTERM, run.returncode
+assert not os.path.exists(new_out), os.listdir(new_out)
+after = {name: open(os.path.join(kept_out, name), "rb").read() for name in os.listdir(kept_out)}
+assert after == before, sorted(after)
+PY
+  echo "ok   stopped while encoding: its new folder removed, an earlier dataset whole" ||
+  fail "prepare_data stopped while encoding"
 rm -rf "$work/large.txt" "$work/large_data"
 
 # A corpus folder's .git, an earlier dataset inside it and a link to a folder are not text of the corpus:

@@ -61,6 +61,8 @@ expect_ok "export f32" "$export_app" --checkpoint "$ckpt" --out "$work/hf"
 for f in model.safetensors config.json README.md; do [ -f "$work/hf/$f" ] || fail "export: no $f"; done
 [ -e "$work/hf/tokenizer.model" ] && fail "export: a tokenizer.model for byte-level data"
 grep -q '"eos_token_id": 256' "$work/hf/config.json" || fail "export: config.json has no eos_token_id 256"
+# No BOS in byte-level data: said as null, since transformers' LlamaConfig takes id 1 for a missing one.
+grep -q '"bos_token_id": null' "$work/hf/config.json" || fail "export: config.json's bos_token_id is not null"
 grep -q "no Hugging Face tokenizer" "$work/last.log" || fail "export: no note about the byte-level tokenizer"
 # Byte tokens need nothing from the data folder (the checkpoint records them): moved away, the same export.
 mv "$work/data" "$work/data_moved"

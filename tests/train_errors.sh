@@ -138,6 +138,7 @@ expect_error "beta out of range" "--beta1 must be in \[0, 1)" "$train" "${common
 expect_error "negative weight decay" "--weight-decay must be a finite number" "$train" "${common[@]}" --weight-decay -5 --steps 1
 expect_error "no evaluation batches" "--eval-batches must be >= 1" "$train" "${common[@]}" --eval-batches 0 --steps 1
 expect_error "negative warm-up" "--warmup must be >= 0" "$train" "${common[@]}" --warmup -10 --steps 1
+expect_error "negative seed" "--seed must be >= 0" "$train" "${common[@]}" --seed -1 --steps 1
 expect_error "--json without --eval-only" "--json writes the result of --eval-only" "$train" "${common[@]}" --json "$work/x.json" --steps 1
 expect_error "empty --out" "--out must name a folder" "$train" "${common[@]}" --out "" --steps 1
 # A validation file too short for the context: refused at start-up, not at the first evaluation.

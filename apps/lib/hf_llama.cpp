@@ -107,8 +107,11 @@ std::string llama_config_json(const nn::ModelConfig& config, const std::string& 
   json["tie_word_embeddings"] = false;
   json["use_cache"] = true;
   json["torch_dtype"] = torch_dtype;
-  if (tokens.bos >= 0) json["bos_token_id"] = tokens.bos;
-  if (tokens.eos >= 0) json["eos_token_id"] = tokens.eos;
+  // null, not left out: transformers' LlamaConfig would otherwise take 1 and 2, ids of ordinary tokens here.
+  json["bos_token_id"] =
+      tokens.bos >= 0 ? nlohmann::ordered_json(tokens.bos) : nlohmann::ordered_json(nullptr);
+  json["eos_token_id"] =
+      tokens.eos >= 0 ? nlohmann::ordered_json(tokens.eos) : nlohmann::ordered_json(nullptr);
   return json.dump(2) + "\n";
 }
 

@@ -31,32 +31,57 @@ namespace tt::app {
 namespace fs = std::filesystem;
 
 namespace {
-// The temporary files being written, for a stop signal (Ctrl-C) to remove before the process ends: a signal
-// handler may only unlink, so the paths wait in fixed buffers.
+// What a stop signal (Ctrl-C) removes before the process ends: the temporary files being written, and --out
+// if this run made it (rmdir, so only while it is empty). A signal handler may only unlink and rmdir, so the
+// paths wait in fixed buffers.
 constexpr int kMaxPending = 8;
 char pending_paths[kMaxPending][4096];
 volatile std::sig_atomic_t pending_count = 0;
+char created_folder_path[4096];
+volatile std::sig_atomic_t folder_pending = 0;
 
 extern "C" void remove_pending_and_end(int signal) {
   for (int i = 0; i < pending_count; ++i) ::unlink(pending_paths[i]);
+  if (folder_pending) ::rmdir(created_folder_path);
   std::signal(signal, SIG_DFL);
   std::raise(signal);
 }
 
-// A dataset's files are each written to NAME.tmp first; only when all of them are complete are they renamed
-// into place, so a failed write (a full disk, say) or a stop signal leaves the old dataset whole and no
-// temporary files.
-class DatasetWriter {
+// Installs that clean-up for SIGINT, SIGTERM and SIGHUP while prepare_text runs, from before --out is made.
+class StopCleanup {
  public:
-  explicit DatasetWriter(std::string dir) : dir_(std::move(dir)) {
+  explicit StopCleanup(const std::string& out_dir) {
+    if (!fs::exists(out_dir) && out_dir.size() < sizeof(created_folder_path)) {
+      std::snprintf(created_folder_path, sizeof(created_folder_path), "%s", out_dir.c_str());
+      folder_pending = 1;
+    }
     for (int i = 0; i < 3; ++i) {
       previous_[i] = std::signal(kSignals[i], remove_pending_and_end);
       if (previous_[i] == SIG_IGN) std::signal(kSignals[i], SIG_IGN);  // nohup's SIGHUP stays ignored
     }
   }
+  ~StopCleanup() {
+    pending_count = 0;
+    folder_pending = 0;
+    for (int i = 0; i < 3; ++i) std::signal(kSignals[i], previous_[i]);
+  }
+  StopCleanup(const StopCleanup&) = delete;
+  StopCleanup& operator=(const StopCleanup&) = delete;
+  bool created_folder() const { return folder_pending != 0; }
+
+ private:
+  static constexpr int kSignals[3] = {SIGINT, SIGTERM, SIGHUP};
+  void (*previous_[3])(int) = {};
+};
+
+// A dataset's files are each written to NAME.tmp first; only when all of them are complete are they renamed
+// into place, so a failed write (a full disk, say) or a stop signal (with StopCleanup) leaves the old
+// dataset whole and no temporary files.
+class DatasetWriter {
+ public:
+  explicit DatasetWriter(std::string dir) : dir_(std::move(dir)) {}
   ~DatasetWriter() {
     pending_count = 0;
-    for (int i = 0; i < 3; ++i) std::signal(kSignals[i], previous_[i]);
     for (File& f : files_) {
       f.out.reset();
       std::error_code ignored;
@@ -114,10 +139,8 @@ class DatasetWriter {
   static std::string write_failed(const File& f) {
     return "write failed for '" + f.path + "' (disk full?); nothing was replaced";
   }
-  static constexpr int kSignals[3] = {SIGINT, SIGTERM, SIGHUP};
   std::string dir_;
   std::vector<File> files_;
-  void (*previous_[3])(int) = {};
 };
 
 // A NUL byte in the first 8000 (git's test): token files, archives, UTF-16. Text never holds one.
@@ -641,7 +664,7 @@ PrepareStats prepare_text(const std::string& input, const std::string& out_dir, 
     if (!ec) input_bytes += size;
   }
   const bool report = input_bytes >= kReportBytes;
-  const bool created = !fs::exists(out_dir);
+  const StopCleanup stop_cleanup(out_dir);
   prepare_out_folder(out_dir);
   try {
     if (report)
@@ -718,7 +741,7 @@ PrepareStats prepare_text(const std::string& input, const std::string& out_dir, 
   } catch (...) {
     // A failed run (too little text, a full disk) leaves no empty folder that it made.
     std::error_code ec;
-    if (created && fs::is_empty(out_dir, ec)) fs::remove(out_dir, ec);
+    if (stop_cleanup.created_folder() && fs::is_empty(out_dir, ec)) fs::remove(out_dir, ec);
     throw;
   }
 }

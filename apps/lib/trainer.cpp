@@ -357,7 +357,7 @@ void check_train_flag_values(const Flags& flags) {
     TT_CHECK(std::isfinite(v) && v >= 0 && v < 1,
              std::string("--") + name + " must be in [0, 1), got " + flags.str(name));
   }
-  for (const char* name : {"warmup", "cosine-steps", "eval-every", "keep-ckpts", "sample-tokens"})
+  for (const char* name : {"seed", "warmup", "cosine-steps", "eval-every", "keep-ckpts", "sample-tokens"})
     TT_CHECK(flags.integer(name) >= 0, std::string("--") + name + " must be >= 0, got " + flags.str(name));
   TT_CHECK(flags.integer("ckpt-every") >= -1,
            "--ckpt-every must be >= 0, or -1 for none, got " + flags.str("ckpt-every"));
