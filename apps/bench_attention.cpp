@@ -140,8 +140,10 @@ int main(int argc, char** argv) {
     std::unique_ptr<JsonlWriter> json;
     if (!flags.str("json").empty()) json = std::make_unique<JsonlWriter>(flags.str("json"), false);
     const int64_t warmup = flags.integer("warmup-iters"), iters = flags.integer("steps");
-    TT_CHECK(warmup >= 0 && iters > 0, "--warmup-iters must be >= 0 and --iters positive");
-    TT_CHECK(flags.integer("max-seq") >= 128, "--max-seq must be at least 128, the sweep's shortest T");
+    TT_CHECK(warmup >= 0, "--warmup-iters must be >= 0, got " + flags.str("warmup-iters"));
+    TT_CHECK(iters > 0, "--steps must be positive, got " + flags.str("steps"));
+    TT_CHECK(flags.integer("max-seq") >= 128 && flags.integer("max-seq") <= (int64_t{1} << 24),
+             "--max-seq must be in 128..16777216 (2^24), got " + flags.str("max-seq"));
     TT_CHECK(flags.str("precision") == "f32" || flags.str("precision") == "bf16",
              "--precision must be f32 or bf16, got '" + flags.str("precision") + "'");
     for (const std::string& suite : flags.list("suite")) {

@@ -234,8 +234,11 @@ int main(int argc, char** argv) {
     resolve_attention(flags.str("attention"), device);
     const int64_t batch = flags.integer("batch"), ctx = flags.integer("ctx"), steps = flags.integer("steps");
     int64_t warmup = flags.integer("warmup-iters");
-    TT_CHECK(batch > 0 && ctx > 0 && steps > 0 && warmup >= 0,
-             "--batch, --ctx and --steps must be positive and --warmup-iters >= 0");
+    TT_CHECK(batch > 0, "--batch must be positive, got " + flags.str("batch"));
+    TT_CHECK(ctx > 0, "--ctx must be positive, got " + flags.str("ctx"));
+    TT_CHECK(steps > 0, "--steps must be positive, got " + flags.str("steps"));
+    TT_CHECK(warmup >= 0, "--warmup-iters must be >= 0, got " + flags.str("warmup-iters"));
+    check_micro_batch_tokens(batch, ctx);
     const GraphUse cuda_graph = parse_graph_use(flags.str("cuda-graph"));
     TT_CHECK(device.is_cuda() || cuda_graph != GraphUse::on,
              "--cuda-graph on needs a CUDA device (CUDA graphs); use auto or off on the CPU");
@@ -296,7 +299,7 @@ int main(int argc, char** argv) {
     const auto runs_ddp = [](const Config& c) { return c.strategy.has_value(); };
     configs = expand_rows(configs, dtypes, runs_ddp, [](Config& c, const std::string& dtype) {
       c.bf16_communication = dtype == "bf16";
-      if (c.bf16_communication) c.label += " (bf16 grads)";
+      if (c.bf16_communication) c.label += " (sent in bf16)";
     });
     // Checked before any row runs, not at the first copy-engine row.
     const std::vector<dist::AllReduceTransport> transports = all_reduce_transports(flags, device, *runtime);
@@ -323,6 +326,9 @@ int main(int argc, char** argv) {
           grad_dtype.c_str(), flags.number("clip"), static_cast<long long>(warmup),
           static_cast<long long>(steps), flags.str("cuda-graph").c_str(),
           device.is_cuda() ? "" : " (no CUDA graphs on CPUs)");
+      if (world == 1)
+        std::fprintf(stderr,
+                     "note: one rank, so no scaling to measure; start it as mpirun -np N bench_ddp ...\n");
     }
     StreamedTable table({"preset", "strategy", "bucket MB", "ranks", "step ms", "comm wait ms", "comm share",
                          "tokens/s (all ranks)", "scaling efficiency", "graph"},

@@ -392,7 +392,7 @@ int main(int argc, char** argv) {
               {"on", "off", "both", "auto"});
     flags.add("json", "", "also write one JSON object per row to this file");
     flags.add("memory-timeline", "",
-              "record every allocation of one step into FILE.svg (plot), FILE.json (events) and FILE.pickle "
+              "record every allocation of one step into FILE.svg (plot), FILE.jsonl (events) and FILE.pickle "
               "(a snapshot for pytorch.org/memory_viz, Active Memory Timeline)");
     if (!flags.parse(argc, argv)) return 0;
     // Every rank would run every row on the same GPU and write the same --json file.
@@ -435,6 +435,7 @@ int main(int argc, char** argv) {
     for (int64_t w : warmups) TT_CHECK(w >= 0, "--warmup-iters values must not be negative");
     for (int64_t c : contexts) TT_CHECK(c > 0, "--ctx values must be positive");
     TT_CHECK(flags.integer("batch") > 0, "--batch must be positive");
+    for (int64_t c : contexts) check_micro_batch_tokens(flags.integer("batch"), c);
     TT_CHECK(flags.integer("steps") > 0, "--steps must be positive");
     TT_CHECK(flags.integer("vocab") > 0, "--vocab must be positive");
     TT_CHECK(std::isfinite(flags.number("clip")) && flags.number("clip") >= 0,

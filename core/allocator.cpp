@@ -1,6 +1,7 @@
 #include "core/allocator.h"
 
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <map>
 #include <mutex>
@@ -33,6 +34,30 @@ double now_us() {
 void record(bool is_alloc, int64_t bytes, const void* ptr, int64_t current) {
   if (g_recorder) g_recorder(MemoryEvent{is_alloc, bytes, ptr, current, now_us(), g_tag});
 }
+
+// What the host can still back with memory: MemAvailable + SwapFree from /proc/meminfo, in bytes; -1 where
+// it cannot be read. Linux grants a large allocation without backing it, so a tensor larger than this would
+// be written into until the kernel's OOM killer ends the process with no message.
+int64_t host_bytes_available() {
+  std::FILE* file = std::fopen("/proc/meminfo", "r");
+  if (!file) return -1;
+  char line[256];
+  int64_t total_kib = 0;
+  int found = 0;
+  while (std::fgets(line, sizeof(line), file)) {
+    long long kib = 0;
+    if (std::sscanf(line, "MemAvailable: %lld kB", &kib) == 1 ||
+        std::sscanf(line, "SwapFree: %lld kB", &kib) == 1) {
+      total_kib += kib;
+      ++found;
+    }
+  }
+  std::fclose(file);
+  return found == 2 ? total_kib * 1024 : -1;
+}
+
+// Large host allocations only: reading /proc/meminfo costs microseconds.
+constexpr size_t kCheckHostBytesFrom = size_t{64} << 20;
 
 void count_alloc(MemoryStats& stats, int64_t bytes) {
   stats.current_bytes += bytes;
@@ -133,6 +158,12 @@ void* allocate_bytes(Device device, size_t bytes) {
   std::lock_guard<std::mutex> lock(g_mutex);
   if (device.is_cpu()) {
     const size_t rounded = (std::max<size_t>(bytes, 1) + kCpuAlignment - 1) / kCpuAlignment * kCpuAlignment;
+    if (rounded >= kCheckHostBytesFrom) {
+      const int64_t available = host_bytes_available();
+      if (available >= 0 && static_cast<int64_t>(rounded) > available)
+        throw OutOfMemory("out of host memory allocating " + std::to_string(bytes) +
+                          " bytes (the machine has " + std::to_string(available) + " free)");
+    }
     void* ptr = std::aligned_alloc(kCpuAlignment, rounded);
     if (!ptr) throw OutOfMemory("out of host memory allocating " + std::to_string(bytes) + " bytes");
     count_alloc(g_cpu_stats, static_cast<int64_t>(bytes));

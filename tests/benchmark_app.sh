@@ -42,7 +42,7 @@ echo "step-fused with the update in the matmuls ok"
 (cd "$work" && "$bench" --sizes tiny --ctx 32 --batch 2 --device cpu --warmup-iters 1 --steps 1 --memory-timeline mem \
   >/dev/null 2>&1)
 grep -q "<svg" "$work/mem.svg"
-python3 - "$work/mem.pickle" "$work/mem.json" <<'PY'
+python3 - "$work/mem.pickle" "$work/mem.jsonl" <<'PY'
 import json, pickle, sys
 snap = pickle.load(open(sys.argv[1], "rb"))
 events = [json.loads(line) for line in open(sys.argv[2])]
@@ -143,3 +143,15 @@ if "$bench" --sizes tiny --device cpu --steps 1 --mode train --clip -1 >"$work/o
   exit 1
 fi
 grep -q "^error: --clip must be a finite number >= 0.0, got -1$" "$work/out.txt"
+# A micro-batch of more than 2^31 tokens is refused in one line (it used to allocate until killed), and a
+# device name that is not one is named as the --device flag's value.
+if "$bench" --sizes tiny --device cpu --steps 1 --ctx 4294967297 --batch 1 >"$work/out.txt" 2>&1; then
+  echo "benchmark accepted --ctx 4294967297"
+  exit 1
+fi
+[ "$(wc -l <"$work/out.txt")" -eq 1 ] && grep -q "^error: --batch 1 x --ctx 4294967297 tokens per micro-batch is more than 2^31" "$work/out.txt"
+if "$bench" --sizes tiny --device gpu --steps 1 >"$work/out.txt" 2>&1; then
+  echo "benchmark accepted --device gpu"
+  exit 1
+fi
+grep -q "^error: unknown --device 'gpu' (expected auto, cpu, cuda or cuda:N)$" "$work/out.txt"

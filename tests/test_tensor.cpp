@@ -2,6 +2,7 @@
 #include <doctest/doctest.h>
 
 #include <chrono>
+#include <cstdio>
 #include <thread>
 
 #include "base/error.h"
@@ -134,6 +135,29 @@ TEST_CASE("allocator reports current and peak bytes") {
   }
   CHECK(memory_stats(cpu).current_bytes == base);
   CHECK(memory_stats(cpu).peak_bytes - base >= (1 << 22));
+}
+
+// Linux grants more than it can back (overcommit), and writing the tensor then gets the process killed with
+// no message: a request above what the host has free is refused as OutOfMemory instead, before it is granted.
+TEST_CASE("a host tensor larger than the free memory is refused, not granted") {
+  std::FILE* meminfo = std::fopen("/proc/meminfo", "r");
+  if (!meminfo) return;  // not Linux: nothing to compare with
+  long long available_kib = -1, swap_kib = -1, kib = 0;
+  char line[256];
+  while (std::fgets(line, sizeof(line), meminfo)) {
+    if (std::sscanf(line, "MemAvailable: %lld kB", &kib) == 1) available_kib = kib;
+    if (std::sscanf(line, "SwapFree: %lld kB", &kib) == 1) swap_kib = kib;
+  }
+  std::fclose(meminfo);
+  REQUIRE(available_kib > 0);
+  REQUIRE(swap_kib >= 0);
+  const size_t request = static_cast<size_t>(available_kib + swap_kib) * 1024 + (size_t{512} << 20);
+  const int64_t before = memory_stats(Device::cpu()).current_bytes;
+  void* granted = nullptr;
+  CHECK_THROWS_WITH_AS(granted = allocate_bytes(Device::cpu(), request),
+                       doctest::Contains("out of host memory allocating"), OutOfMemory);
+  if (granted) free_bytes(Device::cpu(), granted, request);  // never written: costs nothing
+  CHECK(memory_stats(Device::cpu()).current_bytes == before);
 }
 
 TEST_CASE("Philox-4x32-10 known answer and counter independence") {

@@ -145,7 +145,7 @@ std::string memory_viz_snapshot(const std::vector<MemoryEvent>& events,
   return w.finish();
 }
 
-const char* const kTimelineSuffixes[] = {".svg", ".json", ".pickle"};
+const char* const kTimelineSuffixes[] = {".svg", ".jsonl", ".pickle"};
 
 void write_file(const std::string& path, const std::string& contents) {
   std::ofstream out(path, std::ios::binary);
@@ -187,7 +187,7 @@ void record_memory_timeline(const std::string& path_prefix, Device device, const
            << "\", \"active_bytes\": " << e.current_bytes << ", \"owner\": " << JsonlWriter::quote(e.tag)
            << "}\n";
     }
-    write_file(path_prefix + ".json", json.str());
+    write_file(path_prefix + ".jsonl", json.str());
   }
   {
     std::vector<std::string> phase_of(events.size());
@@ -218,11 +218,14 @@ void record_memory_timeline(const std::string& path_prefix, Device device, const
       << "' y='20' text-anchor='middle' font-size='14'>active memory during one step on " << device.str()
       << " (" << events.size() << " allocations and frees, " << format_fixed(end_us / 1e3, 1)
       << " ms)</text>\n";
+  // Enough decimals that the five labels differ (a tiny model's step spans a few MiB).
+  const double tick_mib = (max_bytes - min_bytes) / 4.0 / (1 << 20);
+  const int digits = tick_mib >= 10 ? 0 : tick_mib >= 1 ? 1 : tick_mib >= 0.1 ? 2 : 3;
   for (int i = 0; i <= 4; ++i) {
     const double b = min_bytes + (max_bytes - min_bytes) * i / 4.0;
     svg << "<line x1='" << left << "' x2='" << width - right << "' y1='" << y_of(b) << "' y2='" << y_of(b)
         << "' stroke='#ddd'/><text x='" << left - 4 << "' y='" << y_of(b) + 4 << "' text-anchor='end'>"
-        << format_fixed(b / (1 << 20), 0) << " MiB</text>\n";
+        << format_fixed(b / (1 << 20), digits) << " MiB</text>\n";
   }
   // Shade each phase and each owner change along the x axis.
   std::map<std::string, std::string> colors;
@@ -261,7 +264,7 @@ void record_memory_timeline(const std::string& path_prefix, Device device, const
     text.replace(at, old_height.size(), "height='" + format_fixed(legend_y + 20, 0) + "'");
   write_file(path_prefix + ".svg", text);
   std::fprintf(stderr,
-               "  memory timeline: %s.svg, %s.json, %s.pickle (pytorch.org/memory_viz) (%zu events)\n",
+               "  memory timeline: %s.svg, %s.jsonl, %s.pickle (pytorch.org/memory_viz) (%zu events)\n",
                path_prefix.c_str(), path_prefix.c_str(), path_prefix.c_str(), events.size());
 }
 

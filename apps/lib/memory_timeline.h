@@ -12,7 +12,7 @@
 
 namespace tt::app {
 
-// Throws tt::Error naming the first of PREFIX.svg, .json, .pickle that cannot be opened for writing (checked
+// Throws tt::Error naming the first of PREFIX.svg, .jsonl, .pickle that cannot be opened for writing (checked
 // before a run, so a bad path fails at once instead of after the measurements; nothing is created or
 // changed).
 void check_memory_timeline_writable(const std::string& path_prefix);

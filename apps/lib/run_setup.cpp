@@ -157,13 +157,24 @@ Device pick_device(const std::string& text, int local_rank) {
   if (text == "auto") {
     device = cuda_available() ? Device::cuda(local_rank) : Device::cpu();
   } else {
-    device = Device::parse(text);
+    try {
+      device = Device::parse(text);
+    } catch (const Error&) {
+      throw Error("unknown --device '" + text + "' (expected auto, cpu, cuda or cuda:N)");
+    }
     if (device.is_cuda() && text == "cuda") device.index = local_rank;
     if (device.is_cuda() && !cuda_available())
       throw Error("--device " + text + ": no CUDA device is available");
   }
   if (device.is_cuda()) set_current_device(device.index);
   return device;
+}
+
+void check_micro_batch_tokens(int64_t batch, int64_t ctx, const std::string& hint) {
+  TT_CHECK(batch <= (int64_t{1} << 31) / ctx, "--batch " + std::to_string(batch) + " x --ctx " +
+                                                  std::to_string(ctx) +
+                                                  " tokens per micro-batch is more than 2^31; lower them" +
+                                                  (hint.empty() ? "" : " (" + hint + ")"));
 }
 
 std::string device_name(Device device) {

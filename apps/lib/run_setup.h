@@ -25,6 +25,9 @@ Device pick_device(const std::string& text, int local_rank = 0);
 // attention resolved for `device`. --vocab 0 takes `data_vocab` (read_vocab_size of the data folder); when
 // that is 0 too (no meta.json) it is an error naming --vocab.
 nn::ModelConfig model_config_from_flags(const Flags& flags, Device device, int64_t data_vocab);
+// One micro-batch's tokens are one host array and one device tensor, indexed in 32 bits: --batch x --ctx
+// at most 2^31, else an error naming both; `hint` ends it (train: "use --grad-accum for larger steps").
+void check_micro_batch_tokens(int64_t batch, int64_t ctx, const std::string& hint = "");
 // The device's name ("NVIDIA H100 80GB HBM3", or "cpu"): tables, JSON rows and the MFU peak use it.
 std::string device_name(Device device);
 // naive | flash | auto (flash on CUDA, naive on the CPU).

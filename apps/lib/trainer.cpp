@@ -434,11 +434,7 @@ RunPlan plan_run(const Flags& flags, Device device, const std::string& data_dir,
   p.accum = flags.integer("grad-accum");
   p.ctx = p.config.context_length;
   check_train_flag_values(flags);
-  // A micro-batch's tokens are one host array and one device tensor.
-  TT_CHECK(
-      p.batch <= (int64_t{1} << 31) / p.ctx,
-      "--batch " + flags.str("batch") + " x --ctx " + std::to_string(p.ctx) +
-          " tokens per micro-batch is more than 2^31; lower --batch (use --grad-accum for larger steps)");
+  check_micro_batch_tokens(p.batch, p.ctx, "use --grad-accum for larger steps");
   TT_CHECK(flags.number("lr-min") <= flags.number("lr-max"),
            "--lr-min " + flags.str("lr-min") + " is above --lr-max " + flags.str("lr-max"));
   TT_CHECK(!p.out.empty(), "--out must name a folder");
