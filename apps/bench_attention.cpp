@@ -108,8 +108,10 @@ Result run(const Config& c, Device device, int64_t warmup, int64_t iters, bool o
   return r;
 }
 
+// Three decimals below 1 TFLOP/s, so that CPU rows do not all read 0.0.
 std::string tflops(double flops, double ms) {
-  return format_fixed(flops / (ms * 1e-3) / 1e12, 1);
+  const double value = flops / (ms * 1e-3) / 1e12;
+  return format_fixed(value, value < 1 ? 3 : 1);
 }
 
 }  // namespace
@@ -191,14 +193,15 @@ int main(int argc, char** argv) {
                      static_cast<long long>(c.seq), static_cast<long long>(c.d_head), dtype_name(c.dtype));
         const Result r = run(c, device, warmup, iters, ones);
         const double f = forward_flops(c);
-        table.row({c.impl,
-                   std::to_string(c.batch) + "x" + std::to_string(c.heads) + "x" + std::to_string(c.seq) +
-                       "x" + std::to_string(c.d_head),
-                   dtype_name(c.dtype), c.causal ? "yes" : "no",
-                   r.oom ? "OOM" : format_fixed(r.forward_ms, 3),
-                   r.oom ? "-" : format_fixed(r.backward_ms, 3), r.oom ? "-" : format_fixed(r.total_ms, 3),
-                   r.oom ? "-" : tflops(f, r.forward_ms), r.oom ? "-" : tflops(3.5 * f, r.total_ms),
-                   r.oom ? "-" : format_fixed(r.memory_before_backward_mib, 0)});
+        table.row(
+            {c.impl,
+             std::to_string(c.batch) + "x" + std::to_string(c.heads) + "x" + std::to_string(c.seq) + "x" +
+                 std::to_string(c.d_head),
+             dtype_name(c.dtype), c.causal ? "yes" : "no", r.oom ? "OOM" : format_fixed(r.forward_ms, 3),
+             r.oom ? "-" : format_fixed(r.backward_ms, 3), r.oom ? "-" : format_fixed(r.total_ms, 3),
+             r.oom ? "-" : tflops(f, r.forward_ms), r.oom ? "-" : tflops(3.5 * f, r.total_ms),
+             r.oom ? "-"
+                   : format_fixed(r.memory_before_backward_mib, r.memory_before_backward_mib < 10 ? 2 : 0)});
         if (json) {
           json->write({{"suite", JsonlWriter::quote(suite)},
                        {"impl", JsonlWriter::quote(c.impl)},

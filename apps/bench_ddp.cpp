@@ -356,7 +356,11 @@ int main(int argc, char** argv) {
         const std::string shown =
             c.sm_margin > 0 ? c.label + " (" + std::to_string(c.sm_margin) + " SMs free)" : c.label;
         if (!r.oom) {
-          auto gib = [](double bytes) { return format_fixed(bytes / (1 << 30), 2); };
+          // Four decimals under 0.1 GiB, so that a small model's rows do not all read 0.00.
+          auto gib = [](double bytes) {
+            const double value = bytes / (1 << 30);
+            return format_fixed(value, std::abs(value) < 0.1 ? 4 : 2);
+          };
           const StateBytes& b = r.memory.state;
           const double psi = static_cast<double>(setup.model.parameter_count());
           memory_rows.push_back({preset, bucketed ? shown + " (" + format_mb(c.bucket_mb) + " MB)" : shown,
