@@ -29,9 +29,12 @@ import tempfile
 
 # The checks need what a GPU machine has; elsewhere say what is missing (exit 77: skipped) instead of failing.
 _missing = [name for name in ("numpy", "torch", "transformers") if importlib.util.find_spec(name) is None]
-if _missing:
+if _missing and not {"-h", "--help"} & set(sys.argv[1:]):
     print(f"skipped: hf_check.py needs {sys.executable} with {', '.join(_missing)}")
     sys.exit(77)
+if _missing:  # --help without the packages: the usage above, nothing imported
+    print(__doc__)
+    sys.exit(0)
 
 import numpy as np  # noqa: E402
 

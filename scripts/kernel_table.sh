@@ -28,6 +28,7 @@ for case in "${cases[@]}"; do
   rm -f "$out/torch_kernels_${size}_$batch.md"
   timeout 400 python3 "$here/../apps/python/model_baseline.py" --sizes "$size" --ctx "$ctx" --batch "$batch" \
     --vocab "$vocab" --variants compile-bf16 --clip 1.0 --warmup 5 --steps 5 \
-    --profile-out "$out/torch_kernels_${size}_$batch.md" >/dev/null 2>&1 || true
-  cat "$out/torch_kernels_${size}_$batch.md" 2>/dev/null || echo "torch.compile profile failed"
+    --profile-out "$out/torch_kernels_${size}_$batch.md" >"$out/torch_${size}_$batch.log" 2>&1 || true
+  cat "$out/torch_kernels_${size}_$batch.md" 2>/dev/null ||
+    { echo "torch.compile profile failed ($out/torch_${size}_$batch.log):"; tail -3 "$out/torch_${size}_$batch.log"; }
 done

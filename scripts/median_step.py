@@ -25,5 +25,6 @@ if sys.argv[3:] == ["gap"]:
 else:
     mfus = [r["mfu"] for r in rows if r.get("mfu") is not None]  # null where the device's peak is unknown
     mfu = f"{statistics.median(mfus) * 100:.1f}%" if mfus else "-"
-    print(f"{statistics.median(r['step_ms'] for r in rows):.1f} {mfu} "
-          f"{max(r.get('peak_mib', 0) for r in rows) / 1024:.1f}")
+    peaks = [r["peak_mib"] for r in rows if "peak_mib" in r]  # CUDA runs only
+    peak = f"{max(peaks) / 1024:.1f}" if peaks else "-"
+    print(f"{statistics.median(r['step_ms'] for r in rows):.1f} {mfu} {peak}")

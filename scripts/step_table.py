@@ -12,7 +12,9 @@ import argparse
 import json
 import sys
 
-# docs/baselines.md, "Model step": full step ms (f32 eager, bf16 compile).
+# docs/baselines.md, "Model step": full step ms (f32 eager, bf16 compile), at batch 4, context 256 and
+# vocabulary 10000 (REFERENCE_SHAPE).
+REFERENCE_SHAPE = {"batch": 4, "ctx": 256, "vocab": 10000}
 REFERENCE = {
     "h100": {
         "small": (63.0, 23.9), "medium": (113.9, 50.8), "large": (192.9, 70.0), "xl": (374.6, 112.6),
@@ -82,7 +84,7 @@ def main():
             if r.get("ctx") == args.ctx and r.get("step_ms") is not None:
                 torch[(r["size"], r["variant"])] = r
     if not ours:
-        sys.exit(f"{args.ours}: no step rows at context {args.ctx}")
+        sys.exit(f"{args.ours}: no rows of --mode step or step-fused at context {args.ctx}")
 
     sizes = [s for s in SIZES if any(k[0] == s for k in ours)]
     device = next(iter(ours.values())).get("device", "?")
@@ -101,10 +103,17 @@ def main():
                 continue
             base, base_text = None, "-"
             t = torch.get((size, variant))
+            row = step or fused
+            # Only a PyTorch row of the same batch and vocabulary is a comparison.
+            differ = [f"{k} {t[k]}" for k in ("batch", "vocab") if t and k in t and k in row and t[k] != row[k]]
+            if differ:
+                base_text = f"PyTorch's row at {', '.join(differ)}: not comparable"
+                t = None
             if t is not None:
                 base = t["step_ms"]
                 base_text = fmt(base, t.get("step_std_ms"))
-            elif args.reference and size in REFERENCE[args.reference]:
+            elif (args.reference and size in REFERENCE[args.reference] and
+                  all(row.get(k, v) == v for k, v in REFERENCE_SHAPE.items())):
                 base = REFERENCE[args.reference][size][0 if precision == "f32" else 1]
                 base_text = f"{base} (REF)" if base is not None else "-"
             speed = "-"

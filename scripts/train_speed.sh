@@ -12,6 +12,7 @@ build=$1 out=$2
 shift 2
 [ -x "$build/apps/train" ] && [ -x "$build/apps/benchmark" ] || { echo "no train and benchmark in $build/apps: build first" >&2; exit 1; }
 command -v nvidia-smi >/dev/null || { echo "no nvidia-smi: this measures a GPU, run it on a GPU machine" >&2; exit 1; }
+here=$(cd "$(dirname "$0")" && pwd)  # the helper scripts, from any working folder
 cases=("$@")
 [ ${#cases[@]} -gt 0 ] || cases=(small:32 xl:8)
 steps=${STEPS:-30}
@@ -29,14 +30,20 @@ for case in "${cases[@]}"; do
   IFS=: read -r size batch ctx vocab <<<"$case"
   ctx=${ctx:-1024} vocab=${vocab:-50257}
   data="$out/random_$vocab"
-  python3 scripts/random_tokens.py "$data" "$vocab"
+  python3 "$here/random_tokens.py" "$data" "$vocab"
   tag="${size}_${batch}_${ctx}_$vocab"
   run="$out/run_$tag"
   "$build/apps/train" --preset "$size" --data "$data" --device cuda --ctx "$ctx" --batch "$batch" --precision bf16 \
     --steps "$steps" --eval-every 0 --eval-batches 1 --ckpt-every -1 --sample-tokens 0 --log-every 10 \
     --out "$run" --overwrite 2>&1 | tee "$out/train_$tag.log" | grep -E "^(step|error)" || true
-  read -r ms mfu peak <<<"$(python3 scripts/median_step.py "$run/metrics.jsonl" 6)"
-  gap=$(python3 scripts/median_step.py "$run/metrics.jsonl" 6 gap)
+  # A case that fails (out of memory, say) gets a row saying so, and the others still run.
+  if ! stats=$(python3 "$here/median_step.py" "$run/metrics.jsonl" 6 2>/dev/null); then
+    echo "| $size | $batch | $ctx | $vocab | failed: $(grep -m1 '^error' "$out/train_$tag.log" || echo "see train_$tag.log") |" |
+      tee -a "$table"
+    continue
+  fi
+  read -r ms mfu peak <<<"$stats"
+  gap=$(python3 "$here/median_step.py" "$run/metrics.jsonl" 6 gap)
   tok=$(python3 -c "print(round($batch * $ctx / $ms * 1e3))")
   # benchmark's train row: the same step, timed by the benchmark app (should agree with train within 3%).
   "$build/apps/benchmark" --sizes "$size" --device cuda --ctx "$ctx" --batch "$batch" --vocab "$vocab" \
@@ -46,7 +53,7 @@ for case in "${cases[@]}"; do
     "$out/bench_$tag.jsonl" 2>/dev/null || echo -)
   # Ours first, on its own line: a call cut short during PyTorch's cold compile still shows it.
   echo "$size b$batch: train $ms ms (GPU waits $gap ms for the host), $mfu MFU, $peak GiB; benchmark $bench ms"
-  [ -n "$baselines" ] && PYTHONUNBUFFERED=1 timeout 400 python3 apps/python/model_baseline.py --sizes "$size" --ctx "$ctx" --batch "$batch" \
+  [ -n "$baselines" ] && PYTHONUNBUFFERED=1 timeout 400 python3 "$here/../apps/python/model_baseline.py" --sizes "$size" --ctx "$ctx" --batch "$batch" \
     --vocab "$vocab" --variants "$baselines" --clip 1.0 --warmup 5 --steps 15 \
     --json "$out/torch_$tag.jsonl" 2>&1 | tee "$out/torch_$tag.md" | grep "^|" | tail -2 || true
   read -r compile eager <<<"$(python3 - "$out/torch_$tag.jsonl" <<'PY'

@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """PyTorch's scaled_dot_product_attention on the configurations of bench_attention, so one run gives both
-columns. Times the FlashAttention-2 and cuDNN backends (and the math backend for small cases) with CUDA
-events: forward, backward, forward+backward, mean over the timed iterations after warm-up."""
+columns. Times the FlashAttention-2 and cuDNN backends with CUDA events: forward, backward,
+forward+backward, mean over the timed iterations after warm-up. Needs a CUDA GPU and PyTorch 2.5 or later
+(torch.nn.attention.sdpa_kernel with cuDNN attention)."""
 import argparse
 import json
 import sys

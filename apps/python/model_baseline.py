@@ -224,7 +224,9 @@ def main():
     p.add_argument("--ctx", default="256")
     p.add_argument("--batch", type=int, default=4)
     p.add_argument("--vocab", type=int, default=10000)
-    p.add_argument("--variants", default="eager-f32,sdpa-bf16,compile-bf16")
+    p.add_argument("--variants", default="eager-f32,sdpa-bf16,compile-bf16",
+                   help="comma-separated: eager-f32 (f32, eager), sdpa-bf16 (bf16 autocast, SDPA, eager), "
+                        "compile-bf16 (the same under torch.compile)")
     p.add_argument("--warmup", type=int, default=5)
     p.add_argument("--steps", type=int, default=10)
     p.add_argument("--json", default="")
@@ -237,6 +239,9 @@ def main():
     p.add_argument("--in-process", action="store_true", help="measure everything in this one process")
     p.add_argument("--one", default="", help=argparse.SUPPRESS)  # size,ctx,variant: measure, print JSON
     a = p.parse_args()
+    unknown = sorted(set(a.variants.split(",")) - {"eager-f32", "sdpa-bf16", "compile-bf16"})
+    if unknown:
+        p.error(f"unknown --variants {','.join(unknown)} (expected eager-f32, sdpa-bf16 or compile-bf16)")
     if a.one:
         size, ctx, variant = a.one.split(",")
         print(json.dumps(measure(size, int(ctx), a.batch, variant, a.warmup, a.steps, a.vocab, a.adamw,
@@ -263,7 +268,8 @@ def main():
                                 a.clip)
                 else:
                     r = measure_in_child(size, ctx, variant, a)
-                r.update(size=size, ctx=ctx, variant=variant, batch=a.batch, adamw=a.adamw, clip=a.clip)
+                r.update(size=size, ctx=ctx, variant=variant, batch=a.batch, vocab=a.vocab, adamw=a.adamw,
+                         clip=a.clip)
                 if r.get("failed"):
                     print(f"| {size} | {ctx} | {variant} | failed | failed | - | - | - |", flush=True)
                 elif r.get("oom"):
