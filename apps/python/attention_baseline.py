@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """PyTorch's scaled_dot_product_attention on the configurations of bench_attention, so one run gives both
 columns. Times the FlashAttention-2 and cuDNN backends with CUDA events: forward, backward,
-forward+backward, mean over the timed iterations after warm-up. Needs a CUDA GPU and PyTorch 2.5 or later
-(torch.nn.attention.sdpa_kernel with cuDNN attention)."""
+forward+backward, mean over the timed iterations after warm-up. Needs a CUDA GPU; run with PyTorch 2.11 (a
+PyTorch without torch.nn.attention's sdpa_kernel and cuDNN backend fails at import)."""
 import argparse
 import json
 import sys
