@@ -3,8 +3,8 @@
 # and GPU, at batch 1 and 16. The model is trained for one step on DATA (a prepared folder; the weights do
 # not change the speed), exported with `export`, and loaded by LlamaForCausalLM in bf16.
 # Both sides give the decoding rate: the new tokens after each prompt's first, over the time of the steps
-# that made them. Ours is generate's own "decoding" figure (its prompts' pass, which also pays the
-# process's first CUDA calls, is left out); transformers' is B x (N - 1) / (t(N) - t(1)) from warm calls
+# that made them. Ours is generate's own "decoding" figure (its prompts' pass is left out, and with it
+# most of the process's first CUDA calls); transformers' is B x (N - 1) / (t(N) - t(1)) from warm calls
 # with N and with 1 new token, the same count over the same steps.
 #   scripts/generate_speed.sh BUILD_DIR DATA OUT_DIR [SIZE ...]      (default: small)
 set -euo pipefail
@@ -37,9 +37,11 @@ for size in "${sizes[@]}"; do
   "$build/apps/export" --checkpoint "$run/checkpoints/step_1.h5" --out "$out/hf_$size" --overwrite >/dev/null
   for batch in 1 16; do
     for i in $(seq 1 "$batch"); do echo "Once upon a time number $i"; done >"$out/prompts.txt"
-    ours=$("$build/apps/generate" --checkpoint "$run/checkpoints/step_1.h5" --device cuda --precision bf16 \
-      --temperature 0 --max-tokens "$tokens" --no-stop --batch "$batch" <"$out/prompts.txt" 2>&1 >/dev/null |
-      grep -o 'decoding [0-9.]* tokens/s' | cut -d' ' -f2)
+    "$build/apps/generate" --checkpoint "$run/checkpoints/step_1.h5" --device cuda --precision bf16 \
+      --temperature 0 --max-tokens "$tokens" --no-stop --batch "$batch" <"$out/prompts.txt" >/dev/null \
+      2>"$out/generate_${size}_$batch.log" ||
+      { echo "generate failed for $size batch $batch:" >&2; tail -3 "$out/generate_${size}_$batch.log" >&2; exit 1; }
+    ours=$(grep -o 'decoding [0-9.]* tokens/s' "$out/generate_${size}_$batch.log" | cut -d' ' -f2)
     theirs=$(python3 - "$out/hf_$size" "$out/prompts.txt" "$tokens" <<'PY'
 import sys, time, torch
 from transformers import AutoTokenizer, LlamaForCausalLM

@@ -26,20 +26,27 @@ table="$out/train_speed.md"
   echo "| model | batch | ctx | vocab | train ms | GPU waits for host ms | tokens/s | MFU | peak GiB | benchmark ms | torch.compile ms | eager (SDPA) ms | vs compile |"
   echo "|---|---|---|---|---|---|---|---|---|---|---|---|---|"
 } >"$table"
+# A case that fails (bad shape, out of memory) gets a row saying why, and the others still run.
+failed_row() {
+  local why=${1//|/\\|}
+  echo "| $size | $batch | $ctx | $vocab | failed: $why | - | - | - | - | - | - | - | - |" | tee -a "$table"
+}
 for case in "${cases[@]}"; do
   IFS=: read -r size batch ctx vocab <<<"$case"
   ctx=${ctx:-1024} vocab=${vocab:-50257}
   data="$out/random_$vocab"
-  python3 "$here/random_tokens.py" "$data" "$vocab"
+  if ! python3 "$here/random_tokens.py" "$data" "$vocab" 2>"$out/random_tokens.log"; then
+    failed_row "$(tail -1 "$out/random_tokens.log")"
+    continue
+  fi
   tag="${size}_${batch}_${ctx}_$vocab"
   run="$out/run_$tag"
+  rm -rf "$run"  # a run that fails early must not leave an earlier run's metrics to be read as its own
   "$build/apps/train" --preset "$size" --data "$data" --device cuda --ctx "$ctx" --batch "$batch" --precision bf16 \
     --steps "$steps" --eval-every 0 --eval-batches 1 --ckpt-every -1 --sample-tokens 0 --log-every 10 \
     --out "$run" --overwrite 2>&1 | tee "$out/train_$tag.log" | grep -E "^(step|error)" || true
-  # A case that fails (out of memory, say) gets a row saying so, and the others still run.
   if ! stats=$(python3 "$here/median_step.py" "$run/metrics.jsonl" 6 2>/dev/null); then
-    echo "| $size | $batch | $ctx | $vocab | failed: $(grep -m1 '^error' "$out/train_$tag.log" || echo "see train_$tag.log") |" |
-      tee -a "$table"
+    failed_row "$(grep -m1 '^error' "$out/train_$tag.log" || echo "see train_$tag.log")"
     continue
   fi
   read -r ms mfu peak <<<"$stats"

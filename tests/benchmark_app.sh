@@ -149,7 +149,9 @@ if "$bench" --sizes tiny --device cpu --steps 1 --ctx 4294967297 --batch 1 >"$wo
   echo "benchmark accepted --ctx 4294967297"
   exit 1
 fi
-[ "$(wc -l <"$work/out.txt")" -eq 1 ] && grep -q "^error: --batch 1 x --ctx 4294967297 tokens per micro-batch is more than 2^31" "$work/out.txt"
+[ "$(wc -l <"$work/out.txt")" -eq 1 ] &&
+  grep -q "^error: --batch 1 x --ctx 4294967297 tokens per micro-batch is more than 2^31" "$work/out.txt" ||
+  { echo "benchmark's error for --ctx 4294967297 was not the one line:"; cat "$work/out.txt"; exit 1; }
 if "$bench" --sizes tiny --device gpu --steps 1 >"$work/out.txt" 2>&1; then
   echo "benchmark accepted --device gpu"
   exit 1

@@ -40,7 +40,16 @@ volatile std::sig_atomic_t pending_count = 0;
 char created_folder_path[4096];
 volatile std::sig_atomic_t folder_pending = 0;
 
+constexpr int kStopSignals[3] = {SIGINT, SIGTERM, SIGHUP};
+// Set while DatasetWriter::commit renames: a stop then waits for the renames (deferred_signal).
+volatile std::sig_atomic_t committing = 0;
+volatile std::sig_atomic_t deferred_signal = 0;
+
 extern "C" void remove_pending_and_end(int signal) {
+  if (committing) {
+    deferred_signal = signal;
+    return;
+  }
   for (int i = 0; i < pending_count; ++i) ::unlink(pending_paths[i]);
   if (folder_pending) ::rmdir(created_folder_path);
   std::signal(signal, SIG_DFL);
@@ -56,21 +65,20 @@ class StopCleanup {
       folder_pending = 1;
     }
     for (int i = 0; i < 3; ++i) {
-      previous_[i] = std::signal(kSignals[i], remove_pending_and_end);
-      if (previous_[i] == SIG_IGN) std::signal(kSignals[i], SIG_IGN);  // nohup's SIGHUP stays ignored
+      previous_[i] = std::signal(kStopSignals[i], remove_pending_and_end);
+      if (previous_[i] == SIG_IGN) std::signal(kStopSignals[i], SIG_IGN);  // nohup's SIGHUP stays ignored
     }
   }
   ~StopCleanup() {
     pending_count = 0;
     folder_pending = 0;
-    for (int i = 0; i < 3; ++i) std::signal(kSignals[i], previous_[i]);
+    for (int i = 0; i < 3; ++i) std::signal(kStopSignals[i], previous_[i]);
   }
   StopCleanup(const StopCleanup&) = delete;
   StopCleanup& operator=(const StopCleanup&) = delete;
   bool created_folder() const { return folder_pending != 0; }
 
  private:
-  static constexpr int kSignals[3] = {SIGINT, SIGTERM, SIGHUP};
   void (*previous_[3])(int) = {};
 };
 
@@ -121,8 +129,16 @@ class DatasetWriter {
   void commit() {
     for (File& f : files_)
       if (f.out->is_open()) close(f.name);
+    // The renames as one step: a stop signal that comes during them (to any thread) waits until they are
+    // all done, so that the folder never holds part of the new dataset beside part of the old one.
+    committing = 1;
+    std::error_code failed;
+    for (File& f : files_)
+      if (!failed) fs::rename(f.tmp, f.path, failed);
     pending_count = 0;
-    for (File& f : files_) fs::rename(f.tmp, f.path);
+    committing = 0;
+    if (deferred_signal != 0) remove_pending_and_end(deferred_signal);
+    if (failed) throw Error("cannot move the new dataset into " + dir_ + ": " + failed.message());
     files_.clear();
   }
 
