@@ -4,7 +4,7 @@
 # build/apps/train unless --app says otherwise.
 #
 #   launch/run_local.sh --preset small --data data/mine --out runs/ddp --steps 2000
-#   launch/run_local.sh --np 4 --app build/apps/bench_ddp --preset tiny --device cpu
+#   launch/run_local.sh --np 2 --app bench_ddp --preset tiny --device cpu --strategy bucketed
 set -euo pipefail
 
 usage() {
@@ -51,7 +51,14 @@ if [[ -z "$np" ]]; then
   fi
   np=$(( gpus > 0 ? gpus : 1 ))
 fi
-[[ -x "$app" ]] || { echo "run_local.sh: $app is not built (scripts/build.sh)" >&2; exit 1; }
+if [[ ! -x "$app" ]]; then
+  if [[ "$app" == "$root/build/apps/"* ]]; then
+    echo "run_local.sh: $app is not built (scripts/build.sh)" >&2
+  else
+    echo "run_local.sh: --app $app is not an executable file" >&2
+  fi
+  exit 1
+fi
 
 # NVLink multicast stays off: on shared machines it can take every GPU of the host out of service.
 export NCCL_NVLS_ENABLE=0
@@ -70,11 +77,14 @@ fi
 if [[ "$np" -gt "$(nproc)" ]]; then launcher+=(--oversubscribe); fi
 
 if [[ $dry_run -eq 1 ]]; then
-  echo "${launcher[*]} $app $*"
+  printf '%q ' "${launcher[@]}" "$app" "$@"  # quoted as a shell would need it: copy and paste
+  echo
   exit 0
 fi
 # Stopping: the first Ctrl-C (or SIGTERM, SIGHUP to this script) becomes SIGUSR2 to mpirun, which passes it
-# to every rank (SIGUSR2 rather than SIGUSR1: Ubuntu 24.04's Open MPI 4.1.6 keeps SIGUSR1): each finishes its step, writes the checkpoint and exits 75. A second one asks mpirun to end
+# to every rank (SIGUSR2 rather than SIGUSR1: Ubuntu 24.04's Open MPI 4.1.6 keeps SIGUSR1): `train`
+# finishes its step, writes the checkpoint and exits 75 (the benchmarks end at once). A second one asks
+# mpirun to end
 # the job now (its own answer to SIGTERM: SIGTERM to the ranks, SIGKILL a second later). mpirun runs in a
 # session of its own, so that the terminal's Ctrl-C reaches only this script, and a watcher ends the job if
 # this script is killed outright.
