@@ -155,15 +155,15 @@ void cuda_free(int device, void* ptr) {
 }  // namespace
 
 void* allocate_bytes(Device device, size_t bytes) {
+  const size_t rounded = (std::max<size_t>(bytes, 1) + kCpuAlignment - 1) / kCpuAlignment * kCpuAlignment;
+  if (device.is_cpu() && rounded >= kCheckHostBytesFrom) {  // before the lock: other threads need not wait
+    const int64_t available = host_bytes_available();
+    if (available >= 0 && static_cast<int64_t>(rounded) > available)
+      throw OutOfMemory("out of host memory allocating " + std::to_string(bytes) +
+                        " bytes (the machine has " + std::to_string(available) + " free)");
+  }
   std::lock_guard<std::mutex> lock(g_mutex);
   if (device.is_cpu()) {
-    const size_t rounded = (std::max<size_t>(bytes, 1) + kCpuAlignment - 1) / kCpuAlignment * kCpuAlignment;
-    if (rounded >= kCheckHostBytesFrom) {
-      const int64_t available = host_bytes_available();
-      if (available >= 0 && static_cast<int64_t>(rounded) > available)
-        throw OutOfMemory("out of host memory allocating " + std::to_string(bytes) +
-                          " bytes (the machine has " + std::to_string(available) + " free)");
-    }
     void* ptr = std::aligned_alloc(kCpuAlignment, rounded);
     if (!ptr) throw OutOfMemory("out of host memory allocating " + std::to_string(bytes) + " bytes");
     count_alloc(g_cpu_stats, static_cast<int64_t>(bytes));

@@ -39,11 +39,11 @@ scratch=${SCRATCH:-/tmp/tinytrain-gpu}  # token files and run folders: too large
 mkdir -p "$scratch"
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1
 export TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-sections="build tests gputests attention model quickmodel ours fused grid profile torch ddp zero network checkpoint
-checkpoint7b large recompute generation"
-[ $# -gt 0 ] || { echo "usage: scripts/gpu_report.sh SECTION... (sections:" $sections")" >&2; exit 2; }
-for s in "$@"; do
-  [[ " $(echo $sections) " == *" $s "* ]] || { echo "gpu_report.sh: unknown section '$s' (sections:" $sections")" >&2; exit 2; }
+sections=(build tests gputests attention model quickmodel ours fused grid profile torch ddp zero network checkpoint
+  checkpoint7b large recompute generation)
+[ $# -gt 0 ] || { echo "usage: scripts/gpu_report.sh SECTION... (sections: ${sections[*]})" >&2; exit 2; }
+for s in "$@"; do  # all checked before the first section runs
+  [[ " ${sections[*]} " == *" $s "* ]] || { echo "gpu_report.sh: unknown section '$s' (sections: ${sections[*]})" >&2; exit 2; }
 done
 command -v nvidia-smi >/dev/null || { echo "gpu_report.sh: no nvidia-smi: run it on a GPU machine" >&2; exit 1; }
 gpus=$(nvidia-smi -L | wc -l)

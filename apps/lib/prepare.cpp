@@ -59,8 +59,8 @@ extern "C" void remove_pending_and_end(int signal) {
 // Installs that clean-up for SIGINT, SIGTERM and SIGHUP while prepare_text runs, from before --out is made.
 class StopCleanup {
  public:
-  explicit StopCleanup(const std::string& out_dir) {
-    if (!fs::exists(out_dir) && out_dir.size() < sizeof(created_folder_path)) {
+  explicit StopCleanup(const std::string& out_dir) : created_(!fs::exists(out_dir)) {
+    if (created_ && out_dir.size() < sizeof(created_folder_path)) {
       std::snprintf(created_folder_path, sizeof(created_folder_path), "%s", out_dir.c_str());
       folder_pending = 1;
     }
@@ -70,15 +70,16 @@ class StopCleanup {
     }
   }
   ~StopCleanup() {
-    pending_count = 0;
     folder_pending = 0;
     for (int i = 0; i < 3; ++i) std::signal(kStopSignals[i], previous_[i]);
   }
   StopCleanup(const StopCleanup&) = delete;
   StopCleanup& operator=(const StopCleanup&) = delete;
-  bool created_folder() const { return folder_pending != 0; }
+  // Whether --out did not exist before (made by prepare_out_folder).
+  bool created_folder() const { return created_; }
 
  private:
+  const bool created_;
   void (*previous_[3])(int) = {};
 };
 
