@@ -161,6 +161,11 @@ int main(int argc, char** argv) {
     flags.add("batch", "16", "prompts generated together, at most");
     declare_device_flag(flags);
     flags.add("precision", "f32", "dtype of the matmuls", {"f32", "bf16"});
+    flags.add(
+        "cuda-graph", "on",
+        "on a CUDA device, replay each decoding step as one CUDA graph (the same tokens; off: kernel by "
+        "kernel)",
+        {"on", "off"});
     flags.add_switch("no-stop", "go on past the end-of-text token");
     flags.add_switch(
         "jsonl",
@@ -177,6 +182,7 @@ int main(int argc, char** argv) {
     TT_CHECK(flags.integer("seed") >= 0, "--seed must be >= 0, got " + flags.str("seed"));
     sampling.seed = static_cast<uint64_t>(flags.integer("seed"));
     sampling.stop_at_end_of_text = !flags.boolean("no-stop");
+    sampling.cuda_graph = flags.str("cuda-graph") == "on";
     check_sampling_options(sampling);
     const int64_t batch = flags.integer("batch");
     TT_CHECK(batch >= 1, "--batch must be at least 1, got " + flags.str("batch"));
@@ -261,12 +267,13 @@ int main(int argc, char** argv) {
     const int64_t stepped = std::max<int64_t>(0, total.new_tokens - rows);
     std::fprintf(stderr,
                  "%lld new tokens for %lld prompt%s in %.3f s: %.1f tokens/s (prompts %lld tokens in %.3f s; "
-                 "decoding %.1f tokens/s) on %s, %s\n",
+                 "decoding %.1f tokens/s%s) on %s, %s\n",
                  static_cast<long long>(total.new_tokens), static_cast<long long>(rows), rows == 1 ? "" : "s",
                  seconds, static_cast<double>(total.new_tokens) / std::max(seconds, 1e-9),
                  static_cast<long long>(total.prompt_tokens), total.prefill_seconds,
                  static_cast<double>(stepped) / std::max(total.decode_seconds, 1e-9),
-                 device_name(device).c_str(), nn::precision_name(config.precision));
+                 device.is_cuda() && sampling.cuda_graph ? ", CUDA graph" : "", device_name(device).c_str(),
+                 nn::precision_name(config.precision));
     if (total.context_refills > 0)
       std::fprintf(stderr, "the context filled up %lld time%s: generation went on from its last half\n",
                    static_cast<long long>(total.context_refills), total.context_refills == 1 ? "" : "s");

@@ -120,18 +120,28 @@ Tensor attention_qkv(const Tensor& x, const Tensor& wq, const Tensor& wk, const 
 Tensor naive_attention(const Tensor& q, const Tensor& k, const Tensor& v, bool causal);
 
 // --- attention over a key/value cache (inference; no autograd: inputs that need grad are refused) ---
+// Where each of a batch's n entries sits in the cache: its new tokens continue cache row rows[i] after its
+// starts[i] earlier tokens. On CUDA the kernels read `table`, the same values as i32 (2, n) on the cache's
+// device (rows, then starts), so a CUDA graph replays with new entries copied into it; the vectors, the
+// values at the call, serve the checks. On the CPU `table` is not read (it may be empty).
+struct CacheEntries {
+  std::vector<int64_t> rows, starts;
+  Tensor table;
+};
+// Entries with their table on `device` (a plain copy from the host; nn::KVCache::entries makes its own
+// without making the host wait). Values outside i32 are refused by the ops that read them.
+CacheEntries cache_entries(const std::vector<int64_t>& rows, const std::vector<int64_t>& starts,
+                           Device device);
 // keys, values: dense (cache rows, capacity, heads * d_head), one row per sequence. q (n, count, heads,
-// d_head): entry i's `count` new queries, which continue cache row rows[i] after its starts[i] earlier
-// tokens (their own keys and values already stored at positions starts[i] .. starts[i] + count - 1). Query j
-// of entry i attends causally to positions 0 .. starts[i] + j of that row, scale 1/sqrt(d_head). Returns
-// (n, count, heads * d_head) in q's dtype, dense. The values of naive_attention's steps (f32 scores and
-// softmax; for bf16, probabilities rounded to bf16 before the product with the values; the CUDA kernel's
-// online softmax leaves them unrounded). rows and starts have n entries each.
+// d_head): entry i's `count` new queries, whose own keys and values are already stored at positions
+// starts[i] .. starts[i] + count - 1 of row rows[i]. Query j of entry i attends causally to positions
+// 0 .. starts[i] + j of that row, scale 1/sqrt(d_head). Returns (n, count, heads * d_head) in q's dtype,
+// dense. The values of naive_attention's steps (f32 scores and softmax; for bf16, probabilities rounded to
+// bf16 before the product with the values; the CUDA kernel's online softmax leaves them unrounded).
 Tensor cached_attention(const Tensor& q, const Tensor& keys, const Tensor& values,
-                        const std::vector<int64_t>& rows, const std::vector<int64_t>& starts);
+                        const CacheEntries& entries);
 // store[rows[i], starts[i] : starts[i] + count] = new_values[i] for each of the n entries, in place: store
 // dense (cache rows, capacity, dim), new_values (n, count, dim) of store's dtype. The rows must differ.
-void cache_append(Tensor& store, const std::vector<int64_t>& rows, const std::vector<int64_t>& starts,
-                  const Tensor& new_values);
+void cache_append(Tensor& store, const CacheEntries& entries, const Tensor& new_values);
 
 }  // namespace tt::ops

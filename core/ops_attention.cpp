@@ -2,6 +2,7 @@
 // attention over a key/value cache for generation (inference only).
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -356,8 +357,10 @@ Tensor naive_attention(const Tensor& q, const Tensor& k, const Tensor& v, bool c
 namespace {
 
 // The entries' rows and start positions against the cache's shape, each one named when refused.
-void check_cache_entries(const char* op, const Tensor& store, const std::vector<int64_t>& rows,
-                         const std::vector<int64_t>& starts, int64_t n, int64_t count) {
+void check_cache_entries(const char* op, const Tensor& store, const CacheEntries& entries, int64_t n,
+                         int64_t count) {
+  const std::vector<int64_t>& rows = entries.rows;
+  const std::vector<int64_t>& starts = entries.starts;
   TT_CHECK(static_cast<int64_t>(rows.size()) == n && static_cast<int64_t>(starts.size()) == n,
            std::string(op) + ": " + std::to_string(n) + " entries but " + std::to_string(rows.size()) +
                " rows and " + std::to_string(starts.size()) + " starts");
@@ -371,12 +374,31 @@ void check_cache_entries(const char* op, const Tensor& store, const std::vector<
                  " with " + std::to_string(count) + " new tokens, beyond the cache's " +
                  std::to_string(store.size(1)) + " positions");
   }
+  if (store.device().is_cuda()) {
+    TT_CHECK(entries.table.defined() && entries.table.dtype() == DType::i32 && entries.table.dim() == 2 &&
+                 entries.table.size(0) == 2 && entries.table.size(1) == n && entries.table.is_contiguous() &&
+                 entries.table.device() == store.device(),
+             std::string(op) + ": the entries' table must be a dense i32 (2, " + std::to_string(n) + ") on " +
+                 store.device().str() + ", got " +
+                 (entries.table.defined() ? entries.table.describe() : std::string("none")));
+  }
 }
 
 }  // namespace
 
+CacheEntries cache_entries(const std::vector<int64_t>& rows, const std::vector<int64_t>& starts,
+                           Device device) {
+  std::vector<int32_t> flat;
+  for (const std::vector<int64_t>* half : {&rows, &starts})
+    for (int64_t v : *half)
+      flat.push_back(v >= INT32_MIN && v <= INT32_MAX ? static_cast<int32_t>(v) : -1);  // -1: refused later
+  const auto n = static_cast<int64_t>(std::min(rows.size(), starts.size()));
+  flat.resize(static_cast<size_t>(2 * n));  // mismatched lengths are refused by the op, on the vectors
+  return CacheEntries{rows, starts, Tensor::from_ints(flat, {2, n}, device)};
+}
+
 Tensor cached_attention(const Tensor& q_in, const Tensor& keys, const Tensor& values,
-                        const std::vector<int64_t>& rows, const std::vector<int64_t>& starts) {
+                        const CacheEntries& entries) {
   const char* op = "cached_attention";
   TT_CHECK(q_in.dim() == 4, "cached_attention: q must be (n, count, heads, d_head), got " + q_in.describe());
   const int64_t n = q_in.size(0), count = q_in.size(1), heads = q_in.size(2), d_head = q_in.size(3);
@@ -392,7 +414,9 @@ Tensor cached_attention(const Tensor& q_in, const Tensor& keys, const Tensor& va
   detail::require_same_device(q_in, values, op);
   TT_CHECK(!needs_grad({&q_in, &keys, &values}),
            "cached_attention is for inference: no inputs that need grad");
-  check_cache_entries(op, keys, rows, starts, n, count);
+  check_cache_entries(op, keys, entries, n, count);
+  const int64_t* rows = entries.rows.data();
+  const int64_t* starts = entries.starts.data();
   const Tensor q = detail::dense(q_in);
   Tensor out = Tensor::empty({n, count, dim}, q.dtype(), q.device());
   const int64_t capacity = keys.size(1);
@@ -401,23 +425,22 @@ Tensor cached_attention(const Tensor& q_in, const Tensor& keys, const Tensor& va
     TT_CHECK(q.dtype() == DType::f32 || q.dtype() == DType::bf16,
              "cached_attention on CUDA takes f32 or bf16");
     TT_CUDA_ONLY(cuda::cached_attention(q.raw_data(), keys.raw_data(), values.raw_data(), out.raw_data(),
-                                        q.dtype(), rows.data(), starts.data(), n, count, heads, d_head,
+                                        q.dtype(), entries.table.data<int32_t>(), n, count, heads, d_head,
                                         capacity, scale, detail::stream_of(q)));
   } else if (q.dtype() == DType::bf16) {
-    cpu::cached_attention_bf16(q.data<bf16>(), keys.data<bf16>(), values.data<bf16>(), out.data<bf16>(),
-                               rows.data(), starts.data(), n, count, heads, d_head, capacity, scale);
+    cpu::cached_attention_bf16(q.data<bf16>(), keys.data<bf16>(), values.data<bf16>(), out.data<bf16>(), rows,
+                               starts, n, count, heads, d_head, capacity, scale);
   } else {
     detail::dispatch_float(q.dtype(), op, [&](auto t) {
       using T = decltype(t);
-      cpu::cached_attention<T>(q.data<T>(), keys.data<T>(), values.data<T>(), out.data<T>(), rows.data(),
-                               starts.data(), n, count, heads, d_head, capacity, scale);
+      cpu::cached_attention<T>(q.data<T>(), keys.data<T>(), values.data<T>(), out.data<T>(), rows, starts, n,
+                               count, heads, d_head, capacity, scale);
     });
   }
   return out;
 }
 
-void cache_append(Tensor& store, const std::vector<int64_t>& rows, const std::vector<int64_t>& starts,
-                  const Tensor& new_values) {
+void cache_append(Tensor& store, const CacheEntries& entries, const Tensor& new_values) {
   const char* op = "cache_append";
   TT_CHECK(store.dim() == 3 && store.is_contiguous(),
            "cache_append: the store must be dense (cache rows, capacity, dim), got " + store.describe());
@@ -429,7 +452,9 @@ void cache_append(Tensor& store, const std::vector<int64_t>& rows, const std::ve
   detail::require_same_device(store, new_values, op);
   TT_CHECK(!needs_grad({&new_values}), "cache_append is for inference: the new values must not need grad");
   const int64_t n = new_values.size(0), count = new_values.size(1), dim = new_values.size(2);
-  check_cache_entries(op, store, rows, starts, n, count);
+  check_cache_entries(op, store, entries, n, count);
+  const std::vector<int64_t>& rows = entries.rows;
+  const std::vector<int64_t>& starts = entries.starts;
   // Two entries on one row would write the same positions (or race on the GPU).
   std::vector<int64_t> sorted = rows;
   std::sort(sorted.begin(), sorted.end());
@@ -438,8 +463,9 @@ void cache_append(Tensor& store, const std::vector<int64_t>& rows, const std::ve
   const Tensor src = detail::dense(new_values);
   const auto elem_bytes = static_cast<int64_t>(dtype_size(store.dtype()));
   if (store.device().is_cuda()) {
-    TT_CUDA_ONLY(cuda::cache_append(store.raw_data(), src.raw_data(), elem_bytes, rows.data(), starts.data(),
-                                    n, count, store.size(1), dim, detail::stream_of(store)));
+    TT_CUDA_ONLY(cuda::cache_append(store.raw_data(), src.raw_data(), elem_bytes,
+                                    entries.table.data<int32_t>(), n, count, store.size(1), dim,
+                                    detail::stream_of(store)));
   } else {
     cpu::cache_append(store.raw_data(), src.raw_data(), elem_bytes, rows.data(), starts.data(), n, count,
                       store.size(1), dim);

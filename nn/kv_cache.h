@@ -4,8 +4,11 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <vector>
 
+#include "core/ops.h"
+#include "core/pinned_upload.h"
 #include "nn/transformer.h"
 
 namespace tt::nn {
@@ -32,10 +35,15 @@ class KVCache {
   const Tensor& rotations() const { return rotations_; }
   // Records `count` more tokens for sequence `row` (after every layer has stored them).
   void advance(int64_t row, int64_t count);
+  // Where a step's new tokens go: sequences `rows` (distinct), each continuing at its current length. The
+  // table is copied to the device on the compute stream (the host does not wait); into `table` when given,
+  // a dense i32 (2, rows.size()) on this device (a CUDA graph's input), else into a new tensor.
+  ops::CacheEntries entries(const std::vector<int64_t>& rows, Tensor table = Tensor());
 
  private:
   int64_t capacity_;
   Device device_;
+  std::unique_ptr<PinnedUpload> upload_;
   std::vector<Tensor> keys_, values_;
   std::vector<int64_t> lengths_;
   Tensor rotations_;

@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "core/ops.h"
 #include "nn/module.h"
 #include "nn/parameter_units.h"
 
@@ -126,11 +127,12 @@ class CausalSelfAttention : public Module {
   // (f32, x's shape), returns residual + attention(x), the addition done by the output projection, in
   // sum_into when given (Linear::forward_add).
   Tensor forward(const Tensor& x, const Tensor& residual = Tensor(), const Tensor& sum_into = Tensor()) const;
-  // Inference (nn/kv_cache.cpp): residual + attention(x) for x (n, new, d_model) continuing cache rows
-  // `rows` (row i's tokens at positions cache.length(rows[i]) onwards), their keys and values stored in
-  // layer `layer` of the cache. The naive branch's math.
+  // Inference (nn/kv_cache.cpp): residual + attention(x) for x (n, new, d_model) continuing the cache at
+  // `entries`, their keys and values stored in layer `layer` of the cache. `rotations` (tokens, d_head,
+  // d_head) rotate each new token's queries and keys (undefined: ops::rope from position 0). The naive
+  // branch's math.
   Tensor forward_cached(const Tensor& x, const Tensor& residual, KVCache& cache, int64_t layer,
-                        const std::vector<int64_t>& rows) const;
+                        const ops::CacheEntries& entries, const Tensor& rotations) const;
 
  private:
   const ModelConfig config_;
@@ -152,8 +154,8 @@ class TransformerBlock : public Module {
  public:
   explicit TransformerBlock(const ModelConfig& config);
   Tensor forward(const Tensor& x) const;
-  Tensor forward_cached(const Tensor& x, KVCache& cache, int64_t layer,
-                        const std::vector<int64_t>& rows) const;
+  Tensor forward_cached(const Tensor& x, KVCache& cache, int64_t layer, const ops::CacheEntries& entries,
+                        const Tensor& rotations) const;
   // The block's parameters (for recompute(), which needs to know whether any requires grad).
   const std::vector<const Tensor*>& parameter_tensors() const { return parameter_tensors_; }
 
@@ -180,6 +182,10 @@ class TransformerLM : public Module {
   // join the cache. Returns the logits f32 (n, vocab) of each row's last new token. Agrees with forward()'s
   // logits at that position up to rounding.
   Tensor forward_cached(const Tensor& ids, KVCache& cache, const std::vector<int64_t>& rows) const;
+  // forward_cached's work on the device, for entries the caller made (KVCache::entries) and without
+  // advancing the cache: for one new token per row it reads the entries only through their table, so a
+  // CUDA graph of it replays for other positions (app::generate_tokens' decoding steps).
+  Tensor forward_entries(const Tensor& ids, KVCache& cache, const ops::CacheEntries& entries) const;
   const ModelConfig& config() const { return config_; }
   ModelConfig& mutable_config() { return config_; }
 

@@ -5,7 +5,8 @@
 # Both sides give the decoding rate: the new tokens after each prompt's first, over the time of the steps
 # that made them. Ours is generate's own "decoding" figure (its prompts' pass is left out, and with it
 # most of the process's first CUDA calls); transformers' is B x (N - 1) / (t(N) - t(1)) from warm calls
-# with N and with 1 new token, the same count over the same steps.
+# with N and with 1 new token, the same count over the same steps. `generate` runs twice: as it does by
+# default (its decoding steps replayed as a CUDA graph) and with --cuda-graph off (kernel by kernel).
 #   scripts/generate_speed.sh BUILD_DIR DATA OUT_DIR [SIZE ...]      (default: small)
 set -euo pipefail
 [ $# -ge 3 ] || { echo "usage: scripts/generate_speed.sh BUILD_DIR DATA OUT_DIR [SIZE ...]" >&2; exit 2; }
@@ -26,8 +27,8 @@ gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
 {
   echo "GPU: $gpu; $(date -u +%Y-%m-%d); bf16, greedy, $tokens new tokens per prompt; decoding tokens/s"
   echo
-  echo "| model | batch | generate decoding tokens/s | transformers decoding tokens/s |"
-  echo "|---|---|---|---|"
+  echo "| model | batch | generate decoding tokens/s | generate --cuda-graph off | transformers decoding tokens/s |"
+  echo "|---|---|---|---|---|"
 } >"$table"
 for size in "${sizes[@]}"; do
   run="$out/run_$size"
@@ -37,11 +38,15 @@ for size in "${sizes[@]}"; do
   "$build/apps/export" --checkpoint "$run/checkpoints/step_1.h5" --out "$out/hf_$size" --overwrite >/dev/null
   for batch in 1 16; do
     for i in $(seq 1 "$batch"); do echo "Once upon a time number $i"; done >"$out/prompts.txt"
-    "$build/apps/generate" --checkpoint "$run/checkpoints/step_1.h5" --device cuda --precision bf16 \
-      --temperature 0 --max-tokens "$tokens" --no-stop --batch "$batch" <"$out/prompts.txt" >/dev/null \
-      2>"$out/generate_${size}_$batch.log" ||
-      { echo "generate failed for $size batch $batch:" >&2; tail -3 "$out/generate_${size}_$batch.log" >&2; exit 1; }
-    ours=$(grep -o 'decoding [0-9.]* tokens/s' "$out/generate_${size}_$batch.log" | cut -d' ' -f2)
+    rate() {  # generate's decoding tokens/s with the given flags
+      local log="$out/generate_${size}_$batch$1.log"
+      "$build/apps/generate" --checkpoint "$run/checkpoints/step_1.h5" --device cuda --precision bf16 \
+        --temperature 0 --max-tokens "$tokens" --no-stop --batch "$batch" "${@:2}" <"$out/prompts.txt" >/dev/null \
+        2>"$log" || { echo "generate failed for $size batch $batch:" >&2; tail -3 "$log" >&2; exit 1; }
+      grep -o 'decoding [0-9.]* tokens/s' "$log" | cut -d' ' -f2
+    }
+    ours=$(rate "")
+    kernels=$(rate _graph_off --cuda-graph off)
     theirs=$(python3 - "$out/hf_$size" "$out/prompts.txt" "$tokens" <<'PY'
 import sys, time, torch
 from transformers import AutoTokenizer, LlamaForCausalLM
@@ -62,7 +67,7 @@ seconds(n)  # warm-up
 print(f"{len(prompts) * (n - 1) / (seconds(n) - seconds(1)):.1f}")
 PY
 )
-    echo "| $size | $batch | ${ours:-?} | ${theirs:-?} |" | tee -a "$table"
+    echo "| $size | $batch | ${ours:-?} | ${kernels:-?} | ${theirs:-?} |" | tee -a "$table"
   done
 done
 cat "$table"

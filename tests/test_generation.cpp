@@ -229,7 +229,8 @@ TEST_CASE(
         const Tensor keys = testing::random_tensor({cache_rows, capacity, dim}, seed, dtype);
         const Tensor values = testing::random_tensor({cache_rows, capacity, dim}, seed + 1, dtype);
         const Tensor q = testing::random_tensor({n, count, heads, d_head}, seed + 2, dtype, 2.0);
-        const Tensor out = ops::cached_attention(q, keys, values, rows, starts);
+        const Tensor out =
+            ops::cached_attention(q, keys, values, ops::cache_entries(rows, starts, Device::cpu()));
         CHECK(out.shape() == Shape{n, count, dim});
         CHECK(out.dtype() == dtype);
         const double error =
@@ -243,6 +244,9 @@ TEST_CASE(
 }
 
 TEST_CASE("cache_append writes each entry's tokens at its row's start; everything else stays; bad entries") {
+  auto on_cpu = [](const std::vector<int64_t>& rows, const std::vector<int64_t>& starts) {
+    return ops::cache_entries(rows, starts, Device::cpu());
+  };
   const int64_t cache_rows = 4, capacity = 10, dim = 6;
   for (DType dtype : {DType::f32, DType::bf16}) {
     NoGradGuard no_grad;
@@ -253,7 +257,7 @@ TEST_CASE("cache_append writes each entry's tokens at its row's start; everythin
     const std::vector<int64_t> rows = {2, 0, 3}, starts = {4, 0, 7};
     const int64_t count = 3;
     const Tensor fresh = testing::random_tensor({3, count, dim}, 41, dtype);
-    ops::cache_append(store, rows, starts, fresh);
+    ops::cache_append(store, ops::cache_entries(rows, starts, Device::cpu()), fresh);
     std::vector<double> expected = before;
     const std::vector<double> fresh_values = fresh.to_doubles();
     for (size_t i = 0; i < rows.size(); ++i) {
@@ -267,30 +271,30 @@ TEST_CASE("cache_append writes each entry's tokens at its row's start; everythin
     CHECK(store.to_doubles() == expected);
     // A view of the new values (not dense) is taken as its values.
     const Tensor wide = testing::random_tensor({1, count, 2 * dim}, 42, dtype);
-    ops::cache_append(store, {1}, {5}, wide.narrow_view(2, dim, dim));
+    ops::cache_append(store, on_cpu({1}, {5}), wide.narrow_view(2, dim, dim));
     CHECK(store.narrow_view(0, 1, 1).narrow_view(1, 5, count).to_doubles() ==
           ops::contiguous(wide.narrow_view(2, dim, dim)).to_doubles());
   }
   Tensor store = Tensor::zeros({cache_rows, capacity, dim}, DType::f32);
   const Tensor one = Tensor::zeros({2, 1, dim}, DType::f32);
-  CHECK_THROWS_WITH_AS(ops::cache_append(store, {1, 1}, {0, 3}, one), doctest::Contains("given twice"),
-                       Error);
-  CHECK_THROWS_WITH_AS(ops::cache_append(store, {1, 4}, {0, 0}, one),
+  CHECK_THROWS_WITH_AS(ops::cache_append(store, on_cpu({1, 1}, {0, 3}), one),
+                       doctest::Contains("given twice"), Error);
+  CHECK_THROWS_WITH_AS(ops::cache_append(store, on_cpu({1, 4}, {0, 0}), one),
                        doctest::Contains("row 4 is outside the cache's 4 rows"), Error);
-  CHECK_THROWS_WITH_AS(ops::cache_append(store, {1, 2}, {0, 10}, one),
+  CHECK_THROWS_WITH_AS(ops::cache_append(store, on_cpu({1, 2}, {0, 10}), one),
                        doctest::Contains("beyond the cache's 10 positions"), Error);
-  CHECK_THROWS_WITH_AS(ops::cache_append(store, {1}, {0}, one), doctest::Contains("2 entries but 1 rows"),
-                       Error);
+  CHECK_THROWS_WITH_AS(ops::cache_append(store, on_cpu({1}, {0}), one),
+                       doctest::Contains("2 entries but 1 rows"), Error);
   const Tensor q = Tensor::zeros({2, 1, 2, 3}, DType::f32);
-  CHECK_THROWS_WITH_AS(ops::cached_attention(q, store, store, {0, 1}, {9, 10}),
+  CHECK_THROWS_WITH_AS(ops::cached_attention(q, store, store, on_cpu({0, 1}, {9, 10})),
                        doctest::Contains("beyond the cache's 10 positions"), Error);
   CHECK_THROWS_WITH_AS(
-      ops::cached_attention(Tensor::zeros({2, 1, 2, 4}, DType::f32), store, store, {0, 1}, {0, 0}),
+      ops::cached_attention(Tensor::zeros({2, 1, 2, 4}, DType::f32), store, store, on_cpu({0, 1}, {0, 0})),
       doctest::Contains("keys and values must be"), Error);
   // Inference only: with grad mode on, an input that requires grad is refused rather than silently detached.
   Tensor wants_grad = q.clone();
   wants_grad.set_requires_grad(true);
-  CHECK_THROWS_WITH_AS(ops::cached_attention(wants_grad, store, store, {0, 1}, {0, 0}),
+  CHECK_THROWS_WITH_AS(ops::cached_attention(wants_grad, store, store, on_cpu({0, 1}, {0, 0})),
                        doctest::Contains("inference"), Error);
 }
 
@@ -733,4 +737,41 @@ TEST_CASE("CUDA: cached generation matches the CPU's greedy tokens (f32) and run
   int64_t same = 0;
   for (size_t i = 0; i < 60; ++i) same += in_bf16.tokens[0][i] == on_cpu.tokens[0][i];
   CHECK(same >= 10);
+}
+
+TEST_CASE("CUDA: decoding steps replayed as a CUDA graph give the tokens of kernel-by-kernel steps") {
+  if (!cuda_available()) {
+    MESSAGE("no CUDA device: skipped");
+    return;
+  }
+  for (nn::Precision precision : {nn::Precision::f32, nn::Precision::bf16}) {
+    CAPTURE(nn::precision_name(precision));
+    nn::ModelConfig config = tiny_config(97, 40);
+    config.precision = precision;
+    nn::TransformerLM model(config);
+    nn::FlatParameters params(model, Device::cuda(0), 23);
+    if (precision == nn::Precision::bf16) params.enable_bf16_mirror();
+    const std::vector<std::vector<int32_t>> prompts = {some_ids(5, 97, 1), some_ids(17, 97, 2),
+                                                       some_ids(1, 97, 3), some_ids(30, 97, 4)};
+    for (double temperature : {0.0, 1.0}) {
+      CAPTURE(temperature);
+      app::SamplingOptions options;
+      options.temperature = temperature;
+      options.top_k = 30;
+      options.seed = 9;
+      options.max_tokens = 70;  // past the context of 40: rows refill their caches between graph replays
+      options.cuda_graph = false;
+      // The end-of-text id: the first prompt's 12th token, so rows end at different steps and the batch
+      // shrinks (a graph for each new batch size).
+      options.end_of_text = app::generate_tokens(model, {prompts[0]}, options, Device::cuda(0)).tokens[0][11];
+      const app::GenerationResult by_kernel = app::generate_tokens(model, prompts, options, Device::cuda(0));
+      options.cuda_graph = true;
+      const app::GenerationResult by_graph = app::generate_tokens(model, prompts, options, Device::cuda(0));
+      CHECK(by_kernel.graph_steps == 0);
+      CHECK(by_graph.graph_steps > 20);
+      CHECK(by_graph.context_refills > 0);
+      CHECK(by_graph.tokens == by_kernel.tokens);
+      CHECK(by_graph.tokens[0].size() <= 12);
+    }
+  }
 }

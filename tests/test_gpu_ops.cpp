@@ -1235,7 +1235,7 @@ TEST_CASE(
 TEST_CASE("CUDA cached_attention equals its CPU twin: f32 and bf16, d_head 16 to 256, ragged rows") {
   // Each case: heads, d_head, capacity, new tokens per entry, the entries' rows and starts. Rows out of order
   // and a subset; lengths from 1 position to the full capacity; 40 is no vectorised size (the generic
-  // kernel); 70 entries take two launches (64 entries each at most).
+  // kernel); 70 entries.
   struct Case {
     int64_t heads, d_head, capacity, count;
     std::vector<int64_t> rows, starts;
@@ -1272,7 +1272,7 @@ TEST_CASE("CUDA cached_attention equals its CPU twin: f32 and bf16, d_head 16 to
         auto run = [&](const Tensor& buffer, const Tensor& k, const Tensor& v) {
           const Tensor q =
               ops::reshape(buffer.narrow_view(0, offset, n * c.count * dim), {n, c.count, c.heads, c.d_head});
-          return ops::cached_attention(q, k, v, c.rows, c.starts);
+          return ops::cached_attention(q, k, v, ops::cache_entries(c.rows, c.starts, k.device()));
         };
         const Tensor cpu_out = run(q_buffer, keys, values);
         const Tensor gpu_out = run(q_buffer.to(gpu), keys.to(gpu), values.to(gpu));
@@ -1287,9 +1287,8 @@ TEST_CASE("CUDA cached_attention equals its CPU twin: f32 and bf16, d_head 16 to
   }
 }
 
-TEST_CASE("CUDA cache_append and cached_attention over decode steps equal the CPU; host vectors reused") {
-  // A prompt of 4 tokens, then one token per step for every entry, queued without waiting: the same starts
-  // vector is changed on the host between launches, which must not reach a launch already queued.
+TEST_CASE("CUDA cache_append and cached_attention over decode steps equal the CPU") {
+  // A prompt of 4 tokens, then one token per step for every entry, queued without waiting.
   const Device gpu = Device::cuda(0);
   const int64_t cache_rows = 3, capacity = 32, heads = 4, d_head = 64, dim = heads * d_head;
   for (DType dtype : {DType::f32, DType::bf16}) {
@@ -1307,12 +1306,14 @@ TEST_CASE("CUDA cache_append and cached_attention over decode steps equal the CP
       const Tensor q = ops::cast(randn({2, count, heads, d_head}, seed, 2.0), dtype);
       const Tensor k = ops::cast(randn({2, count, dim}, seed + 1), dtype);
       const Tensor v = ops::cast(randn({2, count, dim}, seed + 2), dtype);
-      ops::cache_append(cpu_keys, rows, starts, k);
-      ops::cache_append(cpu_values, rows, starts, v);
-      ops::cache_append(gpu_keys, rows, starts, k.to(gpu));
-      ops::cache_append(gpu_values, rows, starts, v.to(gpu));
-      cpu_outs.push_back(ops::cached_attention(q, cpu_keys, cpu_values, rows, starts));
-      gpu_outs.push_back(ops::cached_attention(q.to(gpu), gpu_keys, gpu_values, rows, starts));
+      const ops::CacheEntries on_cpu = ops::cache_entries(rows, starts, Device::cpu());
+      const ops::CacheEntries on_gpu = ops::cache_entries(rows, starts, gpu);
+      ops::cache_append(cpu_keys, on_cpu, k);
+      ops::cache_append(cpu_values, on_cpu, v);
+      ops::cache_append(gpu_keys, on_gpu, k.to(gpu));
+      ops::cache_append(gpu_values, on_gpu, v.to(gpu));
+      cpu_outs.push_back(ops::cached_attention(q, cpu_keys, cpu_values, on_cpu));
+      gpu_outs.push_back(ops::cached_attention(q.to(gpu), gpu_keys, gpu_values, on_gpu));
       for (int64_t& s : starts) s += count;
     }
     CHECK(gpu_keys.to_floats() == cpu_keys.to_floats());
@@ -1323,7 +1324,7 @@ TEST_CASE("CUDA cache_append and cached_attention over decode steps equal the CP
             (dtype == DType::f32 ? kF32 : 1e-2));
     }
   }
-  // Element-wise copies (rows of 6 bf16 values are not whole 16-byte units) and 70 entries (two launches).
+  // Element-wise copies (rows of 6 bf16 values are not whole 16-byte units) and 70 entries.
   const int64_t many = 70, narrow_dim = 6;
   Tensor cpu_store = ops::cast(randn({many, 5, narrow_dim}, 700), DType::bf16);
   Tensor gpu_store = cpu_store.to(gpu);
@@ -1333,7 +1334,7 @@ TEST_CASE("CUDA cache_append and cached_attention over decode steps equal the CP
     many_starts.push_back(i % 4);
   }
   const Tensor fresh = ops::cast(randn({many, 1, narrow_dim}, 701), DType::bf16);
-  ops::cache_append(cpu_store, many_rows, many_starts, fresh);
-  ops::cache_append(gpu_store, many_rows, many_starts, fresh.to(gpu));
+  ops::cache_append(cpu_store, ops::cache_entries(many_rows, many_starts, Device::cpu()), fresh);
+  ops::cache_append(gpu_store, ops::cache_entries(many_rows, many_starts, gpu), fresh.to(gpu));
   CHECK(gpu_store.to_floats() == cpu_store.to_floats());
 }

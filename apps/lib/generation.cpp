@@ -6,6 +6,8 @@
 #include <numeric>
 
 #include "base/error.h"
+#include "core/cuda_graph.h"
+#include "core/pinned_upload.h"
 #include "nn/kv_cache.h"
 
 namespace tt::app {
@@ -20,6 +22,58 @@ double seconds_since(std::chrono::steady_clock::time_point start) {
 CounterRng prompt_rng(uint64_t seed, int64_t prompt) {
   return CounterRng{seed, static_cast<uint64_t>(prompt) << 40};
 }
+
+// A decoding step (one new token for each of n rows) replayed as a CUDA graph: the ids and the cache entries
+// are copied into the graph's input tensors, then one launch runs every layer. The graph is captured at the
+// second step of a batch size, so that the first, run kernel by kernel, does the matmuls' one-time set-up
+// outside the capture, and again when rows end and the batch shrinks.
+class DecodeGraph {
+ public:
+  DecodeGraph(const nn::TransformerLM& model, nn::KVCache& cache)
+      : model_(model), cache_(cache), upload_(cache.device()) {}
+
+  // The logits (n, vocab) of rows `active` (distinct, each with room for one more token) after their next
+  // tokens `next`; the cache advances by one token per row.
+  std::vector<float> step(const std::vector<int32_t>& next, const std::vector<int64_t>& active) {
+    const auto n = static_cast<int64_t>(active.size());
+    if (n != graph_rows_ && n != previous_rows_) {
+      previous_rows_ = n;
+      return model_.forward_cached(Tensor::from_ints(next, {n, 1}, cache_.device()), cache_, active)
+          .to_floats();
+    }
+    previous_rows_ = n;
+    for (int64_t row : active)
+      TT_ASSERT(cache_.length(row) < cache_.capacity(), "DecodeGraph: a row's context is full");
+    if (n != graph_rows_) {
+      graph_.reset();  // its pool goes back before the next capture takes one
+      logits_ = Tensor();
+      ids_ = Tensor::empty({n, 1}, DType::i32, cache_.device());
+      table_ = Tensor::empty({2, n}, DType::i32, cache_.device());
+    }
+    upload_.ints_into(next, ids_);
+    const ops::CacheEntries entries = cache_.entries(active, table_);
+    if (n != graph_rows_) {
+      auto graph = std::make_unique<CudaGraph>(cache_.device());
+      graph->capture([&] { logits_ = model_.forward_entries(ids_, cache_, entries); });
+      graph_ = std::move(graph);
+      graph_rows_ = n;
+    }
+    graph_->replay();
+    ++replays_;
+    std::vector<float> logits = logits_.to_floats();
+    for (int64_t row : active) cache_.advance(row, 1);
+    return logits;
+  }
+  int64_t replays() const { return replays_; }
+
+ private:
+  const nn::TransformerLM& model_;
+  nn::KVCache& cache_;
+  PinnedUpload upload_;
+  int64_t previous_rows_ = -1, graph_rows_ = -1, replays_ = 0;
+  Tensor ids_, table_, logits_;  // the graph's inputs and output, at fixed addresses
+  std::unique_ptr<CudaGraph> graph_;
+};
 
 }  // namespace
 
@@ -126,6 +180,8 @@ GenerationResult generate_tokens(const nn::TransformerLM& model,
   }
   result.prefill_seconds = seconds_since(prefill_start);
 
+  std::unique_ptr<DecodeGraph> graph;
+  if (options.cuda_graph && device.is_cuda()) graph = std::make_unique<DecodeGraph>(model, cache);
   const auto decode_start = std::chrono::steady_clock::now();
   while (!active.empty() && !(options.stop && options.stop())) {
     std::vector<int32_t> next;
@@ -144,7 +200,9 @@ GenerationResult generate_tokens(const nn::TransformerLM& model,
       next.push_back(seen.back());
     }
     const int64_t n = static_cast<int64_t>(active.size());
-    const std::vector<float> logits = model.forward_cached(ids_tensor(next, n), cache, active).to_floats();
+    const std::vector<float> logits =
+        graph ? graph->step(next, active)
+              : model.forward_cached(ids_tensor(next, n), cache, active).to_floats();
     std::vector<int64_t> still;
     for (int64_t i = 0; i < n; ++i)
       if (take(active[static_cast<size_t>(i)], logits.data() + i * vocab))
@@ -152,6 +210,7 @@ GenerationResult generate_tokens(const nn::TransformerLM& model,
     active = std::move(still);
   }
   result.decode_seconds = seconds_since(decode_start);
+  if (graph) result.graph_steps = graph->replays();
   return result;
 }
 

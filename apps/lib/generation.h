@@ -30,6 +30,10 @@ struct SamplingOptions {
   // Asked before each decoding step (optional): true ends every row there, keeping what it has (train's
   // final sample ends early on a stop request).
   std::function<bool()> stop;
+  // On a CUDA device, decoding steps are replayed as one CUDA graph per batch size: the same kernels on the
+  // same values, launched at once instead of one by one by the host (the process's only CUDA graph: the
+  // allocator keeps one graph pool).
+  bool cuda_graph = true;
 };
 // Throws one line naming the flag (--max-tokens, --temperature, --top-k, --top-p) for a value out of range.
 void check_sampling_options(const SamplingOptions& options);
@@ -43,6 +47,7 @@ struct GenerationResult {
   int64_t prompt_tokens = 0, new_tokens = 0;
   double prefill_seconds = 0, decode_seconds = 0;  // prompts through the model; the steps after
   int64_t context_refills = 0;  // rows that filled the context and were restarted from their last half
+  int64_t graph_steps = 0;      // decoding steps replayed from a CUDA graph (SamplingOptions::cuda_graph)
 };
 
 // Called with each new token as soon as it is chosen: (prompt index, token).

@@ -99,17 +99,16 @@ void softmax_backward(const float* dp, const float* p, float* ds, int64_t batch,
 // Attention over a key/value cache (cpu::cached_attention, cpu::cached_attention_bf16; decode_attention.cu):
 // q, keys, values and out of one `type`, f32 or bf16, laid out as on the CPU; scores, an online softmax and
 // the weighted sums in f32, out rounded once (the probabilities are not rounded to bf16 on their own, so a
-// bf16 result may differ from the CPU's by bf16 rounding). rows and starts are host arrays of n entries; they
-// travel as kernel arguments, kMaxCachedEntries per launch. d_head up to 512; 16, 32, 64, 128 and 256 with
-// 16-byte aligned buffers load 16 bytes at a time.
-constexpr int kMaxCachedEntries = 64;
+// bf16 result may differ from the CPU's by bf16 rounding). `table` is a device array of 2 n i32: the
+// entries' rows, then their starts (ops::CacheEntries), read by the kernels, which is what lets a CUDA graph
+// replay with other entries. d_head up to 512; 16, 32, 64, 128 and 256 with 16-byte aligned buffers load
+// 16 bytes at a time.
 void cached_attention(const void* q, const void* keys, const void* values, void* out, DType type,
-                      const int64_t* rows, const int64_t* starts, int64_t n, int64_t count, int64_t heads,
-                      int64_t d_head, int64_t capacity, double scale, cudaStream_t stream);
-// cpu::cache_append on the device (store and src device pointers; rows and starts host arrays).
-void cache_append(void* store, const void* src, int64_t elem_bytes, const int64_t* rows,
-                  const int64_t* starts, int64_t n, int64_t count, int64_t capacity, int64_t dim,
-                  cudaStream_t stream);
+                      const int32_t* table, int64_t n, int64_t count, int64_t heads, int64_t d_head,
+                      int64_t capacity, double scale, cudaStream_t stream);
+// cpu::cache_append on the device (store, src and table device pointers; table as for cached_attention).
+void cache_append(void* store, const void* src, int64_t elem_bytes, const int32_t* table, int64_t n,
+                  int64_t count, int64_t capacity, int64_t dim, cudaStream_t stream);
 
 void cross_entropy_forward(const float* logits, const int32_t* targets, float* losses, float* lse, int64_t n,
                            int64_t vocab, cudaStream_t stream);

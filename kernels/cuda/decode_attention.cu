@@ -27,11 +27,11 @@ constexpr int kGenericPerLane = 16;
 constexpr int64_t kMaxGenericDHead = 32 * kGenericPerLane;
 constexpr int kAppendThreads = 256;
 
-// Where each entry's tokens live, passed by value: the launch copies it, so the host's vectors may change
-// for the next step at once (no device buffer to keep alive or to order against).
+// Where each entry's tokens live: a device table read by the kernels (not kernel arguments), so a CUDA graph
+// of the decode step replays with the entries copied into that table before each replay.
 struct CacheEntries {
-  int32_t rows[kMaxCachedEntries];
-  int32_t starts[kMaxCachedEntries];
+  const int32_t* rows;    // n of them
+  const int32_t* starts;  // n of them
 };
 
 // A lane's kPerLane features of one head: consecutive ones loaded 16 bytes at a time (kVectorized), or
@@ -70,7 +70,7 @@ template <class T, int kLanes, int kPerLane, bool kVectorized>
 __global__ void __launch_bounds__(kAttentionThreads)
     cached_attention_kernel(const T* __restrict__ q, const T* __restrict__ keys, const T* __restrict__ values,
                             T* __restrict__ out, int count, int heads, int d_head, int64_t capacity,
-                            float scale, const __grid_constant__ CacheEntries entries) {
+                            float scale, const CacheEntries entries) {
   constexpr int kGroupsPerWarp = 32 / kLanes;
   constexpr int kGroups = kAttentionThreads / kLanes;
   constexpr int kFeatures = kLanes * kPerLane;  // the widest d_head this instance takes
@@ -227,30 +227,16 @@ void attention_of_type(const void* q, const void* keys, const void* values, void
                                                   entries, n, stream);
 }
 
-// Entries [first, first + n) of rows/starts as kernel arguments (n <= kMaxCachedEntries).
-CacheEntries entries_of(const int64_t* rows, const int64_t* starts, int64_t first, int64_t n) {
-  CacheEntries entries{};
-  for (int64_t i = 0; i < n; ++i) {
-    entries.rows[i] = static_cast<int32_t>(rows[first + i]);
-    entries.starts[i] = static_cast<int32_t>(starts[first + i]);
-  }
-  return entries;
-}
-
-void check_entries(const int64_t* rows, const int64_t* starts, int64_t n, int64_t count, int64_t capacity) {
-  for (int64_t i = 0; i < n; ++i) {
-    TT_ASSERT(rows[i] >= 0 && rows[i] <= INT32_MAX && starts[i] >= 0 && starts[i] + count <= capacity &&
-                  capacity <= INT32_MAX,
-              "cuda: cache entry " + std::to_string(i) + " out of range");
-  }
+// The table's two halves: rows, then starts.
+CacheEntries entries_of(const int32_t* table, int64_t n) {
+  return CacheEntries{table, table + n};
 }
 
 // Each entry's `count` tokens are one contiguous span of the cache row: a flat copy of `units` per entry.
 template <class Unit>
 __global__ void __launch_bounds__(kAppendThreads)
     cache_append_kernel(Unit* __restrict__ store, const Unit* __restrict__ src, int64_t units_per_entry,
-                        int64_t units_per_position, int64_t capacity,
-                        const __grid_constant__ CacheEntries entries) {
+                        int64_t units_per_position, int64_t capacity, const CacheEntries entries) {
   const int entry = static_cast<int>(blockIdx.y);
   Unit* dst = store + (static_cast<int64_t>(entries.rows[entry]) * capacity + entries.starts[entry]) *
                           units_per_position;
@@ -277,59 +263,44 @@ void launch_append(void* store, const void* src, int64_t bytes_per_position, int
 }  // namespace
 
 void cached_attention(const void* q, const void* keys, const void* values, void* out, DType type,
-                      const int64_t* rows, const int64_t* starts, int64_t n, int64_t count, int64_t heads,
-                      int64_t d_head, int64_t capacity, double scale, cudaStream_t stream) {
+                      const int32_t* table, int64_t n, int64_t count, int64_t heads, int64_t d_head,
+                      int64_t capacity, double scale, cudaStream_t stream) {
   TT_ASSERT(type == DType::f32 || type == DType::bf16, "cuda::cached_attention: f32 or bf16");
   TT_CHECK(d_head >= 1 && d_head <= kMaxGenericDHead, "cached attention on CUDA takes d_head up to " +
                                                           std::to_string(kMaxGenericDHead) + ", got " +
                                                           std::to_string(d_head));
-  TT_CHECK(count <= 65535 && heads <= INT32_MAX,
-           "cached attention on CUDA takes up to 65535 new tokens per step, got " + std::to_string(count));
-  check_entries(rows, starts, n, count, capacity);
+  TT_CHECK(count <= 65535 && n <= 65535 && heads <= INT32_MAX && capacity <= INT32_MAX,
+           "cached attention on CUDA takes up to 65535 entries of up to 65535 new tokens per step, got " +
+               std::to_string(n) + " of " + std::to_string(count));
   if (n == 0 || count == 0 || heads == 0) return;
-  const size_t elem = dtype_size(type);
-  const int64_t dim = heads * d_head;
-  const float scale_f32 = static_cast<float>(scale);
-  // More entries than one launch's arguments hold: a launch per kMaxCachedEntries of them.
-  for (int64_t first = 0; first < n; first += kMaxCachedEntries) {
-    const int64_t part = std::min<int64_t>(kMaxCachedEntries, n - first);
-    const CacheEntries entries = entries_of(rows, starts, first, part);
-    const size_t skip = static_cast<size_t>(first * count * dim) * elem;
-    const void* q_part = static_cast<const char*>(q) + skip;
-    void* out_part = static_cast<char*>(out) + skip;
-    if (type == DType::f32) {
-      attention_of_type<float>(q_part, keys, values, out_part, count, heads, d_head, capacity, scale_f32,
-                               entries, part, stream);
-    } else {
-      attention_of_type<__nv_bfloat16>(q_part, keys, values, out_part, count, heads, d_head, capacity,
-                                       scale_f32, entries, part, stream);
-    }
+  const CacheEntries entries = entries_of(table, n);
+  if (type == DType::f32) {
+    attention_of_type<float>(q, keys, values, out, count, heads, d_head, capacity, static_cast<float>(scale),
+                             entries, n, stream);
+  } else {
+    attention_of_type<__nv_bfloat16>(q, keys, values, out, count, heads, d_head, capacity,
+                                     static_cast<float>(scale), entries, n, stream);
   }
 }
 
-void cache_append(void* store, const void* src, int64_t elem_bytes, const int64_t* rows,
-                  const int64_t* starts, int64_t n, int64_t count, int64_t capacity, int64_t dim,
-                  cudaStream_t stream) {
+void cache_append(void* store, const void* src, int64_t elem_bytes, const int32_t* table, int64_t n,
+                  int64_t count, int64_t capacity, int64_t dim, cudaStream_t stream) {
   TT_ASSERT(elem_bytes == 2 || elem_bytes == 4 || elem_bytes == 8,
             "cuda::cache_append: 2, 4 or 8-byte elements");
-  check_entries(rows, starts, n, count, capacity);
+  TT_CHECK(n <= 65535, "cache_append on CUDA takes up to 65535 entries, got " + std::to_string(n));
   if (n == 0 || count == 0 || dim == 0) return;
   const int64_t bytes_per_position = dim * elem_bytes;
   auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
   const bool wide = bytes_per_position % 16 == 0 && aligned(store) && aligned(src);
-  for (int64_t first = 0; first < n; first += kMaxCachedEntries) {
-    const int64_t part = std::min<int64_t>(kMaxCachedEntries, n - first);
-    const CacheEntries entries = entries_of(rows, starts, first, part);
-    const void* src_part = static_cast<const char*>(src) + first * count * bytes_per_position;
-    if (wide) {
-      launch_append<uint4>(store, src_part, bytes_per_position, count, capacity, entries, part, stream);
-    } else if (elem_bytes == 2) {
-      launch_append<uint16_t>(store, src_part, bytes_per_position, count, capacity, entries, part, stream);
-    } else if (elem_bytes == 4) {
-      launch_append<uint32_t>(store, src_part, bytes_per_position, count, capacity, entries, part, stream);
-    } else {
-      launch_append<uint64_t>(store, src_part, bytes_per_position, count, capacity, entries, part, stream);
-    }
+  const CacheEntries entries = entries_of(table, n);
+  if (wide) {
+    launch_append<uint4>(store, src, bytes_per_position, count, capacity, entries, n, stream);
+  } else if (elem_bytes == 2) {
+    launch_append<uint16_t>(store, src, bytes_per_position, count, capacity, entries, n, stream);
+  } else if (elem_bytes == 4) {
+    launch_append<uint32_t>(store, src, bytes_per_position, count, capacity, entries, n, stream);
+  } else {
+    launch_append<uint64_t>(store, src, bytes_per_position, count, capacity, entries, n, stream);
   }
 }
 
