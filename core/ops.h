@@ -68,6 +68,10 @@ Tensor rope(const Tensor& x, int64_t d_head, double theta);
 // x's gradient then comes back in bf16 too, rounded once: meant for an x made by a bf16 matmul, whose
 // backward rounds its incoming gradient to bf16 anyway, so nothing is lost.
 Tensor rope(const Tensor& x, int64_t d_head, double theta, DType out);
+// Inference: row b of x holds the tokens at positions starts[b] .. starts[b] + seq - 1 (starts i32 (batch)
+// on x's device, read there, so a CUDA graph replays with other positions): the values rope() gives those
+// positions of a longer sequence. No autograd (an x that needs grad is refused).
+Tensor rope_at(const Tensor& x, const Tensor& starts, int64_t d_head, double theta);
 // silu(a) * b, computed in f32; a and b f32 (or f64), or bf16 with a bf16 result and bf16 gradients. The
 // unfused reference the tests hold swiglu_projection to; the model runs swiglu_projection.
 Tensor swiglu(const Tensor& a, const Tensor& b);

@@ -95,8 +95,10 @@ struct RmsNormNode : Node {
 };
 
 // --------------------------------------------------------------------------------------------------- RoPE
-// y in `out` (x's dtype, or bf16 from f32): computed in f32 (f64 for f64) and rounded once.
-Tensor rope_raw(const Tensor& x, int64_t d_head, double theta, bool inverse, DType out) {
+// y in `out` (x's dtype, or bf16 from f32): computed in f32 (f64 for f64) and rounded once. starts
+// (optional, dense i32 (batch) on x's device): row b's positions start there (rope_at).
+Tensor rope_raw(const Tensor& x, int64_t d_head, double theta, bool inverse, DType out,
+                const Tensor& starts = Tensor()) {
   TT_CHECK(x.dim() == 3, "rope expects (batch, seq, heads*d_head), got " + x.describe());
   TT_CHECK(d_head % 2 == 0 && x.size(2) % d_head == 0, "rope: feature dim " + std::to_string(x.size(2)) +
                                                            " is not a multiple of an even d_head " +
@@ -105,17 +107,19 @@ Tensor rope_raw(const Tensor& x, int64_t d_head, double theta, bool inverse, DTy
   Tensor y = Tensor::empty(x.shape(), out, x.device());
   if (x.device().is_cuda()) {
     TT_CUDA_ONLY(cuda::rope(xc.raw_data(), x.dtype(), y.raw_data(), out, x.size(0), x.size(1), x.size(2),
-                            d_head, theta, inverse, detail::stream_of(x)));
+                            d_head, theta, inverse, detail::stream_of(x), 0, 0,
+                            starts.defined() ? starts.data<int32_t>() : nullptr));
   } else if (x.dtype() == DType::bf16 || out == DType::bf16) {
     // The CPU twin of a bf16 side: widen exactly, rotate in f32, round once (casts inside the op, not nodes).
     NoGradGuard no_grad;
-    const Tensor wide =
-        rope_raw(x.dtype() == DType::f32 ? xc : cast(xc, DType::f32), d_head, theta, inverse, DType::f32);
+    const Tensor wide = rope_raw(x.dtype() == DType::f32 ? xc : cast(xc, DType::f32), d_head, theta, inverse,
+                                 DType::f32, starts);
     return out == DType::f32 ? wide : cast(wide, out);
   } else {
     dispatch_float(x.dtype(), "rope", [&](auto t) {
       using T = decltype(t);
-      cpu::rope(xc.data<T>(), y.data<T>(), x.size(0), x.size(1), x.size(2), d_head, theta, inverse);
+      cpu::rope(xc.data<T>(), y.data<T>(), x.size(0), x.size(1), x.size(2), d_head, theta, inverse, 0, 0,
+                starts.defined() ? starts.data<int32_t>() : nullptr);
     });
   }
   return y;
@@ -379,6 +383,24 @@ Tensor rms_norm(const Tensor& x_in, const Tensor& weight, double eps, DType out,
 
 Tensor rope(const Tensor& x, int64_t d_head, double theta) {
   return rope(x, d_head, theta, x.dtype());
+}
+
+Tensor rope_at(const Tensor& x, const Tensor& starts_in, int64_t d_head, double theta) {
+  TT_CHECK(x.dim() == 3, "rope_at expects (batch, seq, heads*d_head), got " + x.describe());
+  TT_CHECK(starts_in.dtype() == DType::i32 && starts_in.dim() == 1 && starts_in.size(0) == x.size(0),
+           "rope_at: starts must be i32 (" + std::to_string(x.size(0)) + "), got " + starts_in.describe());
+  detail::require_same_device(x, starts_in, "rope_at");
+  TT_CHECK(x.device().is_cpu() || x.dtype() != DType::f64, "rope on CUDA takes f32 or bf16");
+  TT_CHECK(!needs_grad({&x}), "rope_at is for inference: x must not need grad");
+  const Tensor starts = detail::dense(starts_in);
+  if (x.device().is_cpu()) {
+    const int32_t* s = starts.data<int32_t>();
+    for (int64_t b = 0; b < x.size(0); ++b)
+      TT_CHECK(s[b] >= 0 && s[b] <= (1 << 24) - x.size(1),
+               "rope_at: row " + std::to_string(b) + " starts at " + std::to_string(s[b]) +
+                   ", outside 0..2^24 (the positions f32 holds exactly)");
+  }
+  return rope_raw(x, d_head, theta, false, x.dtype(), starts);
 }
 
 Tensor rope(const Tensor& x, int64_t d_head, double theta, DType out) {

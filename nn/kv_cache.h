@@ -30,9 +30,6 @@ class KVCache {
   // Used by the model: layer `layer`'s keys or values, (rows, capacity, d_model), rows [0, length) valid.
   const Tensor& keys(int64_t layer) const { return keys_.at(static_cast<size_t>(layer)); }
   const Tensor& values(int64_t layer) const { return values_.at(static_cast<size_t>(layer)); }
-  // RoPE at each position as a matrix (capacity, d_head * d_head), f32: row t holds R_t with
-  // rotate(x) = R_t x for one head's features x. Made from ops::rope's own angles on this device.
-  const Tensor& rotations() const { return rotations_; }
   // Records `count` more tokens for sequence `row` (after every layer has stored them).
   void advance(int64_t row, int64_t count);
   // Where a step's new tokens go: sequences `rows` (distinct), each continuing at its current length. The
@@ -46,7 +43,6 @@ class KVCache {
   std::unique_ptr<PinnedUpload> upload_;
   std::vector<Tensor> keys_, values_;
   std::vector<int64_t> lengths_;
-  Tensor rotations_;
 };
 
 }  // namespace tt::nn

@@ -128,11 +128,9 @@ class CausalSelfAttention : public Module {
   // sum_into when given (Linear::forward_add).
   Tensor forward(const Tensor& x, const Tensor& residual = Tensor(), const Tensor& sum_into = Tensor()) const;
   // Inference (nn/kv_cache.cpp): residual + attention(x) for x (n, new, d_model) continuing the cache at
-  // `entries`, their keys and values stored in layer `layer` of the cache. `rotations` (tokens, d_head,
-  // d_head) rotate each new token's queries and keys (undefined: ops::rope from position 0). The naive
-  // branch's math.
+  // `entries`, their keys and values stored in layer `layer` of the cache. The naive branch's math.
   Tensor forward_cached(const Tensor& x, const Tensor& residual, KVCache& cache, int64_t layer,
-                        const ops::CacheEntries& entries, const Tensor& rotations) const;
+                        const ops::CacheEntries& entries) const;
 
  private:
   const ModelConfig config_;
@@ -154,8 +152,8 @@ class TransformerBlock : public Module {
  public:
   explicit TransformerBlock(const ModelConfig& config);
   Tensor forward(const Tensor& x) const;
-  Tensor forward_cached(const Tensor& x, KVCache& cache, int64_t layer, const ops::CacheEntries& entries,
-                        const Tensor& rotations) const;
+  Tensor forward_cached(const Tensor& x, KVCache& cache, int64_t layer,
+                        const ops::CacheEntries& entries) const;
   // The block's parameters (for recompute(), which needs to know whether any requires grad).
   const std::vector<const Tensor*>& parameter_tensors() const { return parameter_tensors_; }
 

@@ -243,6 +243,40 @@ TEST_CASE(
   }
 }
 
+TEST_CASE("rope_at gives rope's values at the rows' positions of a longer sequence (f32, f64, bf16)") {
+  const int64_t len = 40, dim = 24, d_head = 8, count = 3;
+  const std::vector<int32_t> starts = {0, 7, len - count, 21};
+  const auto n = static_cast<int64_t>(starts.size());
+  for (DType dtype : {DType::f32, DType::f64, DType::bf16}) {
+    const std::string dtype_text = dtype_name(dtype);
+    CAPTURE(dtype_text);
+    NoGradGuard no_grad;
+    const Tensor whole = testing::random_tensor({1, len, dim}, 77, dtype);
+    const std::vector<double> whole_values = whole.to_doubles();
+    const std::vector<double> rotated = ops::rope(whole, d_head, 10000.0).to_doubles();
+    // Row b: the whole sequence's tokens starts[b] .. starts[b] + count - 1.
+    std::vector<double> part, expected;
+    for (int32_t start : starts) {
+      const auto from = static_cast<size_t>(start * dim), to = static_cast<size_t>((start + count) * dim);
+      part.insert(part.end(), whole_values.begin() + from, whole_values.begin() + to);
+      expected.insert(expected.end(), rotated.begin() + from, rotated.begin() + to);
+    }
+    const Tensor x = ops::cast(Tensor::from_doubles(part, {n, count, dim}), dtype);
+    const Tensor y = ops::rope_at(x, Tensor::from_ints(starts, {n}), d_head, 10000.0);
+    CHECK(y.dtype() == dtype);
+    CHECK(y.to_doubles() == expected);  // the same steps on the same values: equal, not close
+  }
+  const Tensor x = Tensor::zeros({2, 1, dim}, DType::f32);
+  CHECK_THROWS_WITH_AS(ops::rope_at(x, Tensor::from_ints({0}, {1}), d_head, 1e4),
+                       doctest::Contains("starts must be i32 (2)"), Error);
+  CHECK_THROWS_WITH_AS(ops::rope_at(x, Tensor::from_ints({0, -1}, {2}), d_head, 1e4),
+                       doctest::Contains("row 1 starts at -1"), Error);
+  Tensor wants_grad = x.clone();
+  wants_grad.set_requires_grad(true);
+  CHECK_THROWS_WITH_AS(ops::rope_at(wants_grad, Tensor::from_ints({0, 1}, {2}), d_head, 1e4),
+                       doctest::Contains("inference"), Error);
+}
+
 TEST_CASE("cache_append writes each entry's tokens at its row's start; everything else stays; bad entries") {
   auto on_cpu = [](const std::vector<int64_t>& rows, const std::vector<int64_t>& starts) {
     return ops::cache_entries(rows, starts, Device::cpu());

@@ -1232,6 +1232,32 @@ TEST_CASE(
   CHECK(beyond == 0);
 }
 
+TEST_CASE("CUDA rope_at equals CUDA rope at those positions of the whole sequence, and the CPU's rope_at") {
+  NoGradGuard no_grad;
+  const Device gpu = Device::cuda(0);
+  const int64_t len = 300, heads = 12, d_head = 64, dim = heads * d_head;
+  const std::vector<int32_t> starts = {0, 299, 17, 150};
+  const auto n = static_cast<int64_t>(starts.size());
+  for (DType dtype : {DType::f32, DType::bf16}) {
+    const std::string dtype_text = dtype_name(dtype);
+    CAPTURE(dtype_text);
+    const Tensor whole = ops::cast(randn({1, len, dim}, 811), dtype);
+    const std::vector<double> whole_values = whole.to_doubles();
+    const std::vector<double> rotated = ops::rope(whole.to(gpu), d_head, 10000.0).to_doubles();
+    std::vector<double> part, expected;
+    for (int32_t start : starts) {
+      const auto from = static_cast<size_t>(start * dim), to = static_cast<size_t>((start + 1) * dim);
+      part.insert(part.end(), whole_values.begin() + from, whole_values.begin() + to);
+      expected.insert(expected.end(), rotated.begin() + from, rotated.begin() + to);
+    }
+    const Tensor x = ops::cast(Tensor::from_doubles(part, {n, 1, dim}), dtype);
+    const Tensor on_gpu = ops::rope_at(x.to(gpu), Tensor::from_ints(starts, {n}, gpu), d_head, 10000.0);
+    CHECK(on_gpu.to_doubles() == expected);  // the same kernel at the same positions
+    const Tensor on_cpu = ops::rope_at(x, Tensor::from_ints(starts, {n}), d_head, 10000.0);
+    CHECK(relative_error(on_gpu.to_doubles(), on_cpu.to_doubles()) < (dtype == DType::f32 ? kF32 : 1e-2));
+  }
+}
+
 TEST_CASE("CUDA cached_attention equals its CPU twin: f32 and bf16, d_head 16 to 256, ragged rows") {
   // Each case: heads, d_head, capacity, new tokens per entry, the entries' rows and starts. Rows out of order
   // and a subset; lengths from 1 position to the full capacity; 40 is no vectorised size (the generic

@@ -36,10 +36,11 @@ void rms_norm_backward(const T* dy, const T* x, const T* w, const T* inv_rms, T*
 
 // Rotary embedding with interleaved pairs on x of shape (batch, seq, dim), heads of d_head features each.
 // inverse=true rotates by the negative angle (the backward pass). ld_x, ld_y: the rows' strides in elements
-// (0: dim, dense rows), for rows that are part of wider ones (a fused projection's output).
+// (0: dim, dense rows), for rows that are part of wider ones (a fused projection's output). starts
+// (nullable, batch entries): row b's tokens are at positions starts[b] onwards instead of 0 (inference).
 template <class T>
 void rope(const T* x, T* y, int64_t batch, int64_t seq, int64_t dim, int64_t d_head, double theta,
-          bool inverse, int64_t ld_x = 0, int64_t ld_y = 0);
+          bool inverse, int64_t ld_x = 0, int64_t ld_y = 0, const int32_t* starts = nullptr);
 
 // out = silu(a) * b, and its backward.
 template <class T>

@@ -55,7 +55,7 @@ void rms_norm_backward(const T* dy, const T* x, const T* w, const T* inv_rms, T*
 
 template <class T>
 void rope(const T* x, T* y, int64_t batch, int64_t seq, int64_t dim, int64_t d_head, double theta,
-          bool inverse, int64_t ld_x, int64_t ld_y) {
+          bool inverse, int64_t ld_x, int64_t ld_y, const int32_t* starts) {
   const int64_t half = d_head / 2;
   if (ld_x == 0) ld_x = dim;
   if (ld_y == 0) ld_y = dim;
@@ -66,7 +66,7 @@ void rope(const T* x, T* y, int64_t batch, int64_t seq, int64_t dim, int64_t d_h
       for (int64_t i = 0; i < half; ++i) {
         // Same rounding steps as the CUDA kernel: inverse frequency in double, angle in T.
         const T inv_freq = static_cast<T>(std::pow(theta, -2.0 * static_cast<double>(i) / d_head));
-        const T angle = static_cast<T>(t) * inv_freq;
+        const T angle = static_cast<T>(t + (starts != nullptr ? starts[b] : 0)) * inv_freq;
         const T c = std::cos(angle);
         const T s = inverse ? -std::sin(angle) : std::sin(angle);
         for (int64_t h = 0; h < dim; h += d_head) {
@@ -79,12 +79,13 @@ void rope(const T* x, T* y, int64_t batch, int64_t seq, int64_t dim, int64_t d_h
   }
 }
 
-#define TT_INSTANTIATE(T)                                                                               \
-  template void embedding_forward<T>(const T*, const int32_t*, T*, int64_t, int64_t);                   \
-  template void embedding_backward<T>(const T*, const int32_t*, T*, int64_t, int64_t);                  \
-  template void rms_norm_forward<T>(const T*, const T*, T*, T*, int64_t, int64_t, double);              \
-  template void rms_norm_backward<T>(const T*, const T*, const T*, const T*, T*, T*, int64_t, int64_t); \
-  template void rope<T>(const T*, T*, int64_t, int64_t, int64_t, int64_t, double, bool, int64_t, int64_t);
+#define TT_INSTANTIATE(T)                                                                                 \
+  template void embedding_forward<T>(const T*, const int32_t*, T*, int64_t, int64_t);                     \
+  template void embedding_backward<T>(const T*, const int32_t*, T*, int64_t, int64_t);                    \
+  template void rms_norm_forward<T>(const T*, const T*, T*, T*, int64_t, int64_t, double);                \
+  template void rms_norm_backward<T>(const T*, const T*, const T*, const T*, T*, T*, int64_t, int64_t);   \
+  template void rope<T>(const T*, T*, int64_t, int64_t, int64_t, int64_t, double, bool, int64_t, int64_t, \
+                        const int32_t*);
 TT_INSTANTIATE(float)
 TT_INSTANTIATE(double)
 #undef TT_INSTANTIATE

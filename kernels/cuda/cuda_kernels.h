@@ -75,10 +75,10 @@ void rms_norm_backward(const void* dy, DType dy_type, const float* x, const floa
                        bool accumulate_dx = false, DType dw_type = DType::f32, void* dx_bf16 = nullptr);
 
 // x and y each f32 or bf16 (x_type, y_type): computed in f32, a bf16 y rounded once. ld_x, ld_y: the rows'
-// strides in elements (0: dim), as in cpu::rope.
+// strides in elements (0: dim), and starts (nullable, a device array of batch positions), as in cpu::rope.
 void rope(const void* x, DType x_type, void* y, DType y_type, int64_t batch, int64_t seq, int64_t dim,
-          int64_t d_head, double theta, bool inverse, cudaStream_t stream, int64_t ld_x = 0,
-          int64_t ld_y = 0);
+          int64_t d_head, double theta, bool inverse, cudaStream_t stream, int64_t ld_x = 0, int64_t ld_y = 0,
+          const int32_t* starts = nullptr);
 
 // a, b, out (and da, db) of one `type`, f32 or bf16, computed in f32; dout f32 or bf16.
 void swiglu_forward(const void* a, const void* b, void* out, DType type, int64_t n, cudaStream_t stream);

@@ -578,7 +578,7 @@ __device__ inline void store_group(T* p, int64_t k, const float (&v)[W]) {
 // rounded once).
 template <int W, class In, class Out>
 __global__ void rope_kernel(const In* x, Out* y, int64_t rows, int64_t seq, int groups_per_row, int64_t ld_x,
-                            int64_t ld_y, int pairs_per_head, bool inverse,
+                            int64_t ld_y, int pairs_per_head, bool inverse, const int32_t* starts,
                             const __grid_constant__ RopeFrequencies freqs) {
   // Indexing the parameter bank with a different index per lane would serialise every warp's reads.
   __shared__ float inv_freq[kMaxRopePairs];
@@ -588,7 +588,7 @@ __global__ void rope_kernel(const In* x, Out* y, int64_t rows, int64_t seq, int 
   constexpr int kPairs = W / 2;
   for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
     __syncthreads();  // inv_freq written; the previous row's rotations read
-    const float t = static_cast<float>(row % seq);
+    const float t = static_cast<float>(row % seq + (starts != nullptr ? starts[row / seq] : 0));
     for (int i = static_cast<int>(threadIdx.x); i < pairs_per_head; i += static_cast<int>(blockDim.x)) {
       const float angle = t * inv_freq[i];
       const float sn = sinf(angle);
@@ -787,7 +787,8 @@ void rms_norm_backward(const void* dy, DType dy_type, const float* x, const floa
 }
 
 void rope(const void* x, DType x_type, void* y, DType y_type, int64_t batch, int64_t seq, int64_t dim,
-          int64_t d_head, double theta, bool inverse, cudaStream_t stream, int64_t ld_x, int64_t ld_y) {
+          int64_t d_head, double theta, bool inverse, cudaStream_t stream, int64_t ld_x, int64_t ld_y,
+          const int32_t* starts) {
   if (ld_x == 0) ld_x = dim;
   if (ld_y == 0) ld_y = dim;
   TT_ASSERT(ld_x >= dim && ld_y >= dim, "cuda::rope: row strides below the row length");
@@ -824,8 +825,9 @@ void rope(const void* x, DType x_type, void* y, DType y_type, int64_t batch, int
   const int threads =
       static_cast<int>(std::max<int64_t>(64, ((groups + passes - 1) / passes + 31) / 32 * 32));
   auto launch = [&](auto vec, auto* in, auto* out) {
-    rope_kernel<decltype(vec)::value><<<row_blocks(rows), threads, 0, stream>>>(
-        in, out, rows, seq, static_cast<int>(groups), ld_x, ld_y, static_cast<int>(half), inverse, freqs);
+    rope_kernel<decltype(vec)::value>
+        <<<row_blocks(rows), threads, 0, stream>>>(in, out, rows, seq, static_cast<int>(groups), ld_x, ld_y,
+                                                   static_cast<int>(half), inverse, starts, freqs);
   };
   auto dispatch = [&](auto* in, auto* out) {
     if (width == 8) {
