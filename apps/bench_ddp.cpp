@@ -385,8 +385,7 @@ int main(int argc, char** argv) {
         } else {
           cells.insert(
               cells.end(),
-              {format_fixed(r.step_ms.mean, 2) + " ± " + format_fixed(r.step_ms.std, 2),
-               r.wait_measured ? format_fixed(r.wait_ms.mean, 2) : "-",
+              {format_mean_std(r.step_ms, 2), r.wait_measured ? format_fixed(r.wait_ms.mean, 2) : "-",
                r.wait_measured ? format_fixed(share * 100, 1) + "%" : "-", format_fixed(tokens_per_s, 0),
                efficiency > 0 ? format_fixed(efficiency * 100, 1) + "%" : "-", r.graph ? "on" : "off"});
         }

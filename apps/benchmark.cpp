@@ -280,14 +280,14 @@ Row measure(const Flags& flags, Device device, Bundle* bundle, const nn::ModelCo
         json += ", \"" + name + "_ms\": " + JsonlWriter::number(s.mean) + ", \"" + name +
                 "_std_ms\": " + JsonlWriter::number(s.std) + ", \"" + name +
                 "_peak_mib\": " + JsonlWriter::number(static_cast<double>(phase_peak[p]) / (1 << 20));
-        return format_fixed(s.mean, 2) + " ± " + format_fixed(s.std, 2);
+        return format_mean_std(s, 2);
       }
       return "-";
     };
     row.cells.push_back(phase_cell("forward"));
     row.cells.push_back(phase_cell("backward"));
     row.cells.push_back(phase_cell("optimizer"));
-    row.cells.push_back(format_fixed(step.mean, 2) + " ± " + format_fixed(step.std, 2));
+    row.cells.push_back(format_mean_std(step, 2));
     row.cells.push_back(format_fixed(tokens / (step.mean * 1e-3), 0));
     row.cells.push_back(std::isfinite(mfu) ? format_fixed(mfu * 100, 1) + "%" : "-");
     row.cells.push_back(format_fixed(static_cast<double>(peak_all) / (1 << 20), 0));

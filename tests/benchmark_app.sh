@@ -99,6 +99,17 @@ if "$bench" --sizes tiny,,small --device cpu --steps 1 >/dev/null 2>"$work/err.t
   exit 1
 fi
 grep -q "flag --sizes has an empty item" "$work/err.txt"
+# A value listed twice is refused (it would repeat a row), also when written differently.
+if "$bench" --sizes tiny,small,tiny --device cpu --steps 1 >/dev/null 2>"$work/err.txt"; then
+  echo "benchmark accepted --sizes tiny,small,tiny"
+  exit 1
+fi
+grep -q "flag --sizes lists 'tiny' twice" "$work/err.txt"
+if "$bench" --sizes tiny --ctx 16,016 --device cpu --steps 1 >/dev/null 2>"$work/err.txt"; then
+  echo "benchmark accepted --ctx 16,016"
+  exit 1
+fi
+grep -q "flag --ctx lists 16 twice" "$work/err.txt"
 if "$bench" --sizes tiny --device cpu --steps 1 --update-in-matmul maybe >/dev/null 2>"$work/err.txt"; then
   echo "benchmark accepted --update-in-matmul maybe"
   exit 1

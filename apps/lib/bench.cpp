@@ -22,6 +22,11 @@ Summary summarize(const std::vector<double>& samples) {
   return s;
 }
 
+std::string format_mean_std(const Summary& s, int decimals) {
+  const std::string mean = format_fixed(s.mean, decimals);
+  return s.count < 2 ? mean : mean + " ± " + format_fixed(s.std, decimals);
+}
+
 StepTimings time_phases(int64_t warmup, int64_t steps, const std::vector<Phase>& phases,
                         const std::function<void()>& sync, const std::function<void(size_t)>& on_phase_end) {
   StepTimings out;

@@ -21,6 +21,8 @@ struct Summary {
   int64_t count = 0;
 };
 Summary summarize(const std::vector<double>& samples);
+// "mean ± std" with `decimals`, or the mean alone for a single sample (which has no spread to show).
+std::string format_mean_std(const Summary& s, int decimals);
 
 struct StepTimings {
   std::vector<std::string> phase_names;

@@ -310,8 +310,12 @@ std::vector<std::string> Flags::list(const std::string& name) const {
   while (std::getline(in, item, ',')) out.push_back(item);
   if (!text.empty() && text.back() == ',') out.emplace_back();
   TT_CHECK(!out.empty(), "flag --" + name + " needs at least one value");
-  for (const std::string& i : out)
-    TT_CHECK(!i.empty(), "flag --" + name + " has an empty item in '" + text + "'");
+  for (size_t i = 0; i < out.size(); ++i) {
+    TT_CHECK(!out[i].empty(), "flag --" + name + " has an empty item in '" + text + "'");
+    // A value given twice would only repeat a row of the table.
+    for (size_t j = 0; j < i; ++j)
+      TT_CHECK(out[j] != out[i], "flag --" + name + " lists '" + out[i] + "' twice in '" + text + "'");
+  }
   return out;
 }
 
@@ -325,6 +329,8 @@ std::vector<int64_t> Flags::int_list(const std::string& name) const {
     } catch (const std::exception&) {
       throw Error("flag --" + name + " expects comma-separated integers, got '" + str(name) + "'");
     }
+    TT_CHECK(std::find(out.begin(), out.end() - 1, out.back()) == out.end() - 1,
+             "flag --" + name + " lists " + std::to_string(out.back()) + " twice in '" + str(name) + "'");
   }
   return out;
 }
@@ -339,6 +345,8 @@ std::vector<double> Flags::number_list(const std::string& name) const {
     } catch (const std::exception&) {
       throw Error("flag --" + name + " expects comma-separated numbers, got '" + str(name) + "'");
     }
+    TT_CHECK(std::find(out.begin(), out.end() - 1, out.back()) == out.end() - 1,
+             "flag --" + name + " lists " + item + " twice in '" + str(name) + "'");
   }
   return out;
 }
