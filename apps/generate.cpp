@@ -256,6 +256,8 @@ int main(int argc, char** argv) {
       total.prefill_seconds += result.prefill_seconds;
       total.decode_seconds += result.decode_seconds;
       total.context_refills += result.context_refills;
+      total.graph_steps += result.graph_steps;
+      if (total.graph_declined.empty()) total.graph_declined = result.graph_declined;
     }
     TT_CHECK(first > 0, "no prompts: pass --prompt TEXT or give prompts on stdin, one per line");
     if (reader.skipped_empty() > 0)
@@ -272,8 +274,10 @@ int main(int argc, char** argv) {
                  seconds, static_cast<double>(total.new_tokens) / std::max(seconds, 1e-9),
                  static_cast<long long>(total.prompt_tokens), total.prefill_seconds,
                  static_cast<double>(stepped) / std::max(total.decode_seconds, 1e-9),
-                 device.is_cuda() && sampling.cuda_graph ? ", CUDA graph" : "", device_name(device).c_str(),
+                 total.graph_steps > 0 ? ", CUDA graph" : "", device_name(device).c_str(),
                  nn::precision_name(config.precision));
+    if (!total.graph_declined.empty())
+      std::fprintf(stderr, "decoding ran kernel by kernel: %s\n", total.graph_declined.c_str());
     if (total.context_refills > 0)
       std::fprintf(stderr, "the context filled up %lld time%s: generation went on from its last half\n",
                    static_cast<long long>(total.context_refills), total.context_refills == 1 ? "" : "s");

@@ -245,6 +245,18 @@ void end_graph_pool(Device device) {
 #endif
 }
 
+bool graph_pool_held(Device device) {
+#ifdef TT_WITH_CUDA
+  std::lock_guard<std::mutex> lock(g_mutex);
+  if (!device.is_cuda()) return false;
+  const CudaCache& cache = g_cuda[device.index];
+  return cache.graph_held || cache.capturing;
+#else
+  (void)device;
+  return false;
+#endif
+}
+
 void release_graph_pool(Device device) {
 #ifdef TT_WITH_CUDA
   std::lock_guard<std::mutex> lock(g_mutex);

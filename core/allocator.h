@@ -45,6 +45,9 @@ void end_graph_pool(Device device);
 // When the graph is gone: its free pool blocks return to the general cache, and blocks still held by
 // tensors go there when those are freed.
 void release_graph_pool(Device device);
+// Whether a captured graph holds the pool (or a capture is under way): a second graph would share it, and
+// the first one's release would hand the second's blocks to others.
+bool graph_pool_held(Device device);
 
 // Installs (or clears, with an empty function) a recorder called on every allocation and free.
 void set_memory_recorder(std::function<void(const MemoryEvent&)> recorder);

@@ -127,7 +127,8 @@ Tensor naive_attention(const Tensor& q, const Tensor& k, const Tensor& v, bool c
 // Where each of a batch's n entries sits in the cache: its new tokens continue cache row rows[i] after its
 // starts[i] earlier tokens. On CUDA the kernels read `table`, the same values as i32 (2, n) on the cache's
 // device (rows, then starts), so a CUDA graph replays with new entries copied into it; the vectors, the
-// values at the call, serve the checks. On the CPU `table` is not read (it may be empty).
+// values at the call, serve the checks (and the CPU twins). The decode step's rope_at reads the table's
+// starts on either device, so the table must hold the vectors' values.
 struct CacheEntries {
   std::vector<int64_t> rows, starts;
   Tensor table;

@@ -24,8 +24,9 @@ KVCache::KVCache(const ModelConfig& config, int64_t rows, Device device)
       lengths_(static_cast<size_t>(rows), 0) {
   config.validate();
   TT_CHECK(rows > 0 && rows <= INT32_MAX, "KVCache: rows must be in 1..2^31-1, got " + std::to_string(rows));
-  TT_CHECK(capacity_ < INT32_MAX, "KVCache: a context of " + std::to_string(capacity_) +
-                                      " positions is more than the cache's i32 positions hold");
+  // Positions are i32 on the device and f32 in RoPE's angles, which hold whole numbers up to 2^24 exactly.
+  TT_CHECK(capacity_ <= (int64_t{1} << 24), "KVCache: a context of " + std::to_string(capacity_) +
+                                                " positions is more than the 2^24 the cache takes");
   const DType dtype = attention_dtype(config);
   for (int64_t l = 0; l < config.num_layers; ++l) {
     keys_.push_back(Tensor::empty({rows, capacity_, config.d_model}, dtype, device));

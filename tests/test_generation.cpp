@@ -805,7 +805,7 @@ TEST_CASE("CUDA: decoding steps replayed as a CUDA graph give the tokens of kern
       CHECK(by_graph.graph_steps > 20);
       CHECK(by_graph.context_refills > 0);
       CHECK(by_graph.tokens == by_kernel.tokens);
-      CHECK(by_graph.tokens[0].size() <= 12);
+      CHECK(by_graph.graph_declined.empty());
     }
   }
 }

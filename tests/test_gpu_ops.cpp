@@ -1236,45 +1236,59 @@ TEST_CASE("CUDA rope_at equals CUDA rope at those positions of the whole sequenc
   NoGradGuard no_grad;
   const Device gpu = Device::cuda(0);
   const int64_t len = 300, heads = 12, d_head = 64, dim = heads * d_head;
-  const std::vector<int32_t> starts = {0, 299, 17, 150};
+  const std::vector<int32_t> starts = {0, 297, 17, 150};
   const auto n = static_cast<int64_t>(starts.size());
-  for (DType dtype : {DType::f32, DType::bf16}) {
-    const std::string dtype_text = dtype_name(dtype);
-    CAPTURE(dtype_text);
-    const Tensor whole = ops::cast(randn({1, len, dim}, 811), dtype);
-    const std::vector<double> whole_values = whole.to_doubles();
-    const std::vector<double> rotated = ops::rope(whole.to(gpu), d_head, 10000.0).to_doubles();
-    std::vector<double> part, expected;
-    for (int32_t start : starts) {
-      const auto from = static_cast<size_t>(start * dim), to = static_cast<size_t>((start + 1) * dim);
-      part.insert(part.end(), whole_values.begin() + from, whole_values.begin() + to);
-      expected.insert(expected.end(), rotated.begin() + from, rotated.begin() + to);
+  for (int64_t count : {1, 3}) {
+    for (DType dtype : {DType::f32, DType::bf16}) {
+      const std::string dtype_text = dtype_name(dtype);
+      CAPTURE(dtype_text);
+      CAPTURE(count);
+      const Tensor whole = ops::cast(randn({1, len, dim}, 811), dtype);
+      const std::vector<double> whole_values = whole.to_doubles();
+      const std::vector<double> rotated = ops::rope(whole.to(gpu), d_head, 10000.0).to_doubles();
+      // Row b: the whole sequence's tokens starts[b] .. starts[b] + count - 1.
+      std::vector<double> part, expected;
+      for (int32_t start : starts) {
+        const auto from = static_cast<size_t>(start * dim), to = static_cast<size_t>((start + count) * dim);
+        part.insert(part.end(), whole_values.begin() + from, whole_values.begin() + to);
+        expected.insert(expected.end(), rotated.begin() + from, rotated.begin() + to);
+      }
+      const Tensor x = ops::cast(Tensor::from_doubles(part, {n, count, dim}), dtype);
+      const Tensor on_gpu = ops::rope_at(x.to(gpu), Tensor::from_ints(starts, {n}, gpu), d_head, 10000.0);
+      CHECK(on_gpu.to_doubles() == expected);  // the same kernel at the same positions
+      const Tensor on_cpu = ops::rope_at(x, Tensor::from_ints(starts, {n}), d_head, 10000.0);
+      CHECK(relative_error(on_gpu.to_doubles(), on_cpu.to_doubles()) < (dtype == DType::f32 ? kF32 : 1e-2));
     }
-    const Tensor x = ops::cast(Tensor::from_doubles(part, {n, 1, dim}), dtype);
-    const Tensor on_gpu = ops::rope_at(x.to(gpu), Tensor::from_ints(starts, {n}, gpu), d_head, 10000.0);
-    CHECK(on_gpu.to_doubles() == expected);  // the same kernel at the same positions
-    const Tensor on_cpu = ops::rope_at(x, Tensor::from_ints(starts, {n}), d_head, 10000.0);
-    CHECK(relative_error(on_gpu.to_doubles(), on_cpu.to_doubles()) < (dtype == DType::f32 ? kF32 : 1e-2));
   }
 }
 
 TEST_CASE("CUDA cached_attention equals its CPU twin: f32 and bf16, d_head 16 to 256, ragged rows") {
   // Each case: heads, d_head, capacity, new tokens per entry, the entries' rows and starts. Rows out of order
   // and a subset; lengths from 1 position to the full capacity; 40 is no vectorised size (the generic
-  // kernel); 70 entries.
+  // kernel); 70 entries, and 70000 (two launches).
   struct Case {
     int64_t heads, d_head, capacity, count;
     std::vector<int64_t> rows, starts;
   };
   std::vector<Case> cases = {
-      {4, 16, 40, 1, {2, 0, 3}, {39, 0, 17}}, {12, 64, 300, 1, {5, 1, 0, 7}, {299, 0, 150, 33}},
-      {12, 64, 300, 4, {6, 2}, {296, 1}},     {8, 128, 200, 1, {1, 3, 0}, {199, 64, 5}},
-      {8, 128, 200, 5, {1, 3}, {195, 60}},    {3, 40, 50, 2, {4, 0}, {48, 9}},
-      {2, 256, 70, 1, {0, 1}, {69, 13}},      {2, 16, 20, 1, {}, {}},
+      {4, 16, 40, 1, {2, 0, 3}, {39, 0, 17}},
+      {12, 64, 300, 1, {5, 1, 0, 7}, {299, 0, 150, 33}},
+      {12, 64, 300, 4, {6, 2}, {296, 1}},
+      {8, 128, 200, 1, {1, 3, 0}, {199, 64, 5}},
+      {8, 128, 200, 5, {1, 3}, {195, 60}},
+      {3, 40, 50, 2, {4, 0}, {48, 9}},
+      {2, 256, 70, 1, {0, 1}, {69, 13}},
+      {2, 16, 20, 1, {}, {}},
+      {1, 16, 3, 1, {}, {}},
   };
   for (int64_t i = 0; i < 70; ++i) {
-    cases.back().rows.push_back(69 - i);
-    cases.back().starts.push_back(i % 20);
+    cases[cases.size() - 2].rows.push_back(69 - i);
+    cases[cases.size() - 2].starts.push_back(i % 20);
+  }
+  // More entries than one launch's grid takes (65535).
+  for (int64_t i = 0; i < 70000; ++i) {
+    cases.back().rows.push_back((i * 7919) % 70000);
+    cases.back().starts.push_back(i % 3);
   }
   const Device gpu = Device::cuda(0);
   uint32_t seed = 500;
@@ -1350,8 +1364,9 @@ TEST_CASE("CUDA cache_append and cached_attention over decode steps equal the CP
             (dtype == DType::f32 ? kF32 : 1e-2));
     }
   }
-  // Element-wise copies (rows of 6 bf16 values are not whole 16-byte units) and 70 entries.
-  const int64_t many = 70, narrow_dim = 6;
+  // Element-wise copies (rows of 6 bf16 values are not whole 16-byte units), for more entries than one
+  // launch's grid takes (65535).
+  const int64_t many = 70000, narrow_dim = 6;
   Tensor cpu_store = ops::cast(randn({many, 5, narrow_dim}, 700), DType::bf16);
   Tensor gpu_store = cpu_store.to(gpu);
   std::vector<int64_t> many_rows, many_starts;

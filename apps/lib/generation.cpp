@@ -6,6 +6,8 @@
 #include <numeric>
 
 #include "base/error.h"
+#include "core/allocator.h"
+#include "core/cuda_context.h"
 #include "core/cuda_graph.h"
 #include "core/pinned_upload.h"
 #include "nn/kv_cache.h"
@@ -30,34 +32,26 @@ CounterRng prompt_rng(uint64_t seed, int64_t prompt) {
 class DecodeGraph {
  public:
   DecodeGraph(const nn::TransformerLM& model, nn::KVCache& cache)
-      : model_(model), cache_(cache), upload_(cache.device()) {}
+      : model_(model), cache_(cache), upload_(cache.device()) {
+    // The allocator keeps one graph pool per device; a second graph would share the first one's blocks.
+    if (graph_pool_held(cache.device()))
+      declined_ = "another CUDA graph (the training step's) holds the device's graph memory pool";
+  }
 
   // The logits (n, vocab) of rows `active` (distinct, each with room for one more token) after their next
   // tokens `next`; the cache advances by one token per row.
   std::vector<float> step(const std::vector<int32_t>& next, const std::vector<int64_t>& active) {
     const auto n = static_cast<int64_t>(active.size());
-    if (n != graph_rows_ && n != previous_rows_) {
-      previous_rows_ = n;
+    const bool size_seen = n == previous_rows_;
+    previous_rows_ = n;
+    if (!declined_.empty() || (n != graph_rows_ && (!size_seen || !capture(active)))) {
       return model_.forward_cached(Tensor::from_ints(next, {n, 1}, cache_.device()), cache_, active)
           .to_floats();
     }
-    previous_rows_ = n;
     for (int64_t row : active)
       TT_ASSERT(cache_.length(row) < cache_.capacity(), "DecodeGraph: a row's context is full");
-    if (n != graph_rows_) {
-      graph_.reset();  // its pool goes back before the next capture takes one
-      logits_ = Tensor();
-      ids_ = Tensor::empty({n, 1}, DType::i32, cache_.device());
-      table_ = Tensor::empty({2, n}, DType::i32, cache_.device());
-    }
     upload_.ints_into(next, ids_);
-    const ops::CacheEntries entries = cache_.entries(active, table_);
-    if (n != graph_rows_) {
-      auto graph = std::make_unique<CudaGraph>(cache_.device());
-      graph->capture([&] { logits_ = model_.forward_entries(ids_, cache_, entries); });
-      graph_ = std::move(graph);
-      graph_rows_ = n;
-    }
+    cache_.entries(active, table_);
     graph_->replay();
     ++replays_;
     std::vector<float> logits = logits_.to_floats();
@@ -65,11 +59,43 @@ class DecodeGraph {
     return logits;
   }
   int64_t replays() const { return replays_; }
+  // Why the steps run kernel by kernel (empty while graphs are used).
+  const std::string& declined() const { return declined_; }
 
  private:
+  // Captures the step for `active`'s number of rows; false, with declined_ saying why, when it cannot be
+  // captured (decoding then goes on kernel by kernel: a capture runs nothing, so the cache is untouched).
+  bool capture(const std::vector<int64_t>& active) {
+    const auto n = static_cast<int64_t>(active.size());
+    graph_.reset();  // its pool goes back before the next capture takes one
+    logits_ = Tensor();
+    graph_rows_ = -1;
+    // The kernel-by-kernel steps' freed blocks go back to the driver: the capture allocates from its own
+    // pool, and could not use them.
+    synchronize(cache_.device());
+    empty_cache(cache_.device());
+    ids_ = Tensor::empty({n, 1}, DType::i32, cache_.device());
+    table_ = Tensor::empty({2, n}, DType::i32, cache_.device());
+    // The entries' values at the capture only pass the ops' checks; every replay reads table_.
+    ops::CacheEntries entries{active, {}, table_};
+    for (int64_t row : active) entries.starts.push_back(cache_.length(row));
+    try {
+      auto graph = std::make_unique<CudaGraph>(cache_.device());
+      graph->capture([&] { logits_ = model_.forward_entries(ids_, cache_, entries); });
+      graph_ = std::move(graph);
+    } catch (const std::exception& e) {
+      logits_ = Tensor();
+      declined_ = std::string("its step could not be captured as a CUDA graph: ") + e.what();
+      return false;
+    }
+    graph_rows_ = n;
+    return true;
+  }
+
   const nn::TransformerLM& model_;
   nn::KVCache& cache_;
   PinnedUpload upload_;
+  std::string declined_;
   int64_t previous_rows_ = -1, graph_rows_ = -1, replays_ = 0;
   Tensor ids_, table_, logits_;  // the graph's inputs and output, at fixed addresses
   std::unique_ptr<CudaGraph> graph_;
@@ -210,7 +236,10 @@ GenerationResult generate_tokens(const nn::TransformerLM& model,
     active = std::move(still);
   }
   result.decode_seconds = seconds_since(decode_start);
-  if (graph) result.graph_steps = graph->replays();
+  if (graph) {
+    result.graph_steps = graph->replays();
+    result.graph_declined = graph->declined();
+  }
   return result;
 }
 

@@ -31,8 +31,8 @@ struct SamplingOptions {
   // final sample ends early on a stop request).
   std::function<bool()> stop;
   // On a CUDA device, decoding steps are replayed as one CUDA graph per batch size: the same kernels on the
-  // same values, launched at once instead of one by one by the host (the process's only CUDA graph: the
-  // allocator keeps one graph pool).
+  // same values, launched at once instead of one by one by the host. Not while another graph holds the
+  // allocator's graph pool (train's final sample), nor where the capture fails: GenerationResult says why.
   bool cuda_graph = true;
 };
 // Throws one line naming the flag (--max-tokens, --temperature, --top-k, --top-p) for a value out of range.
@@ -48,6 +48,7 @@ struct GenerationResult {
   double prefill_seconds = 0, decode_seconds = 0;  // prompts through the model; the steps after
   int64_t context_refills = 0;  // rows that filled the context and were restarted from their last half
   int64_t graph_steps = 0;      // decoding steps replayed from a CUDA graph (SamplingOptions::cuda_graph)
+  std::string graph_declined;   // why no graph was used although asked for (empty otherwise)
 };
 
 // Called with each new token as soon as it is chosen: (prompt index, token).

@@ -1130,7 +1130,6 @@ class TrainingRun {
         sampling.seed = plan_.seed;
         sampling.stop_at_end_of_text = false;  // a sample may run across documents
         sampling.stop = [] { return stop_signal() != 0; };
-        sampling.cuda_graph = false;  // the training step's graph still holds the allocator's graph pool
         step_->settle();
         const std::string text = generate_text(*model_, *tokenizer, flags_.str("prompt"), sampling, device_);
         write_file_atomically(plan_.out + "/sample.txt", text + "\n");

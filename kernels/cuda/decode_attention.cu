@@ -227,9 +227,12 @@ void attention_of_type(const void* q, const void* keys, const void* values, void
                                                   entries, n, stream);
 }
 
-// The table's two halves: rows, then starts.
-CacheEntries entries_of(const int32_t* table, int64_t n) {
-  return CacheEntries{table, table + n};
+// A launch's grid takes up to this many entries (its y or z dimension); more go in several launches.
+constexpr int64_t kEntriesPerLaunch = 65535;
+
+// Entries first .. of the table of n: its two halves are rows, then starts.
+CacheEntries entries_of(const int32_t* table, int64_t n, int64_t first) {
+  return CacheEntries{table + first, table + n + first};
 }
 
 // Each entry's `count` tokens are one contiguous span of the cache row: a flat copy of `units` per entry.
@@ -269,17 +272,22 @@ void cached_attention(const void* q, const void* keys, const void* values, void*
   TT_CHECK(d_head >= 1 && d_head <= kMaxGenericDHead, "cached attention on CUDA takes d_head up to " +
                                                           std::to_string(kMaxGenericDHead) + ", got " +
                                                           std::to_string(d_head));
-  TT_CHECK(count <= 65535 && n <= 65535 && heads <= INT32_MAX && capacity <= INT32_MAX,
-           "cached attention on CUDA takes up to 65535 entries of up to 65535 new tokens per step, got " +
-               std::to_string(n) + " of " + std::to_string(count));
+  TT_CHECK(count <= 65535 && heads <= INT32_MAX && capacity <= INT32_MAX,
+           "cached attention on CUDA takes up to 65535 new tokens per step, got " + std::to_string(count));
   if (n == 0 || count == 0 || heads == 0) return;
-  const CacheEntries entries = entries_of(table, n);
-  if (type == DType::f32) {
-    attention_of_type<float>(q, keys, values, out, count, heads, d_head, capacity, static_cast<float>(scale),
-                             entries, n, stream);
-  } else {
-    attention_of_type<__nv_bfloat16>(q, keys, values, out, count, heads, d_head, capacity,
-                                     static_cast<float>(scale), entries, n, stream);
+  const size_t bytes_per_entry = static_cast<size_t>(count * heads * d_head) * dtype_size(type);
+  for (int64_t first = 0; first < n; first += kEntriesPerLaunch) {
+    const int64_t part = std::min(kEntriesPerLaunch, n - first);
+    const CacheEntries entries = entries_of(table, n, first);
+    const void* q_part = static_cast<const char*>(q) + static_cast<size_t>(first) * bytes_per_entry;
+    void* out_part = static_cast<char*>(out) + static_cast<size_t>(first) * bytes_per_entry;
+    if (type == DType::f32) {
+      attention_of_type<float>(q_part, keys, values, out_part, count, heads, d_head, capacity,
+                               static_cast<float>(scale), entries, part, stream);
+    } else {
+      attention_of_type<__nv_bfloat16>(q_part, keys, values, out_part, count, heads, d_head, capacity,
+                                       static_cast<float>(scale), entries, part, stream);
+    }
   }
 }
 
@@ -287,20 +295,23 @@ void cache_append(void* store, const void* src, int64_t elem_bytes, const int32_
                   int64_t count, int64_t capacity, int64_t dim, cudaStream_t stream) {
   TT_ASSERT(elem_bytes == 2 || elem_bytes == 4 || elem_bytes == 8,
             "cuda::cache_append: 2, 4 or 8-byte elements");
-  TT_CHECK(n <= 65535, "cache_append on CUDA takes up to 65535 entries, got " + std::to_string(n));
   if (n == 0 || count == 0 || dim == 0) return;
   const int64_t bytes_per_position = dim * elem_bytes;
   auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
   const bool wide = bytes_per_position % 16 == 0 && aligned(store) && aligned(src);
-  const CacheEntries entries = entries_of(table, n);
-  if (wide) {
-    launch_append<uint4>(store, src, bytes_per_position, count, capacity, entries, n, stream);
-  } else if (elem_bytes == 2) {
-    launch_append<uint16_t>(store, src, bytes_per_position, count, capacity, entries, n, stream);
-  } else if (elem_bytes == 4) {
-    launch_append<uint32_t>(store, src, bytes_per_position, count, capacity, entries, n, stream);
-  } else {
-    launch_append<uint64_t>(store, src, bytes_per_position, count, capacity, entries, n, stream);
+  for (int64_t first = 0; first < n; first += kEntriesPerLaunch) {
+    const int64_t part = std::min(kEntriesPerLaunch, n - first);
+    const CacheEntries entries = entries_of(table, n, first);
+    const void* src_part = static_cast<const char*>(src) + first * count * bytes_per_position;
+    if (wide) {
+      launch_append<uint4>(store, src_part, bytes_per_position, count, capacity, entries, part, stream);
+    } else if (elem_bytes == 2) {
+      launch_append<uint16_t>(store, src_part, bytes_per_position, count, capacity, entries, part, stream);
+    } else if (elem_bytes == 4) {
+      launch_append<uint32_t>(store, src_part, bytes_per_position, count, capacity, entries, part, stream);
+    } else {
+      launch_append<uint64_t>(store, src_part, bytes_per_position, count, capacity, entries, part, stream);
+    }
   }
 }
 
