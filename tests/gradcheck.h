@@ -37,6 +37,17 @@ inline Tensor random_tensor(const Shape& shape, uint32_t seed, DType dtype = DTy
 }
 
 // ||a - b|| / ||b|| (0 when both are zero).
+// The rows [start, start + count) of a (positions, dim) sequence's values, for each start, one after another.
+inline std::vector<double> rows_from(const std::vector<double>& values, const std::vector<int32_t>& starts,
+                                     int64_t count, int64_t dim) {
+  std::vector<double> out;
+  for (int32_t start : starts) {
+    const auto from = static_cast<size_t>(start * dim), to = static_cast<size_t>((start + count) * dim);
+    out.insert(out.end(), values.begin() + from, values.begin() + to);
+  }
+  return out;
+}
+
 inline double relative_error(const std::vector<double>& a, const std::vector<double>& b) {
   double diff = 0, ref = 0;
   for (size_t i = 0; i < a.size(); ++i) {

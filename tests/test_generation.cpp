@@ -255,12 +255,8 @@ TEST_CASE("rope_at gives rope's values at the rows' positions of a longer sequen
     const std::vector<double> whole_values = whole.to_doubles();
     const std::vector<double> rotated = ops::rope(whole, d_head, 10000.0).to_doubles();
     // Row b: the whole sequence's tokens starts[b] .. starts[b] + count - 1.
-    std::vector<double> part, expected;
-    for (int32_t start : starts) {
-      const auto from = static_cast<size_t>(start * dim), to = static_cast<size_t>((start + count) * dim);
-      part.insert(part.end(), whole_values.begin() + from, whole_values.begin() + to);
-      expected.insert(expected.end(), rotated.begin() + from, rotated.begin() + to);
-    }
+    const std::vector<double> part = testing::rows_from(whole_values, starts, count, dim);
+    const std::vector<double> expected = testing::rows_from(rotated, starts, count, dim);
     const Tensor x = ops::cast(Tensor::from_doubles(part, {n, count, dim}), dtype);
     const Tensor y = ops::rope_at(x, Tensor::from_ints(starts, {n}), d_head, 10000.0);
     CHECK(y.dtype() == dtype);

@@ -1247,12 +1247,8 @@ TEST_CASE("CUDA rope_at equals CUDA rope at those positions of the whole sequenc
       const std::vector<double> whole_values = whole.to_doubles();
       const std::vector<double> rotated = ops::rope(whole.to(gpu), d_head, 10000.0).to_doubles();
       // Row b: the whole sequence's tokens starts[b] .. starts[b] + count - 1.
-      std::vector<double> part, expected;
-      for (int32_t start : starts) {
-        const auto from = static_cast<size_t>(start * dim), to = static_cast<size_t>((start + count) * dim);
-        part.insert(part.end(), whole_values.begin() + from, whole_values.begin() + to);
-        expected.insert(expected.end(), rotated.begin() + from, rotated.begin() + to);
-      }
+      const std::vector<double> part = testing::rows_from(whole_values, starts, count, dim);
+      const std::vector<double> expected = testing::rows_from(rotated, starts, count, dim);
       const Tensor x = ops::cast(Tensor::from_doubles(part, {n, count, dim}), dtype);
       const Tensor on_gpu = ops::rope_at(x.to(gpu), Tensor::from_ints(starts, {n}, gpu), d_head, 10000.0);
       CHECK(on_gpu.to_doubles() == expected);  // the same kernel at the same positions
