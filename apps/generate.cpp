@@ -161,11 +161,10 @@ int main(int argc, char** argv) {
     flags.add("batch", "16", "prompts generated together, at most");
     declare_device_flag(flags);
     flags.add("precision", "f32", "dtype of the matmuls", {"f32", "bf16"});
-    flags.add(
-        "cuda-graph", "on",
-        "on a CUDA device, replay each decoding step as one CUDA graph (the same tokens; off: kernel by "
-        "kernel)",
-        {"on", "off"});
+    flags.add_switch("cuda-graph",
+                     "on a CUDA device, replay each decoding step as one CUDA graph (the same tokens; off: "
+                     "kernel by kernel)",
+                     true);
     flags.add_switch("no-stop", "go on past the end-of-text token");
     flags.add_switch(
         "jsonl",
@@ -182,7 +181,7 @@ int main(int argc, char** argv) {
     TT_CHECK(flags.integer("seed") >= 0, "--seed must be >= 0, got " + flags.str("seed"));
     sampling.seed = static_cast<uint64_t>(flags.integer("seed"));
     sampling.stop_at_end_of_text = !flags.boolean("no-stop");
-    sampling.cuda_graph = flags.str("cuda-graph") == "on";
+    sampling.cuda_graph = flags.boolean("cuda-graph");
     check_sampling_options(sampling);
     const int64_t batch = flags.integer("batch");
     TT_CHECK(batch >= 1, "--batch must be at least 1, got " + flags.str("batch"));
