@@ -144,6 +144,11 @@ Tensor TransformerLM::forward_entries(const Tensor& ids, KVCache& cache,
   TT_CHECK(ids.dim() == 2 && ids.size(0) == static_cast<int64_t>(entries.rows.size()) && ids.size(1) > 0,
            "forward_entries: ids must be (entries, new tokens) for " + std::to_string(entries.rows.size()) +
                " entries, got " + ids.describe());
+  TT_CHECK(entries.table.defined() && entries.table.dtype() == DType::i32 && entries.table.dim() == 2 &&
+               entries.table.size(0) == 2 && entries.table.size(1) == ids.size(0) &&
+               entries.table.device() == cache.device(),
+           "forward_entries: the entries need their i32 (2, " + std::to_string(ids.size(0)) + ") table on " +
+               cache.device().str() + " (KVCache::entries makes one)");
   const int64_t count = ids.size(1);
   Tensor x = token_embeddings_->forward(ids);
   for (size_t l = 0; l < layers_.size(); ++l)

@@ -243,6 +243,18 @@ TEST_CASE(
   }
 }
 
+TEST_CASE("forward_entries refuses entries without their table") {
+  const nn::ModelConfig config = tiny_config(50, 16);
+  nn::TransformerLM model(config);
+  nn::FlatParameters params(model, Device::cpu(), 3);
+  nn::KVCache cache(config, 2, Device::cpu());
+  const Tensor ids = Tensor::from_ints({1, 2}, {2, 1});
+  CHECK_THROWS_WITH_AS(model.forward_entries(ids, cache, ops::CacheEntries{{0, 1}, {0, 0}, Tensor()}),
+                       doctest::Contains("need their i32 (2, 2) table"), Error);
+  // The table KVCache::entries makes is taken.
+  CHECK(model.forward_entries(ids, cache, cache.entries({0, 1})).shape() == Shape{2, 50});
+}
+
 TEST_CASE("rope_at gives rope's values at the rows' positions of a longer sequence (f32, f64, bf16)") {
   const int64_t len = 40, dim = 24, d_head = 8, count = 3;
   const std::vector<int32_t> starts = {0, 7, len - count, 21};
