@@ -148,5 +148,11 @@ Tensor cached_attention(const Tensor& q, const Tensor& keys, const Tensor& value
 // store[rows[i], starts[i] : starts[i] + count] = new_values[i] for each of the n entries, in place: store
 // dense (cache rows, capacity, dim), new_values (n, count, dim) of store's dtype. The rows must differ.
 void cache_append(Tensor& store, const CacheEntries& entries, const Tensor& new_values);
+// A decoding step's queries and keys rotated and its keys and values stored, in one pass on CUDA: returns
+// rope_at(q) and does cache_append(keys, entries, rope_at(k)) and cache_append(values, entries, v), each
+// entry's positions read from entries.table (the same values as those ops give). q, k, v (n, count,
+// heads * d_head) of the cache's dtype.
+Tensor rope_into_cache(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& keys, Tensor& values,
+                       const CacheEntries& entries, int64_t d_head, double theta);
 
 }  // namespace tt::ops

@@ -472,4 +472,50 @@ void cache_append(Tensor& store, const CacheEntries& entries, const Tensor& new_
   }
 }
 
+Tensor rope_into_cache(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& keys, Tensor& values,
+                       const CacheEntries& entries, int64_t d_head, double theta) {
+  const char* op = "rope_into_cache";
+  TT_CHECK(q.dim() == 3 && k.shape() == q.shape() && v.shape() == q.shape(),
+           "rope_into_cache: q, k and v must be one (n, count, dim) shape, got " + q.describe() + ", " +
+               k.describe() + ", " + v.describe());
+  TT_CHECK(d_head > 0 && d_head % 2 == 0 && q.size(2) % d_head == 0,
+           "rope_into_cache: feature dim " + std::to_string(q.size(2)) +
+               " is not a multiple of an even d_head " + std::to_string(d_head));
+  TT_CHECK(entries.table.defined(),
+           "rope_into_cache: the entries need their table (positions are read there)");
+  const Tensor starts =
+      reshape(entries.table.narrow_view(0, 1, 1), {static_cast<int64_t>(entries.table.size(1))});
+  if (!q.device().is_cuda()) {  // the definition, op by op
+    const Tensor q_rotated = rope_at(q, starts, d_head, theta);
+    cache_append(keys, entries, rope_at(k, starts, d_head, theta));
+    cache_append(values, entries, v);
+    return q_rotated;
+  }
+  for (const Tensor* t : {&q, &k, &v, static_cast<const Tensor*>(&values)}) {
+    TT_CHECK(t->dtype() == keys.dtype(),
+             "rope_into_cache: " + t->describe() + " is not of the cache's dtype " + keys.describe());
+    detail::require_same_device(*t, keys, op);
+  }
+  TT_CHECK(keys.dim() == 3 && keys.shape() == values.shape() && keys.size(2) == q.size(2) &&
+               keys.is_contiguous() && values.is_contiguous(),
+           "rope_into_cache: keys and values must be dense (cache rows, capacity, " +
+               std::to_string(q.size(2)) + "), got " + keys.describe() + " and " + values.describe());
+  TT_CHECK(keys.dtype() == DType::f32 || keys.dtype() == DType::bf16,
+           "rope_into_cache on CUDA takes f32 or bf16");
+  TT_CHECK(!needs_grad({&q, &k, &v}), "rope_into_cache is for inference: no inputs that need grad");
+  const int64_t n = q.size(0), count = q.size(1), dim = q.size(2);
+  check_cache_entries(op, keys, entries, n, count);
+  std::vector<int64_t> sorted = entries.rows;
+  std::sort(sorted.begin(), sorted.end());
+  TT_CHECK(std::adjacent_find(sorted.begin(), sorted.end()) == sorted.end(),
+           "rope_into_cache: a cache row is given twice");
+  const Tensor qc = detail::dense(q), kc = detail::dense(k), vc = detail::dense(v);
+  Tensor q_out = Tensor::empty(q.shape(), q.dtype(), q.device());
+  TT_CUDA_ONLY(cuda::rope_into_cache(qc.raw_data(), kc.raw_data(), vc.raw_data(), q_out.raw_data(),
+                                     keys.raw_data(), values.raw_data(), keys.dtype(),
+                                     entries.table.data<int32_t>(), n, count, dim, d_head, theta,
+                                     keys.size(1), detail::stream_of(q)));
+  return q_out;
+}
+
 }  // namespace tt::ops

@@ -78,32 +78,29 @@ Tensor CausalSelfAttention::forward_cached(const Tensor& x, const Tensor& residu
   // first position from the entries' table, so a CUDA graph of the step replays for any position.
   const bool whole_prompts = count > 1 && std::all_of(entries.starts.begin(), entries.starts.end(),
                                                       [](int64_t s) { return s == 0; });
-  const Tensor starts = ops::reshape(entries.table.narrow_view(0, 1, 1), {n});
-  auto rotate = [&](const Tensor& t) {
-    return whole_prompts ? ops::rope(t, d_head, config_.rope_theta)
-                         : ops::rope_at(t, starts, d_head, config_.rope_theta);
-  };
   // As the naive branch of forward(): bf16 projections in a bf16 model, q and k rotated in f32.
-  const Tensor q = rotate(q_proj_.forward(x, precision, bf16));
-  const Tensor k = rotate(k_proj_.forward(x, precision, bf16));
+  const Tensor q_raw = q_proj_.forward(x, precision, bf16), k_raw = k_proj_.forward(x, precision, bf16);
   const Tensor v = v_proj_.forward(x, precision, true);
-  TT_ASSERT(k.dtype() == cache.keys(layer).dtype(), "KVCache: the cache holds " +
-                                                        std::string(dtype_name(cache.keys(layer).dtype())) +
-                                                        " keys, the model computes " + dtype_name(k.dtype()));
-  // The whole batch at once: one write per cache and one attention launch, whatever n (rows ragged).
+  TT_ASSERT(k_raw.dtype() == cache.keys(layer).dtype(),
+            "KVCache: the cache holds " + std::string(dtype_name(cache.keys(layer).dtype())) +
+                " keys, the model computes " + dtype_name(k_raw.dtype()));
+  // The whole batch at once: one cache write and one attention launch, whatever n (rows ragged).
   Tensor keys = cache.keys(layer), values = cache.values(layer);
-  ops::cache_append(keys, entries, k);
-  ops::cache_append(values, entries, v);
   Tensor merged;
   if (whole_prompts) {
-    // Whole prompts: square causal attention as matmuls. The cache kernel would read each row's keys once
-    // per query, quadratic in the prompt's length.
+    const Tensor q = ops::rope(q_raw, d_head, config_.rope_theta);
+    const Tensor k = ops::rope(k_raw, d_head, config_.rope_theta);
+    ops::cache_append(keys, entries, k);
+    ops::cache_append(values, entries, v);
+    // Square causal attention as matmuls. The cache kernel would read each row's keys once per query,
+    // quadratic in the prompt's length.
     auto by_head = [&](const Tensor& t) {
       return ops::reshape(t, {n, count, heads, d_head}).transpose_view(1, 2);
     };
     const Tensor o = ops::naive_attention(by_head(q), by_head(k), by_head(v), true);
     merged = ops::reshape(ops::contiguous(o.transpose_view(1, 2)), {n, count, heads * d_head});
   } else {
+    const Tensor q = ops::rope_into_cache(q_raw, k_raw, v, keys, values, entries, d_head, config_.rope_theta);
     merged = ops::cached_attention(ops::reshape(q, {n, count, heads, d_head}), keys, values, entries);
   }
   return output_proj_.forward_add(merged, residual, precision);

@@ -1258,6 +1258,48 @@ TEST_CASE("CUDA rope_at equals CUDA rope at those positions of the whole sequenc
   }
 }
 
+TEST_CASE("CUDA rope_into_cache equals rope_at and cache_append, bit for bit, and the CPU's") {
+  NoGradGuard no_grad;
+  const Device gpu = Device::cuda(0);
+  const int64_t cache_rows = 5, capacity = 40, heads = 4, d_head = 64, dim = heads * d_head;
+  const std::vector<int64_t> rows = {3, 0, 4}, starts = {0, 37, 12};
+  const auto n = static_cast<int64_t>(rows.size());
+  for (int64_t count : {1, 3}) {
+    for (DType dtype : {DType::f32, DType::bf16}) {
+      const std::string dtype_text = dtype_name(dtype);
+      CAPTURE(dtype_text);
+      CAPTURE(count);
+      const auto seed = static_cast<uint32_t>(900 + count);
+      const Tensor q = ops::cast(randn({n, count, dim}, seed, 2.0), dtype).to(gpu);
+      const Tensor k = ops::cast(randn({n, count, dim}, seed + 1, 2.0), dtype).to(gpu);
+      const Tensor v = ops::cast(randn({n, count, dim}, seed + 2), dtype).to(gpu);
+      // Every position holds values first: a write to a wrong position would show.
+      const Tensor keys0 = ops::cast(randn({cache_rows, capacity, dim}, seed + 3), dtype);
+      const Tensor values0 = ops::cast(randn({cache_rows, capacity, dim}, seed + 4), dtype);
+      const ops::CacheEntries on_gpu = ops::cache_entries(rows, starts, gpu);
+      Tensor keys = keys0.to(gpu), values = values0.to(gpu);
+      const Tensor q_fused = ops::rope_into_cache(q, k, v, keys, values, on_gpu, d_head, 10000.0);
+      const Tensor gpu_starts = ops::reshape(on_gpu.table.narrow_view(0, 1, 1), {n});
+      Tensor keys_ref = keys0.to(gpu), values_ref = values0.to(gpu);
+      const Tensor q_ref = ops::rope_at(q, gpu_starts, d_head, 10000.0);
+      ops::cache_append(keys_ref, on_gpu, ops::rope_at(k, gpu_starts, d_head, 10000.0));
+      ops::cache_append(values_ref, on_gpu, v);
+      CHECK(q_fused.to_doubles() == q_ref.to_doubles());
+      CHECK(keys.to_doubles() == keys_ref.to_doubles());
+      CHECK(values.to_doubles() == values_ref.to_doubles());
+      // The CPU's op (rope_at and cache_append themselves) within rounding of cosf/sinf.
+      Tensor cpu_keys = keys0.clone(), cpu_values = values0.clone();
+      const Tensor q_cpu =
+          ops::rope_into_cache(q.to(Device::cpu()), k.to(Device::cpu()), v.to(Device::cpu()), cpu_keys,
+                               cpu_values, ops::cache_entries(rows, starts, Device::cpu()), d_head, 10000.0);
+      const double limit = dtype == DType::f32 ? kF32 : 1e-2;
+      CHECK(relative_error(q_fused.to_doubles(), q_cpu.to_doubles()) < limit);
+      CHECK(relative_error(keys.to_doubles(), cpu_keys.to_doubles()) < limit);
+      CHECK(values.to_doubles() == cpu_values.to_doubles());
+    }
+  }
+}
+
 TEST_CASE("CUDA cached_attention equals its CPU twin: f32 and bf16, d_head 16 to 256, ragged rows") {
   // Each case: heads, d_head, capacity, new tokens per entry, the entries' rows and starts. Rows out of order
   // and a subset; lengths from 1 position to the full capacity; 40 is no vectorised size (the generic

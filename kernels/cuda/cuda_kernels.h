@@ -80,6 +80,13 @@ void rope(const void* x, DType x_type, void* y, DType y_type, int64_t batch, int
           int64_t d_head, double theta, bool inverse, cudaStream_t stream, int64_t ld_x = 0, int64_t ld_y = 0,
           const int32_t* starts = nullptr);
 
+// ops::rope_into_cache on the device: q, k, v and q_out (n * count rows of dim), keys and values (cache rows,
+// capacity, dim), all of one `type` (f32 or bf16); table as for cached_attention. q_out and the cache's k
+// equal cuda::rope's at those positions, bit for bit.
+void rope_into_cache(const void* q, const void* k, const void* v, void* q_out, void* keys, void* values,
+                     DType type, const int32_t* table, int64_t n, int64_t count, int64_t dim, int64_t d_head,
+                     double theta, int64_t capacity, cudaStream_t stream);
+
 // a, b, out (and da, db) of one `type`, f32 or bf16, computed in f32; dout f32 or bf16.
 void swiglu_forward(const void* a, const void* b, void* out, DType type, int64_t n, cudaStream_t stream);
 void swiglu_backward(const void* dout, DType dout_type, const void* a, const void* b, void* da, void* db,

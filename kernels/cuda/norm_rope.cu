@@ -612,6 +612,47 @@ __global__ void rope_kernel(const In* x, Out* y, int64_t rows, int64_t seq, int 
   }
 }
 
+// The decode step's RoPE and cache write in one pass (cuda::rope_into_cache): block per new token (entry e's
+// token j, at position starts[e] + j of cache row rows[e]), its rotations computed once into shared memory
+// with rope_kernel's own steps; each thread then takes pairs of the row: q rotated into q_out, k rotated
+// into the keys and v copied into the values at the token's cache position. Pair by pair (the rows are
+// short); the values equal rope_kernel's and the append's.
+template <class T>
+__global__ void rope_into_cache_kernel(const T* __restrict__ q, const T* __restrict__ k,
+                                       const T* __restrict__ v, T* __restrict__ q_out, T* __restrict__ keys,
+                                       T* __restrict__ values, const int32_t* __restrict__ table, int64_t n,
+                                       int64_t count, int64_t dim, int64_t capacity, int pairs_per_head,
+                                       const __grid_constant__ RopeFrequencies freqs) {
+  __shared__ float inv_freq[kMaxRopePairs];
+  __shared__ float2 rotation[kMaxRopePairs];  // (cos, sin) of this token's angles
+  for (int i = static_cast<int>(threadIdx.x); i < pairs_per_head; i += static_cast<int>(blockDim.x))
+    inv_freq[i] = freqs.inv_freq[i];
+  for (int64_t token = blockIdx.x; token < n * count; token += gridDim.x) {
+    const int64_t entry = token / count, j = token % count;
+    const int64_t position = table[n + entry] + j;
+    __syncthreads();  // inv_freq written; the previous token's rotations read
+    const float t = static_cast<float>(position);
+    for (int i = static_cast<int>(threadIdx.x); i < pairs_per_head; i += static_cast<int>(blockDim.x)) {
+      const float angle = t * inv_freq[i];
+      rotation[i] = make_float2(cosf(angle), sinf(angle));
+    }
+    __syncthreads();
+    const int64_t row = token * dim, slot = (static_cast<int64_t>(table[entry]) * capacity + position) * dim;
+    for (int64_t p = threadIdx.x; p < dim / 2; p += blockDim.x) {
+      const float2 cs = rotation[p % pairs_per_head];
+      const int64_t e = 2 * p;
+      const float q0 = to_float(q[row + e]), q1 = to_float(q[row + e + 1]);
+      const float k0 = to_float(k[row + e]), k1 = to_float(k[row + e + 1]);
+      q_out[row + e] = from_float<T>(__fsub_rn(__fmul_rn(q0, cs.x), __fmul_rn(q1, cs.y)));
+      q_out[row + e + 1] = from_float<T>(__fadd_rn(__fmul_rn(q0, cs.y), __fmul_rn(q1, cs.x)));
+      keys[slot + e] = from_float<T>(__fsub_rn(__fmul_rn(k0, cs.x), __fmul_rn(k1, cs.y)));
+      keys[slot + e + 1] = from_float<T>(__fadd_rn(__fmul_rn(k0, cs.y), __fmul_rn(k1, cs.x)));
+      values[slot + e] = v[row + e];
+      values[slot + e + 1] = v[row + e + 1];
+    }
+  }
+}
+
 }  // namespace
 
 void embedding_forward(const float* weight, const int32_t* ids, float* out, int64_t n, int64_t dim,
@@ -846,6 +887,37 @@ void rope(const void* x, DType x_type, void* y, DType y_type, int64_t batch, int
   if (!in_bf16 && out_bf16) dispatch(static_cast<const float*>(x), static_cast<bf*>(y));
   if (in_bf16 && !out_bf16) dispatch(static_cast<const bf*>(x), static_cast<float*>(y));
   if (in_bf16 && out_bf16) dispatch(static_cast<const bf*>(x), static_cast<bf*>(y));
+  TT_CUDA_LAUNCH_CHECK();
+}
+
+void rope_into_cache(const void* q, const void* k, const void* v, void* q_out, void* keys, void* values,
+                     DType type, const int32_t* table, int64_t n, int64_t count, int64_t dim, int64_t d_head,
+                     double theta, int64_t capacity, cudaStream_t stream) {
+  TT_ASSERT(type == DType::f32 || type == DType::bf16, "cuda::rope_into_cache: f32 or bf16");
+  TT_ASSERT(d_head > 0 && d_head % 2 == 0 && dim % d_head == 0, "cuda::rope_into_cache: bad d_head");
+  TT_CHECK(d_head <= 2 * kMaxRopePairs, "rope on CUDA takes d_head up to " +
+                                            std::to_string(2 * kMaxRopePairs) + ", got " +
+                                            std::to_string(d_head));
+  const int64_t tokens = n * count;
+  if (tokens == 0 || dim == 0) return;
+  const int64_t half = d_head / 2;
+  RopeFrequencies freqs{};  // as cuda::rope computes them
+  for (int64_t i = 0; i < half; ++i)
+    freqs.inv_freq[i] = static_cast<float>(std::pow(theta, -2.0 * static_cast<double>(i) / d_head));
+  const int threads =
+      static_cast<int>(std::min<int64_t>(256, std::max<int64_t>(32, (dim / 2 + 31) / 32 * 32)));
+  auto launch = [&](auto* typed) {
+    using T = std::remove_pointer_t<decltype(typed)>;
+    rope_into_cache_kernel<T><<<row_blocks(tokens), threads, 0, stream>>>(
+        static_cast<const T*>(q), static_cast<const T*>(k), static_cast<const T*>(v), static_cast<T*>(q_out),
+        static_cast<T*>(keys), static_cast<T*>(values), table, n, count, dim, capacity,
+        static_cast<int>(half), freqs);
+  };
+  if (type == DType::f32) {
+    launch(static_cast<float*>(nullptr));
+  } else {
+    launch(static_cast<__nv_bfloat16*>(nullptr));
+  }
   TT_CUDA_LAUNCH_CHECK();
 }
 
