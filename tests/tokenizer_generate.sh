@@ -6,6 +6,7 @@
 # Usage: tokenizer_generate.sh PATH/TO/train PATH/TO/prepare_data PATH/TO/generate
 set -uo pipefail
 train=$(realpath "$1") prepare=$(realpath "$2") generate=$(realpath "$3")
+export_app=$(dirname "$generate")/export  # built beside generate
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 failures=0
@@ -196,6 +197,17 @@ expect_error "bad graph switch" "--cuda-graph expects on/off, got 'maybe'" \
 expect_error "bad number" "--temperature expects a number" \
   "$generate" --checkpoint "$ckpt" --temperature warm --prompt x
 expect_error "bad device" "tpu" "$generate" --checkpoint "$ckpt" --device tpu --prompt x
+# A run folder stands for its newest checkpoint: a damaged one is an error, not a quiet step back to an
+# older (here the untrained step_0.h5).
+cp -r "$work/run" "$work/run_damaged"
+newest=$(ls "$work/run_damaged/checkpoints" | sort -t_ -k2 -n | tail -1)
+[ "$newest" = step_30.h5 ] && [ -f "$work/run_damaged/checkpoints/step_0.h5" ] || fail "run folder holds $newest"
+truncate -s 4000 "$work/run_damaged/checkpoints/$newest"
+expect_error "damaged newest checkpoint (generate)" "to use an older checkpoint, name its file" \
+  "$generate" --checkpoint "$work/run_damaged" --prompt x
+expect_error "damaged newest checkpoint (export)" "to use an older checkpoint, name its file" \
+  "$export_app" --checkpoint "$work/run_damaged" --out "$work/hf_damaged"
+[ ! -e "$work/hf_damaged" ] || fail "export of a damaged run folder wrote $work/hf_damaged"
 expect_error "no checkpoint" "--checkpoint is required" "$generate" --prompt x
 expect_error "missing checkpoint" "$work/none.h5" "$generate" --checkpoint "$work/none.h5" --prompt x
 expect_error "no prompts" "no prompts" "$generate" --checkpoint "$ckpt"

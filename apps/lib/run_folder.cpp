@@ -62,8 +62,9 @@ std::vector<std::pair<int64_t, std::string>> list_checkpoints(const std::string&
 namespace {
 // The newest checkpoint of one listing that verifies, still locked from its check; none (an empty path) when
 // none does. `pruned` (when not null): set, with none returned, when a listed file is gone by the time it is
-// checked.
-LockedCheckpoint newest_listed_checkpoint(const std::string& dir, bool weights_only, bool* pruned) {
+// checked. Without `pass_over_damaged` a newest one that does not verify is an error, not passed over.
+LockedCheckpoint newest_listed_checkpoint(const std::string& dir, bool weights_only, bool* pruned,
+                                          bool pass_over_damaged) {
   const auto found = list_checkpoints(dir);
   for (auto it = found.rbegin(); it != found.rend(); ++it) {
     auto lock = std::make_unique<CheckpointReadLock>(it->second);  // not pruned while it is checked
@@ -83,28 +84,32 @@ LockedCheckpoint newest_listed_checkpoint(const std::string& dir, bool weights_o
       // A file renamed by hand would be taken for newer than it is again and again.
       const int64_t held = verify_checkpoint(it->second, weights_only);
       if (held == it->first) return {it->second, std::move(lock)};
-      std::fprintf(stderr, "note: skipping %s: it holds step %lld, not %lld\n", it->second.c_str(),
-                   static_cast<long long>(held), static_cast<long long>(it->first));
+      const std::string why = "it holds step " + std::to_string(held) + ", not " + std::to_string(it->first);
+      TT_CHECK(pass_over_damaged,
+               "the newest checkpoint, " + it->second + ", is not what its name says: " + why);
+      std::fprintf(stderr, "note: skipping %s: %s\n", it->second.c_str(), why.c_str());
     } catch (const Error& e) {
+      if (!pass_over_damaged) throw;
       std::fprintf(stderr, "note: skipping %s: %s\n", it->second.c_str(), e.what());
     }
   }
   return {};
 }
 
-LockedCheckpoint newest_locked_checkpoint(const std::string& dir, bool weights_only) {
+LockedCheckpoint newest_locked_checkpoint(const std::string& dir, bool weights_only, bool pass_over_damaged) {
   // A run writing `dir` may prune a checkpoint between the listing and its check: then the listing is made
   // again (a few times: a run that prunes at every step cannot hold it back for ever).
   for (int listing = 1;; ++listing) {
     bool pruned = false;
-    LockedCheckpoint newest = newest_listed_checkpoint(dir, weights_only, listing < 5 ? &pruned : nullptr);
+    LockedCheckpoint newest =
+        newest_listed_checkpoint(dir, weights_only, listing < 5 ? &pruned : nullptr, pass_over_damaged);
     if (!pruned) return newest;
   }
 }
 }  // namespace
 
 std::string newest_loadable_checkpoint(const std::string& dir, bool weights_only) {
-  return newest_locked_checkpoint(dir, weights_only).path;
+  return newest_locked_checkpoint(dir, weights_only, /*pass_over_damaged=*/true).path;
 }
 
 namespace {
@@ -129,7 +134,7 @@ LockedCheckpoint resolve_resume(const std::string& resume, const std::string& ou
     TT_CHECK(fs::exists(resume), "--resume " + resume + " does not exist");
     return {resume, nullptr};
   }
-  LockedCheckpoint newest = newest_locked_checkpoint(dir, weights_only);
+  LockedCheckpoint newest = newest_locked_checkpoint(dir, weights_only, /*pass_over_damaged=*/true);
   TT_CHECK(!newest.path.empty() || resume == "latest",
            "--resume " + resume + ": no loadable checkpoint in " + dir);
   return newest;
@@ -154,7 +159,14 @@ LockedCheckpoint lock_newest_checkpoint(const std::string& given, const std::str
     return {given, std::make_unique<CheckpointReadLock>(given)};
   }
   const std::string dir = folder_checkpoints_dir(given);
-  LockedCheckpoint newest = newest_locked_checkpoint(dir, /*weights_only=*/true);
+  // What a run folder stands for is its newest checkpoint: an older one in its place (its first, untrained,
+  // say) would be used or exported without anyone noticing, so a damaged newest one is an error.
+  LockedCheckpoint newest;
+  try {
+    newest = newest_locked_checkpoint(dir, /*weights_only=*/true, /*pass_over_damaged=*/false);
+  } catch (const Error& e) {
+    throw Error(flag + " " + given + ": " + e.what() + "; to use an older checkpoint, name its file");
+  }
   TT_CHECK(!newest.path.empty(), flag + " " + given + ": no checkpoint in " + dir +
                                      " loads (a run folder's checkpoints are step_N.h5)");
   std::fprintf(stderr, "checkpoint %s\n", newest.path.c_str());

@@ -58,7 +58,8 @@ struct LockedCheckpoint {
 // error.
 LockedCheckpoint resolve_resume(const std::string& resume, const std::string& out, bool weights_only = false);
 // What --checkpoint names in generate and export (and train's --init-from): a checkpoint file as given, or
-// for a run folder (or its checkpoints/ folder) the newest checkpoint whose weights load (said on stderr),
+// for a run folder (or its checkpoints/ folder) its newest checkpoint (said on stderr; an error when its
+// weights do not load, where --resume would pass over it to an older one),
 // with a CheckpointReadLock held on it from its check on, so that the run writing the folder does not prune
 // it while it is read. Throws, naming `flag`, when a folder has none, or for a Hugging Face folder or weights
 // file (naming `import`).
