@@ -266,15 +266,19 @@ int main(int argc, char** argv) {
     const int64_t rows = first;
     // Each row's first new token comes out of its prefill; the rest out of the batched steps.
     const int64_t stepped = std::max<int64_t>(0, total.new_tokens - rows);
+    // With one new token per prompt there is no decoding step (each first token comes from the prompt).
+    char rate[64];
+    std::snprintf(rate, sizeof(rate), "decoding %.1f tokens/s",
+                  static_cast<double>(stepped) / std::max(total.decode_seconds, 1e-9));
+    const std::string decoding = stepped > 0 ? rate : "no decoding step";
     std::fprintf(
         stderr,
         "%lld new token%s for %lld prompt%s in %.3f s: %.1f tokens/s (prompts %lld tokens in %.3f s; "
-        "decoding %.1f tokens/s%s) on %s, %s\n",
+        "%s%s) on %s, %s\n",
         static_cast<long long>(total.new_tokens), total.new_tokens == 1 ? "" : "s",
         static_cast<long long>(rows), rows == 1 ? "" : "s", seconds,
         static_cast<double>(total.new_tokens) / std::max(seconds, 1e-9),
-        static_cast<long long>(total.prompt_tokens), total.prefill_seconds,
-        static_cast<double>(stepped) / std::max(total.decode_seconds, 1e-9),
+        static_cast<long long>(total.prompt_tokens), total.prefill_seconds, decoding.c_str(),
         total.graph_steps > 0 ? ", CUDA graph" : "", device_name(device).c_str(),
         nn::precision_name(config.precision));
     if (!total.graph_declined.empty())

@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cmath>
 #include <numeric>
+#include <sstream>
 
 #include "base/error.h"
 #include "core/allocator.h"
@@ -104,12 +105,16 @@ class DecodeGraph {
 }  // namespace
 
 void check_sampling_options(const SamplingOptions& o) {
+  auto text = [](double v) {  // as given ("0", "1.5"), not to_string's six decimals
+    std::ostringstream out;
+    out << v;
+    return out.str();
+  };
   TT_CHECK(o.max_tokens >= 0, "--max-tokens must not be negative, got " + std::to_string(o.max_tokens));
   TT_CHECK(std::isfinite(o.temperature) && o.temperature >= 0,
-           "--temperature must be a finite number >= 0 (0: greedy), got " + std::to_string(o.temperature));
+           "--temperature must be a finite number >= 0 (0: greedy), got " + text(o.temperature));
   TT_CHECK(o.top_k >= 0, "--top-k must not be negative (0: no limit), got " + std::to_string(o.top_k));
-  TT_CHECK(o.top_p > 0 && o.top_p <= 1,
-           "--top-p must be in (0, 1] (1: no limit), got " + std::to_string(o.top_p));
+  TT_CHECK(o.top_p > 0 && o.top_p <= 1, "--top-p must be in (0, 1] (1: no limit), got " + text(o.top_p));
   TT_CHECK(o.vocab_limit >= 0, "vocab_limit must not be negative");
 }
 
