@@ -24,6 +24,7 @@
 #include "apps/lib/run_folder.h"
 #include "apps/lib/run_setup.h"
 #include "apps/lib/tokenizer.h"
+#include "apps/lib/train_step.h"  // parse_graph_use: --cuda-graph as train takes it
 #include "base/error.h"
 
 namespace fs = std::filesystem;
@@ -161,10 +162,11 @@ int main(int argc, char** argv) {
     flags.add("batch", "16", "prompts generated together, at most");
     declare_device_flag(flags);
     flags.add("precision", "f32", "dtype of the matmuls", {"f32", "bf16"});
-    flags.add_switch("cuda-graph",
-                     "on a CUDA device, replay each decoding step as one CUDA graph (the same tokens; off: "
-                     "kernel by kernel)",
-                     true);
+    flags.add(
+        "cuda-graph", "auto",
+        "as train's: auto and on replay each decoding step as one CUDA graph on a CUDA device (the same "
+        "tokens); off runs it kernel by kernel",
+        {"auto", "on", "off"});
     flags.add_switch("no-stop", "go on past the end-of-text token");
     flags.add_switch(
         "jsonl",
@@ -181,7 +183,7 @@ int main(int argc, char** argv) {
     TT_CHECK(flags.integer("seed") >= 0, "--seed must be >= 0, got " + flags.str("seed"));
     sampling.seed = static_cast<uint64_t>(flags.integer("seed"));
     sampling.stop_at_end_of_text = !flags.boolean("no-stop");
-    sampling.cuda_graph = flags.boolean("cuda-graph");
+    sampling.cuda_graph = parse_graph_use(flags.str("cuda-graph")) != GraphUse::off;
     check_sampling_options(sampling);
     const int64_t batch = flags.integer("batch");
     TT_CHECK(batch >= 1, "--batch must be at least 1, got " + flags.str("batch"));

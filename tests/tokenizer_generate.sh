@@ -192,7 +192,7 @@ expect_error "negative max-tokens" "--max-tokens must not be negative" \
 expect_error "batch 0" "--batch must be at least 1" "$generate" --checkpoint "$ckpt" --batch 0 --prompt x
 expect_error "negative seed" "--seed must be >= 0" "$generate" --checkpoint "$ckpt" --seed -1 --prompt x
 expect_error "bad precision" "unknown precision 'f16'" "$generate" --checkpoint "$ckpt" --precision f16 --prompt x
-expect_error "bad graph switch" "--cuda-graph expects on/off, got 'maybe'" \
+expect_error "bad graph value" "--cuda-graph takes auto, on or off, got 'maybe'" \
   "$generate" --checkpoint "$ckpt" --cuda-graph maybe --prompt x
 expect_error "bad number" "--temperature expects a number" \
   "$generate" --checkpoint "$ckpt" --temperature warm --prompt x
