@@ -52,9 +52,12 @@ std::unique_ptr<Tokenizer> resolve_tokenizer(const std::string& spec, const std:
         "no tokenizer: " + checkpoint +
             " records no training run (imported? `import --data DIR` records one); pass --tokenizer bytes "
             "or --tokenizer FILE.model (an export's folder holds its tokenizer.model)");
+    const std::string kind = trained.substr(0, trained.find(' '));
+    // Byte tokens need nothing from the data folder, which may have moved: the checkpoint says what they
+    // are (as export takes them).
+    if (!data_known && kind == "bytes") return byte_tokenizer();
     if (!data_known) {
       // What the checkpoint recorded of its tokenizer says which --tokenizer would do.
-      const std::string kind = trained.substr(0, trained.find(' '));
       const std::string which = kind == "bytes" ? "--tokenizer bytes"
                                 : kind == "sentencepiece"
                                     ? "--tokenizer FILE.model (the data's tokenizer.model)"
